@@ -1,0 +1,214 @@
+"""One engine step: prefill newcomers (chunked), then one batched decode for all.
+
+Synchronous and single-threaded by design: the async wrapper runs it on its own
+thread. Errors inside one request end that request only.
+"""
+import logging
+import threading
+import uuid
+from typing import Callable
+
+import torch
+
+from .detokenizer import IncrementalDetokenizer, StopSequenceFilter, byte_fallback_ids
+from .kv_batch import KVBatch, new_cache, prefill
+from .loader import LoadedModel
+from .params import EngineConfig, FinishReason, SamplingParams, ValidationError
+from .request import Request, RequestState, TokenOutput
+from .sampling import Choice, TokenChooser, greedy_choices
+from .scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+
+class EngineCore:
+    def __init__(self, loaded: LoadedModel, config: EngineConfig):
+        self.loaded = loaded
+        self.config = config
+        self.tokenizer = loaded.tokenizer
+        self.scheduler = Scheduler(config)
+        self.batch = KVBatch(loaded.model, loaded.device)
+        self.special_ids = frozenset(self.tokenizer.all_special_ids)
+        self.byte_ids = byte_fallback_ids(self.tokenizer)
+        self._aborts: set[str] = set()
+        self._abort_lock = threading.Lock()
+        self.steps = 0
+
+    # ----- requests in -----
+    def make_request(self, prompt: str, params: SamplingParams,
+                     sink: Callable[[TokenOutput], None], request_id: str | None = None) -> Request:
+        """Validate and tokenize; raises ValidationError naming the field before any work."""
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValidationError("prompt", "must be a non-empty string")
+        params.validate(self.config.max_tokens_limit)
+        ids = self.tokenizer(prompt)["input_ids"]
+        self._check_length(len(ids), params.max_tokens)
+        self.scheduler.check_fits(len(ids) + params.max_tokens)
+        seed = params.resolved_seed()
+        return Request(request_id or uuid.uuid4().hex, ids, params, seed,
+                       TokenChooser(params, seed, self.loaded.device),
+                       IncrementalDetokenizer(self.tokenizer, self.byte_ids), StopSequenceFilter(params.stop), sink)
+
+    def _check_length(self, prompt_tokens: int, max_tokens: int) -> None:
+        context = self.loaded.max_context
+        if prompt_tokens == 0:
+            raise ValidationError("prompt", "tokenizes to no tokens")
+        if prompt_tokens >= context:
+            raise ValidationError("prompt", f"{prompt_tokens} tokens does not fit the model's "
+                                            f"context of {context} tokens")
+        if prompt_tokens + max_tokens > context:
+            raise ValidationError("max_tokens", (
+                f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) exceeds the "
+                f"model's context of {context} tokens; lower max_tokens to at most "
+                f"{context - prompt_tokens}"))
+
+    def submit(self, request: Request) -> None:
+        self.scheduler.submit(request)
+
+    def abort(self, request_id: str) -> None:
+        """Thread-safe; the request leaves before the next forward pass."""
+        with self._abort_lock:
+            self._aborts.add(request_id)
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work or bool(self._aborts)
+
+    # ----- one step -----
+    def step(self) -> None:
+        self.steps += 1
+        self._apply_aborts()
+        self.scheduler.admit()
+        if len(self.batch):
+            self._decode()
+        self._prefill_some()
+
+    def _apply_aborts(self) -> None:
+        with self._abort_lock:
+            aborts, self._aborts = self._aborts, set()
+        if not aborts:
+            return
+        for rid in aborts:
+            self.scheduler.remove_waiting(rid)
+        for req in list(self.scheduler.prefilling) + list(self.scheduler.running.values()):
+            if req.request_id in aborts:
+                self.scheduler.release(req)
+        self._sync_batch()
+
+    def _decode(self) -> None:
+        rows = [self.scheduler.running[r] for r in self.batch.rows]
+        try:
+            logits = self.batch.decode_step()
+        except Exception as exc:  # a failed forward cannot be pinned on one row
+            log.exception("decode step failed")
+            for req in rows:
+                self._finish_with_error(req, f"decode step failed: {exc}")
+            self._sync_batch()
+            return
+        choices = self._choose(rows, logits)
+        next_tokens = []
+        for req, choice in zip(rows, choices):
+            if choice is not None and self._advance(req, choice):
+                next_tokens.append(choice.token_id)
+        self._sync_batch()
+        if len(self.batch):
+            self.batch.set_next_tokens(next_tokens)
+
+    def _choose(self, rows: list[Request], logits: torch.Tensor) -> list[Choice | None]:
+        choices: list[Choice | None] = [None] * len(rows)
+        plain = [i for i, r in enumerate(rows) if r.chooser.plain_greedy]
+        if plain:
+            for i, c in zip(plain, greedy_choices(logits[plain] if len(plain) < len(rows) else logits)):
+                choices[i] = c
+        for i, req in enumerate(rows):
+            if choices[i] is None:
+                choices[i] = self._guarded(req, lambda: req.chooser.choose(req.history(), logits[i:i + 1]))
+        return choices
+
+    def _guarded(self, req: Request, fn):
+        try:
+            return fn()
+        except Exception as exc:
+            log.exception("request %s failed", req.request_id)
+            self._finish_with_error(req, f"{type(exc).__name__}: {exc}")
+            return None
+
+    def _prefill_some(self) -> None:
+        budget = self.config.max_prefill_tokens
+        for req in list(self.scheduler.prefilling):
+            if budget <= 0:
+                break
+            budget -= self._guarded(req, lambda: self._prefill_chunk(req, budget)) or 0
+
+    def _prefill_chunk(self, req: Request, budget: int) -> int:
+        if req.cache is None:
+            req.cache = new_cache()
+        chunk = req.prompt_ids[req.prefilled:req.prefilled + budget]
+        logits = prefill(self.loaded.model, req.cache, chunk, req.prefilled, self.loaded.device)
+        req.prefilled += len(chunk)
+        if req.prefilled < len(req.prompt_ids):
+            return len(chunk)
+        choice = req.chooser.choose(req.prompt_ids, logits)
+        self.scheduler.prefilling.remove(req)
+        self.scheduler.running[req.request_id] = req
+        req.state = RequestState.RUNNING
+        if self._advance(req, choice):
+            self.batch.add(req.request_id, req.cache, len(req.prompt_ids), choice.token_id)
+        req.cache = None
+        return len(chunk)
+
+    def _advance(self, req: Request, choice: Choice) -> bool:
+        """Record a token and emit it; return whether the request goes on."""
+        try:
+            out = self._token_output(req, choice)
+        except Exception as exc:
+            log.exception("request %s failed", req.request_id)
+            self._finish_with_error(req, f"{type(exc).__name__}: {exc}")
+            return False
+        if out.finish_reason is not None:
+            self.scheduler.release(req)
+        req.sink(out)
+        return out.finish_reason is None
+
+    def _token_output(self, req: Request, choice: Choice) -> TokenOutput:
+        token = choice.token_id
+        req.generated.append(token)
+        delta = req.detokenizer.add(token)
+        finish = None
+        if token in self.loaded.eos_token_ids and not req.params.ignore_eos:
+            finish = FinishReason.EOS
+        elif len(req.generated) >= req.params.max_tokens:
+            finish = FinishReason.LENGTH
+        if finish is not None:
+            delta += req.detokenizer.flush()
+        text, hit_stop = req.stops.add(delta)
+        if hit_stop:
+            finish = FinishReason.STOP
+        elif finish is not None:
+            text += req.stops.flush()
+        return TokenOutput(req.request_id, token, text, choice.logprob, token in self.special_ids,
+                           len(req.generated) - 1, finish, prompt_tokens=len(req.prompt_ids),
+                           generated_tokens=len(req.generated), seed=req.seed)
+
+    def _finish_with_error(self, req: Request, message: str) -> None:
+        self.scheduler.release(req)
+        req.fail(message)
+
+    def _sync_batch(self) -> None:
+        """Drop rows whose request is no longer running."""
+        live = [r for r in self.batch.rows if r in self.scheduler.running]
+        self.batch.keep(live)
+
+    # ----- failure of the loop itself -----
+    def fail_all(self, message: str) -> None:
+        """Fail every request in flight and start from an empty batch."""
+        for req in self.scheduler.drain_waiting():
+            req.fail(message)
+        for req in list(self.scheduler.prefilling) + list(self.scheduler.running.values()):
+            self.scheduler.release(req)
+            req.fail(message)
+        self.batch = KVBatch(self.loaded.model, self.loaded.device)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running) + len(self.scheduler.prefilling)

@@ -1,0 +1,143 @@
+"""The running batch's KV cache: rows left-padded to one length (TGI's CausalLMBatch).
+
+A row joins after its own prefill and leaves the moment it finishes; columns
+that are padding for every row are trimmed, so memory follows the live rows.
+Each layer keeps spare capacity, so a decode step writes one column in place
+instead of copying the whole cache as `DynamicCache.update` does.
+"""
+import torch
+from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer
+
+
+class SlabLayer(DynamicLayer):
+    """A DynamicLayer that appends into preallocated room."""
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            self._slab_k = self._slab_v = None
+            self._len = 0
+        need = self._len + key_states.shape[-2]
+        if self._slab_k is None or need > self._slab_k.shape[-2]:
+            self._regrow(key_states, need)
+        self._slab_k[..., self._len:need, :] = key_states
+        self._slab_v[..., self._len:need, :] = value_states
+        self._len = need
+        self.keys = self._slab_k[..., :need, :]
+        self.values = self._slab_v[..., :need, :]
+        return self.keys, self.values
+
+    def _regrow(self, like: torch.Tensor, need: int) -> None:
+        capacity = need + max(16, need // 2)
+        shape = (*like.shape[:-2], capacity, like.shape[-1])
+        new_k, new_v = like.new_empty(shape), like.new_empty(shape)
+        if self._len:
+            new_k[..., :self._len, :] = self.keys
+            new_v[..., :self._len, :] = self.values
+        self._slab_k, self._slab_v = new_k, new_v
+
+    def replace(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Install new contents (after a merge, filter or trim) with fresh room to grow."""
+        self._slab_k = self._slab_v = None
+        self._len = 0
+        self.keys, self.values = keys, values
+        self.is_initialized = False
+        self.update(keys, values)
+
+
+def new_cache() -> DynamicCache:
+    cache = DynamicCache()
+    cache.layer_class_to_replicate = SlabLayer
+    return cache
+
+
+class KVBatch:
+    """Tensors of the running rows; row order matches `self.rows`."""
+
+    def __init__(self, model: PreTrainedModel, device: torch.device):
+        self.model = model
+        self.device = device
+        self.rows: list[str] = []
+        self.cache: DynamicCache | None = None
+        self.mask = torch.zeros((0, 0), dtype=torch.long, device=device)
+        self.positions = torch.zeros(0, dtype=torch.long, device=device)
+        self.last_tokens = torch.zeros(0, dtype=torch.long, device=device)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def add(self, row_id: str, cache: DynamicCache, length: int, next_token: int) -> None:
+        """Join a prefilled single-row cache of `length` real tokens."""
+        new_mask = torch.ones((1, length), dtype=torch.long, device=self.device)
+        token = torch.tensor([next_token], device=self.device)
+        position = torch.tensor([length], device=self.device)
+        if self.cache is None:
+            self.cache, self.mask = cache, new_mask
+            self.positions, self.last_tokens, self.rows = position, token, [row_id]
+            return
+        width = max(self.mask.shape[1], length)
+        merged = [(torch.cat([_pad_left(a.keys, width), _pad_left(b.keys, width)]),
+                   torch.cat([_pad_left(a.values, width), _pad_left(b.values, width)]))
+                  for a, b in zip(self.cache.layers, cache.layers)]
+        for layer, (k, v) in zip(self.cache.layers, merged):
+            layer.replace(k, v)
+        self.mask = torch.cat([_pad_left(self.mask, width), _pad_left(new_mask, width)])
+        self.positions = torch.cat([self.positions, position])
+        self.last_tokens = torch.cat([self.last_tokens, token])
+        self.rows.append(row_id)
+
+    def keep(self, keep_ids: list[str]) -> None:
+        """Drop every row not in keep_ids, then trim all-padding columns."""
+        if keep_ids == self.rows:
+            return
+        if not keep_ids:
+            self.__init__(self.model, self.device)
+            return
+        index = torch.tensor([self.rows.index(r) for r in keep_ids], device=self.device)
+        self.mask = self.mask[index]
+        start = int((self.mask.cumsum(1) == 0).sum(1).min())  # leading pad columns shared by all
+        self.mask = self.mask[:, start:]
+        for layer in self.cache.layers:
+            layer.replace(layer.keys[index][..., start:, :], layer.values[index][..., start:, :])
+        self.positions = self.positions[index]
+        self.last_tokens = self.last_tokens[index]
+        self.rows = list(keep_ids)
+
+    @torch.inference_mode()
+    def decode_step(self) -> torch.Tensor:
+        """Feed every row its last token; return next-token logits [rows, vocab] in float32."""
+        ones = torch.ones((len(self.rows), 1), dtype=torch.long, device=self.device)
+        mask = torch.cat([self.mask, ones], dim=1)
+        out = self.model(input_ids=self.last_tokens[:, None], attention_mask=mask,
+                         position_ids=self.positions[:, None], past_key_values=self.cache,
+                         use_cache=True)
+        self.mask = mask
+        self.positions = self.positions + 1
+        return out.logits[:, -1, :].float()
+
+    def set_next_tokens(self, tokens: list[int]) -> None:
+        self.last_tokens = torch.tensor(tokens, dtype=torch.long, device=self.device)
+
+
+def _pad_left(t: torch.Tensor, width: int) -> torch.Tensor:
+    """Zero-pad dim -2 (KV) or dim 1 (mask) on the left to `width` columns."""
+    dim = 1 if t.dim() == 2 else -2
+    missing = width - t.shape[dim]
+    if missing == 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = missing
+    return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+
+@torch.inference_mode()
+def prefill(model: PreTrainedModel, cache: DynamicCache, ids: list[int], start: int,
+            device: torch.device) -> torch.Tensor:
+    """Run one chunk of a single prompt (positions start..) into its own cache; return last logits."""
+    input_ids = torch.tensor([ids], dtype=torch.long, device=device)
+    positions = torch.arange(start, start + len(ids), device=device)[None]
+    mask = torch.ones((1, start + len(ids)), dtype=torch.long, device=device)
+    out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                past_key_values=cache, use_cache=True, logits_to_keep=1)
+    return out.logits[:, -1, :].float()

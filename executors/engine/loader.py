@@ -1,0 +1,83 @@
+"""Loads any Hugging Face causal LM with start-up errors that say what to do."""
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from .params import EngineConfig
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
+           "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+@dataclass
+class LoadedModel:
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    device: torch.device
+    max_context: int
+    eos_token_ids: frozenset[int]
+
+
+def pick_device(requested: str | None) -> torch.device:
+    if requested:
+        return torch.device(requested)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def pick_dtype(requested: str, device: torch.device) -> torch.dtype:
+    if requested != "auto":
+        if requested not in _DTYPES:
+            raise ValueError(f"dtype: unknown {requested!r}; choose auto or one of {sorted(_DTYPES)}")
+        return _DTYPES[requested]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def load_model(config: EngineConfig) -> LoadedModel:
+    if config.torch_threads:
+        torch.set_num_threads(config.torch_threads)
+    device = pick_device(config.device)
+    dtype = pick_dtype(config.dtype, device)
+    source = config.model
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=config.trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=dtype, trust_remote_code=config.trust_remote_code)
+    except (OSError, ValueError) as exc:
+        hint = ("it is not a local folder; set LLM_MODEL to a folder with config.json and weights, "
+                "or to a hub id on a machine that can reach the hub (run `make model` for the "
+                "small local default)") if not os.path.isdir(source) else "the folder is not a valid model"
+        raise RuntimeError(f"could not load model {source!r}: {hint}. Cause: {exc}") from exc
+    model.to(device).eval()
+    log.info("loaded %s on %s as %s", source, device, dtype)
+    return LoadedModel(model, tokenizer, device, _max_context(model, tokenizer),
+                       _eos_ids(model, tokenizer, config))
+
+
+def _max_context(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> int:
+    cfg = model.config.get_text_config()
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(cfg, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    limit = getattr(tokenizer, "model_max_length", None)
+    return limit if isinstance(limit, int) and 0 < limit < 10**7 else 2048
+
+
+def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+             config: EngineConfig) -> frozenset[int]:
+    if config.eos_token_ids is not None:
+        return frozenset(config.eos_token_ids)
+    ids: set[int] = set()
+    gen_eos = getattr(model.generation_config, "eos_token_id", None)
+    if gen_eos is not None:
+        ids.update(gen_eos if isinstance(gen_eos, list) else [gen_eos])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return frozenset(ids)

@@ -1,0 +1,67 @@
+"""Per-request token choice inside a shared batch (TGI's NextTokenChooser).
+
+Plain greedy rows are chosen together with one argmax; rows with penalties or
+sampling run their own transformers logits processors and their own seeded
+generator, so a request's tokens never depend on its neighbours in the batch.
+"""
+from dataclasses import dataclass
+
+import torch
+from transformers import (LogitsProcessorList, RepetitionPenaltyLogitsProcessor,
+                          TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
+                          TypicalLogitsWarper)
+
+from .params import SamplingParams
+
+
+@dataclass
+class Choice:
+    token_id: int
+    logprob: float
+
+
+class TokenChooser:
+    def __init__(self, params: SamplingParams, seed: int | None, device: torch.device):
+        self.greedy = params.greedy
+        self.processors = _processors(params)
+        self.plain_greedy = self.greedy and not self.processors
+        self.generator = None
+        if not self.greedy:
+            self.generator = torch.Generator(device=device).manual_seed(seed)
+
+    def choose(self, history: list[int], logits: torch.Tensor) -> Choice:
+        """logits: [1, vocab] float32 for this request's next token."""
+        scores = logits
+        if self.processors:
+            ids = torch.tensor([history], dtype=torch.long, device=logits.device)
+            scores = self.processors(ids, scores)
+        logprobs = torch.log_softmax(scores, dim=-1)
+        if self.greedy:
+            token = int(torch.argmax(scores, dim=-1))
+        else:
+            token = int(torch.multinomial(logprobs.exp(), 1, generator=self.generator))
+        return Choice(token, float(logprobs[0, token]))
+
+
+def _processors(params: SamplingParams) -> LogitsProcessorList:
+    procs = LogitsProcessorList()
+    if params.repetition_penalty != 1.0:
+        procs.append(RepetitionPenaltyLogitsProcessor(params.repetition_penalty))
+    if params.greedy:
+        return procs
+    if params.temperature != 1.0:
+        procs.append(TemperatureLogitsWarper(params.temperature))
+    if params.top_k > 0:
+        procs.append(TopKLogitsWarper(params.top_k))
+    if params.top_p < 1.0:
+        procs.append(TopPLogitsWarper(params.top_p))
+    if params.typical_p < 1.0:
+        procs.append(TypicalLogitsWarper(params.typical_p))
+    return procs
+
+
+def greedy_choices(logits: torch.Tensor) -> list[Choice]:
+    """One argmax and one logsumexp for all plain greedy rows of the batch."""
+    top = torch.argmax(logits, dim=-1)
+    logprobs = logits.gather(1, top[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
+    return [Choice(t, lp) for t, lp in zip(top.tolist(), logprobs.tolist())]

@@ -1,0 +1,83 @@
+"""Admission control: who waits, who runs, and when to say 'overloaded'.
+
+Requests reserve their worst-case KV rows (prompt + max_tokens) on admission, as
+TGI's max_batch_total_tokens does, so a running request can never run out of room.
+"""
+import collections
+import threading
+
+from .params import EngineConfig, OverloadedError, ValidationError
+from .request import Request, RequestState
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self._lock = threading.Lock()
+        self._waiting: collections.deque[Request] = collections.deque()
+        self.prefilling: list[Request] = []  # admitted, prompt not fully in cache yet
+        self.running: dict[str, Request] = {}  # rows of the decode batch
+        self.reserved = 0
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._waiting or self.prefilling or self.running)
+
+    def check_fits(self, reserved_tokens: int) -> None:
+        if reserved_tokens > self.config.max_batch_tokens:
+            raise ValidationError("max_tokens", (
+                f"prompt + max_tokens = {reserved_tokens} tokens exceeds the server's "
+                f"batch token budget of {self.config.max_batch_tokens}"))
+
+    def submit(self, request: Request) -> None:
+        """Called from any thread; fails at once instead of queueing without bound."""
+        self.check_fits(request.reserved_tokens)
+        with self._lock:
+            if len(self._waiting) >= self.config.max_waiting:
+                raise OverloadedError(
+                    f"overloaded: {len(self._waiting)} requests already waiting, retry later")
+            self._waiting.append(request)
+
+    def remove_waiting(self, request_id: str) -> Request | None:
+        with self._lock:
+            for req in self._waiting:
+                if req.request_id == request_id:
+                    self._waiting.remove(req)
+                    return req
+        return None
+
+    def admit(self) -> None:
+        """Move waiting requests into prefill, first come first served, while they fit."""
+        with self._lock:
+            while self._waiting:
+                head = self._waiting[0]
+                active = len(self.running) + len(self.prefilling)
+                if active >= self.config.max_running:
+                    break
+                if self.reserved + head.reserved_tokens > self.config.max_batch_tokens:
+                    break
+                self._waiting.popleft()
+                self.reserved += head.reserved_tokens
+                head.state = RequestState.PREFILLING
+                self.prefilling.append(head)
+
+    def release(self, request: Request) -> None:
+        """Forget a finished request, wherever it was, and free its reservation."""
+        admitted = request in self.prefilling or request.request_id in self.running
+        if admitted:
+            self.reserved -= request.reserved_tokens
+        if request in self.prefilling:
+            self.prefilling.remove(request)
+        self.running.pop(request.request_id, None)
+        request.state = RequestState.FINISHED
+        request.cache = None
+
+    def drain_waiting(self) -> list[Request]:
+        with self._lock:
+            drained = list(self._waiting)
+            self._waiting.clear()
+        return drained

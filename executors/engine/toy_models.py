@@ -1,0 +1,123 @@
+"""Small models built locally in seconds: no machine here can reach a model hub.
+
+Two tokenizer styles, so the engine meets both kinds of detokenization trouble:
+byte-level BPE (GPT-2: multi-byte characters split into byte tokens) and
+SentencePiece/Metaspace with byte fallback (Llama: '▁' spaces, <0xNN> tokens).
+Weights are random; `size='gpt2-small'` has GPT-2 small's shape for real compute.
+"""
+import argparse
+import json
+import random
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+_WORDS = ("the quick brown fox jumps over a lazy dog while streams of tokens flow through "
+          "batched decode steps and every client reads its own answer one piece at a time "
+          "naïve café résumé über straße 東京 日本語 テキスト 中文 字符 language model service").split()
+
+
+def corpus(n_lines: int = 2000, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(n_lines):
+        words = rng.choices(_WORDS, k=rng.randint(4, 16))
+        lines.append(" ".join(words) + rng.choice([".", "!", "?", ",", ""]))
+    return lines
+
+
+def _train(pre_tokenizer, vocab_size: int, specials: list[str], **kw) -> tuple[dict, list]:
+    tok = Tokenizer(models.BPE(unk_token=kw.pop("unk", None)))
+    tok.pre_tokenizer = pre_tokenizer
+    tok.train_from_iterator(corpus(), trainers.BpeTrainer(vocab_size=vocab_size,
+                                                          special_tokens=specials, **kw))
+    state = json.loads(tok.to_str())["model"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in state["merges"]]
+    return state["vocab"], merges
+
+
+def _pad_vocab(vocab: dict[str, int], target: int, space: str) -> dict[str, int]:
+    """Unreachable filler words, so a model can have a real-size vocabulary and output layer."""
+    rng = random.Random(1)
+    while len(vocab) < target:
+        word = space + "".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(3, 8)))
+        vocab.setdefault(word, len(vocab))
+    return vocab
+
+
+def bpe_tokenizer(pad_to: int = 0) -> PreTrainedTokenizerFast:
+    vocab, merges = _train(pre_tokenizers.ByteLevel(add_prefix_space=False), 2000, ["<|endoftext|>"],
+                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab=_pad_vocab(dict(vocab), pad_to, "Ġ"), merges=merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|endoftext|>"])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>",
+                                   eos_token="<|endoftext|>", unk_token="<|endoftext|>",
+                                   clean_up_tokenization_spaces=False)
+
+
+def llama_tokenizer(pad_to: int = 0) -> PreTrainedTokenizerFast:
+    """Metaspace + byte fallback, with Llama's decoder chain; emoji are not in the corpus."""
+    specials = ["<unk>", "<s>", "</s>"]
+    learned, merges = _train(pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first"),
+                             1800, specials, unk="<unk>")
+    vocab = {t: i for i, t in enumerate(specials + [f"<0x{i:02X}>" for i in range(256)])}
+    for token, _ in sorted(learned.items(), key=lambda kv: kv[1]):
+        vocab.setdefault(token, len(vocab))
+    tok = Tokenizer(models.BPE(vocab=_pad_vocab(vocab, pad_to, "▁"), merges=merges,
+                               unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
+                                     decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    tok.add_special_tokens(specials)
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", vocab["<s>"])])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                   unk_token="<unk>", clean_up_tokenization_spaces=False)
+
+
+def build(path: str | Path, style: str = "gpt2", size: str = "tiny", seed: int = 0) -> Path:
+    """Write a tokenizer and a randomly initialised model to `path`; return it."""
+    path = Path(path)
+    torch.manual_seed(seed)
+    big = size == "gpt2-small"
+    pad_to = 50257 if big else 0  # GPT-2 small's vocabulary, so the output layer costs what it does
+    tokenizer = bpe_tokenizer(pad_to) if style == "gpt2" else llama_tokenizer(pad_to)
+    n_vocab = len(tokenizer)
+    if style == "gpt2":
+        config = GPT2Config(vocab_size=n_vocab, n_positions=1024 if big else 512,
+                            n_embd=768 if big else 64, n_layer=12 if big else 2,
+                            n_head=12 if big else 4, bos_token_id=tokenizer.bos_token_id,
+                            eos_token_id=tokenizer.eos_token_id, initializer_range=0.2 if not big else 0.02)
+        model = GPT2LMHeadModel(config)
+    elif style == "llama":
+        config = LlamaConfig(vocab_size=n_vocab, hidden_size=768 if big else 64,
+                             intermediate_size=3072 if big else 128,
+                             num_hidden_layers=12 if big else 2, num_attention_heads=12 if big else 4,
+                             num_key_value_heads=12 if big else 2,
+                             max_position_embeddings=1024 if big else 512,
+                             bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                             initializer_range=0.2 if not big else 0.02, tie_word_embeddings=False)
+        model = LlamaForCausalLM(config)
+    else:
+        raise ValueError(f"style: expected 'gpt2' or 'llama', got {style!r}")
+    model.generation_config.pad_token_id = tokenizer.eos_token_id
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Build a small random-weight model locally.")
+    parser.add_argument("path")
+    parser.add_argument("--style", choices=["gpt2", "llama"], default="gpt2")
+    parser.add_argument("--size", choices=["tiny", "gpt2-small"], default="tiny")
+    args = parser.parse_args()
+    print(build(args.path, args.style, args.size))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""The Jina executor: documents in, one document per generated token out.
+
+Thin on purpose: the engine does the work on its own thread; this converts.
+"""
+import asyncio
+import os
+from typing import Optional
+
+from docarray import DocList
+from jina import Executor, requests
+
+from schemas import ModelOutputDocument, PromptDocument
+
+from .convert import error_document, to_document, to_request
+from .engine import AsyncEngine, EngineConfig
+
+
+class LLMExecutor(Executor):
+    def __init__(self, model: str = "", device: Optional[str] = None, dtype: str = "auto",
+                 trust_remote_code: bool = False, max_tokens_limit: int = 1024,
+                 max_running: int = 32, max_waiting: int = 128, max_batch_tokens: int = 32768,
+                 max_prefill_tokens: int = 512, torch_threads: Optional[int] = None, **kwargs):
+        super().__init__(**kwargs)
+        model = model or os.environ.get("LLM_MODEL", "")
+        if not model:
+            raise ValueError("no model given: set LLM_MODEL to a hub id or a local folder, "
+                             "or pass `model` under `with:` in jina.yml (`make model` builds a "
+                             "small local one)")
+        self.engine = AsyncEngine(EngineConfig(
+            model=model, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
+            max_tokens_limit=max_tokens_limit, max_running=max_running, max_waiting=max_waiting,
+            max_batch_tokens=max_batch_tokens, max_prefill_tokens=max_prefill_tokens,
+            torch_threads=torch_threads))
+
+    @requests(on="/stream")
+    async def stream(self, doc: PromptDocument, **kwargs) -> ModelOutputDocument:
+        """Yields one document per token; closing the stream aborts the generation."""
+        text = ""
+        try:
+            async for chunk in self.engine.generate(*to_request(doc)):
+                text = chunk.generated_text
+                yield to_document(chunk)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a final error document
+            yield error_document(exc, text)
+
+    @requests(on="/generate")
+    async def generate(self, docs: DocList[PromptDocument], **kwargs) -> DocList[ModelOutputDocument]:
+        """Unary: one document per prompt with the whole text; prompts share the batch."""
+        return DocList[ModelOutputDocument](await asyncio.gather(*(self._complete(d) for d in docs)))
+
+    async def _complete(self, doc: PromptDocument) -> ModelOutputDocument:
+        token_ids: list[int] = []
+        logprobs: list[float] = []
+        last = None
+        try:
+            async for chunk in self.engine.generate(*to_request(doc)):
+                token_ids += chunk.token_ids
+                logprobs += chunk.logprobs
+                last = chunk
+        except Exception as exc:  # noqa: BLE001
+            return error_document(exc, last.generated_text if last else "")
+        out = to_document(last)
+        out.token_ids, out.logprobs, out.text = token_ids, logprobs, last.generated_text
+        return out
+
+    @requests(on="/stats")
+    async def stats(self, docs: DocList[PromptDocument], **kwargs) -> DocList[ModelOutputDocument]:
+        """Batch occupancy for operators and tests, as JSON in `text`."""
+        import json
+        return DocList[ModelOutputDocument]([ModelOutputDocument(text=json.dumps(self.engine.stats()))])
+
+    def close(self) -> None:
+        self.engine.shutdown()
+        super().close()
