@@ -1,0 +1,50 @@
+"""Async helper over Jina's `Client.stream_doc`: tokens as they arrive, errors as exceptions."""
+from typing import Any, AsyncIterator, Optional
+
+from jina import Client
+
+from schemas import ModelOutputDocument, PromptDocument
+
+
+class StreamError(RuntimeError):
+    """The server ended the stream with an error document."""
+
+    def __init__(self, message: str, error_type: str | None, generated_text: str = ""):
+        super().__init__(f"{error_type or 'error'}: {message}")
+        self.error_type = error_type
+        self.generated_text = generated_text
+
+
+def make_client(host: str = "localhost", port: int = 12345, protocol: str = "grpc") -> Any:
+    """An asyncio Jina client (`Client` is a factory function, hence `Any`)."""
+    return Client(host=host, port=port, protocol=protocol, asyncio=True)
+
+
+async def stream(prompt: str, *, host: str = "localhost", port: int = 12345, protocol: str = "grpc",
+                 client: Optional[Any] = None, **sampling) -> AsyncIterator[ModelOutputDocument]:
+    """Yield one ModelOutputDocument per streamed step; raise StreamError on a failure.
+
+    `sampling` takes PromptDocument's fields: max_tokens, do_sample, temperature,
+    top_k, top_p, typical_p, repetition_penalty, seed, stop.
+    """
+    client = client or make_client(host, port, protocol)
+    doc = PromptDocument(prompt=prompt, **sampling)
+    finished = False
+    async for out in client.stream_doc(on="/stream", inputs=doc, return_type=ModelOutputDocument):
+        if out.error is not None:
+            raise StreamError(out.error, out.error_type, out.generated_text)
+        finished = out.finish_reason is not None
+        yield out
+    if not finished:
+        raise StreamError("the stream ended before its final document", "truncated")
+
+
+async def generate(prompt: str, **kwargs) -> ModelOutputDocument:
+    """Collect a whole stream; the returned document is the last one, with generated_text."""
+    last = None
+    async for last in stream(prompt, **kwargs):
+        pass
+    return last
+
+
+__all__ = ["StreamError", "generate", "make_client", "stream"]
