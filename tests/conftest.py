@@ -1,0 +1,119 @@
+"""Shared fixtures: tiny models built on the spot, and real servers on random ports."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from executors.engine.toy_models import build  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def gpt2_model(models_dir) -> str:
+    return str(build(models_dir / "gpt2", "gpt2"))
+
+
+@pytest.fixture(scope="session")
+def llama_model(models_dir) -> str:
+    return str(build(models_dir / "llama", "llama"))
+
+
+@pytest.fixture(scope="session", params=["gpt2", "llama"])
+def any_model(request, gpt2_model, llama_model) -> str:
+    return gpt2_model if request.param == "gpt2" else llama_model
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited early with code {proc.returncode}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.5)
+    raise TimeoutError(f"port {port} not open after {timeout}s")
+
+
+class ServerProcess:
+    """A server command in its own process group, always torn down with everything it spawned."""
+
+    def __init__(self, cmd: list[str], env: dict, log_path: Path):
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self._log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        try:  # children that outlived the parent, if any
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(5)
+        self._log.close()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def start_flow(model: str, tmp_path: Path, **env_extra) -> tuple[ServerProcess, int, int]:
+    """`jina flow --uses flows/llm.yml` as `make serve` runs it, on random ports."""
+    grpc_port, http_port = free_port(), free_port()
+    env = dict(os.environ, LLM_MODEL=model, LLM_GRPC_PORT=str(grpc_port),
+               LLM_HTTP_PORT=str(http_port), JINA_LOG_LEVEL="INFO", **env_extra)
+    jina = str(Path(sys.executable).parent / "jina")
+    server = ServerProcess([jina, "flow", "--uses", "flows/llm.yml"], env, tmp_path / "flow.log")
+    try:
+        wait_for_port(grpc_port, server.proc)
+        wait_for_port(http_port, server.proc)
+        _wait_ready(http_port)
+    except Exception:
+        server.stop()
+        raise RuntimeError("flow did not start:\n" + server.log()[-4000:])
+    return server, grpc_port, http_port
+
+
+def _wait_ready(http_port: int, timeout: float = 120.0) -> None:
+    import urllib.request
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/", timeout=5) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError("flow not ready")
+
+
+@pytest.fixture(scope="session")
+def flow(gpt2_model, tmp_path_factory):
+    """One real Flow for the whole session: (grpc_port, http_port)."""
+    server, grpc_port, http_port = start_flow(gpt2_model, tmp_path_factory.mktemp("flow"))
+    yield grpc_port, http_port
+    server.stop()
