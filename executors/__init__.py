@@ -1,4 +1,4 @@
-"""Jina executor package; `py_modules: executors/__init__.py` registers LLMExecutor."""
-from .llm_executor import LLMExecutor
+"""The Jina executor (llm_executor) and the jina-free decoding engine (engine).
 
-__all__ = ["LLMExecutor"]
+Nothing is imported here, so `import executors.engine` never pulls in jina.
+"""

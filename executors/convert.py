@@ -1,12 +1,22 @@
 """Documents <-> engine types: the one place where the two meet."""
+from typing import Optional
+
 from schemas import ModelOutputDocument, PromptDocument
 
-from .engine import (EngineDeadError, GenerationError, OverloadedError, SamplingParams,
-                     StreamChunk, ValidationError)
+from executors.engine import (AsyncEngine, EngineDeadError, GenerationError, OverloadedError,
+                              SamplingParams, StreamChunk, ValidationError)
+from executors.engine.chat import render_chat
 
 
-def to_request(doc: PromptDocument) -> tuple[str, SamplingParams]:
-    return doc.prompt, SamplingParams(
+def to_request(doc: PromptDocument, engine: Optional[AsyncEngine] = None) -> tuple[str, SamplingParams]:
+    """Chat `messages` are rendered with the engine's tokenizer and trimmed to its context."""
+    prompt = doc.prompt
+    if doc.messages:
+        if engine is None:
+            raise ValidationError("messages", "chat messages are not supported here")
+        prompt, _ = render_chat(engine.tokenizer, doc.messages,
+                                engine.core.loaded.max_context - doc.max_tokens)
+    return prompt, SamplingParams(
         max_tokens=doc.max_tokens, do_sample=doc.do_sample, temperature=doc.temperature,
         top_k=doc.top_k, top_p=doc.top_p, typical_p=doc.typical_p,
         repetition_penalty=doc.repetition_penalty, seed=doc.seed, stop=list(doc.stop or []))
@@ -42,3 +52,13 @@ def error_document(exc: BaseException, generated_text: str = "") -> ModelOutputD
     """
     return ModelOutputDocument(finish_reason="error", error=str(exc), error_type=error_type(exc),
                                generated_text=generated_text)
+
+
+def model_info(engine: AsyncEngine) -> dict:
+    """What gateways advertise (/info, /v1/models): the model id and the request limits."""
+    loaded, config = engine.core.loaded, engine.config
+    return {"model_id": config.model, "max_context": loaded.max_context,
+            "max_tokens_limit": config.max_tokens_limit, "max_running": config.max_running,
+            "max_waiting": config.max_waiting, "max_batch_tokens": config.max_batch_tokens,
+            "device": str(loaded.device), "dtype": str(loaded.model.dtype).replace("torch.", ""),
+            "chat_template": bool(getattr(engine.tokenizer, "chat_template", None))}

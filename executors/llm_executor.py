@@ -3,6 +3,7 @@
 Thin on purpose: the engine does the work on its own thread; this converts.
 """
 import asyncio
+import json
 import os
 from typing import Optional
 
@@ -11,8 +12,8 @@ from jina import Executor, requests
 
 from schemas import ModelOutputDocument, PromptDocument
 
-from .convert import error_document, to_document, to_request
-from .engine import AsyncEngine, EngineConfig
+from executors.convert import error_document, model_info, to_document, to_request
+from executors.engine import AsyncEngine, EngineConfig
 
 
 class LLMExecutor(Executor):
@@ -37,7 +38,7 @@ class LLMExecutor(Executor):
         """Yields one document per token; closing the stream aborts the generation."""
         text = ""
         try:
-            async for chunk in self.engine.generate(*to_request(doc)):
+            async for chunk in self.engine.generate(*to_request(doc, self.engine)):
                 text = chunk.generated_text
                 yield to_document(chunk)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a final error document
@@ -53,7 +54,7 @@ class LLMExecutor(Executor):
         logprobs: list[float] = []
         last = None
         try:
-            async for chunk in self.engine.generate(*to_request(doc)):
+            async for chunk in self.engine.generate(*to_request(doc, self.engine)):
                 token_ids += chunk.token_ids
                 logprobs += chunk.logprobs
                 last = chunk
@@ -66,8 +67,12 @@ class LLMExecutor(Executor):
     @requests(on="/stats")
     async def stats(self, docs: DocList[PromptDocument], **kwargs) -> DocList[ModelOutputDocument]:
         """Batch occupancy for operators and tests, as JSON in `text`."""
-        import json
         return DocList[ModelOutputDocument]([ModelOutputDocument(text=json.dumps(self.engine.stats()))])
+
+    @requests(on="/info")
+    async def info(self, docs: DocList[PromptDocument], **kwargs) -> DocList[ModelOutputDocument]:
+        """Model id and limits for gateways (/info, /v1/models), as JSON in `text`."""
+        return DocList[ModelOutputDocument]([ModelOutputDocument(text=json.dumps(model_info(self.engine)))])
 
     def close(self) -> None:
         self.engine.shutdown()

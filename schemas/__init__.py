@@ -20,6 +20,9 @@ class PromptDocument(BaseDoc):
     repetition_penalty: float = 1.0
     seed: Optional[int] = None
     stop: List[str] = []
+    # Chat: a JSON list of {role, content}; when set it replaces `prompt`, and the engine
+    # renders it (chat template, or a plain format) and drops the oldest turns to fit.
+    messages: str = ""
 
 
 class ModelOutputDocument(BaseDoc):

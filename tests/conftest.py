@@ -117,3 +117,17 @@ def flow(gpt2_model, tmp_path_factory):
     server, grpc_port, http_port = start_flow(gpt2_model, tmp_path_factory.mktemp("flow"))
     yield grpc_port, http_port
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def slow_model(models_dir) -> str:
+    """Tens of ms per token here: a generation that is surely still running when cancelled."""
+    return str(build(models_dir / "slow", "gpt2", "slow"))
+
+
+@pytest.fixture(scope="session")
+def slow_flow(slow_model, tmp_path_factory):
+    """A second real Flow, on the slow model, for cancellation tests: (grpc_port, http_port)."""
+    server, grpc_port, http_port = start_flow(slow_model, tmp_path_factory.mktemp("slow_flow"))
+    yield grpc_port, http_port
+    server.stop()

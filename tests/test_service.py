@@ -101,3 +101,36 @@ def test_cli_streams_over_grpc_and_http(flow):
                           "--port", str(grpc_port)], cwd=ROOT, capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode == 2 and "top_p" in bad.stderr
+
+
+async def _stats(port: int) -> dict:
+    from client import make_client
+    from docarray import DocList
+    from schemas import ModelOutputDocument, PromptDocument
+    c = make_client(port=port)
+    async for resp in c.post("/stats", DocList[PromptDocument]([PromptDocument()]),
+                             return_type=DocList[ModelOutputDocument]):
+        docs = resp if isinstance(resp, DocList) else [resp]
+        return json.loads(docs[0].text)
+
+
+async def test_grpc_client_cancel_aborts_the_generation(slow_flow):
+    import asyncio
+    grpc_port, _ = slow_flow
+    before = await _stats(grpc_port)
+    got = []
+
+    async def consume():
+        async for doc in stream("hello", port=grpc_port, max_tokens=900):
+            got.append(doc)
+    task = asyncio.create_task(consume())
+    while len(got) < 2:
+        await asyncio.sleep(0.01)
+    task.cancel()
+    for _ in range(100):
+        stats = await _stats(grpc_port)
+        if stats["aborted"] > before["aborted"] and stats["running"] == 0:
+            break
+        await asyncio.sleep(0.1)
+    assert stats["aborted"] == before["aborted"] + 1, stats
+    assert stats["running"] == 0 and stats["batch_rows"] == 0 and stats["reserved_tokens"] == 0

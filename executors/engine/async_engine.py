@@ -113,6 +113,7 @@ class AsyncEngine:
         return {"running": len(sched.running), "prefilling": len(sched.prefilling),
                 "waiting": sched.num_waiting, "reserved_tokens": sched.reserved,
                 "batch_rows": len(self.core.batch), "steps": self.core.steps,
+                "aborted": self.core.aborted,
                 "loop_restarts": self.loop_restarts, "healthy": self.healthy}
 
     def generate(self, prompt: str, params: SamplingParams,

@@ -33,6 +33,7 @@ class EngineCore:
         self._aborts: set[str] = set()
         self._abort_lock = threading.Lock()
         self.steps = 0
+        self.aborted = 0  # requests that left early because their reader went away
 
     # ----- requests in -----
     def make_request(self, prompt: str, params: SamplingParams,
@@ -89,10 +90,12 @@ class EngineCore:
         if not aborts:
             return
         for rid in aborts:
-            self.scheduler.remove_waiting(rid)
+            if self.scheduler.remove_waiting(rid) is not None:
+                self.aborted += 1
         for req in list(self.scheduler.prefilling) + list(self.scheduler.running.values()):
             if req.request_id in aborts:
                 self.scheduler.release(req)
+                self.aborted += 1
         self._sync_batch()
 
     def _decode(self) -> None:

@@ -79,26 +79,32 @@ def llama_tokenizer(pad_to: int = 0) -> PreTrainedTokenizerFast:
                                    unk_token="<unk>", clean_up_tokenization_spaces=False)
 
 
+# size: (layers, width, heads, context). 'slow' decodes a few ms per token on 2 CPU cores,
+# so tests can cancel a generation that is surely still running.
+SIZES = {"tiny": (2, 64, 4, 512), "slow": (6, 384, 6, 1024), "gpt2-small": (12, 768, 12, 1024)}
+
+
 def build(path: str | Path, style: str = "gpt2", size: str = "tiny", seed: int = 0) -> Path:
     """Write a tokenizer and a randomly initialised model to `path`; return it."""
     path = Path(path)
     torch.manual_seed(seed)
+    if size not in SIZES:
+        raise ValueError(f"size: expected one of {sorted(SIZES)}, got {size!r}")
     big = size == "gpt2-small"
     pad_to = 50257 if big else 0  # GPT-2 small's vocabulary, so the output layer costs what it does
     tokenizer = bpe_tokenizer(pad_to) if style == "gpt2" else llama_tokenizer(pad_to)
     n_vocab = len(tokenizer)
+    layers, width, heads, context = SIZES[size]
     if style == "gpt2":
-        config = GPT2Config(vocab_size=n_vocab, n_positions=1024 if big else 512,
-                            n_embd=768 if big else 64, n_layer=12 if big else 2,
-                            n_head=12 if big else 4, bos_token_id=tokenizer.bos_token_id,
-                            eos_token_id=tokenizer.eos_token_id, initializer_range=0.2 if not big else 0.02)
+        config = GPT2Config(vocab_size=n_vocab, n_positions=context, n_embd=width, n_layer=layers,
+                            n_head=heads, bos_token_id=tokenizer.bos_token_id,
+                            eos_token_id=tokenizer.eos_token_id, initializer_range=0.02 if big else 0.2)
         model = GPT2LMHeadModel(config)
     elif style == "llama":
-        config = LlamaConfig(vocab_size=n_vocab, hidden_size=768 if big else 64,
-                             intermediate_size=3072 if big else 128,
-                             num_hidden_layers=12 if big else 2, num_attention_heads=12 if big else 4,
-                             num_key_value_heads=12 if big else 2,
-                             max_position_embeddings=1024 if big else 512,
+        config = LlamaConfig(vocab_size=n_vocab, hidden_size=width, intermediate_size=4 * width,
+                             num_hidden_layers=layers, num_attention_heads=heads,
+                             num_key_value_heads=heads if big else heads // 2,
+                             max_position_embeddings=context,
                              bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                              initializer_range=0.2 if not big else 0.02, tie_word_embeddings=False)
         model = LlamaForCausalLM(config)
@@ -114,7 +120,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Build a small random-weight model locally.")
     parser.add_argument("path")
     parser.add_argument("--style", choices=["gpt2", "llama"], default="gpt2")
-    parser.add_argument("--size", choices=["tiny", "gpt2-small"], default="tiny")
+    parser.add_argument("--size", choices=sorted(SIZES), default="tiny")
     args = parser.parse_args()
     print(build(args.path, args.style, args.size))
 

@@ -1,0 +1,160 @@
+"""python -m benchmarks: every system, same models, same machine, same run.
+
+See benchmarks/README.md. --quick finishes in a few minutes on a 2-core machine.
+"""
+import argparse
+import asyncio
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from .load import Transport, closed_loop, default_requests, make_prompts, poisson
+from .metrics import summarize
+from .models import DEFAULT_CACHE, MODELS, ensure_model
+from .procs import stop_all
+from .report import machine_info, ratios, write_all
+from .systems import SYSTEMS, starters
+
+HERE = Path(__file__).resolve().parent
+# --quick: every system on the tiny model at C=1 and 16, plus this vs raw-engine on gpt2-small at C=1
+QUICK_EXTRA = {"model": "gpt2-small", "systems": ("this", "raw-engine"), "concurrency": (1,), "requests": 4}
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x]
+
+
+def _names(allowed) -> callable:
+    def parse(text: str) -> list[str]:
+        names = [x for x in text.split(",") if x]
+        bad = [x for x in names if x not in allowed]
+        if bad:
+            raise argparse.ArgumentTypeError(f"unknown {bad}; choose from {', '.join(allowed)}")
+        return names
+    return parse
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=HERE / "results", help="where results.* go")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny model, C=1,16, fewer requests (plus this vs raw-engine on gpt2-small at C=1)")
+    p.add_argument("--models", type=_names(MODELS), default=None, help=f"of {','.join(MODELS)}")
+    p.add_argument("--systems", type=_names(SYSTEMS), default=list(SYSTEMS), help=f"of {','.join(SYSTEMS)}")
+    p.add_argument("--concurrency", type=_ints, default=None, help="closed-loop levels (default 1,4,16,64)")
+    p.add_argument("--rate", type=_floats, default=[], help="open-loop Poisson rates in requests/s")
+    p.add_argument("--num-requests", type=int, default=None,
+                   help="requests per level (default max(4C,16); quick: max(2C,8); Poisson: 4x rate x 8s)")
+    p.add_argument("--max-tokens", type=int, default=None, help="output tokens per request (default 64; quick 32)")
+    p.add_argument("--time-limit", type=float, default=None,
+                   help="per level: no new requests after this many seconds, cancel the rest at twice "
+                        "(default 300; quick 40)")
+    p.add_argument("--seed", type=int, default=0, help="prompt and arrival seed")
+    p.add_argument("--static-batch-size", type=int, default=16, help="hf-static-batch's max batch")
+    p.add_argument("--models-dir", type=Path, default=DEFAULT_CACHE)
+    args = p.parse_args(argv)
+    args.quick_extra = args.quick and args.models is None
+    args.models = args.models or (["tiny"] if args.quick else ["tiny", "gpt2-small"])
+    args.concurrency = args.concurrency or ([1, 16] if args.quick else [1, 4, 16, 64])
+    args.max_tokens = args.max_tokens or (32 if args.quick else 64)
+    args.time_limit = args.time_limit or (40.0 if args.quick else 300.0)
+    return args
+
+
+def plan(args: argparse.Namespace) -> list[tuple[str, list[str], list[int], Optional[int]]]:
+    """(model, systems, concurrency levels, requests override) in the order they run."""
+    steps = [(m, args.systems, args.concurrency, args.num_requests) for m in args.models]
+    if args.quick_extra:
+        systems = [s for s in QUICK_EXTRA["systems"] if s in args.systems]
+        if systems:
+            steps.append((QUICK_EXTRA["model"], systems, list(QUICK_EXTRA["concurrency"]),
+                          args.num_requests or QUICK_EXTRA["requests"]))
+    return steps
+
+
+async def warm_up(send: Transport, prompts: list[str]) -> None:
+    """Two short requests, untimed: connections, lazy initialisation, first-call costs."""
+    for prompt in prompts[:2]:
+        async for _ in send(prompt, 4):
+            pass
+
+
+async def measure(args, model: str, system: str, transport: str, send: Transport,
+                  levels: list[int], n_override: Optional[int], rows: list[dict]) -> None:
+    prompts = make_prompts(256, args.seed)
+    await warm_up(send, prompts)
+    loads = [("closed", c) for c in levels] + [("poisson", r) for r in args.rate]
+    for kind, value in loads:
+        if kind == "closed":
+            n = default_requests(value, args.quick, n_override)
+            records, duration, cut = await closed_loop(send, prompts, value, n, args.max_tokens, args.time_limit)
+        else:
+            n = n_override or max(8, int(4 * value * 8))
+            records, duration, cut = await poisson(send, prompts, value, n, args.max_tokens,
+                                                   args.time_limit, args.seed)
+        row = {"system": system, "transport": transport, "model": model,
+               "load": f"C={value}" if kind == "closed" else f"poisson {value}/s",
+               "concurrency": value if kind == "closed" else None,
+               "rate": value if kind == "poisson" else None, "max_tokens": args.max_tokens,
+               **summarize(records, duration), "cut_short": cut}
+        rows.append(row)
+        print(f"  {system}/{transport} {model} {row['load']}: {row['completed']}/{row['requests']} ok, "
+              f"{row['output_tok_s']} tok/s, TTFT p50/p99 {row['ttft_p50_ms']}/{row['ttft_p99_ms']} ms, "
+              f"TPOT p50 {row['tpot_p50_ms']} ms{' (cut short by the time limit)' if cut else ''}",
+              flush=True)
+        if any(r.error and "cancelled" in r.error for r in records):
+            print(f"  {system}/{transport}: requests were abandoned; skipping its higher loads", flush=True)
+            break
+
+
+async def run(args: argparse.Namespace, rows: list[dict], notes: list[str]) -> None:
+    logs = args.out / "logs"
+    start = starters(args.static_batch_size)
+    for model_name, systems, levels, n_override in plan(args):
+        model = ensure_model(model_name, args.models_dir)
+        for system in systems:
+            print(f"{system} on {model_name}: starting", flush=True)
+            t0 = time.perf_counter()
+            try:
+                async with start[system](model, logs, notes) as transports:
+                    print(f"  ready in {time.perf_counter() - t0:.1f}s; transports {list(transports)}", flush=True)
+                    for transport, send in transports.items():
+                        await measure(args, model_name, system, transport, send, levels, n_override, rows)
+            except (RuntimeError, TimeoutError, OSError) as exc:
+                notes.append(f"{system} on {model_name} failed: {str(exc)[:500]}")
+                print(f"  FAILED: {str(exc)[:2000]}", flush=True)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    rows: list[dict] = []
+    notes: list[str] = []
+    machine = machine_info()
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "models_dir", "quick_extra")}
+    t0 = time.perf_counter()
+    interrupted = False
+    try:
+        asyncio.run(run(args, rows, notes))
+    except KeyboardInterrupt:
+        interrupted = True
+        notes.append("interrupted: partial results")
+    finally:
+        stop_all()
+        settings["wall_s"] = round(time.perf_counter() - t0, 1)
+        write_all(args.out, rows, machine, notes, settings)
+    print(f"\nwrote {args.out}/results.json, results.md, results.png in {settings['wall_s']}s")
+    for note in notes:
+        print("note:", note)
+    print("\n".join(["", "Ratios (same run):"] + [f"  {r}" for r in ratios(rows)]))
+    return 130 if interrupted else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""Server subprocesses in their own process group, always torn down with everything they spawned."""
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+_LIVE: set["ServerProcess"] = set()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """`cmd` started with start_new_session=True; stop() signals the whole group."""
+
+    def __init__(self, cmd: list[str], log_path: Path, env: Optional[dict] = None):
+        self.cmd = cmd
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self._log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        _LIVE.add(self)
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGINT to the group, then SIGKILL to whatever is left of it."""
+        if self not in _LIVE:
+            return
+        _LIVE.discard(self)
+        if self.proc.poll() is None:
+            _killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        _killpg(self.proc.pid, signal.SIGKILL)  # children that outlived the parent
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+        self._log.close()
+
+    def tail(self, chars: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+    def wait_port(self, port: int, timeout: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._check_alive()
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    return
+            time.sleep(0.3)
+        raise TimeoutError(f"port {port} not open after {timeout:.0f}s:\n{self.tail()}")
+
+    def wait_http(self, url: str, timeout: float = 180.0) -> None:
+        """Until `url` answers (any HTTP status counts: the server is up)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._check_alive()
+            try:
+                with urllib.request.urlopen(url, timeout=5):
+                    return
+            except urllib.error.HTTPError:
+                return
+            except OSError:
+                time.sleep(0.3)
+        raise TimeoutError(f"{url} not answering after {timeout:.0f}s:\n{self.tail()}")
+
+    def _check_alive(self) -> None:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"{self.cmd[0]} exited with code {self.proc.returncode}:\n{self.tail()}")
+
+
+def _killpg(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop_all() -> None:
+    """Last resort (atexit, signals): no server outlives the benchmark."""
+    for server in list(_LIVE):
+        server.stop(timeout=5)
+
+
+atexit.register(stop_all)

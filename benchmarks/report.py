@@ -1,0 +1,146 @@
+"""results.json, results.md, results.png, and the ratios the project's goals are stated in."""
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from .procs import ROOT
+
+TABLE = [("system", "system"), ("transport", "transport"), ("model", "model"), ("load", "load"),
+         ("ok/n", None), ("TTFT p50", "ttft_p50_ms"), ("TTFT p99", "ttft_p99_ms"),
+         ("TPOT p50", "tpot_p50_ms"), ("TPOT p99", "tpot_p99_ms"), ("ITL p50", "itl_p50_ms"),
+         ("ITL p99", "itl_p99_ms"), ("E2E p50", "e2e_p50_ms"), ("E2E p99", "e2e_p99_ms"),
+         ("req/s", "req_s"), ("out tok/s", "output_tok_s"), ("tok/doc", "tokens_per_document")]
+
+
+def machine_info() -> dict:
+    import torch
+    import transformers
+    cuda = torch.cuda.is_available()
+    return {
+        "cpu_count": os.cpu_count(), "cpus_usable": len(os.sched_getaffinity(0)),
+        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+        "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+        "transformers": transformers.__version__, "python": sys.version.split()[0],
+        "device": torch.cuda.get_device_name(0) if cuda else "cpu",
+        "platform": platform.platform(), "git": _git(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def _git() -> Optional[str]:
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True,
+                               text=True).stdout.strip()
+        return head + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def label(row: dict) -> str:
+    return f"{row['system']}/{row['transport']}"
+
+
+def write_all(out: Path, rows: list[dict], machine: dict, notes: list[str], settings: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(
+        {"rows": rows, "machine": machine, "settings": settings, "notes": notes}, indent=1))
+    (out / "results.md").write_text(markdown(rows, machine, notes, settings))
+    if rows:
+        plot(rows, out / "results.png")
+
+
+def _cell(row: dict, key: Optional[str]) -> str:
+    if key is None:
+        return f"{row['completed']}/{row['requests']}" + (" cut" if row.get("cut_short") else "")
+    value = row.get(key)
+    return "-" if value is None else str(value)
+
+
+def markdown(rows: list[dict], machine: dict, notes: list[str], settings: dict) -> str:
+    lines = ["# Serving benchmark", "",
+             f"Machine: {machine['cpu_count']} CPUs, device {machine['device']}, torch {machine['torch']}, "
+             f"git {machine['git']}, {machine['time']}. Load average at start: {machine['loadavg_at_start']}.",
+             f"Settings: {json.dumps(settings)}", "",
+             "Times in ms; `load` is the closed-loop concurrency C or the Poisson rate; `tok/doc` "
+             "is output tokens per streamed document (above 1: the reader fell behind and got "
+             "coalesced documents, each counted once in ITL).", ""]
+    lines.append("| " + " | ".join(h for h, _ in TABLE) + " |")
+    lines.append("|" + "---|" * len(TABLE))
+    for row in rows:
+        lines.append("| " + " | ".join(_cell(row, k) for _, k in TABLE) + " |")
+    lines += ["", "## Ratios", ""] + [f"- {r}" for r in ratios(rows)]
+    if notes:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """Output tok/s and TTFT p99 against concurrency, one line per system/transport, a pair per model."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    closed = [r for r in rows if r["concurrency"] is not None]
+    models = list(dict.fromkeys(r["model"] for r in closed)) or ["(none)"]
+    fig, axes = plt.subplots(len(models), 2, figsize=(12, 4.2 * len(models)), squeeze=False)
+    for (ax_tok, ax_ttft), model in zip(axes, models):
+        for name in dict.fromkeys(label(r) for r in closed if r["model"] == model):
+            line = sorted((r for r in closed if r["model"] == model and label(r) == name),
+                          key=lambda r: r["concurrency"])
+            xs = [r["concurrency"] for r in line]
+            ax_tok.plot(xs, [r["output_tok_s"] or 0 for r in line], marker="o", label=name)
+            ax_ttft.plot(xs, [r["ttft_p99_ms"] or float("nan") for r in line], marker="o", label=name)
+        for ax, title in ((ax_tok, "output tokens/s"), (ax_ttft, "TTFT p99 (ms)")):
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("concurrency (closed loop)")
+            ax.set_title(f"{model}: {title}")
+            ax.grid(True, alpha=0.3)
+        ax_ttft.set_yscale("log")
+        ax_tok.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _find(rows: list[dict], system: str, model: str, concurrency: int,
+          transport: Optional[str] = None) -> Optional[dict]:
+    for r in rows:
+        if (r["system"], r["model"], r["concurrency"]) == (system, model, concurrency) and \
+                (transport is None or r["transport"] == transport) and r["completed"]:
+            return r
+    return None
+
+
+def _ratio(a: Optional[float], b: Optional[float]) -> str:
+    return f"{a / b:.2f}x" if a and b else "n/a"
+
+
+def ratios(rows: list[dict]) -> list[str]:
+    """The same-run comparisons the project's goals are stated in."""
+    out = []
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    this_transports = list(dict.fromkeys(r["transport"] for r in rows if r["system"] == "this"))
+    for model in models:
+        raw = _find(rows, "raw-engine", model, 1)
+        for t in this_transports:
+            this = _find(rows, "this", model, 1, t)
+            if this and raw:
+                out.append(f"{model}, C=1: this/{t} / raw-engine output tok/s = "
+                           f"{_ratio(this['output_tok_s'], raw['output_tok_s'])} "
+                           f"({this['output_tok_s']} vs {raw['output_tok_s']})")
+        for peer in ("seed-jina", "hf-streamer", "hf-static-batch"):
+            other = _find(rows, peer, model, 16)
+            for t in this_transports:
+                this = _find(rows, "this", model, 16, t)
+                if this and other:
+                    out.append(f"{model}, C=16: this/{t} / {peer} output tok/s = "
+                               f"{_ratio(this['output_tok_s'], other['output_tok_s'])} "
+                               f"({this['output_tok_s']} vs {other['output_tok_s']}); TTFT p99 "
+                               f"{this['ttft_p99_ms']} vs {other['ttft_p99_ms']} ms "
+                               f"({_ratio(other['ttft_p99_ms'], this['ttft_p99_ms'])} lower)")
+    return out or ["(no pair of rows to compare)"]

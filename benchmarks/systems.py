@@ -1,0 +1,214 @@
+"""The systems under test, each started as a server (or engine) and offering named transports.
+
+Every system is an async context manager yielding {transport name: send}; leaving
+it tears the server's whole process group down, on errors and Ctrl-C too.
+"""
+import contextlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import AsyncIterator, Callable
+
+import aiohttp
+
+from .load import Transport
+from .metrics import Total
+from .procs import ROOT, ServerProcess, free_port
+
+SYSTEMS = ("this", "raw-engine", "seed-jina", "hf-streamer", "hf-static-batch")
+# the service's continuous-batching limits, as flows/llm.yml sets them
+ENGINE_LIMITS = dict(max_running=32, max_waiting=128, max_batch_tokens=32768, max_prefill_tokens=512)
+
+
+def _env(**extra: str) -> dict:
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    return dict(os.environ, PYTHONPATH=path, **extra)
+
+
+def _jina() -> str:
+    return str(Path(sys.executable).parent / "jina")
+
+
+def _session() -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                 timeout=aiohttp.ClientTimeout(total=None, sock_read=600))
+
+
+async def _sse_data(resp: aiohttp.ClientResponse) -> AsyncIterator[str]:
+    """The payload of each non-empty `data:` line of a Server-Sent Events response."""
+    if resp.status != 200:
+        raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:200]}")
+    async for raw in resp.content:
+        line = raw.decode("utf-8").rstrip("\r\n")
+        if line.startswith("data:") and line[5:].strip():
+            yield line[5:].strip()
+
+
+def _wait_jina_ready(port: int, server: ServerProcess, timeout: float = 180.0) -> None:
+    import time
+    from jina import Client
+    server.wait_port(port, timeout)
+    client = Client(host="127.0.0.1", port=port, protocol="grpc")
+    deadline = time.monotonic() + timeout
+    while not client.is_flow_ready(timeout=5):
+        server._check_alive()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"flow on port {port} not ready:\n{server.tail()}")
+        time.sleep(0.5)
+
+
+# ----- this service -----
+def _this_grpc(port: int) -> Transport:
+    from client import make_client, stream
+    client = make_client("127.0.0.1", port)
+
+    async def send(prompt: str, max_tokens: int) -> AsyncIterator[int]:
+        async for doc in stream(prompt, client=client, max_tokens=max_tokens):
+            yield len(doc.token_ids)
+    return send
+
+
+def _this_sse(session: aiohttp.ClientSession, port: int) -> Transport:
+    async def send(prompt: str, max_tokens: int) -> AsyncIterator[int]:
+        params = {"prompt": prompt, "max_tokens": str(max_tokens)}
+        async with session.get(f"http://127.0.0.1:{port}/stream", params=params) as resp:
+            async for data in _sse_data(resp):
+                doc = json.loads(data)
+                if doc.get("error"):
+                    raise RuntimeError(f"{doc.get('error_type')}: {doc['error']}")
+                if "token_ids" in doc:
+                    yield len(doc["token_ids"])
+    return send
+
+
+async def _openai_model_id(session: aiohttp.ClientSession, port: int, fallback: str) -> str:
+    try:
+        async with session.get(f"http://127.0.0.1:{port}/v1/models") as resp:
+            if resp.status == 200:
+                return (await resp.json())["data"][0]["id"]
+    except (aiohttp.ClientError, KeyError, IndexError, ValueError):
+        pass
+    return fallback
+
+
+def _this_openai(session: aiohttp.ClientSession, port: int, model: str) -> Transport:
+    """OpenAI streaming completions: a chunk counts as one token unless it says otherwise;
+    the usage chunk (stream_options.include_usage), when sent, gives the exact total."""
+    async def send(prompt: str, max_tokens: int) -> AsyncIterator[int]:
+        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
+                "temperature": 0, "stream_options": {"include_usage": True}}
+        async with session.post(f"http://127.0.0.1:{port}/v1/completions", json=body) as resp:
+            async for data in _sse_data(resp):
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if chunk.get("error"):
+                    raise RuntimeError(str(chunk["error"])[:200])
+                if chunk.get("choices"):
+                    choice = chunk["choices"][0]
+                    ids = choice.get("token_ids") or (choice.get("logprobs") or {}).get("tokens")
+                    yield len(ids) if ids else 1
+                if (chunk.get("usage") or {}).get("completion_tokens") is not None:
+                    yield Total(chunk["usage"]["completion_tokens"])
+    return send
+
+
+async def _probe_openai(send: Transport) -> str | None:
+    """None when the route streams; else why it is skipped."""
+    try:
+        n = [x async for x in send("hello", 2)]
+        return None if n else "answered with no chunks"
+    except Exception as exc:  # noqa: BLE001
+        return f"{type(exc).__name__}: {exc}"[:200]
+
+
+@contextlib.asynccontextmanager
+async def this_service(model: Path, logs: Path, notes: list[str]) -> AsyncIterator[dict[str, Transport]]:
+    """`jina flow --uses flows/llm.yml` with env vars, as `make serve` runs it."""
+    grpc_port, http_port = free_port(), free_port()
+    env = _env(LLM_MODEL=str(model), LLM_GRPC_PORT=str(grpc_port), LLM_HTTP_PORT=str(http_port),
+               JINA_LOG_LEVEL="INFO")
+    server = ServerProcess([_jina(), "flow", "--uses", "flows/llm.yml"], logs / "this.log", env)
+    try:
+        _wait_jina_ready(grpc_port, server)
+        server.wait_http(f"http://127.0.0.1:{http_port}/")
+        async with _session() as session:
+            transports = {"grpc": _this_grpc(grpc_port), "http-sse": _this_sse(session, http_port)}
+            openai = _this_openai(session, http_port, await _openai_model_id(session, http_port, str(model)))
+            why = await _probe_openai(openai)
+            if why is None:
+                transports["openai"] = openai
+            else:
+                notes.append(f"this/openai skipped: POST /v1/completions (stream) failed: {why}")
+            yield transports
+    finally:
+        server.stop()
+
+
+# ----- the engine alone -----
+@contextlib.asynccontextmanager
+async def raw_engine(model: Path, logs: Path, notes: list[str]) -> AsyncIterator[dict[str, Transport]]:
+    """AsyncEngine in this process with the service's limits: no serving at all."""
+    from executors.engine import AsyncEngine, EngineConfig, SamplingParams
+    engine = AsyncEngine(EngineConfig(model=str(model), **ENGINE_LIMITS))
+
+    async def send(prompt: str, max_tokens: int) -> AsyncIterator[int]:
+        async for chunk in engine.generate(prompt, SamplingParams(max_tokens=max_tokens)):
+            yield len(chunk.token_ids)
+    try:
+        yield {"in-process": send}
+    finally:
+        engine.shutdown()
+
+
+# ----- peers -----
+@contextlib.asynccontextmanager
+async def seed_jina(model: Path, logs: Path, notes: list[str]) -> AsyncIterator[dict[str, Transport]]:
+    from jina import Client
+    from .peers.seed_jina import ModelOutputDocument, PromptDocument
+    port = free_port()
+    server = ServerProcess([_jina(), "flow", "--uses", "benchmarks/peers/seed_jina.yml"],
+                           logs / "seed-jina.log", _env(LLM_MODEL=str(model), SEED_GRPC_PORT=str(port)))
+    try:
+        _wait_jina_ready(port, server)
+        client = Client(host="127.0.0.1", port=port, protocol="grpc", asyncio=True)
+
+        async def send(prompt: str, max_tokens: int) -> AsyncIterator[int]:
+            doc = PromptDocument(prompt=prompt, max_tokens=max_tokens)
+            async for _ in client.stream_doc(on="/stream", inputs=doc, return_type=ModelOutputDocument):
+                yield 1
+        yield {"grpc": send}
+    finally:
+        server.stop()
+
+
+def _fastapi_peer(module: str, name: str, *extra: str) -> Callable:
+    @contextlib.asynccontextmanager
+    async def peer(model: Path, logs: Path, notes: list[str]) -> AsyncIterator[dict[str, Transport]]:
+        port = free_port()
+        cmd = [sys.executable, "-m", module, "--model", str(model), "--port", str(port), *extra]
+        server = ServerProcess(cmd, logs / f"{name}.log", _env())
+        try:
+            server.wait_http(f"http://127.0.0.1:{port}/docs")
+            async with _session() as session:
+                async def send(prompt: str, max_tokens: int) -> AsyncIterator[int]:
+                    params = {"prompt": prompt, "max_tokens": str(max_tokens)}
+                    async with session.post(f"http://127.0.0.1:{port}/", params=params) as resp:
+                        async for data in _sse_data(resp):
+                            yield json.loads(data)["tokens"]
+                yield {"http-sse": send}
+        finally:
+            server.stop()
+    return peer
+
+
+def starters(static_batch_size: int = 16) -> dict[str, Callable]:
+    return {
+        "this": this_service,
+        "raw-engine": raw_engine,
+        "seed-jina": seed_jina,
+        "hf-streamer": _fastapi_peer("benchmarks.peers.hf_streamer", "hf-streamer"),
+        "hf-static-batch": _fastapi_peer("benchmarks.peers.hf_static_batch", "hf-static-batch",
+                                         "--max-batch-size", str(static_batch_size)),
+    }

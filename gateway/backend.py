@@ -1,0 +1,152 @@
+"""The gateway's one way to the executor, shared by every HTTP and WebSocket route.
+
+Routes only translate wire formats: they build a PromptDocument, read
+ModelOutputDocuments from `Backend.stream`, and render them. The guarantees live
+here, once: a stream always ends with a final document (tokens with a
+finish_reason, or an error document), and closing the stream closes the upstream
+gRPC call, so the executor aborts the generation.
+"""
+import asyncio
+import json
+import time
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Awaitable, Optional, TypeVar
+
+import anyio
+from docarray import DocList
+
+from schemas import ModelOutputDocument, PromptDocument
+
+T = TypeVar("T")
+
+# HTTP status per error_type; the executor names the type, the gateway only maps it
+STATUS = {"validation": 422, "not_found": 404, "overloaded": 429, "generation": 500, "internal": 500}
+
+
+def error_doc(message: str, error_type: str = "generation") -> ModelOutputDocument:
+    return ModelOutputDocument(finish_reason="error", error=message, error_type=error_type)
+
+
+def sse(data: Any, event: Optional[str] = None) -> str:
+    """One Server-Sent Event; `data` is JSON-encoded unless it is a string already."""
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    return (f"event: {event}\n" if event else "") + f"data: {payload}\n\n"
+
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@dataclass
+class Completion:
+    """A whole generation collected from a stream (non-streaming routes)."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    docs: list[ModelOutputDocument] = field(default_factory=list)
+    last: Optional[ModelOutputDocument] = None
+
+    @property
+    def error(self) -> Optional[ModelOutputDocument]:
+        return self.last if self.last is not None and self.last.error is not None else None
+
+
+class Backend:
+    """Wraps Jina's GatewayStreamer: typed documents in and out, failures as documents."""
+
+    def __init__(self, streamer: Any, endpoint: str = "/stream"):
+        self.streamer = streamer
+        self.endpoint = endpoint
+        self._info: Optional[dict] = None
+
+    async def stream(self, doc: PromptDocument) -> AsyncIterator[ModelOutputDocument]:
+        """Yield the executor's documents; the last one always has finish_reason or error.
+
+        Closing this generator (client gone, stop button) closes the upstream call.
+        """
+        try:
+            async with aclosing(self.streamer.stream_doc(doc=doc, exec_endpoint=self.endpoint)) as it:
+                async for out, error in it:
+                    if error:
+                        yield error_doc(f"executor error: {error}")
+                        return
+                    if not isinstance(out, ModelOutputDocument):
+                        out = ModelOutputDocument.parse_obj(out.dict())
+                    yield out
+                    if out.error is not None or out.finish_reason is not None:
+                        return
+        except (asyncio.CancelledError, GeneratorExit):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the executor unreachable, a broken stream
+            yield error_doc(f"{type(exc).__name__}: {exc}")
+            return
+        yield error_doc("the stream ended before its final document")
+
+    async def open(self, doc: PromptDocument) -> tuple[ModelOutputDocument, AsyncIterator[ModelOutputDocument]]:
+        """Start a stream and wait for its first document, so that validation and overload
+        errors (which come before any token) can still become an HTTP status."""
+        it = self.stream(doc)
+        first = await it.__anext__()
+        return first, it
+
+    async def complete(self, doc: PromptDocument) -> Completion:
+        result = Completion()
+        async with aclosing(self.stream(doc)) as it:
+            async for out in it:
+                result.last = out
+                if out.error is None:
+                    result.docs.append(out)
+                    result.text += out.text
+                    result.token_ids += out.token_ids
+                    result.logprobs += out.logprobs
+        return result
+
+    async def _unary(self, endpoint: str) -> dict:
+        docs = DocList[PromptDocument]([PromptDocument()])
+        async for result in self.streamer.stream_docs(docs, exec_endpoint=endpoint,
+                                                      return_type=DocList[ModelOutputDocument]):
+            return json.loads(result[0].text)
+        raise RuntimeError(f"no answer from {endpoint}")
+
+    async def info(self) -> dict:
+        """Model id and limits from the executor's '/info' endpoint (cached: they never change)."""
+        if self._info is None:
+            self._info = await self._unary("/info")
+        return self._info
+
+    async def stats(self) -> dict:
+        return await self._unary("/stats")
+
+
+async def close_quietly(gen: AsyncIterator) -> None:
+    """Close a stream even from a cancelled task (client gone): shielded, so the upstream
+    call is really closed and the executor aborts the generation."""
+    with anyio.CancelScope(shield=True):
+        await gen.aclose()  # type: ignore[attr-defined]
+
+
+def now() -> int:
+    return int(time.time())
+
+
+async def cancel_on_disconnect(receive: Any, coro: Awaitable[T]) -> Optional[T]:
+    """Run a non-streaming request, cancelling it (and so its generation) when the client
+    goes away; returns None then. `receive` is the ASGI receive of a request whose body
+    was read already, so its next message can only be the disconnect."""
+    task = asyncio.ensure_future(coro)
+
+    async def watch() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        task.cancel()
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if watcher.done():  # the client left: nobody reads the answer
+            return None
+        raise
+    finally:
+        watcher.cancel()

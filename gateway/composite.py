@@ -1,0 +1,59 @@
+"""The Flow's gateway: Jina's gRPC gateway and one HTTP server with every HTTP protocol.
+
+Jina's CompositeGateway picks Jina's own class per protocol, so custom HTTP routes
+need a composite of our own: gRPC stays Jina's GRPCGateway (stream_doc, unary
+/generate), HTTP is Jina's HTTP app (GET /stream SSE, /status, docs...) plus the
+OpenAI, TGI and WebSocket chat routes. Route collision: TGI's POST /generate wins
+on HTTP, so Jina's unary POST /generate route is removed from the HTTP app (it
+stays on gRPC).
+"""
+from typing import Any
+
+from fastapi import FastAPI
+from jina.serve.runtimes.gateway.gateway import BaseGateway
+from jina.serve.runtimes.gateway.grpc import GRPCGateway
+from jina.serve.runtimes.gateway.http import HTTPGateway
+from jina.serve.runtimes.servers import BaseServer
+from jina.serve.runtimes.servers.composite import CompositeBaseServer
+
+from gateway.backend import Backend
+from gateway.openai_routes import openai_router
+from gateway.tgi_routes import tgi_router
+from gateway.ws_chat import chat_router
+
+# Jina HTTP routes that our protocols replace: (path, method)
+REPLACED_JINA_ROUTES = {("/generate", "POST")}
+
+
+class LLMHTTPGateway(HTTPGateway):
+    """Jina's HTTP gateway app with the OpenAI, TGI and chat routes added."""
+
+    @property
+    def app(self) -> FastAPI:
+        app: FastAPI = super().app  # a new app each time; setup_server calls this once
+        app.router.routes = [r for r in app.router.routes if not _replaced(r)]
+        backend = Backend(self.streamer)
+        app.include_router(openai_router(backend))
+        app.include_router(tgi_router(backend))
+        app.include_router(chat_router(backend))
+        return app
+
+
+def _replaced(route: Any) -> bool:
+    methods = getattr(route, "methods", None) or set()
+    return any(getattr(route, "path", None) == p and m in methods for p, m in REPLACED_JINA_ROUTES)
+
+
+class LLMGateway(CompositeBaseServer, BaseGateway):
+    """`gateway: uses: gateway/gateway.yml, protocol: [grpc, http]`: one server per protocol."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        classes = {"grpc": GRPCGateway, "http": LLMHTTPGateway}
+        self.servers: list[BaseServer] = []
+        for server_kwargs in self._server_kwargs:
+            protocol = str(server_kwargs["runtime_args"]["protocol"]).lower().split(".")[-1]
+            if protocol not in classes:
+                raise ValueError(f"protocol {protocol!r}: this gateway serves grpc and http")
+            self.servers.append(classes[protocol](**server_kwargs))
+        self.gateways = self.servers  # Jina's CompositeServer exposes both names

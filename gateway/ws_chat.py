@@ -1,0 +1,150 @@
+"""WebSocket chat at /chat, and the browser page that uses it at GET /chat-ui.
+
+Protocol (JSON text frames):
+  client -> {"prompt": "...", <any PromptDocument sampling field>} or plain text (the prompt);
+            {"type": "stop"} cancels the answer in progress; {"type": "reset"} forgets the
+            conversation.
+  server -> {"type": "token", "text": ..., "token_id": ..., "token_ids": [...]} per step,
+            then {"type": "end", "finish_reason": ..., "prompt_tokens": ..., "generated_tokens": ...};
+            a stopped answer ends with finish_reason "cancelled";
+            {"type": "error", "error": ..., "error_type": ...} on failure (the socket stays open).
+The connection keeps the conversation: each prompt goes to the executor as chat messages
+with the earlier turns; the engine drops the oldest turns when they no longer fit the
+context. A failed turn is not remembered; a stopped one is, with the text sent so far.
+"""
+import asyncio
+import json
+from importlib import resources
+from typing import Any, Optional
+
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from fastapi.responses import HTMLResponse
+from pydantic import ValidationError
+
+from schemas import PromptDocument
+
+from gateway.backend import Backend, close_quietly
+
+SAMPLING_FIELDS = ("max_tokens", "do_sample", "temperature", "top_k", "top_p", "typical_p",
+                   "repetition_penalty", "seed", "stop")
+MAX_HISTORY_MESSAGES = 200  # the gateway's own bound; the engine trims to the context
+
+
+class ChatSession:
+    """One WebSocket: the conversation so far, and at most one answer in progress."""
+
+    def __init__(self, ws: WebSocket, backend: Backend):
+        self.ws, self.backend = ws, backend
+        self.history: list[dict[str, str]] = []
+        self.task: Optional[asyncio.Task] = None
+        self._send_lock = asyncio.Lock()
+
+    async def send(self, message: dict[str, Any]) -> None:
+        async with self._send_lock:
+            await self.ws.send_text(json.dumps(message, ensure_ascii=False))
+
+    async def error(self, message: str, error_type: str = "validation") -> None:
+        await self.send({"type": "error", "error": message, "error_type": error_type})
+
+    def parse(self, raw: str) -> tuple[Optional[str], dict[str, Any]]:
+        """(command or None, fields); raises ValueError with a message for the client."""
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError:
+            data = None
+        if not isinstance(data, dict):
+            return None, {"prompt": raw}
+        if data.get("type") in ("stop", "reset"):
+            return data["type"], {}
+        unknown = sorted(set(data) - set(SAMPLING_FIELDS) - {"prompt", "type"})
+        if unknown:
+            raise ValueError(f"{unknown[0]}: unknown field; send prompt and any of {', '.join(SAMPLING_FIELDS)}")
+        if not isinstance(data.get("prompt"), str):
+            raise ValueError("prompt: must be a string")
+        return None, {k: v for k, v in data.items() if k != "type"}
+
+    async def handle(self, raw: str) -> None:
+        try:
+            command, fields = self.parse(raw)
+        except ValueError as exc:
+            return await self.error(str(exc))
+        busy = self.task is not None and not self.task.done()
+        if command == "stop":
+            if busy:
+                self.task.cancel()
+            return
+        if command == "reset":
+            self.history.clear()
+            return
+        if busy:
+            return await self.error("an answer is in progress: wait for its end or send {\"type\": \"stop\"}")
+        prompt = fields.pop("prompt")
+        if not prompt.strip():
+            return await self.error("prompt: must be a non-empty string")
+        turn = {"role": "user", "content": prompt}
+        try:
+            doc = PromptDocument(messages=json.dumps(self.history + [turn]), **fields)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            return await self.error(f"{'.'.join(map(str, first['loc']))}: {first['msg']}")
+        self.task = asyncio.create_task(self.answer(doc, turn))
+
+    async def answer(self, doc: PromptDocument, turn: dict[str, str]) -> None:
+        text, generated = "", 0
+        stream = self.backend.stream(doc)
+        try:
+            async for out in stream:
+                if out.error is not None:
+                    await self.error(out.error, out.error_type or "generation")
+                    return
+                text, generated = out.generated_text, out.index + 1
+                await self.send({"type": "token", "text": out.text, "token_id": out.token_id,
+                                 "token_ids": list(out.token_ids)})
+                if out.finish_reason is not None:
+                    self.remember(turn, text)
+                    await self.send({"type": "end", "finish_reason": out.finish_reason,
+                                     "prompt_tokens": out.prompt_tokens,
+                                     "generated_tokens": out.generated_tokens})
+                    return
+        except asyncio.CancelledError:  # stop button, or the socket closed
+            await close_quietly(stream)
+            self.remember(turn, text)
+            try:
+                await asyncio.shield(self.send({"type": "end", "finish_reason": "cancelled",
+                                                "prompt_tokens": None, "generated_tokens": generated}))
+            except Exception:  # noqa: BLE001 - the socket is gone
+                pass
+            raise
+        finally:
+            await close_quietly(stream)
+
+    def remember(self, turn: dict[str, str], answer: str) -> None:
+        self.history += [turn, {"role": "assistant", "content": answer}]
+        del self.history[:-MAX_HISTORY_MESSAGES]
+
+    async def run(self) -> None:
+        try:
+            while True:
+                await self.handle(await self.ws.receive_text())
+        except WebSocketDisconnect:
+            pass
+        finally:
+            if self.task is not None and not self.task.done():
+                self.task.cancel()  # the client left: its generation is aborted
+                await asyncio.gather(self.task, return_exceptions=True)
+
+
+def chat_router(backend: Backend) -> APIRouter:
+    router = APIRouter(tags=["Chat"])
+    page = resources.files("gateway").joinpath("static/chat.html").read_text(encoding="utf-8")
+
+    @router.websocket("/chat")
+    async def chat(ws: WebSocket) -> None:
+        await ws.accept()
+        await ChatSession(ws, backend).run()
+
+    @router.get("/chat-ui", response_class=HTMLResponse, summary="A small browser chat over /chat")
+    async def chat_ui() -> HTMLResponse:
+        return HTMLResponse(page)
+
+    return router
