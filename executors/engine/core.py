@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 
 from .detokenizer import IncrementalDetokenizer, StopSequenceFilter, byte_fallback_ids
-from .kv_batch import KVBatch, new_cache, prefill
+from .kv_batch import KVBatch, new_cache, prefill_chunk, prefill_group, select_rows
 from .loader import LoadedModel
 from .params import EngineConfig, FinishReason, SamplingParams, ValidationError
 from .request import Request, RequestState, TokenOutput
@@ -137,28 +137,62 @@ class EngineCore:
             return None
 
     def _prefill_some(self) -> None:
+        """Whole short prompts go together in one padded forward; a prompt longer than the
+        budget is prefilled a chunk per step, so running streams keep their pace."""
         budget = self.config.max_prefill_tokens
-        for req in list(self.scheduler.prefilling):
-            if budget <= 0:
-                break
-            budget -= self._guarded(req, lambda: self._prefill_chunk(req, budget)) or 0
+        group: list[Request] = []
+        for req in self.scheduler.prefilling:
+            width = max([len(r.prompt_ids) for r in group] + [len(req.prompt_ids)])
+            if req.prefilled == 0 and width * (len(group) + 1) <= budget:
+                group.append(req)
+        if group:
+            self._prefill_group(group)
+        used = max((len(r.prompt_ids) for r in group), default=0) * len(group)
+        long = [r for r in self.scheduler.prefilling if r not in group]
+        if long:
+            req = long[0]
+            self._guarded(req, lambda: self._prefill_chunk(req, max(budget - used, budget // 4)))
 
-    def _prefill_chunk(self, req: Request, budget: int) -> int:
+    def _prefill_group(self, group: list[Request]) -> None:
+        cache = new_cache()
+        try:
+            logits, mask = prefill_group(self.loaded.model, cache, [r.prompt_ids for r in group],
+                                         self.loaded.device)
+        except Exception as exc:
+            log.exception("prefill failed")
+            for req in group:
+                self._finish_with_error(req, f"prefill failed: {exc}")
+            return
+        self._start_running(group, logits, cache, mask)
+
+    def _prefill_chunk(self, req: Request, budget: int) -> None:
         if req.cache is None:
             req.cache = new_cache()
         chunk = req.prompt_ids[req.prefilled:req.prefilled + budget]
-        logits = prefill(self.loaded.model, req.cache, chunk, req.prefilled, self.loaded.device)
+        logits = prefill_chunk(self.loaded.model, req.cache, chunk, req.prefilled, self.loaded.device)
         req.prefilled += len(chunk)
-        if req.prefilled < len(req.prompt_ids):
-            return len(chunk)
-        choice = req.chooser.choose(req.prompt_ids, logits)
-        self.scheduler.prefilling.remove(req)
-        self.scheduler.running[req.request_id] = req
-        req.state = RequestState.RUNNING
-        if self._advance(req, choice):
-            self.batch.add(req.request_id, req.cache, len(req.prompt_ids), choice.token_id)
-        req.cache = None
-        return len(chunk)
+        if req.prefilled == len(req.prompt_ids):
+            mask = torch.ones((1, len(req.prompt_ids)), dtype=torch.long)
+            cache, req.cache = req.cache, None
+            self._start_running([req], logits, cache, mask)
+
+    def _start_running(self, group: list[Request], logits, cache, mask) -> None:
+        """First tokens out, then the rows that go on join the decode batch."""
+        for req in group:
+            req.prefilled = len(req.prompt_ids)
+            self.scheduler.prefilling.remove(req)
+            self.scheduler.running[req.request_id] = req
+            req.state = RequestState.RUNNING
+        choices = self._choose(group, logits)
+        going_on = [i for i, (req, c) in enumerate(zip(group, choices))
+                    if c is not None and self._advance(req, c)]
+        if not going_on:
+            return
+        if len(going_on) < len(group):
+            select_rows(cache, going_on)
+            mask = mask[going_on]
+        self.batch.add([group[i].request_id for i in going_on], cache, mask,
+                       [choices[i].token_id for i in going_on])
 
     def _advance(self, req: Request, choice: Choice) -> bool:
         """Record a token and emit it; return whether the request goes on."""

@@ -67,25 +67,26 @@ class KVBatch:
     def __len__(self) -> int:
         return len(self.rows)
 
-    def add(self, row_id: str, cache: DynamicCache, length: int, next_token: int) -> None:
-        """Join a prefilled single-row cache of `length` real tokens."""
-        new_mask = torch.ones((1, length), dtype=torch.long, device=self.device)
-        token = torch.tensor([next_token], device=self.device)
-        position = torch.tensor([length], device=self.device)
+    def add(self, row_ids: list[str], cache: DynamicCache, mask: torch.Tensor,
+            next_tokens: list[int]) -> None:
+        """Join prefilled rows: their own cache, left-padded like `mask` [rows, width]."""
+        mask = mask.to(self.device)
+        tokens = torch.tensor(next_tokens, dtype=torch.long, device=self.device)
+        positions = mask.sum(1)
         if self.cache is None:
-            self.cache, self.mask = cache, new_mask
-            self.positions, self.last_tokens, self.rows = position, token, [row_id]
+            self.cache, self.mask = cache, mask
+            self.positions, self.last_tokens, self.rows = positions, tokens, list(row_ids)
             return
-        width = max(self.mask.shape[1], length)
+        width = max(self.mask.shape[1], mask.shape[1])
         merged = [(torch.cat([_pad_left(a.keys, width), _pad_left(b.keys, width)]),
                    torch.cat([_pad_left(a.values, width), _pad_left(b.values, width)]))
                   for a, b in zip(self.cache.layers, cache.layers)]
         for layer, (k, v) in zip(self.cache.layers, merged):
             layer.replace(k, v)
-        self.mask = torch.cat([_pad_left(self.mask, width), _pad_left(new_mask, width)])
-        self.positions = torch.cat([self.positions, position])
-        self.last_tokens = torch.cat([self.last_tokens, token])
-        self.rows.append(row_id)
+        self.mask = torch.cat([_pad_left(self.mask, width), _pad_left(mask, width)])
+        self.positions = torch.cat([self.positions, positions])
+        self.last_tokens = torch.cat([self.last_tokens, tokens])
+        self.rows.extend(row_ids)
 
     def keep(self, keep_ids: list[str]) -> None:
         """Drop every row not in keep_ids, then trim all-padding columns."""
@@ -131,10 +132,34 @@ def _pad_left(t: torch.Tensor, width: int) -> torch.Tensor:
     return torch.cat([t.new_zeros(shape), t], dim=dim)
 
 
+def select_rows(cache: DynamicCache, index: list[int]) -> None:
+    """Keep only these batch rows of a cache (prefilled rows that finished at once leave)."""
+    idx = torch.tensor(index, dtype=torch.long, device=cache.layers[0].keys.device)
+    for layer in cache.layers:
+        layer.replace(layer.keys[idx], layer.values[idx])
+
+
 @torch.inference_mode()
-def prefill(model: PreTrainedModel, cache: DynamicCache, ids: list[int], start: int,
-            device: torch.device) -> torch.Tensor:
-    """Run one chunk of a single prompt (positions start..) into its own cache; return last logits."""
+def prefill_group(model: PreTrainedModel, cache: DynamicCache, prompts: list[list[int]],
+                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Whole prompts in one left-padded forward; return (last logits [rows, vocab], mask)."""
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros((len(prompts), width), dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.tensor(prompt)
+        mask[row, width - len(prompt):] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                past_key_values=cache, use_cache=True, logits_to_keep=1)
+    return out.logits[:, -1, :].float(), mask
+
+
+@torch.inference_mode()
+def prefill_chunk(model: PreTrainedModel, cache: DynamicCache, ids: list[int], start: int,
+                  device: torch.device) -> torch.Tensor:
+    """Run one chunk of a long prompt (positions start..) into its own cache; return last logits."""
     input_ids = torch.tensor([ids], dtype=torch.long, device=device)
     positions = torch.arange(start, start + len(ids), device=device)[None]
     mask = torch.ones((1, start + len(ids)), dtype=torch.long, device=device)
