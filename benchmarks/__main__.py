@@ -4,11 +4,12 @@ See benchmarks/README.md. --quick finishes in a few minutes on a 2-core machine.
 """
 import argparse
 import asyncio
+import os
 import signal
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from .load import Transport, closed_loop, default_requests, make_prompts, poisson
 from .metrics import summarize
@@ -30,7 +31,7 @@ def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x]
 
 
-def _names(allowed) -> callable:
+def _names(allowed) -> Callable[[str], list[str]]:
     def parse(text: str) -> list[str]:
         names = [x for x in text.split(",") if x]
         bad = [x for x in names if x not in allowed]
@@ -50,7 +51,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=_ints, default=None, help="closed-loop levels (default 1,4,16,64)")
     p.add_argument("--rate", type=_floats, default=[], help="open-loop Poisson rates in requests/s")
     p.add_argument("--num-requests", type=int, default=None,
-                   help="requests per level (default max(4C,16); quick: max(2C,8); Poisson: 4x rate x 8s)")
+                   help="requests per level, at least C (default max(4C,16); quick: max(2C,8); Poisson: 32 x rate)")
     p.add_argument("--max-tokens", type=int, default=None, help="output tokens per request (default 64; quick 32)")
     p.add_argument("--time-limit", type=float, default=None,
                    help="per level: no new requests after this many seconds, cancel the rest at twice "
@@ -92,17 +93,18 @@ async def measure(args, model: str, system: str, transport: str, send: Transport
     loads = [("closed", c) for c in levels] + [("poisson", r) for r in args.rate]
     for kind, value in loads:
         if kind == "closed":
-            n = default_requests(value, args.quick, n_override)
+            n = max(default_requests(value, args.quick, n_override), value)  # at least C
             records, duration, cut = await closed_loop(send, prompts, value, n, args.max_tokens, args.time_limit)
         else:
-            n = n_override or max(8, int(4 * value * 8))
+            n = n_override or max(8, int(32 * value))
             records, duration, cut = await poisson(send, prompts, value, n, args.max_tokens,
                                                    args.time_limit, args.seed)
         row = {"system": system, "transport": transport, "model": model,
                "load": f"C={value}" if kind == "closed" else f"poisson {value}/s",
                "concurrency": value if kind == "closed" else None,
                "rate": value if kind == "poisson" else None, "max_tokens": args.max_tokens,
-               **summarize(records, duration), "cut_short": cut}
+               **summarize(records, duration), "cut_short": cut,
+               "loadavg_1m": round(os.getloadavg()[0], 2)}
         rows.append(row)
         print(f"  {system}/{transport} {model} {row['load']}: {row['completed']}/{row['requests']} ok, "
               f"{row['output_tok_s']} tok/s, TTFT p50/p99 {row['ttft_p50_ms']}/{row['ttft_p99_ms']} ms, "
@@ -125,8 +127,12 @@ async def run(args: argparse.Namespace, rows: list[dict], notes: list[str]) -> N
                 async with start[system](model, logs, notes) as transports:
                     print(f"  ready in {time.perf_counter() - t0:.1f}s; transports {list(transports)}", flush=True)
                     for transport, send in transports.items():
-                        await measure(args, model_name, system, transport, send, levels, n_override, rows)
-            except (RuntimeError, TimeoutError, OSError) as exc:
+                        try:
+                            await measure(args, model_name, system, transport, send, levels, n_override, rows)
+                        except Exception as exc:  # noqa: BLE001 - one broken transport skips itself
+                            notes.append(f"{system}/{transport} on {model_name} failed: {str(exc)[:300]}")
+                            print(f"  {system}/{transport} FAILED: {exc}", flush=True)
+            except Exception as exc:  # noqa: BLE001 - a system that cannot start is a note, not a crash
                 notes.append(f"{system} on {model_name} failed: {str(exc)[:500]}")
                 print(f"  FAILED: {str(exc)[:2000]}", flush=True)
 
@@ -137,6 +143,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     rows: list[dict] = []
     notes: list[str] = []
     machine = machine_info()
+    if machine["loadavg_at_start"][0] > 0.5 * machine["cpus_usable"]:
+        print(f"warning: the machine is busy (load average {machine['loadavg_at_start']}): "
+              "timings will be noisy; the benchmark assumes it has the machine to itself", flush=True)
     settings = {k: v for k, v in vars(args).items() if k not in ("out", "models_dir", "quick_extra")}
     t0 = time.perf_counter()
     interrupted = False

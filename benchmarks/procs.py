@@ -32,7 +32,7 @@ class ServerProcess:
                                      stderr=subprocess.STDOUT, start_new_session=True)
         _LIVE.add(self)
 
-    def stop(self, timeout: float = 20.0) -> None:
+    def stop(self, timeout: float = 10.0) -> None:
         """SIGINT to the group, then SIGKILL to whatever is left of it."""
         if self not in _LIVE:
             return
@@ -56,7 +56,7 @@ class ServerProcess:
     def wait_port(self, port: int, timeout: float = 180.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            self._check_alive()
+            self.check_alive()
             with socket.socket() as s:
                 if s.connect_ex(("127.0.0.1", port)) == 0:
                     return
@@ -67,7 +67,7 @@ class ServerProcess:
         """Until `url` answers (any HTTP status counts: the server is up)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            self._check_alive()
+            self.check_alive()
             try:
                 with urllib.request.urlopen(url, timeout=5):
                     return
@@ -77,7 +77,7 @@ class ServerProcess:
                 time.sleep(0.3)
         raise TimeoutError(f"{url} not answering after {timeout:.0f}s:\n{self.tail()}")
 
-    def _check_alive(self) -> None:
+    def check_alive(self) -> None:
         if self.proc.poll() is not None:
             raise RuntimeError(f"{self.cmd[0]} exited with code {self.proc.returncode}:\n{self.tail()}")
 

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import AsyncIterator, Callable
 
@@ -46,13 +47,12 @@ async def _sse_data(resp: aiohttp.ClientResponse) -> AsyncIterator[str]:
 
 
 def _wait_jina_ready(port: int, server: ServerProcess, timeout: float = 180.0) -> None:
-    import time
     from jina import Client
     server.wait_port(port, timeout)
     client = Client(host="127.0.0.1", port=port, protocol="grpc")
     deadline = time.monotonic() + timeout
     while not client.is_flow_ready(timeout=5):
-        server._check_alive()
+        server.check_alive()
         if time.monotonic() > deadline:
             raise TimeoutError(f"flow on port {port} not ready:\n{server.tail()}")
         time.sleep(0.5)

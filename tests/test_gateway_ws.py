@@ -1,0 +1,81 @@
+"""The WebSocket chat (/chat) in the real Flow, with the `websockets` client; and the page."""
+import json
+
+import pytest
+import requests
+import websockets
+
+from client import generate
+
+
+async def ask(ws, message) -> tuple[str, list[dict], dict]:
+    """Send one prompt; return (answer text, token events, end or error event)."""
+    await ws.send(message if isinstance(message, str) else json.dumps(message))
+    tokens = []
+    while True:
+        event = json.loads(await ws.recv())
+        if event["type"] == "token":
+            tokens.append(event)
+        else:
+            return "".join(t["text"] for t in tokens), tokens, event
+
+
+@pytest.fixture
+async def ws(flow):
+    _, http_port = flow
+    async with websockets.connect(f"ws://127.0.0.1:{http_port}/chat") as conn:
+        yield conn
+
+
+async def test_conversation_keeps_context(flow, ws):
+    grpc_port, _ = flow
+    first, tokens, end = await ask(ws, {"prompt": "hello there", "max_tokens": 6})
+    assert end == {"type": "end", "finish_reason": "length", "prompt_tokens": end["prompt_tokens"],
+                   "generated_tokens": 6}
+    assert sum(len(t["token_ids"]) for t in tokens) == 6
+    ref1 = await generate("User: hello there\nAssistant:", port=grpc_port, max_tokens=6)
+    assert first == ref1.generated_text
+    # the second turn is answered in the context of the first (greedy: same as gRPC with history)
+    second, _, end2 = await ask(ws, "what next?")  # plain text frame = the prompt
+    history = [{"role": "user", "content": "hello there"}, {"role": "assistant", "content": first},
+               {"role": "user", "content": "what next?"}]
+    ref2 = await generate("", port=grpc_port, max_tokens=64, messages=json.dumps(history))
+    assert second == ref2.generated_text
+    assert end2["prompt_tokens"] == ref2.prompt_tokens > end["prompt_tokens"] + 6
+
+
+async def test_errors_keep_the_connection_usable(ws):
+    _, _, err = await ask(ws, {"prompt": "hi", "top_p": 5})
+    assert err["type"] == "error" and err["error_type"] == "validation" and "top_p" in err["error"]
+    _, _, err = await ask(ws, {"prompt": "hi", "colour": "blue"})
+    assert err["type"] == "error" and "colour" in err["error"]
+    _, _, err = await ask(ws, {"prompt": "hi", "max_tokens": "many"})
+    assert err["type"] == "error" and "max_tokens" in err["error"]
+    _, _, err = await ask(ws, {"prompt": "  "})
+    assert err["type"] == "error" and "prompt" in err["error"]
+    text, _, end = await ask(ws, {"prompt": "still there?", "max_tokens": 3})
+    assert end["type"] == "end" and end["generated_tokens"] == 3
+    # the failed turns were not remembered: one user turn in the prompt
+    ref_prompt_tokens = end["prompt_tokens"]
+    await ws.send(json.dumps({"type": "reset"}))
+    _, _, again = await ask(ws, {"prompt": "still there?", "max_tokens": 3})
+    assert again["prompt_tokens"] == ref_prompt_tokens
+
+
+async def test_long_conversations_drop_the_oldest_turns(ws):
+    """The tiny model's context is 512 tokens; each turn here is over 100 tokens."""
+    ends = []
+    for i in range(6):
+        _, _, end = await ask(ws, {"prompt": f"turn {i}: " + "the quick brown fox " * 25, "max_tokens": 40})
+        assert end["type"] == "end", end
+        assert end["prompt_tokens"] + 40 <= 512
+        ends.append(end["prompt_tokens"])
+    assert ends[1] > ends[0] + 100  # the second turn carried the first
+    # without trimming, six turns of 100+ tokens could not fit 512 tokens at all
+
+
+def test_chat_page_is_served(flow):
+    _, http_port = flow
+    r = requests.get(f"http://127.0.0.1:{http_port}/chat-ui", timeout=30)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    assert "new WebSocket(" in r.text and 'id="stop"' in r.text
