@@ -11,7 +11,7 @@ export JINA_LOG_LEVEL ?= INFO
 FIND_LINKS := $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
 UV_FLAGS := $(if $(FIND_LINKS),--find-links $(FIND_LINKS),)
 
-.PHONY: setup serve test model bench clean
+.PHONY: setup serve test model bench bench-quick bench-engine clean
 
 $(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,7 +34,13 @@ test: setup
 	$(PY) -m pytest -q
 
 bench: setup
-	$(PY) -m benchmarks
+	$(PY) -m benchmarks $(BENCH_ARGS)
+
+bench-quick: setup
+	$(PY) -m benchmarks --quick
+
+bench-engine: setup
+	$(PY) -m benchmarks.engine_bench
 
 clean:
 	rm -rf $(VENV) models

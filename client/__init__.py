@@ -2,6 +2,7 @@
 from typing import Any, AsyncIterator, Optional
 
 from jina import Client
+from jina.excepts import BadServerFlow
 
 from schemas import ModelOutputDocument, PromptDocument
 
@@ -30,13 +31,27 @@ async def stream(prompt: str, *, host: str = "localhost", port: int = 12345, pro
     client = client or make_client(host, port, protocol)
     doc = PromptDocument(prompt=prompt, **sampling)
     finished = False
-    async for out in client.stream_doc(on="/stream", inputs=doc, return_type=ModelOutputDocument):
-        if out.error is not None:
-            raise StreamError(out.error, out.error_type, out.generated_text)
-        finished = out.finish_reason is not None
-        yield out
+    try:
+        async for out in client.stream_doc(on="/stream", inputs=doc, return_type=ModelOutputDocument):
+            if out.error is not None:
+                raise StreamError(out.error, out.error_type, out.generated_text)
+            finished = out.finish_reason is not None
+            yield out
+    except BadServerFlow as exc:  # the Flow's gateway refused with a gRPC status
+        raise _from_status(exc) from exc
     if not finished:
         raise StreamError("the stream ended before its final document", "truncated")
+
+
+_STATUS_TYPES = {"INVALID_ARGUMENT": "validation", "RESOURCE_EXHAUSTED": "overloaded"}
+
+
+def _from_status(exc: BadServerFlow) -> Exception:
+    rpc_error = exc.__cause__
+    if rpc_error is None or not hasattr(rpc_error, "code"):
+        return exc
+    error_type = _STATUS_TYPES.get(rpc_error.code().name)
+    return StreamError(rpc_error.details(), error_type) if error_type else exc
 
 
 async def generate(prompt: str, **kwargs) -> ModelOutputDocument:

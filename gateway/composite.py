@@ -1,8 +1,8 @@
 """The Flow's gateway: Jina's gRPC gateway and one HTTP server with every HTTP protocol.
 
 Jina's CompositeGateway picks Jina's own class per protocol, so custom HTTP routes
-need a composite of our own: gRPC stays Jina's GRPCGateway (stream_doc, unary
-/generate), HTTP is Jina's HTTP app (GET /stream SSE, /status, docs...) plus the
+need a composite of our own: gRPC is Jina's GRPCGateway (stream_doc, unary
+/generate) with refusals mapped to status codes, HTTP is Jina's HTTP app (GET /stream SSE, /status, docs...) plus the
 OpenAI, TGI and WebSocket chat routes. Route collision: TGI's POST /generate wins
 on HTTP, so Jina's unary POST /generate route is removed from the HTTP app (it
 stays on gRPC).
@@ -11,12 +11,12 @@ from typing import Any
 
 from fastapi import FastAPI
 from jina.serve.runtimes.gateway.gateway import BaseGateway
-from jina.serve.runtimes.gateway.grpc import GRPCGateway
 from jina.serve.runtimes.gateway.http import HTTPGateway
 from jina.serve.runtimes.servers import BaseServer
 from jina.serve.runtimes.servers.composite import CompositeBaseServer
 
 from gateway.backend import Backend
+from gateway.grpc_status import StatusGRPCGateway
 from gateway.openai_routes import openai_router
 from gateway.tgi_routes import tgi_router
 from gateway.ws_chat import chat_router
@@ -49,7 +49,7 @@ class LLMGateway(CompositeBaseServer, BaseGateway):
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
-        classes = {"grpc": GRPCGateway, "http": LLMHTTPGateway}
+        classes = {"grpc": StatusGRPCGateway, "http": LLMHTTPGateway}
         self.servers: list[BaseServer] = []
         for server_kwargs in self._server_kwargs:
             protocol = str(server_kwargs["runtime_args"]["protocol"]).lower().split(".")[-1]

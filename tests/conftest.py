@@ -80,13 +80,21 @@ class ServerProcess:
         return self.log_path.read_text(errors="replace")
 
 
-def start_flow(model: str, tmp_path: Path, **env_extra) -> tuple[ServerProcess, int, int]:
-    """`jina flow --uses flows/llm.yml` as `make serve` runs it, on random ports."""
+def start_flow(model: str, tmp_path: Path, **limits) -> tuple[ServerProcess, int, int]:
+    """`jina flow --uses flows/llm.yml` as `make serve` runs it, on random ports; `limits`
+    (max_running=..., ...) go to a copy of the flow file, the gateway unchanged."""
+    flow_file = "flows/llm.yml"
+    if limits:
+        import yaml
+        flow = yaml.safe_load((ROOT / flow_file).read_text())
+        flow["executors"][0].setdefault("uses_with", {}).update(limits)
+        flow_file = str(tmp_path / "flow.yml")
+        Path(flow_file).write_text(yaml.safe_dump(flow, sort_keys=False))
     grpc_port, http_port = free_port(), free_port()
     env = dict(os.environ, LLM_MODEL=model, LLM_GRPC_PORT=str(grpc_port),
-               LLM_HTTP_PORT=str(http_port), JINA_LOG_LEVEL="INFO", **env_extra)
+               LLM_HTTP_PORT=str(http_port), JINA_LOG_LEVEL="INFO")
     jina = str(Path(sys.executable).parent / "jina")
-    server = ServerProcess([jina, "flow", "--uses", "flows/llm.yml"], env, tmp_path / "flow.log")
+    server = ServerProcess([jina, "flow", "--uses", flow_file], env, tmp_path / "flow.log")
     try:
         wait_for_port(grpc_port, server.proc)
         wait_for_port(http_port, server.proc)

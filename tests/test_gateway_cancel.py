@@ -16,19 +16,19 @@ import pytest
 import requests
 import websockets
 
-from tests.gateway_helpers import (build_slow_model, busy, sse_data, start_flow_with_limits, stats,
-                                   wait_until)
+from client import StreamError, generate
+from tests.conftest import start_flow
+from tests.gateway_helpers import busy, sse_data, stats, wait_until
 
 LONG = 900
 CHROMIUM = "/usr/bin/chromium"
 
 
 @pytest.fixture(scope="module")
-def limited_flow(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("slow")
-    model = build_slow_model(tmp / "model")
-    server, grpc_port, http_port = start_flow_with_limits(model, tmp, max_running=2, max_waiting=1)
-    yield server, http_port
+def limited_flow(slow_model, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("limited")
+    server, grpc_port, http_port = start_flow(slow_model, tmp, max_running=2, max_waiting=1)
+    yield server, http_port, grpc_port
     server.stop()
 
 
@@ -71,7 +71,7 @@ STREAMS = {
 
 @pytest.mark.parametrize("route", list(STREAMS))
 def test_stream_disconnect_cancels_generation(limited_flow, route):
-    _, http_port = limited_flow
+    _, http_port, _ = limited_flow
     method, path, body = STREAMS[route]
     before = aborted(http_port)
     _read_then_leave(method, base(http_port) + path, body)
@@ -86,7 +86,7 @@ UNARY = {
 
 @pytest.mark.parametrize("route", list(UNARY))
 def test_non_stream_disconnect_cancels_generation(limited_flow, route):
-    _, http_port = limited_flow
+    _, http_port, _ = limited_flow
     path, body = UNARY[route]
     before = aborted(http_port)
     with pytest.raises(requests.exceptions.ReadTimeout):
@@ -95,7 +95,7 @@ def test_non_stream_disconnect_cancels_generation(limited_flow, route):
 
 
 async def test_websocket_stop_and_close_cancel(limited_flow):
-    _, http_port = limited_flow
+    _, http_port, _ = limited_flow
     before = aborted(http_port)
     async with websockets.connect(f"ws://127.0.0.1:{http_port}/chat") as ws:
         await ws.send(json.dumps({"prompt": "hello", "max_tokens": LONG}))
@@ -117,7 +117,7 @@ async def test_websocket_stop_and_close_cancel(limited_flow):
 
 
 def test_overload_is_429_everywhere(limited_flow):
-    _, http_port = limited_flow
+    _, http_port, _ = limited_flow
     url = base(http_port)
     before = aborted(http_port)
     done = threading.Event()
@@ -151,6 +151,7 @@ def test_overload_is_429_everywhere(limited_flow):
                 return json.loads(await ws.recv())
         event = asyncio.run(ws_try())
         assert event["type"] == "error" and event["error_type"] == "overloaded"
+        assert asyncio.run(grpc_status_of(limited_flow[2])) == "RESOURCE_EXHAUSTED"
     finally:
         done.set()
         for h in holders:
@@ -158,11 +159,34 @@ def test_overload_is_429_everywhere(limited_flow):
     assert_freed(http_port, before, 3)
 
 
+async def grpc_status_of(grpc_port: int, **kw) -> str:
+    """The gRPC status a plain Jina client gets for a request refused before its first token."""
+    from jina import Client
+    from jina.excepts import BadServerFlow
+    from schemas import ModelOutputDocument, PromptDocument
+    client = Client(port=grpc_port, protocol="grpc", asyncio=True)
+    try:
+        async for _ in client.stream_doc(on="/stream", inputs=PromptDocument(prompt="x", **kw),
+                                         return_type=ModelOutputDocument):
+            pass
+    except BadServerFlow as exc:
+        return exc.__cause__.code().name
+    return "OK"
+
+
+async def test_grpc_refusals_are_status_codes(limited_flow):
+    grpc_port = limited_flow[2]
+    assert await grpc_status_of(grpc_port, max_tokens=0) == "INVALID_ARGUMENT"
+    with pytest.raises(StreamError) as err:  # the client helper maps it back
+        await generate("x", port=grpc_port, top_p=5.0, do_sample=True)
+    assert err.value.error_type == "validation" and "top_p" in str(err.value)
+
+
 @pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is absent: "
                     "apt-get install -y chromium (the Debian package) to run the browser test")
 def test_browser_page_streams_and_stops(limited_flow):
     from playwright.sync_api import expect, sync_playwright
-    _, http_port = limited_flow
+    _, http_port, _ = limited_flow
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=[
             "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -190,7 +214,7 @@ def test_browser_page_streams_and_stops(limited_flow):
 
 def test_executor_failure_mid_stream_sends_an_error_event(limited_flow):
     """Last in this module: it kills the executor (the Flow is stopped right after)."""
-    server, http_port = limited_flow
+    server, http_port, _ = limited_flow
     url = base(http_port)
     results: dict = {}
 
