@@ -11,7 +11,7 @@ export JINA_LOG_LEVEL ?= INFO
 FIND_LINKS := $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
 UV_FLAGS := $(if $(FIND_LINKS),--find-links $(FIND_LINKS),)
 
-.PHONY: setup serve test model bench bench-quick bench-engine clean
+.PHONY: setup serve test lint model bench bench-quick bench-engine clean
 
 $(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,8 +30,11 @@ model: $(DEFAULT_MODEL)/config.json
 serve: setup $(if $(filter $(DEFAULT_MODEL),$(LLM_MODEL)),model)
 	$(VENV)/bin/jina flow --uses flows/llm.yml
 
-test: setup
+test: setup lint
 	$(PY) -m pytest -q
+
+lint: setup
+	$(VENV)/bin/ruff check --select F,E9 --exclude .venv .
 
 bench: setup
 	$(PY) -m benchmarks $(BENCH_ARGS)

@@ -1,5 +1,6 @@
 """Helpers for the gateway tests: SSE and /stats readers."""
 import json
+import subprocess
 import time
 from typing import Iterator
 

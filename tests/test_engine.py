@@ -1,10 +1,8 @@
 """The engine alone: equality with transformers' generate, detokenization, stops, seeds."""
 import ast
-import asyncio
 import random
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 

@@ -1,6 +1,5 @@
 """The executor in a real Flow (flows/llm.yml, as `make serve` runs it) over gRPC and HTTP SSE."""
 import json
-import os
 import subprocess
 import sys
 
