@@ -208,3 +208,18 @@ async def test_long_prefill_is_chunked_between_decode_steps(gpt2_model, make_eng
     reader.cancel()
     prompt_len = len(engine.tokenizer(long_prompt)["input_ids"])
     assert during >= prompt_len // 8 - 2, "running stream must advance while a long prompt prefills"
+
+
+def test_prefill_plan_groups_similar_lengths_within_budget():
+    from types import SimpleNamespace
+    from executors.engine.scheduler import plan_prefill
+    reqs = [SimpleNamespace(request_id=str(n), prompt_ids=[0] * n, prefilled=0)
+            for n in (100, 5, 6, 90, 7, 600, 40)]
+    reqs.append(SimpleNamespace(request_id="half", prompt_ids=[0] * 30, prefilled=10))
+    groups = plan_prefill(reqs, 300)
+    widths = [[len(r.prompt_ids) for r in g] for g in groups]
+    assert widths == [[5, 6, 7], [40], [90, 100]]  # 600 is chunked; 'half' is mid-chunk
+    padded = sum(len(g) * max(len(r.prompt_ids) for r in g) for g in groups)
+    assert padded <= 300
+    for group in groups:
+        assert max(len(r.prompt_ids) for r in group) <= 1.25 * min(len(r.prompt_ids) for r in group) + 8

@@ -16,7 +16,7 @@ from .loader import LoadedModel
 from .params import EngineConfig, FinishReason, SamplingParams, ValidationError
 from .request import Request, RequestState, TokenOutput
 from .sampling import Choice, TokenChooser, greedy_choices
-from .scheduler import Scheduler
+from .scheduler import Scheduler, plan_prefill
 
 log = logging.getLogger(__name__)
 
@@ -137,20 +137,17 @@ class EngineCore:
             return None
 
     def _prefill_some(self) -> None:
-        """Whole short prompts go together in one padded forward; a prompt longer than the
-        budget is prefilled a chunk per step, so running streams keep their pace."""
+        """Whole short prompts go in padded groups of similar length; a prompt longer than
+        the budget is prefilled a chunk per step, so running streams keep their pace."""
         budget = self.config.max_prefill_tokens
-        group: list[Request] = []
-        for req in self.scheduler.prefilling:
-            width = max([len(r.prompt_ids) for r in group] + [len(req.prompt_ids)])
-            if req.prefilled == 0 and width * (len(group) + 1) <= budget:
-                group.append(req)
-        if group:
+        groups = plan_prefill(self.scheduler.prefilling, budget)
+        for group in groups:
             self._prefill_group(group)
-        used = max((len(r.prompt_ids) for r in group), default=0) * len(group)
-        long = [r for r in self.scheduler.prefilling if r not in group]
-        if long:
-            req = long[0]
+        used = sum(len(g) * len(g[-1].prompt_ids) for g in groups)
+        planned = {r.request_id for g in groups for r in g}
+        rest = [r for r in self.scheduler.prefilling if r.request_id not in planned]
+        if rest and (not groups or used < budget):
+            req = rest[0]
             self._guarded(req, lambda: self._prefill_chunk(req, max(budget - used, budget // 4)))
 
     def _prefill_group(self, group: list[Request]) -> None:

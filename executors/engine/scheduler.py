@@ -81,3 +81,29 @@ class Scheduler:
             drained = list(self._waiting)
             self._waiting.clear()
         return drained
+
+
+def plan_prefill(prefilling: list[Request], budget: int) -> list[list[Request]]:
+    """Groups of fresh prompts to prefill together this step, within `budget` padded tokens.
+
+    Prompts are sorted by length and a group only takes prompts at most a quarter longer
+    than its shortest: padding is compute spent on nothing. Prompts longer than the whole
+    budget are left to chunked prefill.
+    """
+    fresh = sorted((r for r in prefilling if r.prefilled == 0 and len(r.prompt_ids) <= budget),
+                   key=lambda r: len(r.prompt_ids))
+    groups: list[list[Request]] = []
+    left = budget
+    for req in fresh:
+        width = len(req.prompt_ids)
+        group = groups[-1] if groups else None
+        if group and width <= max(len(group[0].prompt_ids) * 5 // 4, len(group[0].prompt_ids) + 8) \
+                and len(group) * (width - len(group[-1].prompt_ids)) + width <= left:
+            left -= len(group) * (width - len(group[-1].prompt_ids)) + width
+            group.append(req)
+        elif width <= left:
+            left -= width
+            groups.append([req])
+        else:
+            break
+    return groups
