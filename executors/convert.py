@@ -10,16 +10,21 @@ from executors.engine.chat import render_chat
 
 def to_request(doc: PromptDocument, engine: Optional[AsyncEngine] = None) -> tuple[str, SamplingParams]:
     """Chat `messages` are rendered with the engine's tokenizer and trimmed to its context."""
-    prompt = doc.prompt
-    if doc.messages:
-        if engine is None:
-            raise ValidationError("messages", "chat messages are not supported here")
-        prompt, _ = render_chat(engine.tokenizer, doc.messages,
-                                engine.core.loaded.max_context - doc.max_tokens)
-    return prompt, SamplingParams(
+    params = SamplingParams(
         max_tokens=doc.max_tokens, do_sample=doc.do_sample, temperature=doc.temperature,
         top_k=doc.top_k, top_p=doc.top_p, typical_p=doc.typical_p,
         repetition_penalty=doc.repetition_penalty, seed=doc.seed, stop=list(doc.stop or []))
+    if not doc.messages:
+        return doc.prompt, params
+    if engine is None:
+        raise ValidationError("messages", "chat messages are not supported here")
+    params.validate(engine.config.max_tokens_limit)  # max_tokens errors name max_tokens
+    room = engine.core.loaded.max_context - params.max_tokens
+    if room < 1:
+        raise ValidationError("max_tokens", f"leaves no room for the messages in the model's "
+                                            f"context of {engine.core.loaded.max_context} tokens")
+    prompt, _ = render_chat(engine.tokenizer, doc.messages, room)
+    return prompt, params
 
 
 def to_document(chunk: StreamChunk) -> ModelOutputDocument:

@@ -11,14 +11,20 @@ import json
 import time
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Optional, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Optional, TypeVar, Union
 
 import anyio
 from docarray import DocList
+from pydantic import StrictBool, StrictFloat, StrictInt
 
 from schemas import ModelOutputDocument, PromptDocument
 
 T = TypeVar("T")
+
+# Request-model field types that do not coerce: JSON true is not 1, "0.5" is not 0.5
+Int = Optional[StrictInt]
+Number = Optional[Union[StrictInt, StrictFloat]]
+Bool = Optional[StrictBool]
 
 # HTTP status per error_type; the executor names the type, the gateway only maps it
 STATUS = {"validation": 422, "not_found": 404, "overloaded": 429, "generation": 500, "internal": 500}

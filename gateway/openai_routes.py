@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from schemas import ModelOutputDocument, PromptDocument
 
-from gateway.backend import (SSE_HEADERS, STATUS, Backend, cancel_on_disconnect, close_quietly,
-                             now, sse)
+from gateway.backend import (SSE_HEADERS, STATUS, Backend, Bool, Int, Number, cancel_on_disconnect,
+                             close_quietly, now, sse)
 
 FINISH = {"length": "length", "eos_token": "stop", "stop_sequence": "stop"}
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -30,24 +30,24 @@ class StreamOptions(BaseModel):
 class _Common(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: Optional[str] = None
-    max_tokens: Optional[int] = None
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
-    n: Optional[int] = 1
-    seed: Optional[int] = None
+    max_tokens: Int = None
+    temperature: Number = None
+    top_p: Number = None
+    n: Int = 1
+    seed: Int = None
     stop: Optional[Union[str, list[str]]] = None
-    stream: Optional[bool] = False
+    stream: Bool = False
     stream_options: Optional[StreamOptions] = None
 
 
 class CompletionRequest(_Common):
     prompt: Union[str, list[str]]
-    echo: Optional[bool] = False
+    echo: Bool = False
 
 
 class ChatRequest(_Common):
     messages: list[dict[str, Any]]
-    max_completion_tokens: Optional[int] = None
+    max_completion_tokens: Int = None
 
 
 def openai_error(message: str, error_type: str, param: Optional[str] = None) -> JSONResponse:
@@ -83,6 +83,7 @@ async def _parse(request: Request, model: type[_Common]) -> Union[_Common, JSONR
 def to_document(req: _Common, max_tokens: int, **fields: Any) -> PromptDocument:
     """OpenAI always samples at its temperature (default 1); temperature 0 means greedy."""
     stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
+    stop = [s for s in stop if s]  # OpenAI clients send "" for "no stop"
     fields.update(max_tokens=max_tokens, do_sample=True, stop=stop,
                   temperature=1.0 if req.temperature is None else req.temperature)
     if req.top_p is not None:

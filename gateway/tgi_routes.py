@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from schemas import ModelOutputDocument, PromptDocument
 
-from gateway.backend import SSE_HEADERS, STATUS, Backend, cancel_on_disconnect, close_quietly, sse
+from gateway.backend import (SSE_HEADERS, STATUS, Backend, Bool, Int, Number, cancel_on_disconnect,
+                             close_quietly, sse)
 
 DEFAULT_MAX_NEW_TOKENS = 20  # TGI's documented default
 
@@ -23,18 +24,18 @@ class TGIParameters(BaseModel):
     """TGI/DJL `parameters`; unknown and null options are ignored, as TGI clients send many."""
 
     model_config = ConfigDict(extra="ignore")
-    max_new_tokens: Optional[int] = None
-    do_sample: Optional[bool] = None
-    temperature: Optional[float] = None
-    top_k: Optional[int] = None
-    top_p: Optional[float] = None
-    typical_p: Optional[float] = None
-    repetition_penalty: Optional[float] = None
-    seed: Optional[int] = None
+    max_new_tokens: Int = None
+    do_sample: Bool = None
+    temperature: Number = None
+    top_k: Int = None
+    top_p: Number = None
+    typical_p: Number = None
+    repetition_penalty: Number = None
+    seed: Int = None
     stop: Optional[Union[str, list[str]]] = None
-    details: Optional[bool] = False
-    return_full_text: Optional[bool] = False
-    best_of: Optional[int] = None
+    details: Bool = False
+    return_full_text: Bool = False
+    best_of: Int = None
 
 
 class TGIRequest(BaseModel):

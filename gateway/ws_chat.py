@@ -91,32 +91,39 @@ class ChatSession:
 
     async def answer(self, doc: PromptDocument, turn: dict[str, str]) -> None:
         text, generated = "", 0
+        final: dict[str, Any] = {"type": "end", "finish_reason": "cancelled", "prompt_tokens": None}
         stream = self.backend.stream(doc)
         try:
             async for out in stream:
                 if out.error is not None:
-                    await self.error(out.error, out.error_type or "generation")
-                    return
+                    final = {"type": "error", "error": out.error, "error_type": out.error_type or "generation"}
+                    break
                 text, generated = out.generated_text, out.index + 1
                 await self.send({"type": "token", "text": out.text, "token_id": out.token_id,
                                  "token_ids": list(out.token_ids)})
                 if out.finish_reason is not None:
-                    self.remember(turn, text)
-                    await self.send({"type": "end", "finish_reason": out.finish_reason,
-                                     "prompt_tokens": out.prompt_tokens,
-                                     "generated_tokens": out.generated_tokens})
-                    return
+                    final = {"type": "end", "finish_reason": out.finish_reason,
+                             "prompt_tokens": out.prompt_tokens, "generated_tokens": out.generated_tokens}
+                    break
         except asyncio.CancelledError:  # stop button, or the socket closed
-            await close_quietly(stream)
-            self.remember(turn, text)
-            try:
-                await asyncio.shield(self.send({"type": "end", "finish_reason": "cancelled",
-                                                "prompt_tokens": None, "generated_tokens": generated}))
-            except Exception:  # noqa: BLE001 - the socket is gone
-                pass
+            final["generated_tokens"] = generated
+            await self._finish(stream, turn, text, final)
             raise
         finally:
             await close_quietly(stream)
+        await self._finish(stream, turn, text, final)
+
+    async def _finish(self, stream: Any, turn: dict[str, str], text: str, final: dict[str, Any]) -> None:
+        """Close the upstream, keep the turn (a failed one is not kept) and go idle *before*
+        the last event: a stop or prompt sent after it is about the next answer."""
+        await close_quietly(stream)
+        if final["type"] == "end":
+            self.remember(turn, text)
+        self.task = None
+        try:
+            await asyncio.shield(self.send(final))
+        except Exception:  # noqa: BLE001 - the socket is gone
+            pass
 
     def remember(self, turn: dict[str, str], answer: str) -> None:
         self.history += [turn, {"role": "assistant", "content": answer}]

@@ -223,3 +223,35 @@ def test_prefill_plan_groups_similar_lengths_within_budget():
     assert padded <= 300
     for group in groups:
         assert max(len(r.prompt_ids) for r in group) <= 1.25 * min(len(r.prompt_ids) for r in group) + 8
+
+
+async def test_kv_budget_counts_left_padding(gpt2_model, make_engine):
+    """Rows are padded to the longest: one long request limits how many short ones join."""
+    engine = make_engine(gpt2_model, max_batch_tokens=1000)
+    long_prompt = " ".join(["quick brown fox"] * 40)
+    long_len = len(engine.tokenizer(long_prompt)["input_ids"]) + 100
+    streams = [engine.generate(long_prompt, SamplingParams(max_tokens=100, ignore_eos=True))]
+    streams += [engine.generate("hi", SamplingParams(max_tokens=2, ignore_eos=True)) for _ in range(20)]
+    peak = 0
+
+    async def watch():
+        nonlocal peak
+        while True:
+            s = engine.stats()
+            peak = max(peak, s["running"] + s["prefilling"])
+            await asyncio.sleep(0.001)
+    watcher = asyncio.create_task(watch())
+    results = await asyncio.gather(*(_drain(s) for s in streams))
+    watcher.cancel()
+    assert [len(r) for r in results] == [100] + [2] * 20
+    assert 1 < peak <= 1000 // long_len
+
+
+async def test_stream_dropped_before_reading_is_aborted(gpt2_model, make_engine):
+    import gc
+    engine = make_engine(gpt2_model)
+    stream = engine.generate("hello", SamplingParams(max_tokens=400, ignore_eos=True))
+    del stream
+    gc.collect()
+    stats = await settled(engine)
+    assert stats["aborted"] == 1 and stats["reserved_tokens"] == 0

@@ -64,3 +64,20 @@ def test_openai_content_parts(gpt2_tok):
     msgs = parse_messages([{"role": "user", "content": [{"type": "text", "text": "a"},
                                                        {"type": "text", "text": "b"}]}])
     assert msgs == [{"role": "user", "content": "ab"}]
+
+
+def test_template_refusal_is_a_validation_error(gpt2_model):
+    tok = AutoTokenizer.from_pretrained(gpt2_model)
+    tok.chat_template = ("{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+                         "{{ raise_exception('roles must alternate') }}{% endif %}{{ m['content'] }}"
+                         "{% endfor %}")
+    with pytest.raises(ValidationError, match="roles must alternate") as err:
+        render_chat(tok, [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], 100)
+    assert err.value.field == "messages"
+
+
+def test_trimming_never_leaves_an_assistant_message_first(gpt2_tok):
+    msgs = [{"role": "user", "content": "word " * 30}, {"role": "assistant", "content": "x " * 30},
+            {"role": "assistant", "content": "y " * 30}, {"role": "user", "content": "last"}]
+    prompt, dropped = render_chat(gpt2_tok, msgs, 40)
+    assert prompt == "User: last\nAssistant:" and dropped == 3

@@ -86,6 +86,22 @@ def test_stop_filter_never_streams_part_of_a_stop():
     assert f.add("xa") == ("x", False) and f.flush() == "a"
 
 
+def test_stop_filter_hold_back_matches_brute_force():
+    rng = random.Random(1)
+    for _ in range(2000):
+        stops = ["".join(rng.choices("ab c", k=rng.randint(1, 6))) for _ in range(rng.randint(1, 3))]
+        f = StopSequenceFilter(stops)
+        f._text = "".join(rng.choices("ab c", k=rng.randint(0, 12)))
+        brute = max([k for s in stops for k in range(1, len(s)) if f._text.endswith(s[:k])], default=0)
+        assert f._held_back() == brute, (stops, f._text)
+
+
+async def test_integer_sampling_values_are_accepted(engines):
+    ids, _ = await run(engines["gpt2"], "hello", max_tokens=5, do_sample=True, temperature=2,
+                       repetition_penalty=2, seed=1)
+    assert len(ids) == 5
+
+
 @pytest.mark.parametrize("style", ["gpt2", "llama"])
 async def test_stop_sequence_spanning_token_boundaries(engines, style):
     engine = engines[style]
@@ -157,7 +173,10 @@ async def test_repetition_penalty_matches_generate(engines):
     ("temperature", dict(temperature=-0.1)), ("top_p", dict(top_p=0.0)),
     ("typical_p", dict(typical_p=2.0)), ("top_k", dict(top_k=-1)),
     ("repetition_penalty", dict(repetition_penalty=0.0)), ("seed", dict(seed=-1)),
-    ("stop", dict(stop=[""])), ("prompt", dict(prompt="tok " * 600))])
+    ("stop", dict(stop=[""])), ("prompt", dict(prompt="tok " * 600)),
+    ("temperature", dict(temperature=float("inf"))), ("top_p", dict(top_p=float("nan"))),
+    ("repetition_penalty", dict(repetition_penalty=float("inf"))), ("max_tokens", dict(max_tokens=True)),
+    ("top_k", dict(top_k=2.5)), ("stop", dict(stop=["x" * 300]))])
 async def test_invalid_requests_name_the_field_before_any_work(engines, field, kw):
     engine = engines["gpt2"]
     steps = engine.core.steps

@@ -81,6 +81,8 @@ def test_generate_and_compat_root(flow):
     ({"inputs": "hi", "parameters": {"max_new_tokens": "lots"}}, "max_new_tokens"),
     ({"inputs": "hi", "parameters": {"top_p": 2.0}}, "top_p"),
     ({"parameters": {}}, "inputs"),
+    ({"inputs": "hi", "parameters": {"max_new_tokens": True}}, "max_new_tokens"),  # no coercion
+    ({"inputs": "hi", "parameters": {"temperature": "0.5", "do_sample": True}}, "temperature"),
 ])
 def test_validation_errors_are_422(flow, body, field):
     _, http_port = flow

@@ -9,6 +9,7 @@ import asyncio
 import logging
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Optional
 
@@ -121,7 +122,10 @@ class AsyncEngine:
         """Validation and overload errors raise before the first chunk; the request
         is aborted as soon as the caller stops iterating (disconnect, cancel, error)."""
         stream = self.submit(prompt, params, request_id)
-        return self._iterate(stream)
+        iterator = self._iterate(stream)
+        # a stream dropped before its first read never runs its `finally`: abort it then too
+        weakref.finalize(iterator, self._abort_unfinished, stream)
+        return iterator
 
     def submit(self, prompt: str, params: SamplingParams,
                request_id: Optional[str] = None) -> RequestStream:
@@ -140,8 +144,12 @@ class AsyncEngine:
             while not stream.done:
                 yield await stream.next_chunk()
         finally:
-            if not stream.done:
-                self.abort(stream.request_id)
+            self._abort_unfinished(stream)
+
+    def _abort_unfinished(self, stream: RequestStream) -> None:
+        if not stream.done:
+            stream.done = True
+            self.abort(stream.request_id)
 
     def abort(self, request_id: str) -> None:
         self.core.abort(request_id)
@@ -163,7 +171,7 @@ class AsyncEngine:
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 self.core.fail_all(f"engine error: {self.last_error}")
                 time.sleep(0.01)
-        self.core.fail_all("the engine is shutting down")
+        self.core.fail_all("the engine is shutting down", close=True)
 
     def shutdown(self, timeout: float = 10.0) -> None:
         self._stopping = True

@@ -19,6 +19,7 @@ model continues as the assistant.
 import json
 from typing import Any
 
+from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
 from .params import ValidationError
@@ -72,9 +73,12 @@ def _adds_bos(tokenizer: PreTrainedTokenizerBase) -> bool:
 
 
 def render(tokenizer: PreTrainedTokenizerBase, messages: list[Message]) -> str:
-    if getattr(tokenizer, "chat_template", None):
+    if not getattr(tokenizer, "chat_template", None):
+        return plain_format(messages)
+    try:
         return _template(tokenizer, messages)
-    return plain_format(messages)
+    except (TemplateError, ValueError, TypeError) as exc:  # e.g. "roles must alternate"
+        raise ValidationError("messages", f"the model's chat template rejects them: {exc}") from None
 
 
 def render_chat(tokenizer: PreTrainedTokenizerBase, messages: str | list[Any],
@@ -95,4 +99,6 @@ def render_chat(tokenizer: PreTrainedTokenizerBase, messages: str | list[Any],
                 f"{max_prompt_tokens} prompt tokens with this max_tokens"))
         # drop the oldest turn: a user message and the assistant answer after it
         cut = 2 if len(turns) > 2 and turns[1]["role"] == "assistant" else 1
+        while cut < len(turns) - 1 and turns[cut]["role"] == "assistant":  # never start with one
+            cut += 1
         turns, dropped = turns[cut:], dropped + cut

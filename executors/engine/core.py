@@ -104,9 +104,7 @@ class EngineCore:
             logits = self.batch.decode_step()
         except Exception as exc:  # a failed forward cannot be pinned on one row
             log.exception("decode step failed")
-            for req in rows:
-                self._finish_with_error(req, f"decode step failed: {exc}")
-            self._sync_batch()
+            self._fail_batch(f"decode step failed: {exc}")
             return
         choices = self._choose(rows, logits)
         next_tokens = []
@@ -146,7 +144,7 @@ class EngineCore:
         used = sum(len(g) * len(g[-1].prompt_ids) for g in groups)
         planned = {r.request_id for g in groups for r in g}
         rest = [r for r in self.scheduler.prefilling if r.request_id not in planned]
-        if rest and (not groups or used < budget):
+        if rest:  # the oldest long prompt advances every step: short ones cannot starve it
             req = rest[0]
             self._guarded(req, lambda: self._prefill_chunk(req, max(budget - used, budget // 4)))
 
@@ -185,11 +183,21 @@ class EngineCore:
                     if c is not None and self._advance(req, c)]
         if not going_on:
             return
-        if len(going_on) < len(group):
-            select_rows(cache, going_on)
-            mask = mask[going_on]
-        self.batch.add([group[i].request_id for i in going_on], cache, mask,
-                       [choices[i].token_id for i in going_on])
+        joining = [group[i] for i in going_on]
+        try:
+            if len(going_on) < len(group):
+                select_rows(cache, going_on)
+                mask = mask[going_on]
+            self.batch.add([r.request_id for r in joining], cache, mask,
+                           [choices[i].token_id for i in going_on])
+        except Exception as exc:  # e.g. out of memory while merging: these rows only
+            log.exception("could not add rows to the batch")
+            for req in joining:
+                self._finish_with_error(req, f"could not join the batch: {exc}")
+            if not self.batch.consistent():  # half-merged: the batch itself is lost
+                self._fail_batch(f"batch merge failed: {exc}")
+            else:
+                self._sync_batch()
 
     def _advance(self, req: Request, choice: Choice) -> bool:
         """Record a token and emit it; return whether the request goes on."""
@@ -228,15 +236,21 @@ class EngineCore:
         self.scheduler.release(req)
         req.fail(message)
 
+    def _fail_batch(self, message: str) -> None:
+        for row in list(self.batch.rows):
+            if row in self.scheduler.running:
+                self._finish_with_error(self.scheduler.running[row], message)
+        self.batch = KVBatch(self.loaded.model, self.loaded.device)
+
     def _sync_batch(self) -> None:
         """Drop rows whose request is no longer running."""
         live = [r for r in self.batch.rows if r in self.scheduler.running]
         self.batch.keep(live)
 
     # ----- failure of the loop itself -----
-    def fail_all(self, message: str) -> None:
-        """Fail every request in flight and start from an empty batch."""
-        for req in self.scheduler.drain_waiting():
+    def fail_all(self, message: str, close: bool = False) -> None:
+        """Fail every request in flight and start from an empty batch (close: for good)."""
+        for req in self.scheduler.drain_waiting(close):
             req.fail(message)
         for req in list(self.scheduler.prefilling) + list(self.scheduler.running.values()):
             self.scheduler.release(req)

@@ -94,11 +94,18 @@ class StopSequenceFilter:
         return min(found) if found else None
 
     def _held_back(self) -> int:
-        """Length of the longest tail of the text that starts some stop sequence."""
+        """Length of the longest tail of the text that starts some stop sequence.
+
+        Candidates are the places where a stop's first character occurs in the tail, so
+        the work stays in str.find/startswith (C) rather than a Python loop per length.
+        """
         longest = 0
         for stop in self._stops:
-            for k in range(min(len(stop) - 1, len(self._text)), longest, -1):
-                if self._text.endswith(stop[:k]):
-                    longest = k
+            tail = self._text[-(len(stop) - 1):] if len(stop) > 1 else ""
+            i = tail.find(stop[0])
+            while i != -1 and len(tail) - i > longest:
+                if stop.startswith(tail[i:]):
+                    longest = len(tail) - i
                     break
+                i = tail.find(stop[0], i + 1)
         return longest

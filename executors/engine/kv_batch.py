@@ -29,21 +29,33 @@ class SlabLayer(DynamicLayer):
         return self.keys, self.values
 
     def _regrow(self, like: torch.Tensor, need: int) -> None:
-        capacity = need + max(16, need // 2)
-        shape = (*like.shape[:-2], capacity, like.shape[-1])
+        shape = (*like.shape[:-2], _capacity(need), like.shape[-1])
         new_k, new_v = like.new_empty(shape), like.new_empty(shape)
         if self._len:
             new_k[..., :self._len, :] = self.keys
             new_v[..., :self._len, :] = self.values
         self._slab_k, self._slab_v = new_k, new_v
 
-    def replace(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Install new contents (after a merge, filter or trim) with fresh room to grow."""
-        self._slab_k = self._slab_v = None
-        self._len = 0
-        self.keys, self.values = keys, values
-        self.is_initialized = False
-        self.update(keys, values)
+    def stack(self, keys: list[torch.Tensor], values: list[torch.Tensor], width: int) -> None:
+        """Install row blocks, right-aligned to `width` columns (left pad zero, never garbage:
+        masked columns still enter attention as 0 x value), copied once into a fresh slab."""
+        rows = sum(k.shape[0] for k in keys)
+        shape = (rows, *keys[0].shape[1:-2], _capacity(width), keys[0].shape[-1])
+        slab_k, slab_v = keys[0].new_zeros(shape), values[0].new_zeros(shape)
+        row = 0
+        for k, v in zip(keys, values):
+            n, length = k.shape[0], k.shape[-2]
+            slab_k[row:row + n, ..., width - length:width, :] = k
+            slab_v[row:row + n, ..., width - length:width, :] = v
+            row += n
+        self._slab_k, self._slab_v, self._len = slab_k, slab_v, width
+        self.keys, self.values = slab_k[..., :width, :], slab_v[..., :width, :]
+        self.dtype, self.device, self.is_initialized = slab_k.dtype, slab_k.device, True
+
+
+def _capacity(need: int) -> int:
+    """Room for the next decode steps without a regrow, but never much more than needed."""
+    return need + max(16, min(need // 2, 256))
 
 
 def new_cache() -> DynamicCache:
@@ -67,6 +79,10 @@ class KVBatch:
     def __len__(self) -> int:
         return len(self.rows)
 
+    def consistent(self) -> bool:
+        """Every layer holds exactly the rows listed (false after a merge failed half-way)."""
+        return self.cache is None or all(l.keys.shape[0] == len(self.rows) for l in self.cache.layers)
+
     def add(self, row_ids: list[str], cache: DynamicCache, mask: torch.Tensor,
             next_tokens: list[int]) -> None:
         """Join prefilled rows: their own cache, left-padded like `mask` [rows, width]."""
@@ -78,11 +94,8 @@ class KVBatch:
             self.positions, self.last_tokens, self.rows = positions, tokens, list(row_ids)
             return
         width = max(self.mask.shape[1], mask.shape[1])
-        merged = [(torch.cat([_pad_left(a.keys, width), _pad_left(b.keys, width)]),
-                   torch.cat([_pad_left(a.values, width), _pad_left(b.values, width)]))
-                  for a, b in zip(self.cache.layers, cache.layers)]
-        for layer, (k, v) in zip(self.cache.layers, merged):
-            layer.replace(k, v)
+        for mine, theirs in zip(self.cache.layers, cache.layers):  # one layer at a time
+            mine.stack([mine.keys, theirs.keys], [mine.values, theirs.values], width)
         self.mask = torch.cat([_pad_left(self.mask, width), _pad_left(mask, width)])
         self.positions = torch.cat([self.positions, positions])
         self.last_tokens = torch.cat([self.last_tokens, tokens])
@@ -99,8 +112,9 @@ class KVBatch:
         self.mask = self.mask[index]
         start = int((self.mask.cumsum(1) == 0).sum(1).min())  # leading pad columns shared by all
         self.mask = self.mask[:, start:]
+        width = self.mask.shape[1]
         for layer in self.cache.layers:
-            layer.replace(layer.keys[index][..., start:, :], layer.values[index][..., start:, :])
+            layer.stack([layer.keys[index][..., start:, :]], [layer.values[index][..., start:, :]], width)
         self.positions = self.positions[index]
         self.last_tokens = self.last_tokens[index]
         self.rows = list(keep_ids)
@@ -121,22 +135,17 @@ class KVBatch:
         self.last_tokens = torch.tensor(tokens, dtype=torch.long, device=self.device)
 
 
-def _pad_left(t: torch.Tensor, width: int) -> torch.Tensor:
-    """Zero-pad dim -2 (KV) or dim 1 (mask) on the left to `width` columns."""
-    dim = 1 if t.dim() == 2 else -2
-    missing = width - t.shape[dim]
-    if missing == 0:
-        return t
-    shape = list(t.shape)
-    shape[dim] = missing
-    return torch.cat([t.new_zeros(shape), t], dim=dim)
+def _pad_left(mask: torch.Tensor, width: int) -> torch.Tensor:
+    """Zero-pad an attention mask [rows, cols] on the left to `width` columns."""
+    missing = width - mask.shape[1]
+    return mask if missing == 0 else torch.cat([mask.new_zeros((mask.shape[0], missing)), mask], 1)
 
 
 def select_rows(cache: DynamicCache, index: list[int]) -> None:
     """Keep only these batch rows of a cache (prefilled rows that finished at once leave)."""
     idx = torch.tensor(index, dtype=torch.long, device=cache.layers[0].keys.device)
     for layer in cache.layers:
-        layer.replace(layer.keys[idx], layer.values[idx])
+        layer.stack([layer.keys[idx]], [layer.values[idx]], layer.keys.shape[-2])
 
 
 @torch.inference_mode()

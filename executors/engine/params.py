@@ -3,6 +3,7 @@
 Errors name the offending field so every transport can report it as-is.
 """
 import enum
+import math
 import random
 from dataclasses import dataclass, field
 from typing import Optional
@@ -49,8 +50,14 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def validate(self, max_tokens_limit: int) -> "SamplingParams":
-        _check(isinstance(self.max_tokens, int) and not isinstance(self.max_tokens, bool),
-               "max_tokens", "must be an integer")
+        for name in ("max_tokens", "top_k"):
+            _check(_is_int(getattr(self, name)), name, "must be an integer")
+        _check(self.seed is None or _is_int(self.seed), "seed", "must be an integer or null")
+        for name in ("temperature", "top_p", "typical_p", "repetition_penalty"):
+            value = getattr(self, name)
+            _check(isinstance(value, (int, float)) and not isinstance(value, bool)
+                   and math.isfinite(value), name, f"must be a finite number, got {value!r}")
+            setattr(self, name, float(value))  # transformers' warpers insist on floats
         _check(1 <= self.max_tokens <= max_tokens_limit, "max_tokens",
                f"must be between 1 and {max_tokens_limit}, got {self.max_tokens}")
         _check(self.temperature >= 0, "temperature", f"must be >= 0, got {self.temperature}")
@@ -64,6 +71,8 @@ class SamplingParams:
         _check(len(self.stop) <= 16, "stop", "at most 16 stop sequences")
         _check(all(isinstance(s, str) and s for s in self.stop), "stop",
                "stop sequences must be non-empty strings")
+        _check(all(len(s) <= MAX_STOP_CHARS for s in self.stop), "stop",
+               f"a stop sequence may have at most {MAX_STOP_CHARS} characters")
         return self
 
     @property
@@ -76,6 +85,13 @@ class SamplingParams:
         if self.greedy:
             return None
         return self.seed if self.seed is not None else random.getrandbits(63)
+
+
+MAX_STOP_CHARS = 256
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _check(ok: bool, field_name: str, message: str) -> None:

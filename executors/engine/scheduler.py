@@ -1,12 +1,14 @@
 """Admission control: who waits, who runs, and when to say 'overloaded'.
 
-Requests reserve their worst-case KV rows (prompt + max_tokens) on admission, as
-TGI's max_batch_total_tokens does, so a running request can never run out of room.
+Requests reserve their worst-case KV length (prompt + max_tokens) on admission, as
+TGI's max_batch_total_tokens does, so a running request can never run out of room. The
+batch is left-padded to its longest row, so what is admitted is bounded by
+rows x the longest reservation, not by the sum.
 """
 import collections
 import threading
 
-from .params import EngineConfig, OverloadedError, ValidationError
+from .params import EngineConfig, EngineDeadError, OverloadedError, ValidationError
 from .request import Request, RequestState
 
 
@@ -17,7 +19,8 @@ class Scheduler:
         self._waiting: collections.deque[Request] = collections.deque()
         self.prefilling: list[Request] = []  # admitted, prompt not fully in cache yet
         self.running: dict[str, Request] = {}  # rows of the decode batch
-        self.reserved = 0
+        self.reserved = 0  # sum of reservations, for stats
+        self.closed = False
 
     @property
     def num_waiting(self) -> int:
@@ -37,6 +40,8 @@ class Scheduler:
         """Called from any thread; fails at once instead of queueing without bound."""
         self.check_fits(request.reserved_tokens)
         with self._lock:
+            if self.closed:
+                raise EngineDeadError("the engine is shutting down")
             if len(self._waiting) >= self.config.max_waiting:
                 raise OverloadedError(
                     f"overloaded: {len(self._waiting)} requests already waiting, retry later")
@@ -58,12 +63,17 @@ class Scheduler:
                 active = len(self.running) + len(self.prefilling)
                 if active >= self.config.max_running:
                     break
-                if self.reserved + head.reserved_tokens > self.config.max_batch_tokens:
+                if not self._fits(head):
                     break
                 self._waiting.popleft()
                 self.reserved += head.reserved_tokens
                 head.state = RequestState.PREFILLING
                 self.prefilling.append(head)
+
+    def _fits(self, head: Request) -> bool:
+        """The padded batch with `head` in it stays within the KV budget."""
+        active = self.prefilling + list(self.running.values()) + [head]
+        return len(active) * max(r.reserved_tokens for r in active) <= self.config.max_batch_tokens
 
     def release(self, request: Request) -> None:
         """Forget a finished request, wherever it was, and free its reservation."""
@@ -76,8 +86,10 @@ class Scheduler:
         request.state = RequestState.FINISHED
         request.cache = None
 
-    def drain_waiting(self) -> list[Request]:
+    def drain_waiting(self, close: bool = False) -> list[Request]:
+        """Take every waiting request out; with close, refuse new ones from now on."""
         with self._lock:
+            self.closed = self.closed or close
             drained = list(self._waiting)
             self._waiting.clear()
         return drained
