@@ -79,3 +79,12 @@ def test_chat_page_is_served(flow):
     r = requests.get(f"http://127.0.0.1:{http_port}/chat-ui", timeout=30)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
     assert "new WebSocket(" in r.text and 'id="stop"' in r.text
+
+
+async def test_next_prompt_right_after_end_and_a_late_stop(ws):
+    """The session is idle once "end" is sent: an immediate next prompt is answered, and a
+    stop that arrives after the end changes nothing (the finished turn is kept once)."""
+    for turn in range(3):
+        _, _, end = await ask(ws, {"prompt": f"turn {turn}", "max_tokens": 3})
+        assert end["type"] == "end" and end["finish_reason"] == "length", end
+        await ws.send(json.dumps({"type": "stop"}))  # late: nothing is running
