@@ -32,7 +32,7 @@ def to_document(chunk: StreamChunk) -> ModelOutputDocument:
     return ModelOutputDocument(
         token_id=chunk.token_ids[-1], token_ids=chunk.token_ids, text=chunk.text,
         generated_text=chunk.generated_text, index=chunk.index, logprob=chunk.logprobs[-1],
-        logprobs=chunk.logprobs, special=chunk.special[-1],
+        logprobs=chunk.logprobs, special=chunk.special[-1], specials=chunk.special,
         finish_reason=chunk.finish_reason.value if final else None,
         generated_tokens=chunk.generated_tokens if final else None,
         prompt_tokens=chunk.prompt_tokens if final else None,

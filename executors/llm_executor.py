@@ -52,16 +52,19 @@ class LLMExecutor(Executor):
     async def _complete(self, doc: PromptDocument) -> ModelOutputDocument:
         token_ids: list[int] = []
         logprobs: list[float] = []
+        specials: list[bool] = []
         last = None
         try:
             async for chunk in self.engine.generate(*to_request(doc, self.engine)):
                 token_ids += chunk.token_ids
                 logprobs += chunk.logprobs
+                specials += chunk.special
                 last = chunk
         except Exception as exc:  # noqa: BLE001
             return error_document(exc, last.generated_text if last else "")
         out = to_document(last)
-        out.token_ids, out.logprobs, out.text = token_ids, logprobs, last.generated_text
+        out.token_ids, out.logprobs, out.specials = token_ids, logprobs, specials
+        out.text = last.generated_text
         return out
 
     @requests(on="/stats")

@@ -95,7 +95,7 @@ def _token_events(out: ModelOutputDocument) -> list[dict]:
     return [{"index": first_index + i + 1,
              "token": {"id": tid, "text": out.text if i == n - 1 else "",
                        "logprob": out.logprobs[i] if i < len(out.logprobs) else out.logprob,
-                       "special": out.special if i == n - 1 else False},
+                       "special": out.specials[i] if i < len(out.specials) else out.special},
              "generated_text": None, "details": None}
             for i, tid in enumerate(out.token_ids)]
 

@@ -35,7 +35,8 @@ class ModelOutputDocument(BaseDoc):
     index: int = 0  # position of token_id in the generation
     logprob: float = 0.0
     logprobs: List[float] = []
-    special: bool = False
+    special: bool = False  # whether token_id is a special token
+    specials: List[bool] = []  # the same for each of token_ids
     finish_reason: Optional[str] = None  # last document only: length | eos_token | stop_sequence | error
     generated_tokens: Optional[int] = None  # last document only
     prompt_tokens: Optional[int] = None  # last document only

@@ -108,3 +108,17 @@ def test_info_and_health(flow, gpt2_model):
     assert requests.get(f"http://127.0.0.1:{http_port}/health", timeout=30).status_code == 200
     # Jina's own health check (GET /) is still there, next to TGI's POST /
     assert requests.get(f"http://127.0.0.1:{http_port}/", timeout=30).status_code == 200
+
+
+def test_coalesced_document_becomes_one_event_per_token():
+    from gateway.tgi_routes import _token_events
+    from schemas import ModelOutputDocument
+    doc = ModelOutputDocument(token_id=9, token_ids=[7, 8, 9], text="abc", index=5,
+                              logprobs=[-1.0, -2.0, -3.0], logprob=-3.0, special=False,
+                              specials=[False, True, False])
+    events = _token_events(doc)
+    assert [e["index"] for e in events] == [4, 5, 6]  # TGI counts from 1
+    assert [e["token"]["id"] for e in events] == [7, 8, 9]
+    assert [e["token"]["special"] for e in events] == [False, True, False]
+    assert "".join(e["token"]["text"] for e in events) == "abc"
+    assert [e["token"]["logprob"] for e in events] == [-1.0, -2.0, -3.0]
