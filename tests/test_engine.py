@@ -1,5 +1,6 @@
 """The engine alone: equality with transformers' generate, detokenization, stops, seeds."""
 import ast
+import asyncio
 import random
 import subprocess
 import sys
@@ -201,3 +202,26 @@ def test_engine_imports_neither_jina_nor_docarray():
             "bad = [m for m in sys.modules if m.split('.')[0] in ('jina', 'docarray')]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)
+
+
+async def test_model_never_runs_on_the_event_loop(engines):
+    import threading
+    engine = engines["gpt2"]
+    model = engine.core.loaded.model
+    threads = set()
+    handle = model.register_forward_pre_hook(lambda *_: threads.add(threading.get_ident()))
+    try:
+        ticks = 0
+
+        async def ticker():  # the loop keeps running while tokens are generated
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+        task = asyncio.create_task(ticker())
+        ids, _ = await run(engine, "hello", max_tokens=30, ignore_eos=True)
+        task.cancel()
+    finally:
+        handle.remove()
+    assert len(ids) == 30 and ticks > 30
+    assert threads and threading.get_ident() not in threads
