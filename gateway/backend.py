@@ -15,7 +15,8 @@ from typing import Any, AsyncIterator, Awaitable, Optional, TypeVar, Union
 
 import anyio
 from docarray import DocList
-from pydantic import StrictBool, StrictFloat, StrictInt
+from fastapi import Request
+from pydantic import BaseModel, StrictBool, StrictFloat, StrictInt, ValidationError
 
 from schemas import ModelOutputDocument, PromptDocument
 
@@ -28,6 +29,29 @@ Bool = Optional[StrictBool]
 
 # HTTP status per error_type; the executor names the type, the gateway only maps it
 STATUS = {"validation": 422, "not_found": 404, "overloaded": 429, "generation": 500, "internal": 500}
+
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+class BadRequest(ValueError):
+    """A request body that does not parse; `param` names the field when there is one."""
+
+    def __init__(self, message: str, param: Optional[str] = None):
+        super().__init__(message)
+        self.param = param
+
+
+async def parse_body(request: Request, model: type[ModelT]) -> ModelT:
+    """The body as JSON whatever the Content-Type (curl -d sends form-encoded)."""
+    try:
+        return model.model_validate(json.loads(await request.body()))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise BadRequest(f"{where}: {first['msg']}", where) from None
 
 
 def error_doc(message: str, error_type: str = "generation") -> ModelOutputDocument:

@@ -11,12 +11,12 @@ from typing import Any, AsyncIterator, Optional, Union
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 from schemas import ModelOutputDocument, PromptDocument
 
-from gateway.backend import (SSE_HEADERS, STATUS, Backend, Bool, Int, Number, cancel_on_disconnect,
-                             close_quietly, now, sse)
+from gateway.backend import (SSE_HEADERS, STATUS, Backend, BadRequest, Bool, Int, Number,
+                             cancel_on_disconnect, close_quietly, now, parse_body, sse)
 
 FINISH = {"length": "length", "eos_token": "stop", "stop_sequence": "stop"}
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -66,13 +66,9 @@ def _error_event(out: ModelOutputDocument) -> str:
 
 async def _parse(request: Request, model: type[_Common]) -> Union[_Common, JSONResponse]:
     try:
-        req = model.model_validate(json.loads(await request.body()))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        return openai_error(f"request body is not valid JSON: {exc}", "validation")
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(x) for x in first["loc"])
-        return openai_error(f"{where}: {first['msg']}", "validation", where)
+        req = await parse_body(request, model)
+    except BadRequest as exc:
+        return openai_error(str(exc), "validation", exc.param)
     if req.n not in (None, 1):
         return openai_error("n: only n=1 is supported", "validation", "n")
     if isinstance(req, CompletionRequest) and isinstance(req.prompt, list) and len(req.prompt) != 1:

@@ -5,17 +5,16 @@ huggingface_hub's InferenceClient calls), GET /info, GET /health.
 Errors: {"error": ..., "error_type": ...} with 422 (validation), 429 (overloaded),
 500 (generation); in a stream, the same object as the last event.
 """
-import json
 from typing import AsyncIterator, Optional, Union
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 from schemas import ModelOutputDocument, PromptDocument
 
-from gateway.backend import (SSE_HEADERS, STATUS, Backend, Bool, Int, Number, cancel_on_disconnect,
-                             close_quietly, sse)
+from gateway.backend import (SSE_HEADERS, STATUS, Backend, BadRequest, Bool, Int, Number,
+                             cancel_on_disconnect, close_quietly, parse_body, sse)
 
 DEFAULT_MAX_NEW_TOKENS = 20  # TGI's documented default
 
@@ -65,15 +64,10 @@ def to_document(req: TGIRequest) -> PromptDocument:
 
 
 async def parse(request: Request) -> Union[TGIRequest, JSONResponse]:
-    """The body as JSON whatever the Content-Type (curl -d sends form-encoded)."""
     try:
-        req = TGIRequest.model_validate(json.loads(await request.body()))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        return error_response(f"request body is not valid JSON: {exc}", "validation")
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(x) for x in first["loc"])
-        return error_response(f"{where}: {first['msg']}", "validation")
+        req = await parse_body(request, TGIRequest)
+    except BadRequest as exc:
+        return error_response(str(exc), "validation")
     if req.parameters.best_of not in (None, 1):
         return error_response("best_of: only 1 is supported", "validation")
     return req
