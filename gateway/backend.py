@@ -71,11 +71,12 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 class Completion:
     """A whole generation collected from a stream (non-streaming routes)."""
 
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
     docs: list[ModelOutputDocument] = field(default_factory=list)
     last: Optional[ModelOutputDocument] = None
+
+    @property
+    def text(self) -> str:
+        return "".join(d.text for d in self.docs)
 
     @property
     def error(self) -> Optional[ModelOutputDocument]:
@@ -127,9 +128,6 @@ class Backend:
                 result.last = out
                 if out.error is None:
                     result.docs.append(out)
-                    result.text += out.text
-                    result.token_ids += out.token_ids
-                    result.logprobs += out.logprobs
         return result
 
     async def _unary(self, endpoint: str) -> dict:
