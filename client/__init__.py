@@ -1,8 +1,15 @@
 """Async helper over Jina's `Client.stream_doc`: tokens as they arrive, errors as exceptions."""
+import json
+import warnings
 from typing import Any, AsyncIterator, Optional
 
-from jina import Client
-from jina.excepts import BadServerFlow
+from pydantic import ValidationError
+
+# jina imports pkg_resources (through jina-hubble-sdk), which warns on every start
+warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
+
+from jina import Client  # noqa: E402
+from jina.excepts import BadServerFlow  # noqa: E402
 
 from schemas import ModelOutputDocument, PromptDocument
 
@@ -26,10 +33,11 @@ async def stream(prompt: str, *, host: str = "localhost", port: int = 12345, pro
     """Yield one ModelOutputDocument per streamed step; raise StreamError on a failure.
 
     `sampling` takes PromptDocument's fields: max_tokens, do_sample, temperature,
-    top_k, top_p, typical_p, repetition_penalty, seed, stop.
+    top_k, top_p, typical_p, repetition_penalty, seed, stop, and `messages` (a list of
+    {role, content}, rendered with the model's chat template; it replaces `prompt`).
     """
     client = client or make_client(host, port, protocol)
-    doc = PromptDocument(prompt=prompt, **sampling)
+    doc = _document(prompt, sampling)
     finished = False
     try:
         async for out in client.stream_doc(on="/stream", inputs=doc, return_type=ModelOutputDocument):
@@ -41,6 +49,17 @@ async def stream(prompt: str, *, host: str = "localhost", port: int = 12345, pro
         raise _from_status(exc) from exc
     if not finished:
         raise StreamError("the stream ended before its final document", "truncated")
+
+
+def _document(prompt: str, fields: dict[str, Any]) -> PromptDocument:
+    if isinstance(fields.get("messages"), list):
+        fields = {**fields, "messages": json.dumps(fields["messages"])}
+    try:
+        return PromptDocument(prompt=prompt, **fields)
+    except ValidationError as exc:  # a value the document cannot carry, named like the server does
+        first = exc.errors()[0]
+        raise StreamError(f"{first['loc'][0]}: {first['msg'].removeprefix('Value error, ')}",
+                          "validation") from None
 
 
 _STATUS_TYPES = {"INVALID_ARGUMENT": "validation", "RESOURCE_EXHAUSTED": "overloaded"}

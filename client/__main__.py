@@ -15,6 +15,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--host", default="localhost")
     p.add_argument("--port", type=int, default=None, help="default: 12345 (grpc) or 12346 (http)")
     p.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
+    p.add_argument("--chat", action="store_true",
+                   help="send the prompt as a user message, through the model's chat template")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
     p.add_argument("--temperature", type=float, default=1.0)
@@ -33,13 +35,16 @@ async def run(args: argparse.Namespace) -> int:
                     temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                     typical_p=args.typical_p, repetition_penalty=args.repetition_penalty,
                     seed=args.seed, stop=args.stop)
+    if args.chat:
+        sampling["messages"] = [{"role": "user", "content": args.prompt}]
     try:
         async for doc in stream(args.prompt, host=args.host, port=port, protocol=args.protocol,
                                 **sampling):
             sys.stdout.write(doc.text)
             sys.stdout.flush()
             if doc.finish_reason:
-                print(f"\n[finish_reason={doc.finish_reason} prompt_tokens={doc.prompt_tokens} "
+                print()
+                print(f"[finish_reason={doc.finish_reason} prompt_tokens={doc.prompt_tokens} "
                       f"generated_tokens={doc.generated_tokens} seed={doc.seed}]", file=sys.stderr)
     except StreamError as exc:
         print(f"\nerror: {exc}", file=sys.stderr)

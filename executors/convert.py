@@ -59,10 +59,10 @@ def error_document(exc: BaseException, generated_text: str = "") -> ModelOutputD
                                generated_text=generated_text)
 
 
-def model_info(engine: AsyncEngine) -> dict:
+def model_info(engine: AsyncEngine, name: str) -> dict:
     """What gateways advertise (/info, /v1/models): the model id and the request limits."""
     loaded, config = engine.core.loaded, engine.config
-    return {"model_id": config.model, "max_context": loaded.max_context,
+    return {"model_id": name, "max_context": loaded.max_context,
             "max_tokens_limit": config.max_tokens_limit, "max_running": config.max_running,
             "max_waiting": config.max_waiting, "max_batch_tokens": config.max_batch_tokens,
             "device": str(loaded.device), "dtype": str(loaded.model.dtype).replace("torch.", ""),

@@ -14,10 +14,11 @@ from schemas import ModelOutputDocument, PromptDocument
 
 from executors.convert import error_document, model_info, to_document, to_request
 from executors.engine import AsyncEngine, EngineConfig
+from executors.engine.loader import served_name
 
 
 class LLMExecutor(Executor):
-    def __init__(self, model: str = "", device: Optional[str] = None, dtype: str = "auto",
+    def __init__(self, model: str = "", model_name: str = "", device: Optional[str] = None, dtype: str = "auto",
                  trust_remote_code: bool = False, max_tokens_limit: int = 1024,
                  max_running: int = 32, max_waiting: int = 128, max_batch_tokens: int = 32768,
                  max_prefill_tokens: int = 512, torch_threads: Optional[int] = None, **kwargs):
@@ -32,6 +33,11 @@ class LLMExecutor(Executor):
             max_tokens_limit=max_tokens_limit, max_running=max_running, max_waiting=max_waiting,
             max_batch_tokens=max_batch_tokens, max_prefill_tokens=max_prefill_tokens,
             torch_threads=torch_threads))
+        self.model_name = model_name or os.environ.get("LLM_MODEL_NAME") or served_name(model)
+        loaded = self.engine.core.loaded
+        self.logger.info(f"model {self.model_name} ({model}) on {loaded.device}, "
+                         f"{str(loaded.model.dtype).removeprefix('torch.')}, context "
+                         f"{loaded.max_context} tokens, loaded in {loaded.load_seconds:.1f} s")
 
     @requests(on="/stream")
     async def stream(self, doc: PromptDocument, **kwargs) -> ModelOutputDocument:
@@ -75,7 +81,8 @@ class LLMExecutor(Executor):
     @requests(on="/info")
     async def info(self, docs: DocList[PromptDocument], **kwargs) -> DocList[ModelOutputDocument]:
         """Model id and limits for gateways (/info, /v1/models), as JSON in `text`."""
-        return DocList[ModelOutputDocument]([ModelOutputDocument(text=json.dumps(model_info(self.engine)))])
+        info = model_info(self.engine, self.model_name)
+        return DocList[ModelOutputDocument]([ModelOutputDocument(text=json.dumps(info))])
 
     def close(self) -> None:
         self.engine.shutdown()

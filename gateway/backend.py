@@ -42,6 +42,14 @@ class BadRequest(ValueError):
         self.param = param
 
 
+def bad_request(exc: ValidationError) -> BadRequest:
+    """Pydantic's first error, as `field: message` naming the field."""
+    first = exc.errors()[0]
+    where = ".".join(str(x) for x in first["loc"])
+    message = first["msg"].removeprefix("Value error, ")
+    return BadRequest(f"{where}: {message}", where)
+
+
 async def parse_body(request: Request, model: type[ModelT]) -> ModelT:
     """The body as JSON whatever the Content-Type (curl -d sends form-encoded)."""
     try:
@@ -49,9 +57,16 @@ async def parse_body(request: Request, model: type[ModelT]) -> ModelT:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(x) for x in first["loc"])
-        raise BadRequest(f"{where}: {first['msg']}", where) from None
+        raise bad_request(exc) from None
+
+
+def prompt_document(**fields: Any) -> PromptDocument:
+    """A route's PromptDocument; a value the document cannot carry (a seed past 2**64 - 1,
+    an integer past int32) is a BadRequest naming the field, before anything is sent."""
+    try:
+        return PromptDocument(**fields)
+    except ValidationError as exc:
+        raise bad_request(exc) from None
 
 
 def error_doc(message: str, error_type: str = "generation") -> ModelOutputDocument:

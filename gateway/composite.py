@@ -2,11 +2,14 @@
 
 Jina's CompositeGateway picks Jina's own class per protocol, so custom HTTP routes
 need a composite of our own: gRPC is Jina's GRPCGateway (stream_doc, unary
-/generate) with refusals mapped to status codes, HTTP is Jina's HTTP app (GET /stream SSE, /status, docs...) plus the
-OpenAI, TGI and WebSocket chat routes. Route collision: TGI's POST /generate wins
-on HTTP, so Jina's unary POST /generate route is removed from the HTTP app (it
-stays on gRPC).
+/generate) with refusals mapped to status codes, HTTP is Jina's HTTP app (/status,
+docs...) plus our routes: Jina's SSE wire format on GET /stream (gateway/jina_sse.py
+replaces Jina's route), OpenAI, TGI and WebSocket chat. Route collision: TGI's POST
+/generate wins on HTTP, so Jina's unary POST /generate route is removed from the
+HTTP app (it stays on gRPC).
 """
+import logging
+import warnings
 from typing import Any
 
 from fastapi import FastAPI
@@ -17,12 +20,16 @@ from jina.serve.runtimes.servers.composite import CompositeBaseServer
 
 from gateway.backend import Backend
 from gateway.grpc_status import StatusGRPCGateway
+from gateway.jina_sse import jina_sse_router
 from gateway.openai_routes import openai_router
 from gateway.tgi_routes import tgi_router
 from gateway.ws_chat import chat_router
 
+# Jina builds its HTTP models with pydantic v1-style configs: one warning per model, at start
+warnings.filterwarnings("ignore", message="Valid config keys have changed in V2", category=UserWarning)
+
 # Jina HTTP routes that our protocols replace: (path, method)
-REPLACED_JINA_ROUTES = {("/generate", "POST")}
+REPLACED_JINA_ROUTES = {("/generate", "POST"), ("/stream", "GET")}
 
 
 class LLMHTTPGateway(HTTPGateway):
@@ -33,10 +40,18 @@ class LLMHTTPGateway(HTTPGateway):
         app: FastAPI = super().app  # a new app each time; setup_server calls this once
         app.router.routes = [r for r in app.router.routes if not _replaced(r)]
         backend = Backend(self.streamer)
+        app.include_router(jina_sse_router(backend))
         app.include_router(openai_router(backend))
         app.include_router(tgi_router(backend))
         app.include_router(chat_router(backend))
         return app
+
+    async def setup_server(self) -> None:
+        await super().setup_server()
+        base = f"http://localhost:{self.port}"
+        self.logger.info(f"HTTP routes: OpenAI {base}/v1 · TGI {base}/generate_stream · "
+                         f"Jina SSE {base}/stream · WebSocket ws://localhost:{self.port}/chat · "
+                         f"chat page {base}/chat-ui")
 
 
 def _replaced(route: Any) -> bool:
@@ -44,11 +59,30 @@ def _replaced(route: Any) -> bool:
     return any(getattr(route, "path", None) == p and m in methods for p, m in REPLACED_JINA_ROUTES)
 
 
+class WaitingForExecutor(logging.Filter):
+    """Jina's gateway warns every second while the executor loads its model: say it once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.said = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("Getting endpoints failed"):
+            return True
+        if self.said:
+            return False
+        self.said = True
+        record.msg, record.args = "waiting for the executor to load its model...", ()
+        record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
 class LLMGateway(CompositeBaseServer, BaseGateway):
     """`gateway: uses: gateway/gateway.yml, protocol: [grpc, http]`: one server per protocol."""
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
+        self.logger.logger.addFilter(WaitingForExecutor())
         classes = {"grpc": StatusGRPCGateway, "http": LLMHTTPGateway}
         self.servers: list[BaseServer] = []
         for server_kwargs in self._server_kwargs:

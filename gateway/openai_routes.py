@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict
 from schemas import ModelOutputDocument, PromptDocument
 
 from gateway.backend import (SSE_HEADERS, STATUS, Backend, BadRequest, Bool, Int, Number,
-                             cancel_on_disconnect, close_quietly, now, parse_body, sse)
+                             cancel_on_disconnect, close_quietly, now, parse_body, prompt_document,
+                             sse)
 
 FINISH = {"length": "length", "eos_token": "stop", "stop_sequence": "stop"}
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -86,7 +87,7 @@ def to_document(req: _Common, max_tokens: int, **fields: Any) -> PromptDocument:
         fields["top_p"] = req.top_p
     if req.seed is not None:
         fields["seed"] = req.seed
-    return PromptDocument(**fields)
+    return prompt_document(**fields)
 
 
 def _usage(last: ModelOutputDocument) -> dict:
@@ -116,13 +117,18 @@ class _Shape:
         choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
         return self.envelope("text_completion", [choice])
 
-    def whole(self, text: str, finish: Optional[str], usage: dict) -> dict:
+    def whole(self, text: str, finish: Optional[str], usage: dict, seed: Optional[int]) -> dict:
         if self.chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": text},
                       "logprobs": None, "finish_reason": finish}
-            return self.envelope("chat.completion", [choice], usage=usage)
+            return self.envelope("chat.completion", [choice], usage=usage, **_seed(seed))
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-        return self.envelope("text_completion", [choice], usage=usage)
+        return self.envelope("text_completion", [choice], usage=usage, **_seed(seed))
+
+
+def _seed(seed: Optional[int]) -> dict:
+    """An extension field: the seed a sampled answer used, so it can be replayed."""
+    return {} if seed is None else {"seed": seed}
 
 
 async def _chunks(shape: _Shape, first: ModelOutputDocument, rest: AsyncIterator[ModelOutputDocument],
@@ -139,7 +145,7 @@ async def _chunks(shape: _Shape, first: ModelOutputDocument, rest: AsyncIterator
                 yield _error_event(out)
                 break
             finish = FINISH.get(out.finish_reason or "", None) if out.finish_reason else None
-            yield sse({**shape.chunk(out.text, finish), **usage_field})
+            yield sse({**shape.chunk(out.text, finish), **usage_field, **_seed(out.seed)})
             if out.finish_reason is not None:
                 if include_usage:
                     yield sse(shape.envelope(shape.chunk(None, None)["object"], [], usage=_usage(out)))
@@ -170,7 +176,7 @@ def openai_router(backend: Backend) -> APIRouter:
             return openai_error(result.error.error, result.error.error_type or "generation")
         last = result.last
         return JSONResponse(shape.whole(prefix + result.text, FINISH.get(last.finish_reason or ""),
-                                        _usage(last)))
+                                        _usage(last), last.seed))
 
     @router.post("/completions", summary="OpenAI completions (streaming with stream=true)")
     async def completions(request: Request) -> Response:
@@ -179,7 +185,10 @@ def openai_router(backend: Backend) -> APIRouter:
             return req
         prompt = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
         max_tokens = req.max_tokens if req.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
-        doc = to_document(req, max_tokens, prompt=prompt)
+        try:
+            doc = to_document(req, max_tokens, prompt=prompt)
+        except BadRequest as exc:
+            return openai_error(str(exc), "validation", exc.param)
         return await run(request, req, doc, chat=False, prefix=prompt if req.echo else "")
 
     @router.post("/chat/completions", summary="OpenAI chat completions (streaming with stream=true)")
@@ -191,7 +200,10 @@ def openai_router(backend: Backend) -> APIRouter:
         if max_tokens is None:  # OpenAI: up to the context; here half of it, within the limit
             info = await backend.info()
             max_tokens = min(info["max_tokens_limit"], info["max_context"] // 2)
-        doc = to_document(req, max_tokens, messages=json.dumps(req.messages))
+        try:
+            doc = to_document(req, max_tokens, messages=json.dumps(req.messages))
+        except BadRequest as exc:
+            return openai_error(str(exc), "validation", exc.param)
         return await run(request, req, doc, chat=True)
 
     @router.get("/models", summary="OpenAI: the one model served")

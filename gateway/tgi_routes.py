@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict
 from schemas import ModelOutputDocument, PromptDocument
 
 from gateway.backend import (SSE_HEADERS, STATUS, Backend, BadRequest, Bool, Int, Number,
-                             cancel_on_disconnect, close_quietly, parse_body, sse)
+                             cancel_on_disconnect, close_quietly, parse_body, prompt_document, sse)
 
 DEFAULT_MAX_NEW_TOKENS = 20  # TGI's documented default
 
@@ -60,17 +60,17 @@ def to_document(req: TGIRequest) -> PromptDocument:
     for name in ("temperature", "top_k", "top_p", "typical_p", "repetition_penalty", "seed"):
         if getattr(p, name) is not None:
             fields[name] = getattr(p, name)
-    return PromptDocument(**fields)
+    return prompt_document(**fields)
 
 
-async def parse(request: Request) -> Union[TGIRequest, JSONResponse]:
+async def parse(request: Request) -> Union[tuple[TGIRequest, PromptDocument], JSONResponse]:
     try:
         req = await parse_body(request, TGIRequest)
+        if req.parameters.best_of not in (None, 1):
+            raise BadRequest("best_of: only 1 is supported", "best_of")
+        return req, to_document(req)
     except BadRequest as exc:
         return error_response(str(exc), "validation")
-    if req.parameters.best_of not in (None, 1):
-        return error_response("best_of: only 1 is supported", "validation")
-    return req
 
 
 def _details(last: ModelOutputDocument, stream: bool, input_length: int) -> dict:
@@ -118,16 +118,16 @@ async def _events(first: ModelOutputDocument, rest: AsyncIterator[ModelOutputDoc
 def tgi_router(backend: Backend) -> APIRouter:
     router = APIRouter(tags=["TGI"])
 
-    async def generate_stream(req: TGIRequest) -> Response:
-        first, rest = await backend.open(to_document(req))
+    async def generate_stream(req: TGIRequest, doc: PromptDocument) -> Response:
+        first, rest = await backend.open(doc)
         if first.error is not None:
             await close_quietly(rest)
             return error_response(first.error, first.error_type or "generation")
         return StreamingResponse(_events(first, rest, req), media_type="text/event-stream",
                                  headers=SSE_HEADERS)
 
-    async def generate(req: TGIRequest, request: Request) -> Union[dict, Response]:
-        result = await cancel_on_disconnect(request.receive, backend.complete(to_document(req)))
+    async def generate(req: TGIRequest, doc: PromptDocument, request: Request) -> Union[dict, Response]:
+        result = await cancel_on_disconnect(request.receive, backend.complete(doc))
         if result is None:
             return Response(status_code=499)  # the client left; nobody reads this
         if result.error is not None:
@@ -141,25 +141,25 @@ def tgi_router(backend: Backend) -> APIRouter:
 
     @router.post("/generate_stream", summary="TGI: stream tokens as Server-Sent Events")
     async def _generate_stream(request: Request) -> Response:
-        req = await parse(request)
-        return req if isinstance(req, JSONResponse) else await generate_stream(req)
+        parsed = await parse(request)
+        return parsed if isinstance(parsed, JSONResponse) else await generate_stream(*parsed)
 
     @router.post("/generate", summary="TGI: the whole generation at once")
     async def _generate(request: Request) -> Response:
-        req = await parse(request)
-        if isinstance(req, JSONResponse):
-            return req
-        body = await generate(req, request)
+        parsed = await parse(request)
+        if isinstance(parsed, JSONResponse):
+            return parsed
+        body = await generate(*parsed, request)
         return body if isinstance(body, Response) else JSONResponse(body)
 
     @router.post("/", summary="TGI compat: /generate or /generate_stream depending on `stream`")
     async def _compat(request: Request) -> Response:
-        req = await parse(request)
-        if isinstance(req, JSONResponse):
-            return req
-        if req.stream:
-            return await generate_stream(req)
-        body = await generate(req, request)
+        parsed = await parse(request)
+        if isinstance(parsed, JSONResponse):
+            return parsed
+        if parsed[0].stream:
+            return await generate_stream(*parsed)
+        body = await generate(*parsed, request)
         return body if isinstance(body, Response) else JSONResponse([body])
 
     @router.get("/info", summary="TGI: model id and limits")

@@ -5,7 +5,8 @@ Protocol (JSON text frames):
             {"type": "stop"} cancels the answer in progress; {"type": "reset"} forgets the
             conversation.
   server -> {"type": "token", "text": ..., "token_id": ..., "token_ids": [...]} per step,
-            then {"type": "end", "finish_reason": ..., "prompt_tokens": ..., "generated_tokens": ...};
+            then {"type": "end", "finish_reason": ..., "prompt_tokens": ..., "generated_tokens": ...,
+            "seed": ... (the seed used when sampling, else null)};
             a stopped answer ends with finish_reason "cancelled";
             {"type": "error", "error": ..., "error_type": ...} on failure (the socket stays open).
 The connection keeps the conversation: each prompt goes to the executor as chat messages
@@ -19,11 +20,9 @@ from typing import Any, Optional
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from fastapi.responses import HTMLResponse
-from pydantic import ValidationError
-
 from schemas import PromptDocument
 
-from gateway.backend import Backend, close_quietly
+from gateway.backend import Backend, BadRequest, close_quietly, prompt_document
 
 SAMPLING_FIELDS = ("max_tokens", "do_sample", "temperature", "top_k", "top_p", "typical_p",
                    "repetition_penalty", "seed", "stop")
@@ -83,10 +82,9 @@ class ChatSession:
             return await self.error("prompt: must be a non-empty string")
         turn = {"role": "user", "content": prompt}
         try:
-            doc = PromptDocument(messages=json.dumps(self.history + [turn]), **fields)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            return await self.error(f"{'.'.join(map(str, first['loc']))}: {first['msg']}")
+            doc = prompt_document(messages=json.dumps(self.history + [turn]), **fields)
+        except BadRequest as exc:
+            return await self.error(str(exc))
         self.task = asyncio.create_task(self.answer(doc, turn))
 
     async def answer(self, doc: PromptDocument, turn: dict[str, str]) -> None:
@@ -103,7 +101,8 @@ class ChatSession:
                                  "token_ids": list(out.token_ids)})
                 if out.finish_reason is not None:
                     final = {"type": "end", "finish_reason": out.finish_reason,
-                             "prompt_tokens": out.prompt_tokens, "generated_tokens": out.generated_tokens}
+                             "prompt_tokens": out.prompt_tokens, "generated_tokens": out.generated_tokens,
+                             "seed": out.seed}
                     break
         except asyncio.CancelledError:  # stop button, or the socket closed
             final["generated_tokens"] = generated

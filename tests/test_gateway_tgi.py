@@ -103,7 +103,7 @@ def test_inference_client_raises_on_validation_error(hf):
 def test_info_and_health(flow, gpt2_model):
     _, http_port = flow
     info = requests.get(f"http://127.0.0.1:{http_port}/info", timeout=30).json()
-    assert info["model_id"] == gpt2_model and info["max_total_tokens"] == 512
+    assert info["model_id"] == "gpt2" and info["max_total_tokens"] == 512
     assert info["model_device_type"] == "cpu"
     assert requests.get(f"http://127.0.0.1:{http_port}/health", timeout=30).status_code == 200
     # Jina's own health check (GET /) is still there, next to TGI's POST /

@@ -1,11 +1,15 @@
 """Loads any Hugging Face causal LM with start-up errors that say what to do."""
 import logging
 import os
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
 
+from .gguf import find_gguf, load_gguf
 from .params import EngineConfig
 
 log = logging.getLogger(__name__)
@@ -21,6 +25,7 @@ class LoadedModel:
     device: torch.device
     max_context: int
     eos_token_ids: frozenset[int]
+    load_seconds: float = 0.0
 
 
 def pick_device(requested: str | None) -> torch.device:
@@ -39,25 +44,42 @@ def pick_dtype(requested: str, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
+def served_name(source: str) -> str:
+    """The model id that APIs report: a local folder's (or .gguf file's) name, else the hub id."""
+    path = Path(source)
+    if path.exists():
+        return path.stem if path.suffix == ".gguf" else path.resolve().name
+    return source
+
+
 def load_model(config: EngineConfig) -> LoadedModel:
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
     device = pick_device(config.device)
     dtype = pick_dtype(config.dtype, device)
     source = config.model
+    started = time.perf_counter()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=config.trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=dtype, trust_remote_code=config.trust_remote_code)
+        tokenizer, model = _from_source(source, dtype, config.trust_remote_code)
     except (OSError, ValueError) as exc:
         hint = ("it is not a local folder; set LLM_MODEL to a folder with config.json and weights, "
-                "or to a hub id on a machine that can reach the hub (run `make model` for the "
-                "small local default)") if not os.path.isdir(source) else "the folder is not a valid model"
+                "a .gguf file, or a hub id on a machine that can reach the hub (`make model` "
+                "builds the default)") if not os.path.exists(source) else "it is not a valid model"
         raise RuntimeError(f"could not load model {source!r}: {hint}. Cause: {exc}") from exc
     model.to(device).eval()
-    log.info("loaded %s on %s as %s", source, device, dtype)
     return LoadedModel(model, tokenizer, device, _max_context(model, tokenizer),
-                       _eos_ids(model, tokenizer, config))
+                       _eos_ids(model, tokenizer, config), time.perf_counter() - started)
+
+
+def _from_source(source: str, dtype: torch.dtype, trust_remote_code: bool):
+    hf_logging.disable_progress_bar()  # a server's log is not a terminal
+    gguf = find_gguf(source)
+    if gguf is not None:
+        log.info("%s is GGUF: dequantizing its weights to %s in memory", source, dtype)
+        return load_gguf(*gguf, dtype)
+    tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=trust_remote_code)
+    return tokenizer, model
 
 
 def _max_context(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> int:

