@@ -19,8 +19,10 @@ from .report import machine_info, ratios, write_all
 from .systems import SYSTEMS, starters
 
 HERE = Path(__file__).resolve().parent
-# --quick: every system on the tiny model at C=1 and 16, plus this vs raw-engine on gpt2-small at C=1
-QUICK_EXTRA = {"model": "gpt2-small", "systems": ("this", "raw-engine"), "concurrency": (1,), "requests": 4}
+# --quick: every system on the tiny model at C=1 and 16, plus this vs raw-engine on gpt2-small at
+# C=1 and on the trained model at C=1 and 16
+QUICK_EXTRAS = ({"model": "gpt2-small", "systems": ("this", "raw-engine"), "concurrency": (1,), "requests": 4},
+                {"model": "smollm2", "systems": ("this", "raw-engine"), "concurrency": (1, 16), "requests": None})
 
 
 def _ints(text: str) -> list[int]:
@@ -45,7 +47,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=HERE / "results", help="where results.* go")
     p.add_argument("--quick", action="store_true",
-                   help="tiny model, C=1,16, fewer requests (plus this vs raw-engine on gpt2-small at C=1)")
+                   help="tiny model, C=1,16, fewer requests (plus this vs raw-engine on gpt2-small at C=1 "
+                        "and on smollm2 at C=1,16)")
     p.add_argument("--models", type=_names(MODELS), default=None, help=f"of {','.join(MODELS)}")
     p.add_argument("--systems", type=_names(SYSTEMS), default=list(SYSTEMS), help=f"of {','.join(SYSTEMS)}")
     p.add_argument("--concurrency", type=_ints, default=None, help="closed-loop levels (default 1,4,16,64)")
@@ -61,7 +64,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--models-dir", type=Path, default=DEFAULT_CACHE)
     args = p.parse_args(argv)
     args.quick_extra = args.quick and args.models is None
-    args.models = args.models or (["tiny"] if args.quick else ["tiny", "gpt2-small"])
+    args.models = args.models or (["tiny"] if args.quick else ["tiny", "gpt2-small", "smollm2"])
     args.concurrency = args.concurrency or ([1, 16] if args.quick else [1, 4, 16, 64])
     args.max_tokens = args.max_tokens or (32 if args.quick else 64)
     args.time_limit = args.time_limit or (40.0 if args.quick else 300.0)
@@ -71,11 +74,11 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 def plan(args: argparse.Namespace) -> list[tuple[str, list[str], list[int], Optional[int]]]:
     """(model, systems, concurrency levels, requests override) in the order they run."""
     steps = [(m, args.systems, args.concurrency, args.num_requests) for m in args.models]
-    if args.quick_extra:
-        systems = [s for s in QUICK_EXTRA["systems"] if s in args.systems]
+    for extra in QUICK_EXTRAS if args.quick_extra else ():
+        systems = [s for s in extra["systems"] if s in args.systems]
         if systems:
-            steps.append((QUICK_EXTRA["model"], systems, list(QUICK_EXTRA["concurrency"]),
-                          args.num_requests or QUICK_EXTRA["requests"]))
+            steps.append((extra["model"], systems, list(extra["concurrency"]),
+                          args.num_requests or extra["requests"]))
     return steps
 
 
@@ -119,7 +122,12 @@ async def run(args: argparse.Namespace, rows: list[dict], notes: list[str]) -> N
     logs = args.out / "logs"
     start = starters(args.static_batch_size)
     for model_name, systems, levels, n_override in plan(args):
-        model = ensure_model(model_name, args.models_dir)
+        try:
+            model = ensure_model(model_name, args.models_dir)
+        except FileNotFoundError as exc:  # the trained model before `make model`
+            notes.append(f"{model_name} skipped: {exc}")
+            print(f"{model_name} skipped: {exc}", flush=True)
+            continue
         for system in systems:
             print(f"{system} on {model_name}: starting", flush=True)
             t0 = time.perf_counter()

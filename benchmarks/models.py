@@ -1,4 +1,5 @@
-"""The benchmark's models, built with random weights into a cache folder on first use."""
+"""The benchmark's models: random-weight ones built into a cache folder on first use, and the
+service's trained default model (`make model` exports it)."""
 import shutil
 from pathlib import Path
 
@@ -10,14 +11,20 @@ MODELS = {
     "tiny": "tiny GPT-2 (2 layers, 64 wide, 2000 vocab): serving overhead dominates",
     "gpt2-small": "GPT-2 124M shape (12 layers, 768 wide, 50257 vocab), random weights",
     "llama-1b": "1.1B Llama (TinyLlama shape: 22 layers, 2048 wide, GQA 32/4 heads), bf16, for a GPU",
+    "smollm2": "SmolLM2-135M-Instruct, the trained default model (30 layers, 576 wide, 49152 vocab)",
 }
 DEFAULT_CACHE = Path(__file__).resolve().parent / ".models"
+TRAINED = {"smollm2": Path(__file__).resolve().parent.parent / "models" / "SmolLM2-135M-Instruct"}
 
 
 def ensure_model(name: str, cache: Path = DEFAULT_CACHE) -> Path:
     """Path of a ready model folder; built (atomically, via a temporary folder) when missing."""
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
+    if name in TRAINED:
+        if not (TRAINED[name] / "config.json").exists():
+            raise FileNotFoundError(f"{TRAINED[name]} is missing: run `make model` first")
+        return TRAINED[name]
     path = cache / name
     if (path / "config.json").exists() and (path / "tokenizer.json").exists():
         return path

@@ -139,3 +139,25 @@ def slow_flow(slow_model, tmp_path_factory):
     server, grpc_port, http_port = start_flow(slow_model, tmp_path_factory.mktemp("slow_flow"))
     yield grpc_port, http_port
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def real_model() -> str:
+    """The trained default model (`make model`). `make test` sets LLM_TEST_MODEL, so there a
+    missing model fails the run; a bare `pytest` without it skips this tier."""
+    path = os.environ.get("LLM_TEST_MODEL")
+    if path is None:
+        path = str(ROOT / "models" / "SmolLM2-135M-Instruct")
+        if not (Path(path) / "config.json").exists():
+            pytest.skip("the real model is absent: run `make model` (make test does)")
+    if not (Path(path) / "config.json").exists():
+        pytest.fail(f"LLM_TEST_MODEL={path} holds no model: run `make model`")
+    return str(Path(path).resolve())
+
+
+@pytest.fixture(scope="session")
+def real_flow(real_model, tmp_path_factory):
+    """A real Flow on the trained model: (grpc_port, http_port)."""
+    server, grpc_port, http_port = start_flow(real_model, tmp_path_factory.mktemp("real_flow"))
+    yield grpc_port, http_port
+    server.stop()

@@ -1,11 +1,19 @@
 """Helpers for the gateway tests: SSE and /stats readers."""
 import json
+import os
 import subprocess
 import time
 from typing import Iterator
 
+import pytest
 import requests
 
+CHROMIUM = "/usr/bin/chromium"
+# as root, offline: no sandbox, and none of Chromium's own network traffic
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+needs_chromium = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=(
+    f"{CHROMIUM} is absent: apt-get install -y chromium (the Debian package; .ci/run installs it)"))
 
 
 def stats(http_port: int) -> dict:

@@ -6,7 +6,6 @@ A Flow of its own: a slow model (about 20 ms per token, so a 900-token request w
 """
 import asyncio
 import json
-import os
 import signal
 import threading
 
@@ -18,10 +17,9 @@ import websockets
 
 from client import StreamError, generate
 from tests.conftest import start_flow
-from tests.gateway_helpers import busy, sse_data, stats, wait_until
+from tests.gateway_helpers import CHROMIUM, CHROMIUM_ARGS, busy, needs_chromium, sse_data, stats, wait_until
 
 LONG = 900
-CHROMIUM = "/usr/bin/chromium"
 
 
 @pytest.fixture(scope="module")
@@ -182,15 +180,12 @@ async def test_grpc_refusals_are_status_codes(limited_flow):
     assert err.value.error_type == "validation" and "top_p" in str(err.value)
 
 
-@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is absent: "
-                    "apt-get install -y chromium (the Debian package) to run the browser test")
+@needs_chromium
 def test_browser_page_streams_and_stops(limited_flow):
     from playwright.sync_api import expect, sync_playwright
     _, http_port, _ = limited_flow
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync"])
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             before = aborted(http_port)
             page = browser.new_page()
