@@ -18,7 +18,7 @@ export PYTHONWARNINGS ?= ignore:pkg_resources is deprecated:UserWarning
 FIND_LINKS := $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
 UV_FLAGS := $(if $(FIND_LINKS),--find-links $(FIND_LINKS),)
 
-.PHONY: setup serve test lint model toy-model bench bench-quick bench-engine clean
+.PHONY: setup serve test soak lint model toy-model bench bench-quick bench-engine clean
 
 $(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,10 @@ serve: setup $(if $(filter $(DEFAULT_MODEL),$(LLM_MODEL)),model)
 # the real-model tier needs the default model; LLM_TEST_MODEL points the tests at it
 test: setup lint model
 	LLM_TEST_MODEL=$(DEFAULT_MODEL) $(PY) -m pytest -q
+
+# longer than the suite's: 1,000 mixed requests, 50 disconnects of every kind
+soak: setup
+	LLM_SOAK_REQUESTS=1000 LLM_TEST_DISCONNECTS=50 $(PY) -m pytest -q tests/test_soak.py tests/test_disconnects.py
 
 lint: setup
 	$(VENV)/bin/ruff check --select F,E9 --exclude .venv .

@@ -8,8 +8,11 @@ from pydantic import ValidationError
 # jina imports pkg_resources (through jina-hubble-sdk), which warns on every start
 warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
 
+import grpc  # noqa: E402
 from jina import Client  # noqa: E402
 from jina.excepts import BadServerFlow  # noqa: E402
+from jina.proto.jina_pb2_grpc import JinaSingleDocumentRequestRPCStub  # noqa: E402
+from jina.types.request.data import SingleDocumentRequest  # noqa: E402
 
 from schemas import ModelOutputDocument, PromptDocument
 
@@ -35,20 +38,44 @@ async def stream(prompt: str, *, host: str = "localhost", port: int = 12345, pro
     `sampling` takes PromptDocument's fields: max_tokens, do_sample, temperature,
     top_k, top_p, typical_p, repetition_penalty, seed, stop, and `messages` (a list of
     {role, content}, rendered with the model's chat template; it replaces `prompt`).
+    Over gRPC without a `client`, the call is made on Jina's stub directly, so that
+    leaving the loop cancels it at once (Jina's client leaves that to the garbage collector).
     """
-    client = client or make_client(host, port, protocol)
     doc = _document(prompt, sampling)
+    if client is None and protocol == "grpc":
+        docs = _grpc_stream(doc, host, port)
+    else:
+        docs = (client or make_client(host, port, protocol)).stream_doc(
+            on="/stream", inputs=doc, return_type=ModelOutputDocument)
     finished = False
     try:
-        async for out in client.stream_doc(on="/stream", inputs=doc, return_type=ModelOutputDocument):
+        async for out in docs:
             if out.error is not None:
                 raise StreamError(out.error, out.error_type, out.generated_text)
             finished = out.finish_reason is not None
             yield out
     except BadServerFlow as exc:  # the Flow's gateway refused with a gRPC status
         raise _from_status(exc) from exc
+    finally:
+        await docs.aclose()
     if not finished:
         raise StreamError("the stream ended before its final document", "truncated")
+
+
+async def _grpc_stream(doc: PromptDocument, host: str, port: int) -> AsyncIterator[ModelOutputDocument]:
+    request = SingleDocumentRequest()
+    request.header.exec_endpoint = "/stream"
+    request.document_cls = PromptDocument
+    request.data.doc = doc
+    async with grpc.aio.insecure_channel(f"{host}:{port}") as channel:
+        call = JinaSingleDocumentRequestRPCStub(channel).stream_doc(request)
+        try:
+            async for response in call:
+                yield ModelOutputDocument.from_protobuf(response.document)
+        except grpc.aio.AioRpcError as exc:
+            raise _from_rpc_error(exc) from None
+        finally:
+            call.cancel()  # a no-op when it ended; else the server stops generating now
 
 
 def _document(prompt: str, fields: dict[str, Any]) -> PromptDocument:
@@ -69,8 +96,15 @@ def _from_status(exc: BadServerFlow) -> Exception:
     rpc_error = exc.__cause__
     if rpc_error is None or not hasattr(rpc_error, "code"):
         return exc
-    error_type = _STATUS_TYPES.get(rpc_error.code().name)
-    return StreamError(rpc_error.details(), error_type) if error_type else exc
+    return _from_rpc_error(rpc_error)
+
+
+def _from_rpc_error(rpc_error: Any) -> StreamError:
+    """Refusals before the first token are gRPC statuses; the rest say what went wrong."""
+    code, details = rpc_error.code(), rpc_error.details() or ""
+    if "larger than max" in details:  # gRPC's own size limit: the request, not the load
+        return StreamError(f"body: {details} (the server's LLM_MAX_BODY_BYTES)", "validation")
+    return StreamError(details or code.name, _STATUS_TYPES.get(code.name, code.name.lower()))
 
 
 async def generate(prompt: str, **kwargs) -> ModelOutputDocument:

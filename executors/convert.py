@@ -5,26 +5,15 @@ from schemas import ModelOutputDocument, PromptDocument
 
 from executors.engine import (AsyncEngine, EngineDeadError, GenerationError, OverloadedError,
                               SamplingParams, StreamChunk, ValidationError)
-from executors.engine.chat import render_chat
 
 
-def to_request(doc: PromptDocument, engine: Optional[AsyncEngine] = None) -> tuple[str, SamplingParams]:
-    """Chat `messages` are rendered with the engine's tokenizer and trimmed to its context."""
+def to_request(doc: PromptDocument) -> tuple[str, SamplingParams, Optional[str]]:
+    """(prompt, params, chat messages as JSON or None); the engine validates and renders."""
     params = SamplingParams(
         max_tokens=doc.max_tokens, do_sample=doc.do_sample, temperature=doc.temperature,
         top_k=doc.top_k, top_p=doc.top_p, typical_p=doc.typical_p,
         repetition_penalty=doc.repetition_penalty, seed=doc.seed, stop=list(doc.stop or []))
-    if not doc.messages:
-        return doc.prompt, params
-    if engine is None:
-        raise ValidationError("messages", "chat messages are not supported here")
-    params.validate(engine.config.max_tokens_limit)  # max_tokens errors name max_tokens
-    room = engine.core.loaded.max_context - params.max_tokens
-    if room < 1:
-        raise ValidationError("max_tokens", f"leaves no room for the messages in the model's "
-                                            f"context of {engine.core.loaded.max_context} tokens")
-    prompt, _ = render_chat(engine.tokenizer, doc.messages, room)
-    return prompt, params
+    return doc.prompt, params, doc.messages or None
 
 
 def to_document(chunk: StreamChunk) -> ModelOutputDocument:
@@ -56,7 +45,7 @@ def error_document(exc: BaseException, generated_text: str = "") -> ModelOutputD
     whole request, repeating tokens, so errors travel as documents instead.)
     """
     return ModelOutputDocument(finish_reason="error", error=str(exc), error_type=error_type(exc),
-                               generated_text=generated_text)
+                               error_field=getattr(exc, "field", None), generated_text=generated_text)
 
 
 def model_info(engine: AsyncEngine, name: str) -> dict:

@@ -5,7 +5,8 @@ Thin on purpose: the engine does the work on its own thread; this converts.
 import asyncio
 import json
 import os
-from typing import Optional
+import uuid
+from typing import AsyncIterator, Optional
 
 from docarray import DocList
 from jina import Executor, requests
@@ -13,7 +14,7 @@ from jina import Executor, requests
 from schemas import ModelOutputDocument, PromptDocument
 
 from executors.convert import error_document, model_info, to_document, to_request
-from executors.engine import AsyncEngine, EngineConfig
+from executors.engine import AsyncEngine, EngineConfig, StreamChunk
 from executors.engine.loader import served_name
 
 
@@ -44,7 +45,7 @@ class LLMExecutor(Executor):
         """Yields one document per token; closing the stream aborts the generation."""
         text = ""
         try:
-            async for chunk in self.engine.generate(*to_request(doc, self.engine)):
+            async for chunk in await self._open(doc):
                 text = chunk.generated_text
                 yield to_document(chunk)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a final error document
@@ -61,7 +62,7 @@ class LLMExecutor(Executor):
         specials: list[bool] = []
         last = None
         try:
-            async for chunk in self.engine.generate(*to_request(doc, self.engine)):
+            async for chunk in await self._open(doc):
                 token_ids += chunk.token_ids
                 logprobs += chunk.logprobs
                 specials += chunk.special
@@ -72,6 +73,18 @@ class LLMExecutor(Executor):
         out.token_ids, out.logprobs, out.specials = token_ids, logprobs, specials
         out.text = last.generated_text
         return out
+
+    async def _open(self, doc: PromptDocument) -> AsyncIterator[StreamChunk]:
+        """Start a generation that ends with the task serving it: when the caller goes away,
+        Jina cancels that task, and the generation is aborted at once, whether or not
+        anyone closes the generator that yields its documents (an abandoned one is only
+        closed when it is garbage-collected)."""
+        request_id = uuid.uuid4().hex
+        task = asyncio.current_task()
+        if task is not None:
+            task.add_done_callback(lambda _: self.engine.abort(request_id))
+        prompt, params, messages = to_request(doc)
+        return await self.engine.open(prompt, params, messages, request_id)
 
     @requests(on="/stats")
     async def stats(self, docs: DocList[PromptDocument], **kwargs) -> DocList[ModelOutputDocument]:

@@ -20,6 +20,9 @@ from pydantic import BaseModel, StrictBool, StrictFloat, StrictInt, ValidationEr
 
 from schemas import ModelOutputDocument, PromptDocument
 
+from executors.engine.errors import ValidationError as LimitError
+from executors.engine.limits import RequestLimits
+
 T = TypeVar("T")
 
 # Request-model field types that do not coerce: JSON true is not 1, "0.5" is not 0.5
@@ -32,6 +35,7 @@ STATUS = {"validation": 422, "not_found": 404, "overloaded": 429, "generation": 
 
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
+LIMITS = RequestLimits.from_env()  # the executor reads the same variables
 
 
 class BadRequest(ValueError):
@@ -53,16 +57,49 @@ def bad_request(exc: ValidationError) -> BadRequest:
 async def parse_body(request: Request, model: type[ModelT]) -> ModelT:
     """The body as JSON whatever the Content-Type (curl -d sends form-encoded)."""
     try:
-        return model.model_validate(json.loads(await request.body()))
+        data = json.loads(await request.body())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise BadRequest("request body: JSON nested too deeply") from None
+    check_text(data)
+    try:
+        return model.model_validate(data)
     except ValidationError as exc:
         raise bad_request(exc) from None
 
 
+def check_text(value: Any, path: str = "") -> None:
+    """Every string must be encodable: JSON's `\\ud800` escapes decode to lone surrogates,
+    which no wire format below can carry. The error names where the bad string is."""
+    stack = [(path, value)]
+    while stack:
+        where, item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise BadRequest(f"{where or 'body'}: not valid Unicode text (a lone surrogate)",
+                                 where.split(".")[0] or None) from None
+        elif isinstance(item, dict):
+            stack += [(f"{where}.{k}" if where else str(k), v) for k, v in item.items()]
+        elif isinstance(item, list):
+            stack += [(f"{where}.{i}", v) for i, v in enumerate(item)]
+
+
 def prompt_document(**fields: Any) -> PromptDocument:
-    """A route's PromptDocument; a value the document cannot carry (a seed past 2**64 - 1,
-    an integer past int32) is a BadRequest naming the field, before anything is sent."""
+    """A route's PromptDocument, after the request limits (cheapest first) and a check of its
+    text; a value the document cannot carry (a seed past 2**64 - 1, an integer past int32)
+    is a BadRequest naming the field, before anything is sent. `messages` may be a list."""
+    try:
+        LIMITS.check_prompt(fields.get("prompt"))
+        LIMITS.check_stop(fields.get("stop"))
+        LIMITS.check_messages(fields.get("messages"))
+    except LimitError as exc:
+        raise BadRequest(str(exc), exc.field) from None
+    check_text(fields)
+    if isinstance(fields.get("messages"), list):
+        fields["messages"] = json.dumps(fields["messages"])
     try:
         return PromptDocument(**fields)
     except ValidationError as exc:

@@ -18,8 +18,12 @@ from jina.serve.runtimes.gateway.http import HTTPGateway
 from jina.serve.runtimes.servers import BaseServer
 from jina.serve.runtimes.servers.composite import CompositeBaseServer
 
+from fastapi.middleware.cors import CORSMiddleware
+
+from gateway import upstream
 from gateway.backend import Backend
 from gateway.grpc_status import StatusGRPCGateway
+from gateway.http_guard import DEBUG_PATHS, BodyLimit, cors_origins, debug_enabled
 from gateway.jina_sse import jina_sse_router
 from gateway.openai_routes import openai_router
 from gateway.tgi_routes import tgi_router
@@ -28,8 +32,11 @@ from gateway.ws_chat import chat_router
 # Jina builds its HTTP models with pydantic v1-style configs: one warning per model, at start
 warnings.filterwarnings("ignore", message="Valid config keys have changed in V2", category=UserWarning)
 
-# Jina HTTP routes that our protocols replace: (path, method)
-REPLACED_JINA_ROUTES = {("/generate", "POST"), ("/stream", "GET")}
+# Jina HTTP routes that our protocols replace, and /status, which tells anyone the
+# environment and internal addresses (TGI's /health says what a caller needs): (path, method)
+REPLACED_JINA_ROUTES = {("/generate", "POST"), ("/stream", "GET"), ("/status", "GET")}
+
+upstream.install()  # the executor's generation ends with the request that asked for it
 
 
 class LLMHTTPGateway(HTTPGateway):
@@ -38,7 +45,13 @@ class LLMHTTPGateway(HTTPGateway):
     @property
     def app(self) -> FastAPI:
         app: FastAPI = super().app  # a new app each time; setup_server calls this once
-        app.router.routes = [r for r in app.router.routes if not _replaced(r)]
+        debug = debug_enabled()
+        app.router.routes = [r for r in app.router.routes
+                             if not _replaced(r) and (debug or getattr(r, "path", None) not in DEBUG_PATHS)]
+        app.add_middleware(BodyLimit)
+        if cors_origins():
+            app.add_middleware(CORSMiddleware, allow_origins=cors_origins(), allow_methods=["*"],
+                               allow_headers=["*"])
         backend = Backend(self.streamer)
         app.include_router(jina_sse_router(backend))
         app.include_router(openai_router(backend))

@@ -9,7 +9,10 @@ sent stay error documents at the end of the stream.
 from typing import Any, AsyncIterator, Callable, Optional
 
 import grpc
+from jina.proto import jina_pb2
 from jina.serve.runtimes.gateway.grpc import GRPCGateway
+
+from gateway.backend import LIMITS, LimitError
 
 CODES = {"validation": grpc.StatusCode.INVALID_ARGUMENT,
          "overloaded": grpc.StatusCode.RESOURCE_EXHAUSTED}
@@ -24,8 +27,27 @@ def refusal(response: Any) -> Optional[tuple[grpc.StatusCode, str]]:
     return (code, fields["error"].text) if code is not None else None
 
 
+def oversized(request: Any) -> Optional[str]:
+    """The request limits, read off the protobuf before anything parses the document (the
+    executor's Jina would spend seconds turning a 200,000-entry stop list into Python)."""
+    data = request.proto.document.data
+    try:
+        if "prompt" in data:
+            LIMITS.check_prompt(data["prompt"].text)
+        if "stop" in data:
+            LIMITS.check_stop([node.text for node in data["stop"].list.data])
+        if "messages" in data and len(data["messages"].text) > LIMITS.max_body_bytes:
+            return f"messages: larger than {LIMITS.max_body_bytes} characters (LLM_MAX_BODY_BYTES)"
+    except LimitError as exc:
+        return str(exc)
+    return None
+
+
 def with_status(stream_doc: Callable[..., AsyncIterator]) -> Callable[..., AsyncIterator]:
     async def stream_doc_with_status(request: Any, context: Any) -> AsyncIterator:
+        too_big = oversized(request)
+        if too_big is not None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, too_big)
         first = True
         async for response in stream_doc(request, context):
             if first:
@@ -43,4 +65,13 @@ class StatusGRPCGateway(GRPCGateway):
     async def setup_server(self) -> None:
         handler = self._request_handler
         handler.stream_doc = with_status(handler.stream_doc)  # the servicer grpc registers
+        handler._status = no_status  # Jina's answers with the environment and internal addresses
+        # a message past the body limit is refused by gRPC itself (RESOURCE_EXHAUSTED)
+        self.grpc_server_options = {**(self.grpc_server_options or {}),
+                                    "grpc.max_receive_message_length": LIMITS.max_body_bytes}
         await super().setup_server()
+
+
+async def no_status(empty: Any, context: Any) -> jina_pb2.JinaInfoProto:
+    """JinaInfoRPC/_status, as much as a health check says: it answers."""
+    return jina_pb2.JinaInfoProto()

@@ -19,7 +19,7 @@ from schemas import ModelOutputDocument
 
 from gateway.backend import SSE_HEADERS, STATUS, Backend, BadRequest, close_quietly, prompt_document
 
-JSON_FIELDS = ("stop",)  # list fields: in a query string they come as JSON text
+LIST_FIELDS = ("stop",)  # in a query string: repeated, or one JSON list
 
 
 END = "event: end\r\n\r\n"
@@ -59,16 +59,21 @@ async def _fields(request: Request) -> dict[str, Any]:
             fields = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise BadRequest(f"request body is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise BadRequest("request body: JSON nested too deeply") from None
         if not isinstance(fields, dict):
             raise BadRequest("request body must be a JSON object (a PromptDocument)")
         return fields
-    fields = dict(request.query_params)
-    for name in JSON_FIELDS:
-        if name in fields and fields[name].startswith("["):
+    fields: dict[str, Any] = dict(request.query_params)
+    for name in LIST_FIELDS:  # ?stop=a&stop=b, or ?stop=["a","b"]
+        values = request.query_params.getlist(name)
+        if len(values) == 1 and values[0].startswith("["):
             try:
-                fields[name] = json.loads(fields[name])
-            except json.JSONDecodeError:
+                values = json.loads(values[0])
+            except (json.JSONDecodeError, RecursionError):
                 raise BadRequest(f"{name}: not a JSON list", name) from None
+        if values:
+            fields[name] = values
     return fields
 
 
@@ -80,8 +85,8 @@ def jina_sse_router(backend: Backend) -> APIRouter:
         try:
             doc = prompt_document(**await _fields(request))
         except BadRequest as exc:
-            return _refusal(ModelOutputDocument(finish_reason="error", error=str(exc),
-                                                error_type="validation"), STATUS["validation"])
+            return _refusal(ModelOutputDocument(finish_reason="error", error=str(exc), error_type="validation",
+                                                error_field=exc.param), STATUS["validation"])
         first, rest = await backend.open(doc)
         if first.error is not None:
             await close_quietly(rest)

@@ -5,7 +5,6 @@ temperature 0 is greedy. Chat messages travel to the executor as JSON and the
 engine renders them (chat template, or its plain format). `model` is accepted
 whatever it says: one model is served, and its id is what responses report.
 """
-import json
 import uuid
 from typing import Any, AsyncIterator, Optional, Union
 
@@ -52,17 +51,15 @@ class ChatRequest(_Common):
 
 
 def openai_error(message: str, error_type: str, param: Optional[str] = None) -> JSONResponse:
-    """Validation errors are 400 here (OpenAI's), not TGI's 422."""
+    """Validation errors are 400 here (OpenAI's), not TGI's 422; `param` is the field."""
     status = 400 if error_type == "validation" else STATUS.get(error_type, 500)
-    if param is None and ":" in message and message.split(":", 1)[0].isidentifier():
-        param = message.split(":", 1)[0]  # the engine's errors start with the field name
     return JSONResponse({"error": {"message": message, "type": _ERROR_TYPES.get(error_type, "server_error"),
                                    "param": param, "code": error_type}}, status_code=status)
 
 
 def _error_event(out: ModelOutputDocument) -> str:
     return sse({"error": {"message": out.error, "type": _ERROR_TYPES.get(out.error_type or "", "server_error"),
-                          "param": None, "code": out.error_type}})
+                          "param": out.error_field, "code": out.error_type}})
 
 
 async def _parse(request: Request, model: type[_Common]) -> Union[_Common, JSONResponse]:
@@ -165,7 +162,7 @@ def openai_router(backend: Backend) -> APIRouter:
             first, rest = await backend.open(doc)
             if first.error is not None:
                 await close_quietly(rest)
-                return openai_error(first.error, first.error_type or "generation")
+                return openai_error(first.error, first.error_type or "generation", first.error_field)
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return StreamingResponse(_chunks(shape, first, rest, include_usage, prefix),
                                      media_type="text/event-stream", headers=SSE_HEADERS)
@@ -173,7 +170,8 @@ def openai_router(backend: Backend) -> APIRouter:
         if result is None:
             return Response(status_code=499)
         if result.error is not None:
-            return openai_error(result.error.error, result.error.error_type or "generation")
+            return openai_error(result.error.error, result.error.error_type or "generation",
+                                result.error.error_field)
         last = result.last
         return JSONResponse(shape.whole(prefix + result.text, FINISH.get(last.finish_reason or ""),
                                         _usage(last), last.seed))
@@ -201,7 +199,7 @@ def openai_router(backend: Backend) -> APIRouter:
             info = await backend.info()
             max_tokens = min(info["max_tokens_limit"], info["max_context"] // 2)
         try:
-            doc = to_document(req, max_tokens, messages=json.dumps(req.messages))
+            doc = to_document(req, max_tokens, messages=req.messages)
         except BadRequest as exc:
             return openai_error(str(exc), "validation", exc.param)
         return await run(request, req, doc, chat=True)

@@ -22,7 +22,10 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from fastapi.responses import HTMLResponse
 from schemas import PromptDocument
 
-from gateway.backend import Backend, BadRequest, close_quietly, prompt_document
+from executors.engine.limits import RequestLimits
+
+from gateway.backend import Backend, BadRequest, check_text, close_quietly, prompt_document
+from gateway.http_guard import origin_allowed
 
 SAMPLING_FIELDS = ("max_tokens", "do_sample", "temperature", "top_k", "top_p", "typical_p",
                    "repetition_penalty", "seed", "stop")
@@ -35,6 +38,7 @@ class ChatSession:
     def __init__(self, ws: WebSocket, backend: Backend):
         self.ws, self.backend = ws, backend
         self.history: list[dict[str, str]] = []
+        self.limits = RequestLimits.from_env()
         self.task: Optional[asyncio.Task] = None
         self._send_lock = asyncio.Lock()
 
@@ -51,6 +55,8 @@ class ChatSession:
             data = json.loads(raw)
         except json.JSONDecodeError:
             data = None
+        except RecursionError:
+            raise ValueError("message: JSON nested too deeply") from None
         if not isinstance(data, dict):
             return None, {"prompt": raw}
         if data.get("type") in ("stop", "reset"):
@@ -80,9 +86,13 @@ class ChatSession:
         prompt = fields.pop("prompt")
         if not prompt.strip():
             return await self.error("prompt: must be a non-empty string")
+        try:
+            check_text(prompt, "prompt")
+        except BadRequest as exc:
+            return await self.error(str(exc))
         turn = {"role": "user", "content": prompt}
         try:
-            doc = prompt_document(messages=json.dumps(self.history + [turn]), **fields)
+            doc = prompt_document(messages=self.history + [turn], **fields)
         except BadRequest as exc:
             return await self.error(str(exc))
         self.task = asyncio.create_task(self.answer(doc, turn))
@@ -131,7 +141,16 @@ class ChatSession:
     async def run(self) -> None:
         try:
             while True:
-                await self.handle(await self.ws.receive_text())
+                message = await self.ws.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                if message.get("text") is None:
+                    await self.error("message: send text frames (JSON or the prompt), not binary")
+                elif len(message["text"]) > self.limits.max_body_bytes:
+                    await self.error(f"message: larger than {self.limits.max_body_bytes} characters "
+                                     f"(LLM_MAX_BODY_BYTES)")
+                else:
+                    await self.handle(message["text"])
         except WebSocketDisconnect:
             pass
         finally:
@@ -146,6 +165,10 @@ def chat_router(backend: Backend) -> APIRouter:
 
     @router.websocket("/chat")
     async def chat(ws: WebSocket) -> None:
+        if not origin_allowed(ws.headers.get("origin"), ws.headers.get("host")):
+            # a page on another site may not drive this service (see LLM_CORS_ORIGINS)
+            await ws.close(code=1008, reason="origin: not allowed; see LLM_CORS_ORIGINS")
+            return
         await ws.accept()
         await ChatSession(ws, backend).run()
 

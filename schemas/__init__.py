@@ -16,8 +16,9 @@ from docarray.base_doc.base_node import BaseNode
 from pydantic import Field, GetCoreSchemaHandler, GetJsonSchemaHandler
 from pydantic_core import core_schema
 
+from executors.engine.limits import SEED_MAX  # the engine's declaration; imports nothing heavy
+
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
-SEED_MAX = 2**64 - 1  # TGI's u64 range; torch.Generator takes all of it
 
 Int32 = Annotated[int, Field(ge=INT32_MIN, le=INT32_MAX)]
 
@@ -91,6 +92,7 @@ class ModelOutputDocument(BaseDoc):
     seed: Optional[Seed] = None  # last document only, when sampling
     error: Optional[str] = None  # set on a final error document
     error_type: Optional[str] = None  # validation | overloaded | generation
+    error_field: Optional[str] = None  # the request field a validation error is about
 
 
 __all__ = ["INT32_MAX", "INT32_MIN", "SEED_MAX", "ModelOutputDocument", "PromptDocument", "Seed"]

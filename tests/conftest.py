@@ -80,19 +80,22 @@ class ServerProcess:
         return self.log_path.read_text(errors="replace")
 
 
-def start_flow(model: str, tmp_path: Path, **limits) -> tuple[ServerProcess, int, int]:
+def start_flow(model: str, tmp_path: Path, executor: dict | None = None, env: dict | None = None,
+               **limits) -> tuple[ServerProcess, int, int]:
     """`jina flow --uses flows/llm.yml` as `make serve` runs it, on random ports; `limits`
-    (max_running=..., ...) go to a copy of the flow file, the gateway unchanged."""
+    (max_running=..., ...) go to a copy of the flow file, `executor` replaces fields of its
+    executor (another `uses`, say), the gateway unchanged; `env` adds to the environment."""
     flow_file = "flows/llm.yml"
-    if limits:
+    if limits or executor:
         import yaml
         flow = yaml.safe_load((ROOT / flow_file).read_text())
         flow["executors"][0].setdefault("uses_with", {}).update(limits)
+        flow["executors"][0].update(executor or {})
         flow_file = str(tmp_path / "flow.yml")
         Path(flow_file).write_text(yaml.safe_dump(flow, sort_keys=False))
     grpc_port, http_port = free_port(), free_port()
     env = dict(os.environ, LLM_MODEL=model, LLM_GRPC_PORT=str(grpc_port),
-               LLM_HTTP_PORT=str(http_port), JINA_LOG_LEVEL="INFO")
+               LLM_HTTP_PORT=str(http_port), JINA_LOG_LEVEL="INFO", **(env or {}))
     jina = str(Path(sys.executable).parent / "jina")
     server = ServerProcess([jina, "flow", "--uses", flow_file], env, tmp_path / "flow.log")
     try:

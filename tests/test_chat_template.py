@@ -4,7 +4,7 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from executors.engine.chat import parse_messages, plain_format, render_chat
+from executors.engine.chat import parse_messages, plain_format, render, render_chat
 from executors.engine.params import ValidationError
 
 TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
@@ -81,3 +81,60 @@ def test_trimming_never_leaves_an_assistant_message_first(gpt2_tok):
             {"role": "assistant", "content": "y " * 30}, {"role": "user", "content": "last"}]
     prompt, dropped = render_chat(gpt2_tok, msgs, 40)
     assert prompt == "User: last\nAssistant:" and dropped == 3
+
+
+def _quadratic_reference(tok, msgs, budget):
+    """The old rule, one turn at a time: drop the oldest turn until the rendered prompt fits."""
+    system = [m for m in msgs if m["role"] == "system"]
+    turns = [m for m in msgs if m["role"] != "system"]
+    dropped = 0
+    while len(tok(render(tok, system + turns))["input_ids"]) > budget:
+        cut = 2 if len(turns) > 2 and turns[1]["role"] == "assistant" else 1
+        while cut < len(turns) - 1 and turns[cut]["role"] == "assistant":
+            cut += 1
+        turns, dropped = turns[cut:], dropped + cut
+    return render(tok, system + turns), dropped
+
+
+@pytest.mark.parametrize("which", ["plain", "template"])
+def test_linear_trimming_keeps_what_one_turn_at_a_time_kept(gpt2_tok, llama_tok, which):
+    import random
+    tok = gpt2_tok if which == "plain" else llama_tok
+    rng = random.Random(5)
+    for _ in range(40):
+        msgs = [{"role": "system", "content": "be brief"}] if rng.random() < 0.5 else []
+        for i in range(rng.randint(1, 12)):
+            msgs.append({"role": "user", "content": " ".join(["word"] * rng.randint(1, 30))})
+            if rng.random() < 0.8:
+                msgs.append({"role": "assistant", "content": "ok " * rng.randint(1, 30)})
+        msgs.append({"role": "user", "content": "last"})
+        full = len(tok(render(tok, msgs))["input_ids"])
+        budget = rng.randint(full // 4 + 20, full + 5)
+        try:
+            expected = _quadratic_reference(tok, msgs, budget)
+        except Exception:
+            continue
+        assert render_chat(tok, msgs, budget) == expected
+
+
+def test_thousands_of_messages_are_refused_or_trimmed_quickly(gpt2_tok):
+    import time
+    many = [{"role": "user", "content": "hi"}] * 4000
+    started = time.perf_counter()
+    with pytest.raises(ValidationError, match="at most 512 messages"):
+        render_chat(gpt2_tok, many, 400)
+    allowed = [{"role": "user" if i % 2 == 0 else "assistant", "content": "hi there"} for i in range(511)]
+    prompt, dropped = render_chat(gpt2_tok, allowed, 100)
+    assert dropped > 400 and len(gpt2_tok(prompt)["input_ids"]) <= 100
+    assert time.perf_counter() - started < 5  # was minutes: trimming re-rendered everything per turn
+
+
+def test_first_true_finds_the_boundary_from_any_guess():
+    from executors.engine.chat import _first_true
+    for n in range(1, 12):
+        for boundary in range(n + 1):  # pred is true from `boundary` on (n: never)
+            for guess in range(n):
+                calls = []
+                got = _first_true(lambda k: calls.append(k) or k >= boundary, guess, n)
+                assert got == (boundary if boundary < n else None), (n, boundary, guess)
+                assert all(0 <= k < n for k in calls)

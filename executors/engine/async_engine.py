@@ -10,13 +10,14 @@ import logging
 import threading
 import time
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Optional
+from typing import Any, AsyncIterator, Optional
 
 from .core import EngineCore
 from .loader import LoadedModel, load_model
 from .params import EngineConfig, EngineDeadError, FinishReason, SamplingParams
-from .request import TokenOutput
+from .request import Request, TokenOutput
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +99,9 @@ class AsyncEngine:
         self._stopping = False
         self.loop_restarts = 0
         self.last_error: Optional[str] = None
+        # one thread renders and tokenizes requests: off the event loop, and the tokenizer is
+        # then used by at most two threads (this one and the decode loop's detokenizer)
+        self._prepare = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llm-prepare")
         self._thread = threading.Thread(target=self._run, name="llm-decode-loop", daemon=True)
         self._thread.start()
 
@@ -120,24 +124,35 @@ class AsyncEngine:
     def generate(self, prompt: str, params: SamplingParams,
                  request_id: Optional[str] = None) -> AsyncIterator[StreamChunk]:
         """Validation and overload errors raise before the first chunk; the request
-        is aborted as soon as the caller stops iterating (disconnect, cancel, error)."""
-        stream = self.submit(prompt, params, request_id)
-        iterator = self._iterate(stream)
-        # a stream dropped before its first read never runs its `finally`: abort it then too
-        weakref.finalize(iterator, self._abort_unfinished, stream)
-        return iterator
+        is aborted as soon as the caller stops iterating (disconnect, cancel, error).
+        Tokenizes on the calling thread: the service uses `open`."""
+        stream = self._new_stream(request_id)
+        return self._start(stream, self.core.make_request(prompt, params, stream.push, request_id))
 
-    def submit(self, prompt: str, params: SamplingParams,
-               request_id: Optional[str] = None) -> RequestStream:
+    async def open(self, prompt: str, params: SamplingParams, messages: Any = None,
+                   request_id: Optional[str] = None) -> AsyncIterator[StreamChunk]:
+        """The service's entry point, for a prompt or chat messages: validation, chat rendering
+        and tokenization run on the engine's preparation thread, never on the event loop.
+        Errors raise here, before the first chunk."""
+        stream = self._new_stream(request_id)
+        request = await asyncio.get_running_loop().run_in_executor(
+            self._prepare, self.core.make_request, prompt, params, stream.push, request_id, messages)
+        return self._start(stream, request)
+
+    def _new_stream(self, request_id: Optional[str]) -> RequestStream:
         if not self.healthy:
             raise EngineDeadError("the decode loop is not running")
-        stream = RequestStream(request_id or "", asyncio.get_running_loop())
-        request = self.core.make_request(prompt, params, stream.push, request_id)
+        return RequestStream(request_id or "", asyncio.get_running_loop())
+
+    def _start(self, stream: RequestStream, request: Request) -> AsyncIterator[StreamChunk]:
         stream.request_id = request.request_id
         self.core.submit(request)
         with self._wake:
             self._wake.notify()
-        return stream
+        iterator = self._iterate(stream)
+        # a stream dropped before its first read never runs its `finally`: abort it then too
+        weakref.finalize(iterator, self._abort_unfinished, stream)
+        return iterator
 
     async def _iterate(self, stream: RequestStream) -> AsyncIterator[StreamChunk]:
         try:
@@ -178,3 +193,4 @@ class AsyncEngine:
         with self._wake:
             self._wake.notify_all()
         self._thread.join(timeout)
+        self._prepare.shutdown(wait=False, cancel_futures=True)

@@ -16,25 +16,31 @@ Plain format (tokenizers without a chat template)::
 one line per message ("Role: content"), the role capitalised, then "Assistant:" so the
 model continues as the assistant.
 """
+import bisect
 import json
-from typing import Any
+from typing import Any, Callable, Optional
 
 from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
-from .params import ValidationError
+from .errors import ValidationError, check
+from .limits import RequestLimits
 
 ROLES = ("system", "user", "assistant")
 Message = dict[str, str]
 
 
-def parse_messages(raw: str | list[Any]) -> list[Message]:
-    """Validate messages (a JSON string or a list); errors name the field `messages`."""
+def parse_messages(raw: str | list[Any], limits: RequestLimits = RequestLimits()) -> list[Message]:
+    """Validate messages (a JSON string or a list); errors name the field `messages`.
+    Sizes are checked before anything else is done with them."""
     if isinstance(raw, str):
+        check(len(raw) <= limits.max_body_bytes, "messages",
+              f"{len(raw)} characters of JSON; at most {limits.max_body_bytes}")
         try:
             raw = json.loads(raw)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, RecursionError) as exc:
             raise ValidationError("messages", f"not valid JSON: {exc}") from None
+    limits.check_messages(raw)
     if not isinstance(raw, list) or not raw:
         raise ValidationError("messages", "must be a non-empty list of {role, content} objects")
     messages: list[Message] = []
@@ -81,24 +87,92 @@ def render(tokenizer: PreTrainedTokenizerBase, messages: list[Message]) -> str:
         raise ValidationError("messages", f"the model's chat template rejects them: {exc}") from None
 
 
-def render_chat(tokenizer: PreTrainedTokenizerBase, messages: str | list[Any],
-                max_prompt_tokens: int) -> tuple[str, int]:
+def render_chat(tokenizer: PreTrainedTokenizerBase, messages: str | list[Any], max_prompt_tokens: int,
+                limits: RequestLimits = RequestLimits()) -> tuple[str, int]:
     """Return (prompt, dropped): the rendered prompt and how many oldest messages were dropped
     so that it fits `max_prompt_tokens` (the context minus the tokens to generate)."""
-    msgs = parse_messages(messages)
+    prompt, _, dropped = render_chat_ids(tokenizer, messages, max_prompt_tokens, limits)
+    return prompt, dropped
+
+
+def render_chat_ids(tokenizer: PreTrainedTokenizerBase, messages: str | list[Any], max_prompt_tokens: int,
+                    limits: RequestLimits = RequestLimits()) -> tuple[str, list[int], int]:
+    """(prompt, its token ids, dropped messages): the oldest turns are dropped until it fits.
+
+    Near-linear in the conversation's size: each message is tokenized once to estimate where
+    the kept part starts (suffix sums), then a gallop from that guess finds the exact start
+    with a few whole renders (usually two), O(log n) of them at worst."""
+    msgs = parse_messages(messages, limits)
     system = [m for m in msgs if m["role"] == "system"]
     turns = [m for m in msgs if m["role"] != "system"]
-    dropped = 0
-    while True:
-        prompt = render(tokenizer, system + turns)
-        if len(tokenizer(prompt)["input_ids"]) <= max_prompt_tokens:
-            return prompt, dropped
-        if len(turns) <= 1:
-            raise ValidationError("messages", (
-                f"the last message alone does not fit the model's context: at most "
-                f"{max_prompt_tokens} prompt tokens with this max_tokens"))
-        # drop the oldest turn: a user message and the assistant answer after it
-        cut = 2 if len(turns) > 2 and turns[1]["role"] == "assistant" else 1
-        while cut < len(turns) - 1 and turns[cut]["role"] == "assistant":  # never start with one
-            cut += 1
-        turns, dropped = turns[cut:], dropped + cut
+    # where the kept part may start: a user message (never an assistant one), or the last
+    starts = [i for i, m in enumerate(turns) if m["role"] != "assistant" or i == len(turns) - 1]
+    rendered: dict[int, tuple[str, list[int]]] = {}
+
+    def fits(k: int) -> bool:
+        if k not in rendered:
+            prompt = render(tokenizer, system + turns[starts[k]:])
+            rendered[k] = prompt, tokenizer(prompt)["input_ids"]
+        return len(rendered[k][1]) <= max_prompt_tokens
+
+    guess = bisect.bisect_left(starts, _first_turn_that_fits(tokenizer, system, turns, max_prompt_tokens))
+    k = _first_true(fits, min(guess, len(starts) - 1), len(starts))
+    if k is None:
+        raise ValidationError("messages", (
+            f"the last message alone does not fit the model's context: at most "
+            f"{max_prompt_tokens} prompt tokens with this max_tokens"))
+    return *rendered[k], starts[k]
+
+
+def _first_true(pred: Callable[[int], bool], guess: int, n: int) -> Optional[int]:
+    """The smallest k in [0, n) with pred(k), for a pred that is false then true; probes
+    galloping out from `guess`, then bisects."""
+    step = 1
+    if pred(guess):
+        hi, lo = guess, guess - 1
+        while lo >= 0 and pred(lo):
+            hi, lo, step = lo, lo - step, step * 2
+        lo = max(lo, -1)  # pred(lo) is false (or lo is before the start)
+    else:
+        lo = hi = guess
+        while not pred(hi):
+            if hi == n - 1:
+                return None
+            lo, hi, step = hi, min(hi + step, n - 1), step * 2
+    while hi - lo > 1:  # pred(lo) false, pred(hi) true
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if pred(mid) else (mid, hi)
+    return hi
+
+
+def _first_turn_that_fits(tokenizer: PreTrainedTokenizerBase, system: list[Message],
+                          turns: list[Message], budget: int) -> int:
+    """Estimate: the last turn with the system messages, rendered, plus each earlier message's
+    own tokens and the template's per-message overhead, summed from the newest back."""
+    if len(turns) <= 1:
+        return 0
+    fixed = _length(tokenizer, system + turns[-1:])
+    overhead = _per_message_overhead(tokenizer, system, turns[-1])
+    contents = tokenizer([m["content"] for m in turns[:-1]], add_special_tokens=False)["input_ids"]
+    used, start = fixed, len(turns) - 1
+    for i in range(len(turns) - 2, -1, -1):
+        used += len(contents[i]) + overhead
+        if used > budget:
+            break
+        start = i
+    return start
+
+
+def _length(tokenizer: PreTrainedTokenizerBase, messages: list[Message]) -> int:
+    return len(tokenizer(render(tokenizer, messages))["input_ids"])
+
+
+def _per_message_overhead(tokenizer: PreTrainedTokenizerBase, system: list[Message], last: Message) -> int:
+    """Tokens a template adds around one message's content (role markers, separators)."""
+    pair = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "a"}]
+    try:
+        with_pair = _length(tokenizer, system + pair + [last])
+    except ValidationError:  # a template with rules of its own: count contents only
+        return 0
+    a = len(tokenizer("a", add_special_tokens=False)["input_ids"])
+    return max(0, (with_pair - _length(tokenizer, system + [last])) // 2 - a)

@@ -6,10 +6,11 @@ thread. Errors inside one request end that request only.
 import logging
 import threading
 import uuid
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
+from .chat import render_chat_ids
 from .detokenizer import IncrementalDetokenizer, StopSequenceFilter, byte_fallback_ids
 from .kv_batch import KVBatch, new_cache, prefill_chunk, prefill_group, select_rows
 from .loader import LoadedModel
@@ -36,19 +37,32 @@ class EngineCore:
         self.aborted = 0  # requests that left early because their reader went away
 
     # ----- requests in -----
-    def make_request(self, prompt: str, params: SamplingParams,
-                     sink: Callable[[TokenOutput], None], request_id: str | None = None) -> Request:
-        """Validate and tokenize; raises ValidationError naming the field before any work."""
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise ValidationError("prompt", "must be a non-empty string")
-        params.validate(self.config.max_tokens_limit)
-        ids = self.tokenizer(prompt)["input_ids"]
+    def make_request(self, prompt: str, params: SamplingParams, sink: Callable[[TokenOutput], None],
+                     request_id: str | None = None, messages: Any = None) -> Request:
+        """Validate, render chat messages (when given, they replace `prompt`) and tokenize,
+        once each and cheapest first; raises ValidationError naming the field before any work."""
+        params.validate(self.config.max_tokens_limit, self.config.limits)
+        ids = self._chat_ids(messages, params) if messages else self._prompt_ids(prompt)
         self._check_length(len(ids), params.max_tokens)
         self.scheduler.check_fits(len(ids) + params.max_tokens)
         seed = params.resolved_seed()
         return Request(request_id or uuid.uuid4().hex, ids, params, seed,
                        TokenChooser(params, seed, self.loaded.device),
                        IncrementalDetokenizer(self.tokenizer, self.byte_ids), StopSequenceFilter(params.stop), sink)
+
+    def _prompt_ids(self, prompt: Any) -> list[int]:
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValidationError("prompt", "must be a non-empty string")
+        self.config.limits.check_prompt(prompt)  # never tokenize 20 MB to find it is too long
+        return self.tokenizer(prompt)["input_ids"]
+
+    def _chat_ids(self, messages: Any, params: SamplingParams) -> list[int]:
+        room = self.loaded.max_context - params.max_tokens
+        if room < 1:
+            raise ValidationError("max_tokens", f"leaves no room for the messages in the model's "
+                                                f"context of {self.loaded.max_context} tokens")
+        _, ids, _ = render_chat_ids(self.tokenizer, messages, room, self.config.limits)
+        return ids
 
     def _check_length(self, prompt_tokens: int, max_tokens: int) -> None:
         context = self.loaded.max_context

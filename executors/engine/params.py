@@ -8,24 +8,11 @@ import random
 from dataclasses import dataclass, field
 from typing import Optional
 
+from .errors import EngineDeadError, OverloadedError, ValidationError, check
+from .limits import SEED_MAX, RequestLimits
 
-class ValidationError(ValueError):
-    """A request that cannot be served as given; `field` names the culprit."""
-
-    def __init__(self, field_name: str, message: str):
-        super().__init__(f"{field_name}: {message}")
-        self.field = field_name
-
-
-class OverloadedError(RuntimeError):
-    """The service is at capacity; the client should retry later (HTTP 429)."""
-
-    def __init__(self, message: str = "overloaded: too many requests, retry later"):
-        super().__init__(message)
-
-
-class EngineDeadError(RuntimeError):
-    """The decode loop failed; requests in flight fail instead of hanging."""
+__all__ = ["EngineConfig", "EngineDeadError", "FinishReason", "OverloadedError", "SamplingParams",
+           "ValidationError"]
 
 
 class FinishReason(str, enum.Enum):
@@ -49,30 +36,28 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
 
-    def validate(self, max_tokens_limit: int) -> "SamplingParams":
+    def validate(self, max_tokens_limit: int, limits: RequestLimits = RequestLimits()) -> "SamplingParams":
         for name in ("max_tokens", "top_k"):
-            _check(_is_int(getattr(self, name)), name, "must be an integer")
-        _check(self.seed is None or _is_int(self.seed), "seed", "must be an integer or null")
+            check(_is_int(getattr(self, name)), name, "must be an integer")
+        check(self.seed is None or _is_int(self.seed), "seed", "must be an integer or null")
         for name in ("temperature", "top_p", "typical_p", "repetition_penalty"):
             value = getattr(self, name)
-            _check(isinstance(value, (int, float)) and not isinstance(value, bool)
+            check(isinstance(value, (int, float)) and not isinstance(value, bool)
                    and math.isfinite(value), name, f"must be a finite number, got {value!r}")
             setattr(self, name, float(value))  # transformers' warpers insist on floats
-        _check(1 <= self.max_tokens <= max_tokens_limit, "max_tokens",
+        check(1 <= self.max_tokens <= max_tokens_limit, "max_tokens",
                f"must be between 1 and {max_tokens_limit}, got {self.max_tokens}")
-        _check(self.temperature >= 0, "temperature", f"must be >= 0, got {self.temperature}")
-        _check(self.top_k >= 0, "top_k", f"must be >= 0 (0 disables it), got {self.top_k}")
-        _check(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
-        _check(0 < self.typical_p <= 1, "typical_p", f"must be in (0, 1], got {self.typical_p}")
-        _check(self.repetition_penalty > 0, "repetition_penalty",
+        check(self.temperature >= 0, "temperature", f"must be >= 0, got {self.temperature}")
+        check(self.top_k >= 0, "top_k", f"must be >= 0 (0 disables it), got {self.top_k}")
+        check(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
+        check(0 < self.typical_p <= 1, "typical_p", f"must be in (0, 1], got {self.typical_p}")
+        check(self.repetition_penalty > 0, "repetition_penalty",
                f"must be > 0, got {self.repetition_penalty}")
-        _check(self.seed is None or 0 <= self.seed <= SEED_MAX, "seed",
+        check(self.seed is None or 0 <= self.seed <= SEED_MAX, "seed",
                f"must be between 0 and 2**64 - 1, got {self.seed}")
-        _check(len(self.stop) <= 16, "stop", "at most 16 stop sequences")
-        _check(all(isinstance(s, str) and s for s in self.stop), "stop",
+        limits.check_stop(self.stop)
+        check(all(isinstance(s, str) and s for s in self.stop), "stop",
                "stop sequences must be non-empty strings")
-        _check(all(len(s) <= MAX_STOP_CHARS for s in self.stop), "stop",
-               f"a stop sequence may have at most {MAX_STOP_CHARS} characters")
         return self
 
     @property
@@ -87,17 +72,8 @@ class SamplingParams:
         return self.seed if self.seed is not None else random.getrandbits(64)
 
 
-MAX_STOP_CHARS = 256
-SEED_MAX = 2**64 - 1  # TGI's u64 range; torch.Generator.manual_seed takes all of it
-
-
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check(ok: bool, field_name: str, message: str) -> None:
-    if not ok:
-        raise ValidationError(field_name, message)
 
 
 @dataclass
@@ -115,6 +91,7 @@ class EngineConfig:
     max_prefill_tokens: int = 512  # prompt tokens prefilled per step (chunked beyond)
     eos_token_ids: Optional[list[int]] = None  # None: from the model's generation config
     torch_threads: Optional[int] = None
+    limits: RequestLimits = field(default_factory=RequestLimits.from_env)  # request sizes
 
     def validate(self) -> "EngineConfig":
         for name in ("max_tokens_limit", "max_running", "max_waiting",

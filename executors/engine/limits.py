@@ -1,0 +1,65 @@
+"""Request-size limits, declared once.
+
+The gateway checks them while it parses a request, before anything is sent on; the engine
+checks them again before any work (gRPC callers reach it without the gateway's checks). Both
+read the same values, so a deployment overrides them with environment variables that every
+process sees: LLM_MAX_BODY_BYTES, LLM_MAX_PROMPT_CHARS, LLM_MAX_MESSAGES,
+LLM_MAX_STOP_SEQUENCES, LLM_MAX_STOP_CHARS.
+"""
+import os
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Optional
+
+from .errors import check
+
+SEED_MAX = 2**64 - 1  # TGI's u64 range; torch.Generator.manual_seed takes all of it
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    max_body_bytes: int = 2 * 1024 * 1024  # an HTTP body or a WebSocket message (TGI's 2 MB)
+    max_prompt_chars: int = 200_000  # a prompt, or all chat messages' contents together
+    max_messages: int = 512  # chat messages in one request
+    max_stop_sequences: int = 16
+    max_stop_chars: int = 256  # characters of one stop sequence
+
+    @classmethod
+    def from_env(cls, env: Optional[dict[str, str]] = None) -> "RequestLimits":
+        env = os.environ if env is None else env
+        values = {}
+        for f in fields(cls):
+            name = "LLM_" + f.name.upper()
+            if env.get(name):
+                try:
+                    values[f.name] = int(env[name])
+                except ValueError:
+                    raise ValueError(f"{name}: expected an integer, got {env[name]!r}") from None
+                if values[f.name] < 1:
+                    raise ValueError(f"{name}: must be >= 1, got {values[f.name]}")
+        return cls(**values)
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    def check_prompt(self, prompt: Any) -> None:
+        """Before tokenizing: a prompt past the limit is refused without being read."""
+        if isinstance(prompt, str):
+            check(len(prompt) <= self.max_prompt_chars, "prompt",
+                  f"{len(prompt)} characters; at most {self.max_prompt_chars}")
+
+    def check_stop(self, stop: Any) -> None:
+        if isinstance(stop, (list, tuple)):
+            check(len(stop) <= self.max_stop_sequences, "stop",
+                  f"at most {self.max_stop_sequences} stop sequences, got {len(stop)}")
+            check(all(not isinstance(s, str) or len(s) <= self.max_stop_chars for s in stop), "stop",
+                  f"a stop sequence may have at most {self.max_stop_chars} characters")
+
+    def check_messages(self, messages: Any) -> None:
+        """Count and size before any rendering or tokenizing."""
+        if not isinstance(messages, list):
+            return
+        check(len(messages) <= self.max_messages, "messages",
+              f"at most {self.max_messages} messages, got {len(messages)}")
+        chars = sum(len(str(m.get("content", ""))) for m in messages if isinstance(m, dict))
+        check(chars <= self.max_prompt_chars, "messages",
+              f"{chars} characters in all; at most {self.max_prompt_chars}")
