@@ -39,7 +39,7 @@ model: $(DEFAULT_MODEL)/config.json
 
 # a random-weight model built in seconds: `make toy-model serve LLM_MODEL=models/tiny-gpt2`
 $(TOY_MODEL)/config.json: | $(VENV)/.installed
-	$(PY) -m executors.engine.toy_models $(TOY_MODEL) --style gpt2
+	$(PY) -m benchmarks.toy_models $(TOY_MODEL) --style gpt2
 
 toy-model: $(TOY_MODEL)/config.json
 
@@ -54,8 +54,10 @@ test: setup lint model
 soak: setup
 	LLM_SOAK_REQUESTS=1000 LLM_TEST_DISCONNECTS=50 $(PY) -m pytest -q tests/test_soak.py tests/test_disconnects.py
 
+# ruff (names, import order, bugbear, pyupgrade: pyproject.toml) and mypy on the engine
 lint: setup
-	$(VENV)/bin/ruff check --select F,E9 --exclude .venv .
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 bench: setup
 	$(PY) -m benchmarks $(BENCH_ARGS)

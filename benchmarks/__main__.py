@@ -8,8 +8,9 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 from .load import Transport, closed_loop, default_requests, make_prompts, poisson
 from .metrics import summarize

@@ -23,7 +23,7 @@ from .load import make_prompts
 from .models import DEFAULT_CACHE, ensure_model
 from .procs import stop_all
 from .report import machine_info
-from .systems import ENGINE_LIMITS, this_service
+from .systems import this_service
 
 HERE = Path(__file__).resolve().parent
 
@@ -148,7 +148,7 @@ async def run(args: argparse.Namespace) -> dict:
     logs = args.out / "logs"
     for name in args.models:
         path = ensure_model(name, args.models_dir)
-        engine = AsyncEngine(EngineConfig(model=str(path), **ENGINE_LIMITS))
+        engine = AsyncEngine(EngineConfig(model=str(path)))
         try:
             prompt = prompt_of(engine.tokenizer, args.prompt_tokens)
             r: dict = {"prompt_tokens": len(engine.tokenizer(prompt)["input_ids"])}

@@ -7,11 +7,11 @@ seconds and abandons (cancels) requests still running after twice that.
 import asyncio
 import random
 import time
-from typing import AsyncIterator, Callable, Optional
-
-from executors.engine.toy_models import corpus
+from collections.abc import AsyncIterator, Callable
+from typing import Optional
 
 from .metrics import RequestRecord
+from .toy_models import corpus
 
 Transport = Callable[[str, int], AsyncIterator[int]]
 

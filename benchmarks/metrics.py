@@ -62,7 +62,7 @@ class RequestRecord:
 
     @property
     def itls(self) -> list[float]:
-        return [b - a for a, b in zip(self.arrivals, self.arrivals[1:])]
+        return [b - a for a, b in zip(self.arrivals, self.arrivals[1:], strict=False)]
 
 
 def _pct(values: list[float], q: float) -> Optional[float]:

@@ -88,7 +88,7 @@ def plot(rows: list[dict], path: Path) -> None:
     closed = [r for r in rows if r["concurrency"] is not None]
     models = list(dict.fromkeys(r["model"] for r in closed)) or ["(none)"]
     fig, axes = plt.subplots(len(models), 2, figsize=(12, 4.2 * len(models)), squeeze=False)
-    for (ax_tok, ax_ttft), model in zip(axes, models):
+    for (ax_tok, ax_ttft), model in zip(axes, models, strict=True):
         for name in dict.fromkeys(label(r) for r in closed if r["model"] == model):
             line = sorted((r for r in closed if r["model"] == model and label(r) == name),
                           key=lambda r: r["concurrency"])

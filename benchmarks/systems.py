@@ -8,8 +8,8 @@ import json
 import os
 import sys
 import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import AsyncIterator, Callable
 
 import aiohttp
 
@@ -18,8 +18,6 @@ from .metrics import Total
 from .procs import ROOT, ServerProcess, free_port
 
 SYSTEMS = ("this", "raw-engine", "seed-jina", "hf-streamer", "hf-static-batch")
-# the service's continuous-batching limits, as flows/llm.yml sets them
-ENGINE_LIMITS = dict(max_running=32, max_waiting=128, max_batch_tokens=32768, max_prefill_tokens=512)
 
 
 def _env(**extra: str) -> dict:
@@ -151,7 +149,7 @@ async def this_service(model: Path, logs: Path, notes: list[str]) -> AsyncIterat
 async def raw_engine(model: Path, logs: Path, notes: list[str]) -> AsyncIterator[dict[str, Transport]]:
     """AsyncEngine in this process with the service's limits: no serving at all."""
     from executors.engine import AsyncEngine, EngineConfig, SamplingParams
-    engine = AsyncEngine(EngineConfig(model=str(model), **ENGINE_LIMITS))
+    engine = AsyncEngine(EngineConfig(model=str(model)))  # the service's defaults
 
     async def send(prompt: str, max_tokens: int) -> AsyncIterator[int]:
         async for chunk in engine.generate(prompt, SamplingParams(max_tokens=max_tokens)):
@@ -166,6 +164,7 @@ async def raw_engine(model: Path, logs: Path, notes: list[str]) -> AsyncIterator
 @contextlib.asynccontextmanager
 async def seed_jina(model: Path, logs: Path, notes: list[str]) -> AsyncIterator[dict[str, Transport]]:
     from jina import Client
+
     from .peers.seed_jina import ModelOutputDocument, PromptDocument
     port = free_port()
     server = ServerProcess([_jina(), "flow", "--uses", "benchmarks/peers/seed_jina.yml"],

@@ -1,7 +1,8 @@
 """Async helper over Jina's `Client.stream_doc`: tokens as they arrive, errors as exceptions."""
 import json
 import warnings
-from typing import Any, AsyncIterator, Optional
+from collections.abc import AsyncIterator
+from typing import Any, Optional
 
 from pydantic import ValidationError
 
@@ -110,8 +111,8 @@ def _from_rpc_error(rpc_error: Any) -> StreamError:
 async def generate(prompt: str, **kwargs) -> ModelOutputDocument:
     """Collect a whole stream; the returned document is the last one, with generated_text."""
     last = None
-    async for last in stream(prompt, **kwargs):
-        pass
+    async for doc in stream(prompt, **kwargs):
+        last = doc
     return last
 
 

@@ -5,8 +5,22 @@ Prints tokens as they arrive, then a summary line on stderr.
 import argparse
 import asyncio
 import sys
+from dataclasses import Field
+
+from executors.engine.params import field_type, request_fields
 
 from . import StreamError, stream
+
+
+def add_option(parser: argparse.ArgumentParser, f: Field) -> None:
+    flag, (kind, _) = "--" + f.name.replace("_", "-"), field_type(f)
+    help_text = f.metadata["help"]
+    if kind is bool:
+        parser.add_argument(flag, action="store_true", help=help_text)
+    elif kind is list:
+        parser.add_argument(flag, action="append", default=[], help=help_text + " (repeatable)")
+    else:
+        parser.add_argument(flag, type=kind, default=f.default, help=f"{help_text} (default {f.default})")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -17,24 +31,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
     p.add_argument("--chat", action="store_true",
                    help="send the prompt as a user message, through the model's chat template")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--typical-p", type=float, default=1.0)
-    p.add_argument("--repetition-penalty", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--stop", action="append", default=[], help="stop sequence (repeatable)")
+    for f in request_fields():  # the engine's request fields, as --max-tokens, --do-sample...
+        add_option(p, f)
     return p.parse_args(argv)
 
 
 async def run(args: argparse.Namespace) -> int:
     port = args.port or (12345 if args.protocol == "grpc" else 12346)
-    sampling = dict(max_tokens=args.max_tokens, do_sample=args.do_sample,
-                    temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                    typical_p=args.typical_p, repetition_penalty=args.repetition_penalty,
-                    seed=args.seed, stop=args.stop)
+    sampling = {f.name: getattr(args, f.name) for f in request_fields()}
     if args.chat:
         sampling["messages"] = [{"role": "user", "content": args.prompt}]
     try:

@@ -6,37 +6,34 @@ import asyncio
 import json
 import os
 import uuid
-from typing import AsyncIterator, Optional
+from collections.abc import AsyncIterator
+from dataclasses import fields
+from typing import Any
 
 from docarray import DocList
 from jina import Executor, requests
 
-from schemas import ModelOutputDocument, PromptDocument
-
 from executors.convert import error_document, model_info, to_document, to_request
 from executors.engine import AsyncEngine, EngineConfig, StreamChunk
 from executors.engine.loader import served_name
+from schemas import ModelOutputDocument, PromptDocument
 
 
 class LLMExecutor(Executor):
-    def __init__(self, model: str = "", model_name: str = "", device: Optional[str] = None, dtype: str = "auto",
-                 trust_remote_code: bool = False, max_tokens_limit: int = 1024,
-                 max_running: int = 32, max_waiting: int = 128, max_batch_tokens: int = 32768,
-                 max_prefill_tokens: int = 512, torch_threads: Optional[int] = None, **kwargs):
+    """`with:` / `uses_with:` take `model_name` and any EngineConfig field (model, device,
+    dtype, max_running, ...: see executors/engine/params.py); the rest is Jina's."""
+
+    def __init__(self, model_name: str = "", **kwargs: Any):
+        options = {f.name: kwargs.pop(f.name) for f in fields(EngineConfig) if f.name in kwargs}
         super().__init__(**kwargs)
-        model = model or os.environ.get("LLM_MODEL", "")
-        if not model:
-            raise ValueError("no model given: set LLM_MODEL to a hub id or a local folder, "
-                             "or pass `model` under `with:` in jina.yml (`make model` builds a "
-                             "small local one)")
-        self.engine = AsyncEngine(EngineConfig(
-            model=model, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
-            max_tokens_limit=max_tokens_limit, max_running=max_running, max_waiting=max_waiting,
-            max_batch_tokens=max_batch_tokens, max_prefill_tokens=max_prefill_tokens,
-            torch_threads=torch_threads))
-        self.model_name = model_name or os.environ.get("LLM_MODEL_NAME") or served_name(model)
+        options["model"] = options.get("model") or os.environ.get("LLM_MODEL", "")
+        if not options["model"]:
+            raise ValueError("no model given: set LLM_MODEL to a local folder, a .gguf file or a hub id, "
+                             "or pass `model` under `with:` in jina.yml (`make model` builds the default)")
+        self.engine = AsyncEngine(EngineConfig(**options))
+        self.model_name = model_name or os.environ.get("LLM_MODEL_NAME") or served_name(options["model"])
         loaded = self.engine.core.loaded
-        self.logger.info(f"model {self.model_name} ({model}) on {loaded.device}, "
+        self.logger.info(f"model {self.model_name} ({options['model']}) on {loaded.device}, "
                          f"{str(loaded.model.dtype).removeprefix('torch.')}, context "
                          f"{loaded.max_context} tokens, loaded in {loaded.load_seconds:.1f} s")
 

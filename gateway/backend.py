@@ -9,114 +9,23 @@ gRPC call, so the executor aborts the generation.
 import asyncio
 import json
 import time
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Optional, TypeVar, Union
+from typing import Any, Optional, TypeVar
 
 import anyio
 from docarray import DocList
-from fastapi import Request
-from pydantic import BaseModel, StrictBool, StrictFloat, StrictInt, ValidationError
 
+from executors.engine.errors import ErrorKind
 from schemas import ModelOutputDocument, PromptDocument
-
-from executors.engine.errors import ValidationError as LimitError
-from executors.engine.limits import RequestLimits
 
 T = TypeVar("T")
 
-# Request-model field types that do not coerce: JSON true is not 1, "0.5" is not 0.5
-Int = Optional[StrictInt]
-Number = Optional[Union[StrictInt, StrictFloat]]
-Bool = Optional[StrictBool]
 
-# HTTP status per error_type; the executor names the type, the gateway only maps it
-STATUS = {"validation": 422, "not_found": 404, "overloaded": 429, "generation": 500, "internal": 500}
-
-
-ModelT = TypeVar("ModelT", bound=BaseModel)
-LIMITS = RequestLimits.from_env()  # the executor reads the same variables
-
-
-class BadRequest(ValueError):
-    """A request body that does not parse; `param` names the field when there is one."""
-
-    def __init__(self, message: str, param: Optional[str] = None):
-        super().__init__(message)
-        self.param = param
-
-
-def bad_request(exc: ValidationError) -> BadRequest:
-    """Pydantic's first error, as `field: message` naming the field."""
-    first = exc.errors()[0]
-    where = ".".join(str(x) for x in first["loc"])
-    message = first["msg"].removeprefix("Value error, ")
-    return BadRequest(f"{where}: {message}", where)
-
-
-async def parse_body(request: Request, model: type[ModelT]) -> ModelT:
-    """The body as JSON whatever the Content-Type (curl -d sends form-encoded)."""
-    try:
-        data = json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise BadRequest("request body: JSON nested too deeply") from None
-    check_text(data)
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise bad_request(exc) from None
-
-
-def check_text(value: Any, path: str = "") -> None:
-    """Every string must be encodable: JSON's `\\ud800` escapes decode to lone surrogates,
-    which no wire format below can carry. The error names where the bad string is."""
-    stack = [(path, value)]
-    while stack:
-        where, item = stack.pop()
-        if isinstance(item, str):
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError:
-                raise BadRequest(f"{where or 'body'}: not valid Unicode text (a lone surrogate)",
-                                 where.split(".")[0] or None) from None
-        elif isinstance(item, dict):
-            stack += [(f"{where}.{k}" if where else str(k), v) for k, v in item.items()]
-        elif isinstance(item, list):
-            stack += [(f"{where}.{i}", v) for i, v in enumerate(item)]
-
-
-def prompt_document(**fields: Any) -> PromptDocument:
-    """A route's PromptDocument, after the request limits (cheapest first) and a check of its
-    text; a value the document cannot carry (a seed past 2**64 - 1, an integer past int32)
-    is a BadRequest naming the field, before anything is sent. `messages` may be a list."""
-    try:
-        LIMITS.check_prompt(fields.get("prompt"))
-        LIMITS.check_stop(fields.get("stop"))
-        LIMITS.check_messages(fields.get("messages"))
-    except LimitError as exc:
-        raise BadRequest(str(exc), exc.field) from None
-    check_text(fields)
-    if isinstance(fields.get("messages"), list):
-        fields["messages"] = json.dumps(fields["messages"])
-    try:
-        return PromptDocument(**fields)
-    except ValidationError as exc:
-        raise bad_request(exc) from None
-
-
-def error_doc(message: str, error_type: str = "generation") -> ModelOutputDocument:
-    return ModelOutputDocument(finish_reason="error", error=message, error_type=error_type)
-
-
-def sse(data: Any, event: Optional[str] = None) -> str:
-    """One Server-Sent Event; `data` is JSON-encoded unless it is a string already."""
-    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
-    return (f"event: {event}\n" if event else "") + f"data: {payload}\n\n"
-
-
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+def error_doc(message: str, kind: ErrorKind = ErrorKind.GENERATION,
+              field: Optional[str] = None) -> ModelOutputDocument:
+    return ModelOutputDocument(finish_reason="error", error=message, error_type=kind.value, error_field=field)
 
 
 @dataclass

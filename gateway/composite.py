@@ -13,12 +13,11 @@ import warnings
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from jina.serve.runtimes.gateway.gateway import BaseGateway
 from jina.serve.runtimes.gateway.http import HTTPGateway
 from jina.serve.runtimes.servers import BaseServer
 from jina.serve.runtimes.servers.composite import CompositeBaseServer
-
-from fastapi.middleware.cors import CORSMiddleware
 
 from gateway import upstream
 from gateway.backend import Backend

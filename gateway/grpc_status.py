@@ -6,16 +6,18 @@ the gateway turns a refusal that arrives *first* into a proper status, so plain 
 clients see INVALID_ARGUMENT or RESOURCE_EXHAUSTED; failures after tokens were
 sent stay error documents at the end of the stream.
 """
-from typing import Any, AsyncIterator, Callable, Optional
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Optional
 
 import grpc
 from jina.proto import jina_pb2
 from jina.serve.runtimes.gateway.grpc import GRPCGateway
 
-from gateway.backend import LIMITS, LimitError
+from executors.engine.errors import ErrorKind
+from gateway.inputs import LIMITS, LimitError
 
-CODES = {"validation": grpc.StatusCode.INVALID_ARGUMENT,
-         "overloaded": grpc.StatusCode.RESOURCE_EXHAUSTED}
+CODES = {ErrorKind.VALIDATION.value: grpc.StatusCode.INVALID_ARGUMENT,
+         ErrorKind.OVERLOADED.value: grpc.StatusCode.RESOURCE_EXHAUSTED}
 
 
 def refusal(response: Any) -> Optional[tuple[grpc.StatusCode, str]]:

@@ -9,7 +9,8 @@ Safe by default, opened deliberately with environment variables:
 """
 import json
 import os
-from typing import Callable, Optional
+from collections.abc import Callable
+from typing import Optional
 from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send

@@ -1,126 +1,70 @@
 """OpenAI-compatible routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models.
 
 Sampling follows OpenAI's defaults: temperature absent means 1.0 *with sampling*;
-temperature 0 is greedy. Chat messages travel to the executor as JSON and the
-engine renders them (chat template, or its plain format). `model` is accepted
-whatever it says: one model is served, and its id is what responses report.
+temperature 0 is greedy. Every other request field of the engine is accepted under its
+own name as an extension (as vLLM accepts top_k or repetition_penalty). Chat messages
+travel to the executor as JSON and the engine renders them. `model` is accepted whatever
+it says: one model is served, and its id is what responses report.
 """
 import uuid
-from typing import Any, AsyncIterator, Optional, Union
+from collections.abc import AsyncIterator
+from typing import Any, Optional, Union
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, create_model
 
-from schemas import ModelOutputDocument, PromptDocument
-
-from gateway.backend import (SSE_HEADERS, STATUS, Backend, BadRequest, Bool, Int, Number,
-                             cancel_on_disconnect, close_quietly, now, parse_body, prompt_document,
-                             sse)
+from executors.engine.errors import ErrorKind
+from gateway.backend import Completion, now
+from gateway.inputs import BadRequest, Bool, Int, Stop, option_fields, parse_body, prompt_document, set_options
+from gateway.protocol import STATUS, Parsed, Protocol, Upstream, kind, serve, sse
+from schemas import ModelOutputDocument
 
 FINISH = {"length": "length", "eos_token": "stop", "stop_sequence": "stop"}
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-_ERROR_TYPES = {"validation": "invalid_request_error", "overloaded": "overloaded_error"}
+ERROR_TYPES = {ErrorKind.VALIDATION: "invalid_request_error", ErrorKind.OVERLOADED: "overloaded_error",
+               ErrorKind.NOT_FOUND: "invalid_request_error"}
+OWN = ("max_tokens", "stop", "do_sample")  # OpenAI's own spelling of these, or none (do_sample)
 
 
 class StreamOptions(BaseModel):
     include_usage: Optional[bool] = False
 
 
-class _Common(BaseModel):
+class _OpenAIRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: Optional[str] = None
     max_tokens: Int = None
-    temperature: Number = None
-    top_p: Number = None
     n: Int = 1
-    seed: Int = None
-    stop: Optional[Union[str, list[str]]] = None
+    stop: Stop = None
     stream: Bool = False
     stream_options: Optional[StreamOptions] = None
 
 
-class CompletionRequest(_Common):
+# temperature, top_p, seed (OpenAI's names too) and the engine's other request fields
+_Common = create_model("_Common", __base__=_OpenAIRequest, **option_fields(exclude=OWN))
+
+
+class CompletionRequest(_Common):  # type: ignore[misc, valid-type]
     prompt: Union[str, list[str]]
     echo: Bool = False
 
 
-class ChatRequest(_Common):
+class ChatRequest(_Common):  # type: ignore[misc, valid-type]
     messages: list[dict[str, Any]]
     max_completion_tokens: Int = None
 
 
-def openai_error(message: str, error_type: str, param: Optional[str] = None) -> JSONResponse:
-    """Validation errors are 400 here (OpenAI's), not TGI's 422; `param` is the field."""
-    status = 400 if error_type == "validation" else STATUS.get(error_type, 500)
-    return JSONResponse({"error": {"message": message, "type": _ERROR_TYPES.get(error_type, "server_error"),
-                                   "param": param, "code": error_type}}, status_code=status)
+def error_body(message: str, error_kind: ErrorKind, param: Optional[str]) -> dict:
+    return {"error": {"message": message, "type": ERROR_TYPES.get(error_kind, "server_error"),
+                      "param": param, "code": error_kind.value}}
 
 
-def _error_event(out: ModelOutputDocument) -> str:
-    return sse({"error": {"message": out.error, "type": _ERROR_TYPES.get(out.error_type or "", "server_error"),
-                          "param": out.error_field, "code": out.error_type}})
-
-
-async def _parse(request: Request, model: type[_Common]) -> Union[_Common, JSONResponse]:
-    try:
-        req = await parse_body(request, model)
-    except BadRequest as exc:
-        return openai_error(str(exc), "validation", exc.param)
-    if req.n not in (None, 1):
-        return openai_error("n: only n=1 is supported", "validation", "n")
-    if isinstance(req, CompletionRequest) and isinstance(req.prompt, list) and len(req.prompt) != 1:
-        return openai_error("prompt: one prompt per request", "validation", "prompt")
-    return req
-
-
-def to_document(req: _Common, max_tokens: int, **fields: Any) -> PromptDocument:
+def to_fields(req: Any, max_tokens: int) -> dict:
     """OpenAI always samples at its temperature (default 1); temperature 0 means greedy."""
     stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
-    stop = [s for s in stop if s]  # OpenAI clients send "" for "no stop"
-    fields.update(max_tokens=max_tokens, do_sample=True, stop=stop,
-                  temperature=1.0 if req.temperature is None else req.temperature)
-    if req.top_p is not None:
-        fields["top_p"] = req.top_p
-    if req.seed is not None:
-        fields["seed"] = req.seed
-    return prompt_document(**fields)
-
-
-def _usage(last: ModelOutputDocument) -> dict:
-    p, c = last.prompt_tokens or 0, last.generated_tokens or 0
-    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
-
-
-class _Shape:
-    """What differs between completions and chat: the object names and where text goes."""
-
-    def __init__(self, chat: bool, model: str):
-        self.chat, self.model = chat, model
-        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        self.created = now()
-
-    def envelope(self, obj: str, choices: list, **extra: Any) -> dict:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "choices": choices, **extra}
-
-    def chunk(self, text: Optional[str], finish: Optional[str], role: bool = False) -> dict:
-        if self.chat:
-            delta: dict = {"role": "assistant", "content": ""} if role else {}
-            if text is not None:
-                delta["content"] = text
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-            return self.envelope("chat.completion.chunk", [choice])
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-        return self.envelope("text_completion", [choice])
-
-    def whole(self, text: str, finish: Optional[str], usage: dict, seed: Optional[int]) -> dict:
-        if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": None, "finish_reason": finish}
-            return self.envelope("chat.completion", [choice], usage=usage, **_seed(seed))
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-        return self.envelope("text_completion", [choice], usage=usage, **_seed(seed))
+    return {**set_options(req, exclude=OWN), "max_tokens": max_tokens, "do_sample": True,
+            "stop": [s for s in stop if s]}  # OpenAI clients send "" for "no stop"
 
 
 def _seed(seed: Optional[int]) -> dict:
@@ -128,97 +72,132 @@ def _seed(seed: Optional[int]) -> dict:
     return {} if seed is None else {"seed": seed}
 
 
-async def _chunks(shape: _Shape, first: ModelOutputDocument, rest: AsyncIterator[ModelOutputDocument],
-                  include_usage: bool, prefix: str = "") -> AsyncIterator[str]:
-    usage_field = {"usage": None} if include_usage else {}
-    out: Optional[ModelOutputDocument] = first
-    try:
-        if shape.chat:
-            yield sse({**shape.chunk(None, None, role=True), **usage_field})
-        elif prefix:
-            yield sse({**shape.chunk(prefix, None), **usage_field})
-        while out is not None:
+def _usage(last: ModelOutputDocument) -> dict:
+    p, c = last.prompt_tokens or 0, last.generated_tokens or 0
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+
+class OpenAI(Protocol):
+    """What completions and chat share: errors, the envelope, the stream's shape."""
+
+    chat = False
+    needs_info = True  # responses name the model
+    obj, chunk_obj = "text_completion", "text_completion"
+
+    def refusal(self, error: ModelOutputDocument) -> Response:
+        """Validation errors are 400 here (OpenAI's), not TGI's 422; `param` is the field."""
+        k = kind(error)
+        status = 400 if k is ErrorKind.VALIDATION else STATUS[k]
+        return JSONResponse(error_body(error.error or "", k, error.error_field), status_code=status)
+
+    def envelope(self, parsed: Parsed, obj: str, choices: list, info: dict, **extra: Any) -> dict:
+        return {"id": parsed.request["id"], "object": obj, "created": parsed.request["created"],
+                "model": info["model_id"], "choices": choices, **extra}
+
+    def choice(self, text: Optional[str], finish: Optional[str], first: bool = False) -> dict:
+        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+
+    def message(self, text: str, finish: Optional[str]) -> dict:
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+
+    def prefix(self, parsed: Parsed) -> str:
+        return ""
+
+    async def events(self, parsed: Parsed, docs: AsyncIterator[ModelOutputDocument],
+                     info: dict) -> AsyncIterator[str]:
+        req = parsed.request["req"]
+        usage = {"usage": None} if req.stream_options and req.stream_options.include_usage else {}
+        if self.chat or self.prefix(parsed):
+            yield sse({**self.envelope(parsed, self.chunk_obj, [self.choice(self.prefix(parsed) or None, None, True)],
+                                       info), **usage})
+        async for out in docs:
             if out.error is not None:
-                yield _error_event(out)
+                yield sse(error_body(out.error, kind(out), out.error_field))
                 break
-            finish = FINISH.get(out.finish_reason or "", None) if out.finish_reason else None
-            yield sse({**shape.chunk(out.text, finish), **usage_field, **_seed(out.seed)})
-            if out.finish_reason is not None:
-                if include_usage:
-                    yield sse(shape.envelope(shape.chunk(None, None)["object"], [], usage=_usage(out)))
-                break
-            out = await anext(rest, None)
+            finish = FINISH.get(out.finish_reason or "")
+            yield sse({**self.envelope(parsed, self.chunk_obj, [self.choice(out.text, finish)], info), **usage,
+                       **_seed(out.seed)})
+            if out.finish_reason is not None and usage:
+                yield sse(self.envelope(parsed, self.chunk_obj, [], info, usage=_usage(out)))
         yield sse("[DONE]")
-    finally:
-        await close_quietly(rest)
 
-
-def openai_router(backend: Backend) -> APIRouter:
-    router = APIRouter(prefix="/v1", tags=["OpenAI"])
-
-    async def run(request: Request, req: _Common, doc: PromptDocument, chat: bool, prefix: str = "") -> Response:
-        shape = _Shape(chat, (await backend.info())["model_id"])
-        if req.stream:
-            first, rest = await backend.open(doc)
-            if first.error is not None:
-                await close_quietly(rest)
-                return openai_error(first.error, first.error_type or "generation", first.error_field)
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return StreamingResponse(_chunks(shape, first, rest, include_usage, prefix),
-                                     media_type="text/event-stream", headers=SSE_HEADERS)
-        result = await cancel_on_disconnect(request.receive, backend.complete(doc))
-        if result is None:
-            return Response(status_code=499)
-        if result.error is not None:
-            return openai_error(result.error.error, result.error.error_type or "generation",
-                                result.error.error_field)
+    def whole(self, parsed: Parsed, result: Completion, info: dict) -> Response:
         last = result.last
-        return JSONResponse(shape.whole(prefix + result.text, FINISH.get(last.finish_reason or ""),
-                                        _usage(last), last.seed))
+        choice = self.message(self.prefix(parsed) + result.text, FINISH.get(last.finish_reason or ""))
+        return JSONResponse(self.envelope(parsed, self.obj, [choice], info, usage=_usage(last), **_seed(last.seed)))
 
-    @router.post("/completions", summary="OpenAI completions (streaming with stream=true)")
-    async def completions(request: Request) -> Response:
-        req = await _parse(request, CompletionRequest)
-        if isinstance(req, JSONResponse):
-            return req
+    @staticmethod
+    def _context(req: Any) -> dict:
+        if req.n not in (None, 1):
+            raise BadRequest("n: only n=1 is supported", "n")
+        return {"req": req, "created": now()}
+
+
+class Completions(OpenAI):
+    async def parse(self, request: Request, backend: Upstream) -> Parsed:
+        req = await parse_body(request, CompletionRequest)
+        context = self._context(req) | {"id": "cmpl-" + uuid.uuid4().hex}
+        if isinstance(req.prompt, list) and len(req.prompt) != 1:
+            raise BadRequest("prompt: one prompt per request", "prompt")
         prompt = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
         max_tokens = req.max_tokens if req.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
-        try:
-            doc = to_document(req, max_tokens, prompt=prompt)
-        except BadRequest as exc:
-            return openai_error(str(exc), "validation", exc.param)
-        return await run(request, req, doc, chat=False, prefix=prompt if req.echo else "")
+        context["prefix"] = prompt if req.echo else ""
+        return Parsed(prompt_document(prompt=prompt, **to_fields(req, max_tokens)), bool(req.stream), context)
 
-    @router.post("/chat/completions", summary="OpenAI chat completions (streaming with stream=true)")
-    async def chat_completions(request: Request) -> Response:
-        req = await _parse(request, ChatRequest)
-        if isinstance(req, JSONResponse):
-            return req
+    def prefix(self, parsed: Parsed) -> str:
+        return parsed.request["prefix"]
+
+
+class Chat(OpenAI):
+    chat = True
+    obj, chunk_obj = "chat.completion", "chat.completion.chunk"
+
+    async def parse(self, request: Request, backend: Upstream) -> Parsed:
+        req = await parse_body(request, ChatRequest)
+        context = self._context(req) | {"id": "chatcmpl-" + uuid.uuid4().hex}
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         if max_tokens is None:  # OpenAI: up to the context; here half of it, within the limit
             info = await backend.info()
             max_tokens = min(info["max_tokens_limit"], info["max_context"] // 2)
-        try:
-            doc = to_document(req, max_tokens, messages=req.messages)
-        except BadRequest as exc:
-            return openai_error(str(exc), "validation", exc.param)
-        return await run(request, req, doc, chat=True)
+        return Parsed(prompt_document(messages=req.messages, **to_fields(req, max_tokens)), bool(req.stream), context)
+
+    def choice(self, text: Optional[str], finish: Optional[str], first: bool = False) -> dict:
+        delta: dict = {"role": "assistant", "content": ""} if first else {}
+        if text is not None:
+            delta["content"] = text
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+
+    def message(self, text: str, finish: Optional[str]) -> dict:
+        return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                "finish_reason": finish}
+
+
+def openai_router(backend: Upstream) -> APIRouter:
+    router = APIRouter(prefix="/v1", tags=["OpenAI"])
+
+    @router.post("/completions", summary="OpenAI completions (streaming with stream=true)")
+    async def completions(request: Request) -> Response:
+        return await serve(Completions(), backend, request)
+
+    @router.post("/chat/completions", summary="OpenAI chat completions (streaming with stream=true)")
+    async def chat_completions(request: Request) -> Response:
+        return await serve(Chat(), backend, request)
 
     @router.get("/models", summary="OpenAI: the one model served")
     async def models() -> dict:
-        return {"object": "list", "data": [await _model_card(backend)]}
+        return {"object": "list", "data": [_model_card(await backend.info())]}
 
     @router.get("/models/{model_id:path}", summary="OpenAI: one model")
     async def model(model_id: str) -> Response:
-        card = await _model_card(backend)
+        card = _model_card(await backend.info())
         if model_id != card["id"]:
-            return openai_error(f"model: {model_id!r} is not served", "not_found", "model")
+            return JSONResponse(error_body(f"model: {model_id!r} is not served", ErrorKind.NOT_FOUND, "model"),
+                                status_code=404)
         return JSONResponse(card)
 
     return router
 
 
-async def _model_card(backend: Backend) -> dict:
-    info = await backend.info()
+def _model_card(info: dict) -> dict:
     return {"id": info["model_id"], "object": "model", "created": 0, "owned_by": "llm-stream",
             "max_model_len": info["max_context"]}

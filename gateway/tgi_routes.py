@@ -3,74 +3,64 @@
 POST /generate, POST /generate_stream, POST / (dispatches on `stream`, what
 huggingface_hub's InferenceClient calls), GET /info, GET /health.
 Errors: {"error": ..., "error_type": ...} with 422 (validation), 429 (overloaded),
-500 (generation); in a stream, the same object as the last event.
+500 (generation); in a stream, the same object as the last event. `parameters` takes
+TGI's names (DJL Serving's too) and every other request field of the engine under its
+own name.
 """
-from typing import AsyncIterator, Optional, Union
+from collections.abc import AsyncIterator
+from typing import Optional
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, create_model
 
-from schemas import ModelOutputDocument, PromptDocument
-
-from gateway.backend import (SSE_HEADERS, STATUS, Backend, BadRequest, Bool, Int, Number,
-                             cancel_on_disconnect, close_quietly, parse_body, prompt_document, sse)
+from gateway.backend import Completion
+from gateway.inputs import (
+    LIMITS,
+    BadRequest,
+    Bool,
+    Int,
+    Stop,
+    option_fields,
+    parse_body,
+    prompt_document,
+    sampling_options,
+    set_options,
+)
+from gateway.protocol import STATUS, Parsed, Protocol, Upstream, kind, serve, sse
+from schemas import ModelOutputDocument
 
 DEFAULT_MAX_NEW_TOKENS = 20  # TGI's documented default
+OWN = ("max_tokens", "stop")  # TGI's spelling: max_new_tokens, and stop as a string or a list
+NAMES = {"prompt": "inputs", "max_tokens": "max_new_tokens"}  # the engine's field -> TGI's
 
 
-class TGIParameters(BaseModel):
-    """TGI/DJL `parameters`; unknown and null options are ignored, as TGI clients send many."""
+class _TGIParameters(BaseModel):
+    """Unknown and null options are ignored, as TGI clients send many."""
 
     model_config = ConfigDict(extra="ignore")
     max_new_tokens: Int = None
-    do_sample: Bool = None
-    temperature: Number = None
-    top_k: Int = None
-    top_p: Number = None
-    typical_p: Number = None
-    repetition_penalty: Number = None
-    seed: Int = None
-    stop: Optional[Union[str, list[str]]] = None
+    stop: Stop = None
     details: Bool = False
     return_full_text: Bool = False
     best_of: Int = None
 
 
+TGIParameters = create_model("TGIParameters", __base__=_TGIParameters, **option_fields(exclude=OWN))
+
+
 class TGIRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     inputs: str
-    parameters: TGIParameters = TGIParameters()
+    parameters: TGIParameters = TGIParameters()  # type: ignore[valid-type]
     stream: bool = False
 
 
-def error_response(message: str, error_type: str) -> JSONResponse:
-    return JSONResponse({"error": message, "error_type": error_type},
-                        status_code=STATUS.get(error_type, 500))
-
-
-def to_document(req: TGIRequest) -> PromptDocument:
+def to_fields(p: BaseModel) -> dict:
     """TGI samples when asked to, or when any warper is set (like TGI's NextTokenChooser)."""
-    p = req.parameters
-    warpers = ((p.temperature is not None and p.temperature != 1.0) or bool(p.top_k)
-               or (p.top_p is not None and p.top_p < 1.0) or (p.typical_p is not None and p.typical_p < 1.0))
     stop = [p.stop] if isinstance(p.stop, str) else (p.stop or [])
-    fields = dict(prompt=req.inputs, do_sample=bool(p.do_sample) or warpers, stop=stop,
-                  max_tokens=p.max_new_tokens if p.max_new_tokens is not None else DEFAULT_MAX_NEW_TOKENS)
-    for name in ("temperature", "top_k", "top_p", "typical_p", "repetition_penalty", "seed"):
-        if getattr(p, name) is not None:
-            fields[name] = getattr(p, name)
-    return prompt_document(**fields)
-
-
-async def parse(request: Request) -> Union[tuple[TGIRequest, PromptDocument], JSONResponse]:
-    try:
-        req = await parse_body(request, TGIRequest)
-        if req.parameters.best_of not in (None, 1):
-            raise BadRequest("best_of: only 1 is supported", "best_of")
-        return req, to_document(req)
-    except BadRequest as exc:
-        return error_response(str(exc), "validation")
+    return {**set_options(p, exclude=OWN), "do_sample": bool(p.do_sample) or bool(sampling_options(p)),
+            "stop": stop, "max_tokens": p.max_new_tokens if p.max_new_tokens is not None else DEFAULT_MAX_NEW_TOKENS}
 
 
 def _details(last: ModelOutputDocument, stream: bool, input_length: int) -> dict:
@@ -81,7 +71,7 @@ def _details(last: ModelOutputDocument, stream: bool, input_length: int) -> dict
     return details
 
 
-def _token_events(out: ModelOutputDocument) -> list[dict]:
+def token_events(out: ModelOutputDocument) -> list[dict]:
     """One TGI event per token. A document covering several tokens (the reader fell behind)
     carries their text together: it goes on its last token, so texts still join up."""
     n = len(out.token_ids)
@@ -94,90 +84,72 @@ def _token_events(out: ModelOutputDocument) -> list[dict]:
             for i, tid in enumerate(out.token_ids)]
 
 
-async def _events(first: ModelOutputDocument, rest: AsyncIterator[ModelOutputDocument],
-                  req: TGIRequest) -> AsyncIterator[str]:
-    prefix = req.inputs if req.parameters.return_full_text else ""
-    out: Optional[ModelOutputDocument] = first
-    try:
-        while out is not None:
+class TGI(Protocol):
+    """POST /generate (stream=False) and /generate_stream (stream=True); `/` reads `stream`."""
+
+    def __init__(self, stream: Optional[bool] = None, listed: bool = False):
+        self.stream, self.listed = stream, listed  # listed: `/` answers a one-element list
+
+    async def parse(self, request: Request, backend: Upstream) -> Parsed:
+        req = await parse_body(request, TGIRequest)
+        if req.parameters.best_of not in (None, 1):
+            raise BadRequest("best_of: only 1 is supported", "best_of")
+        doc = prompt_document(prompt=req.inputs, **to_fields(req.parameters))
+        return Parsed(doc, req.stream if self.stream is None else self.stream, req)
+
+    def refusal(self, error: ModelOutputDocument) -> Response:
+        """Errors name the field as TGI's clients know it (inputs, max_new_tokens)."""
+        message = error.error or ""
+        if error.error_field in NAMES:
+            message = NAMES[error.error_field] + message.removeprefix(error.error_field)
+        return JSONResponse({"error": message, "error_type": error.error_type}, status_code=STATUS[kind(error)])
+
+    async def events(self, parsed: Parsed, docs: AsyncIterator[ModelOutputDocument],
+                     info: dict) -> AsyncIterator[str]:
+        req = parsed.request
+        prefix = req.inputs if req.parameters.return_full_text else ""
+        async for out in docs:
             if out.error is not None:
                 yield sse({"error": out.error, "error_type": out.error_type})
                 return
-            events = _token_events(out)
+            events = token_events(out)
             if out.finish_reason is not None:
                 events[-1]["generated_text"] = prefix + out.generated_text
                 if req.parameters.details:
                     events[-1]["details"] = _details(out, True, out.prompt_tokens or 0)
             for event in events:
                 yield sse(event)
-            out = await anext(rest, None)
-    finally:
-        await close_quietly(rest)
 
-
-def tgi_router(backend: Backend) -> APIRouter:
-    router = APIRouter(tags=["TGI"])
-
-    async def generate_stream(req: TGIRequest, doc: PromptDocument) -> Response:
-        first, rest = await backend.open(doc)
-        if first.error is not None:
-            await close_quietly(rest)
-            return error_response(first.error, first.error_type or "generation")
-        return StreamingResponse(_events(first, rest, req), media_type="text/event-stream",
-                                 headers=SSE_HEADERS)
-
-    async def generate(req: TGIRequest, doc: PromptDocument, request: Request) -> Union[dict, Response]:
-        result = await cancel_on_disconnect(request.receive, backend.complete(doc))
-        if result is None:
-            return Response(status_code=499)  # the client left; nobody reads this
-        if result.error is not None:
-            return error_response(result.error.error, result.error.error_type or "generation")
+    def whole(self, parsed: Parsed, result: Completion, info: dict) -> Response:
+        req = parsed.request
         body: dict = {"generated_text": (req.inputs if req.parameters.return_full_text else "") + result.text}
         if req.parameters.details:
-            last = result.last
-            body["details"] = {**_details(last, False, 0), "prefill": [], "tokens": [
-                e["token"] for d in result.docs for e in _token_events(d)]}
-        return body
+            body["details"] = {**_details(result.last, False, 0), "prefill": [], "tokens": [
+                e["token"] for d in result.docs for e in token_events(d)]}
+        return JSONResponse([body] if self.listed else body)
+
+
+def tgi_router(backend: Upstream) -> APIRouter:
+    router = APIRouter(tags=["TGI"])
 
     @router.post("/generate_stream", summary="TGI: stream tokens as Server-Sent Events")
-    async def _generate_stream(request: Request) -> Response:
-        parsed = await parse(request)
-        return parsed if isinstance(parsed, JSONResponse) else await generate_stream(*parsed)
+    async def generate_stream(request: Request) -> Response:
+        return await serve(TGI(stream=True), backend, request)
 
     @router.post("/generate", summary="TGI: the whole generation at once")
-    async def _generate(request: Request) -> Response:
-        parsed = await parse(request)
-        if isinstance(parsed, JSONResponse):
-            return parsed
-        body = await generate(*parsed, request)
-        return body if isinstance(body, Response) else JSONResponse(body)
+    async def generate(request: Request) -> Response:
+        return await serve(TGI(stream=False), backend, request)
 
     @router.post("/", summary="TGI compat: /generate or /generate_stream depending on `stream`")
-    async def _compat(request: Request) -> Response:
-        parsed = await parse(request)
-        if isinstance(parsed, JSONResponse):
-            return parsed
-        if parsed[0].stream:
-            return await generate_stream(*parsed)
-        body = await generate(*parsed, request)
-        return body if isinstance(body, Response) else JSONResponse([body])
+    async def compat(request: Request) -> Response:
+        return await serve(TGI(listed=True), backend, request)
 
     @router.get("/info", summary="TGI: model id and limits")
-    async def _info() -> dict:
-        info = await backend.info()
-        return {"model_id": info["model_id"], "model_sha": None, "model_dtype": info["dtype"],
-                "model_device_type": info["device"].split(":")[0],
-                "model_pipeline_tag": "text-generation",
-                "max_concurrent_requests": info["max_running"] + info["max_waiting"],
-                "max_best_of": 1, "max_stop_sequences": 16,
-                "max_input_tokens": info["max_context"] - 1, "max_total_tokens": info["max_context"],
-                "max_batch_total_tokens": info["max_batch_tokens"],
-                "max_client_batch_size": 1, "validation_workers": 1, "waiting_served_ratio": 0,
-                "max_waiting_tokens": 0, "router": "llm-stream (Jina)", "version": "0.1.0",
-                "sha": None, "docker_label": None}
+    async def info() -> dict:
+        return tgi_info(await backend.info())
 
     @router.get("/health", summary="TGI: 200 when the model answers, else 503")
-    async def _health() -> Response:
+    async def health() -> Response:
         try:
             healthy = (await backend.stats()).get("healthy", False)
         except Exception:  # noqa: BLE001 - unreachable executor
@@ -185,3 +157,14 @@ def tgi_router(backend: Backend) -> APIRouter:
         return Response(status_code=200 if healthy else 503)
 
     return router
+
+
+def tgi_info(info: dict) -> dict:
+    return {"model_id": info["model_id"], "model_sha": None, "model_dtype": info["dtype"],
+            "model_device_type": info["device"].split(":")[0], "model_pipeline_tag": "text-generation",
+            "max_concurrent_requests": info["max_running"] + info["max_waiting"], "max_best_of": 1,
+            "max_stop_sequences": LIMITS.max_stop_sequences, "max_input_tokens": info["max_context"] - 1,
+            "max_total_tokens": info["max_context"], "max_batch_total_tokens": info["max_batch_tokens"],
+            "max_client_batch_size": 1, "validation_workers": 1, "waiting_served_ratio": 0,
+            "max_waiting_tokens": 0, "router": "llm-stream (Jina)", "version": "0.1.0", "sha": None,
+            "docker_label": None}

@@ -19,7 +19,8 @@ default), which repeats every token already streamed. A failure before the first
 with one error.
 """
 import asyncio
-from typing import Any, AsyncIterator, Optional
+from collections.abc import AsyncIterator
+from typing import Any, Optional
 
 import grpc
 from jina.serve.networking.connection_stub import _ConnectionStubs

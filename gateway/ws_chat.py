@@ -20,15 +20,15 @@ from typing import Any, Optional
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from fastapi.responses import HTMLResponse
-from schemas import PromptDocument
 
 from executors.engine.limits import RequestLimits
-
-from gateway.backend import Backend, BadRequest, check_text, close_quietly, prompt_document
+from executors.engine.params import request_fields
+from gateway.backend import Backend, close_quietly
 from gateway.http_guard import origin_allowed
+from gateway.inputs import BadRequest, check_text, prompt_document
+from schemas import PromptDocument
 
-SAMPLING_FIELDS = ("max_tokens", "do_sample", "temperature", "top_k", "top_p", "typical_p",
-                   "repetition_penalty", "seed", "stop")
+SAMPLING_FIELDS = tuple(f.name for f in request_fields())
 MAX_HISTORY_MESSAGES = 200  # the gateway's own bound; the engine trims to the context
 
 

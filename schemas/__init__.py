@@ -1,7 +1,8 @@
 """The typed documents that flow through the service (DocArray v2).
 
 Every request option lives in PromptDocument: Jina drops `parameters` on
-streaming endpoints. Types and wire ranges only here; the engine validates values
+streaming endpoints. Its fields are the engine's request fields (SamplingParams in
+executors/engine/params.py), with their wire types; the engine validates values
 and names the offending field, the same way for every transport.
 
 Wire facts: DocArray's protobuf carries an `int` as int32, so every integer field is
@@ -9,14 +10,15 @@ bounded to int32 when a document is built (a larger value is a validation error 
 names the field, not a serialization failure mid-stream), and the 64-bit `seed`
 travels as decimal text (see `Seed`).
 """
-from typing import Annotated, Any, List, Optional
+from typing import Annotated, Any, Optional
 
 from docarray import BaseDoc
 from docarray.base_doc.base_node import BaseNode
-from pydantic import Field, GetCoreSchemaHandler, GetJsonSchemaHandler
+from pydantic import Field, GetCoreSchemaHandler, GetJsonSchemaHandler, create_model
 from pydantic_core import core_schema
 
-from executors.engine.limits import SEED_MAX  # the engine's declaration; imports nothing heavy
+from executors.engine.limits import SEED_MAX  # the engine's declarations: nothing heavy
+from executors.engine.params import field_type, request_fields
 
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 
@@ -58,34 +60,39 @@ class Seed(int, BaseNode):
         return int(self)
 
 
-class PromptDocument(BaseDoc):
-    prompt: str = ""
-    max_tokens: Int32 = 64
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_k: Int32 = 0
-    top_p: float = 1.0
-    typical_p: float = 1.0
-    repetition_penalty: float = 1.0
-    seed: Optional[Seed] = None
-    stop: List[str] = []
-    # Chat: a JSON list of {role, content}; when set it replaces `prompt`, and the engine
-    # renders it (chat template, or a plain format) and drops the oldest turns to fit.
-    messages: str = ""
+def _wire_type(f: Any) -> Any:
+    """A request field's type on DocArray's wire: int32 integers, the seed as uint64 text."""
+    kind, optional = field_type(f)
+    wire = {int: Seed if f.metadata.get("le", 0) > INT32_MAX else Int32, list: list[str]}.get(kind, kind)
+    return Optional[wire] if optional else wire
+
+
+# Every request option lives in the document (Jina drops `parameters` on streaming endpoints):
+# the prompt, the engine's request fields as SamplingParams declares them, and chat messages.
+PromptDocument = create_model(
+    "PromptDocument", __base__=BaseDoc, __module__=__name__,
+    prompt=(str, Field("", description="the text to continue; ignored when `messages` is set")),
+    **{f.name: (_wire_type(f), Field(default=[] if field_type(f)[0] is list else f.default,
+                                     description=f.metadata["help"]))
+       for f in request_fields()},
+    messages=(str, Field("", description=(
+        "chat: a JSON list of {role, content}; it replaces `prompt`, and the engine renders it "
+        "(the model's chat template, or a plain format) and drops the oldest turns to fit"))),
+)
 
 
 class ModelOutputDocument(BaseDoc):
     """One streamed step: a token (several when the reader fell behind), or an error."""
 
     token_id: Int32 = -1  # the last token of this document
-    token_ids: List[Int32] = []  # every token this document covers
+    token_ids: list[Int32] = []  # every token this document covers
     text: str = ""  # only this document's new text
     generated_text: str = ""  # all text so far
     index: Int32 = 0  # position of token_id in the generation
     logprob: float = 0.0
-    logprobs: List[float] = []
+    logprobs: list[float] = []
     special: bool = False  # whether token_id is a special token
-    specials: List[bool] = []  # the same for each of token_ids
+    specials: list[bool] = []  # the same for each of token_ids
     finish_reason: Optional[str] = None  # last document only: length | eos_token | stop_sequence | error
     generated_tokens: Optional[Int32] = None  # last document only
     prompt_tokens: Optional[Int32] = None  # last document only

@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from executors.engine.toy_models import build  # noqa: E402
+from benchmarks.toy_models import build  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -104,7 +104,7 @@ def start_flow(model: str, tmp_path: Path, executor: dict | None = None, env: di
         _wait_ready(http_port)
     except Exception:
         server.stop()
-        raise RuntimeError("flow did not start:\n" + server.log()[-4000:])
+        raise RuntimeError("flow did not start:\n" + server.log()[-4000:]) from None
     return server, grpc_port, http_port
 
 

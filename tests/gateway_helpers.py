@@ -3,7 +3,7 @@ import json
 import os
 import subprocess
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 import requests

@@ -4,8 +4,15 @@ import random
 
 import pytest
 
-from executors.engine import (AsyncEngine, EngineConfig, FinishReason, GenerationError,
-                              OverloadedError, SamplingParams, ValidationError)
+from executors.engine import (
+    AsyncEngine,
+    EngineConfig,
+    FinishReason,
+    GenerationError,
+    OverloadedError,
+    SamplingParams,
+    ValidationError,
+)
 
 WORDS = "the quick brown fox jumps over a lazy dog while streams of tokens flow 東京 café".split()
 
@@ -212,6 +219,7 @@ async def test_long_prefill_is_chunked_between_decode_steps(gpt2_model, make_eng
 
 def test_prefill_plan_groups_similar_lengths_within_budget():
     from types import SimpleNamespace
+
     from executors.engine.scheduler import plan_prefill
     reqs = [SimpleNamespace(request_id=str(n), prompt_ids=[0] * n, prefilled=0)
             for n in (100, 5, 6, 90, 7, 600, 40)]

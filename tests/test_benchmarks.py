@@ -15,7 +15,7 @@ def test_prompts_are_deterministic_and_of_mixed_length():
 
 def _record(start, arrivals, counts, end):
     r = RequestRecord(prompt_chars=1, start=start)
-    for t, n in zip(arrivals, counts):
+    for t, n in zip(arrivals, counts, strict=True):
         r.arrivals.append(t)
         r.tokens += n
     r.end = end

@@ -103,7 +103,7 @@ def test_linear_trimming_keeps_what_one_turn_at_a_time_kept(gpt2_tok, llama_tok,
     rng = random.Random(5)
     for _ in range(40):
         msgs = [{"role": "system", "content": "be brief"}] if rng.random() < 0.5 else []
-        for i in range(rng.randint(1, 12)):
+        for _ in range(rng.randint(1, 12)):
             msgs.append({"role": "user", "content": " ".join(["word"] * rng.randint(1, 30))})
             if rng.random() < 0.8:
                 msgs.append({"role": "assistant", "content": "ok " * rng.randint(1, 30)})
@@ -135,6 +135,7 @@ def test_first_true_finds_the_boundary_from_any_guess():
         for boundary in range(n + 1):  # pred is true from `boundary` on (n: never)
             for guess in range(n):
                 calls = []
-                got = _first_true(lambda k: calls.append(k) or k >= boundary, guess, n)
+                got = _first_true(lambda k, calls=calls, boundary=boundary: calls.append(k) or k >= boundary,
+                                  guess, n)
                 assert got == (boundary if boundary < n else None), (n, boundary, guess)
                 assert all(0 <= k < n for k in calls)

@@ -1,16 +1,16 @@
 """The engine alone: equality with transformers' generate, detokenization, stops, seeds."""
 import ast
 import asyncio
+import json
 import random
 import subprocess
 import sys
 
 import pytest
 
-from executors.engine import (AsyncEngine, EngineConfig, FinishReason, SamplingParams,
-                              ValidationError)
-from executors.engine.detokenizer import (IncrementalDetokenizer, StopSequenceFilter,
-                                          byte_fallback_ids)
+from executors.engine import AsyncEngine, EngineConfig, FinishReason, SamplingParams, ValidationError
+from executors.engine.detokenizer import IncrementalDetokenizer, byte_fallback_ids
+from executors.engine.stopping import StopSequenceFilter
 from tests.conftest import ROOT
 
 PROMPTS = ["the quick brown fox", "hello 東京 😀 café", "a",
@@ -198,7 +198,7 @@ def test_engine_imports_neither_jina_nor_docarray():
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             for name in names:
                 assert name.split(".")[0] not in ("jina", "docarray"), f"{path.name} imports {name}"
-    code = ("import sys, executors.engine, executors.engine.toy_models; "
+    code = ("import sys, executors.engine, executors.engine.async_engine, executors.engine.gguf; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('jina', 'docarray')]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)
@@ -225,3 +225,21 @@ async def test_model_never_runs_on_the_event_loop(engines):
         handle.remove()
     assert len(ids) == 30 and ticks > 30
     assert threads and threading.get_ident() not in threads
+
+
+def test_readme_documents_every_engine_option_with_its_default():
+    """EngineConfig declares the options; the README's Configuration table must keep up."""
+    from dataclasses import MISSING, fields
+
+    from executors.engine import EngineConfig
+    section = (ROOT / "README.md").read_text().split("## Configuration")[1].split("\n## ")[0]
+    rows = {cells[1].strip(): cells[2].strip() for cells in (line.split("|") for line in section.splitlines())
+            if len(cells) > 3}
+    documented = {name.strip() for key in rows for name in key.split(",")}
+    for f in fields(EngineConfig):
+        assert f.name in documented, f"README: {f.name} is not in the Configuration table"
+        default = next(v for k, v in rows.items() if f.name in [n.strip() for n in k.split(",")])
+        if f.default not in (MISSING, None) and not isinstance(f.default, str):
+            assert default == json.dumps(f.default), (f.name, default, f.default)
+        elif f.default is None:
+            assert default in ("null", "auto"), (f.name, default)  # null: decided at start

@@ -132,7 +132,7 @@ def test_overload_is_429_everywhere(limited_flow):
     try:
         for n, h in enumerate(holders, 1):  # one by one, each admitted before the next: a
             h.start()                         # request still queued would make the next one 429
-            s = wait_until(http_port, lambda s: (s["running"], s["waiting"]) == (min(n, 2), n // 3))
+            s = wait_until(http_port, lambda s, n=n: (s["running"], s["waiting"]) == (min(n, 2), n // 3))
         assert (s["running"], s["waiting"]) == (2, 1), (s, statuses)
         r = requests.post(f"{url}/generate", json={"inputs": "x", "parameters": {"max_new_tokens": 2}})
         assert r.status_code == 429 and r.json()["error_type"] == "overloaded"
@@ -161,6 +161,7 @@ async def grpc_status_of(grpc_port: int, **kw) -> str:
     """The gRPC status a plain Jina client gets for a request refused before its first token."""
     from jina import Client
     from jina.excepts import BadServerFlow
+
     from schemas import ModelOutputDocument, PromptDocument
     client = Client(port=grpc_port, protocol="grpc", asyncio=True)
     try:

@@ -76,8 +76,8 @@ def test_generate_and_compat_root(flow):
 
 
 @pytest.mark.parametrize("body,field", [
-    ({"inputs": "", "parameters": {"max_new_tokens": 4}}, "prompt"),
-    ({"inputs": "hi", "parameters": {"max_new_tokens": 0}}, "max_tokens"),
+    ({"inputs": "", "parameters": {"max_new_tokens": 4}}, "inputs"),
+    ({"inputs": "hi", "parameters": {"max_new_tokens": 0}}, "max_new_tokens"),
     ({"inputs": "hi", "parameters": {"max_new_tokens": "lots"}}, "max_new_tokens"),
     ({"inputs": "hi", "parameters": {"top_p": 2.0}}, "top_p"),
     ({"parameters": {}}, "inputs"),
@@ -111,12 +111,12 @@ def test_info_and_health(flow, gpt2_model):
 
 
 def test_coalesced_document_becomes_one_event_per_token():
-    from gateway.tgi_routes import _token_events
+    from gateway.tgi_routes import token_events
     from schemas import ModelOutputDocument
     doc = ModelOutputDocument(token_id=9, token_ids=[7, 8, 9], text="abc", index=5,
                               logprobs=[-1.0, -2.0, -3.0], logprob=-3.0, special=False,
                               specials=[False, True, False])
-    events = _token_events(doc)
+    events = token_events(doc)
     assert [e["index"] for e in events] == [4, 5, 6]  # TGI counts from 1
     assert [e["token"]["id"] for e in events] == [7, 8, 9]
     assert [e["token"]["special"] for e in events] == [False, True, False]

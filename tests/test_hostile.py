@@ -51,7 +51,7 @@ def test_oversized_requests_are_refused_before_any_work(flow):
                                              "messages": [{"role": "user", "content": "hi"}] * 4000}), 400, "messages"),
         "/v1/completions": (json.dumps({"max_tokens": 3, "prompt": "word " * 4_200_000}), 413, "body"),
         "/generate": (json.dumps({"inputs": "hi", "parameters": {"stop": ["abcde"] * 5_000_000}}), 413, "body"),
-        "/generate_stream": (json.dumps({"inputs": "x" * 300_000}), 422, "prompt"),
+        "/generate_stream": (json.dumps({"inputs": "x" * 300_000}), 422, "inputs"),
     }
     executor = executor_process(flow[1])
     idle_rss = executor.memory_info().rss

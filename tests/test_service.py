@@ -74,8 +74,9 @@ async def test_http_sse_stream_matches_grpc(flow):
 
 async def test_unary_generate_endpoint(flow):
     grpc_port, _ = flow
-    from client import make_client
     from docarray import DocList
+
+    from client import make_client
     from schemas import ModelOutputDocument, PromptDocument
     ref = await generate("a lazy dog", port=grpc_port, max_tokens=6)
     c = make_client(port=grpc_port)
@@ -103,8 +104,9 @@ def test_cli_streams_over_grpc_and_http(flow):
 
 
 async def _stats(port: int) -> dict:
-    from client import make_client
     from docarray import DocList
+
+    from client import make_client
     from schemas import ModelOutputDocument, PromptDocument
     c = make_client(port=port)
     async for resp in c.post("/stats", DocList[PromptDocument]([PromptDocument()]),

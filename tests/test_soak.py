@@ -128,10 +128,10 @@ async def alone(spec: Spec, grpc_port: int) -> str:
     fields = spec.document_fields()
     if spec.protocol == "websocket":
         fields["messages"] = [{"role": "user", "content": spec.prompt}]
-    last = None
-    async for last in stream(spec.prompt, port=grpc_port, **fields):
-        pass
-    return last.generated_text
+    text = ""
+    async for doc in stream(spec.prompt, port=grpc_port, **fields):
+        text = doc.generated_text
+    return text
 
 
 async def test_mixed_requests_with_cancellations_match_solo_runs(flow):

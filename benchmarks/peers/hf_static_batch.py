@@ -62,12 +62,12 @@ def make_app(model_path: str, max_batch_size: int, batch_wait_timeout_s: float) 
                 try:
                     batch.append(await asyncio.wait_for(
                         queue.get(), max(0.0, deadline - asyncio.get_running_loop().time())))
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     break
             try:
                 answers = await asyncio.to_thread(generate_batch, [i.prompt for i in batch],
                                                   max(i.max_tokens for i in batch))
-                for item, ids in zip(batch, answers):
+                for item, ids in zip(batch, answers, strict=True):
                     item.result.set_result(ids[:item.max_tokens])
             except Exception as exc:  # noqa: BLE001 - fail the batch, keep serving
                 for item in batch:

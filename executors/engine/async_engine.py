@@ -10,20 +10,18 @@ import logging
 import threading
 import time
 import weakref
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Optional
+from typing import Any, Optional
 
 from .core import EngineCore
+from .errors import GenerationError
 from .loader import LoadedModel, load_model
 from .params import EngineConfig, EngineDeadError, FinishReason, SamplingParams
 from .request import Request, TokenOutput
 
 log = logging.getLogger(__name__)
-
-
-class GenerationError(RuntimeError):
-    """A request failed after it started streaming."""
 
 
 @dataclass

@@ -18,19 +18,20 @@ model continues as the assistant.
 """
 import bisect
 import json
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any, Optional, cast
 
 from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
 from .errors import ValidationError, check
-from .limits import RequestLimits
+from .limits import DEFAULT_LIMITS, RequestLimits
 
 ROLES = ("system", "user", "assistant")
 Message = dict[str, str]
 
 
-def parse_messages(raw: str | list[Any], limits: RequestLimits = RequestLimits()) -> list[Message]:
+def parse_messages(raw: str | list[Any], limits: RequestLimits = DEFAULT_LIMITS) -> list[Message]:
     """Validate messages (a JSON string or a list); errors name the field `messages`.
     Sizes are checked before anything else is done with them."""
     if isinstance(raw, str):
@@ -65,7 +66,7 @@ def plain_format(messages: list[Message]) -> str:
 
 
 def _template(tokenizer: PreTrainedTokenizerBase, messages: list[Message]) -> str:
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    text = cast(str, tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
     # The engine tokenizes with special tokens; a template that writes BOS itself would double it.
     bos = tokenizer.bos_token
     if bos and text.startswith(bos) and _adds_bos(tokenizer):
@@ -88,7 +89,7 @@ def render(tokenizer: PreTrainedTokenizerBase, messages: list[Message]) -> str:
 
 
 def render_chat(tokenizer: PreTrainedTokenizerBase, messages: str | list[Any], max_prompt_tokens: int,
-                limits: RequestLimits = RequestLimits()) -> tuple[str, int]:
+                limits: RequestLimits = DEFAULT_LIMITS) -> tuple[str, int]:
     """Return (prompt, dropped): the rendered prompt and how many oldest messages were dropped
     so that it fits `max_prompt_tokens` (the context minus the tokens to generate)."""
     prompt, _, dropped = render_chat_ids(tokenizer, messages, max_prompt_tokens, limits)
@@ -96,7 +97,7 @@ def render_chat(tokenizer: PreTrainedTokenizerBase, messages: str | list[Any], m
 
 
 def render_chat_ids(tokenizer: PreTrainedTokenizerBase, messages: str | list[Any], max_prompt_tokens: int,
-                    limits: RequestLimits = RequestLimits()) -> tuple[str, list[int], int]:
+                    limits: RequestLimits = DEFAULT_LIMITS) -> tuple[str, list[int], int]:
     """(prompt, its token ids, dropped messages): the oldest turns are dropped until it fits.
 
     Near-linear in the conversation's size: each message is tokenized once to estimate where

@@ -6,20 +6,23 @@ thread. Errors inside one request end that request only.
 import logging
 import threading
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any, Optional, TypeVar
 
 import torch
 
 from .chat import render_chat_ids
-from .detokenizer import IncrementalDetokenizer, StopSequenceFilter, byte_fallback_ids
+from .detokenizer import IncrementalDetokenizer, byte_fallback_ids
 from .kv_batch import KVBatch, new_cache, prefill_chunk, prefill_group, select_rows
 from .loader import LoadedModel
 from .params import EngineConfig, FinishReason, SamplingParams, ValidationError
-from .request import Request, RequestState, TokenOutput
+from .request import Request, TokenOutput
 from .sampling import Choice, TokenChooser, greedy_choices
 from .scheduler import Scheduler, plan_prefill
+from .stopping import StopSequenceFilter, stop_reason
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class EngineCore:
@@ -43,8 +46,7 @@ class EngineCore:
         once each and cheapest first; raises ValidationError naming the field before any work."""
         params.validate(self.config.max_tokens_limit, self.config.limits)
         ids = self._chat_ids(messages, params) if messages else self._prompt_ids(prompt)
-        self._check_length(len(ids), params.max_tokens)
-        self.scheduler.check_fits(len(ids) + params.max_tokens)
+        self._check_length(len(ids), params.max_tokens)  # the batch budget: Scheduler.submit
         seed = params.resolved_seed()
         return Request(request_id or uuid.uuid4().hex, ids, params, seed,
                        TokenChooser(params, seed, self.loaded.device),
@@ -122,7 +124,7 @@ class EngineCore:
             return
         choices = self._choose(rows, logits)
         next_tokens = []
-        for req, choice in zip(rows, choices):
+        for req, choice in zip(rows, choices, strict=True):
             if choice is not None and self._advance(req, choice):
                 next_tokens.append(choice.token_id)
         self._sync_batch()
@@ -133,16 +135,17 @@ class EngineCore:
         choices: list[Choice | None] = [None] * len(rows)
         plain = [i for i, r in enumerate(rows) if r.chooser.plain_greedy]
         if plain:
-            for i, c in zip(plain, greedy_choices(logits[plain] if len(plain) < len(rows) else logits)):
+            for i, c in zip(plain, greedy_choices(logits[plain] if len(plain) < len(rows) else logits), strict=True):
                 choices[i] = c
         for i, req in enumerate(rows):
             if choices[i] is None:
-                choices[i] = self._guarded(req, lambda: req.chooser.choose(req.history(), logits[i:i + 1]))
+                choices[i] = self._guarded(req, req.chooser.choose, req.history(), logits[i:i + 1])
         return choices
 
-    def _guarded(self, req: Request, fn):
+    def _guarded(self, req: Request, fn: Callable[..., T], *args: Any) -> Optional[T]:
+        """fn(*args), or None when it failed: that fails this request only."""
         try:
-            return fn()
+            return fn(*args)
         except Exception as exc:
             log.exception("request %s failed", req.request_id)
             self._finish_with_error(req, f"{type(exc).__name__}: {exc}")
@@ -160,7 +163,7 @@ class EngineCore:
         rest = [r for r in self.scheduler.prefilling if r.request_id not in planned]
         if rest:  # the oldest long prompt advances every step: short ones cannot starve it
             req = rest[0]
-            self._guarded(req, lambda: self._prefill_chunk(req, max(budget - used, budget // 4)))
+            self._guarded(req, self._prefill_chunk, req, max(budget - used, budget // 4))
 
     def _prefill_group(self, group: list[Request]) -> None:
         cache = new_cache()
@@ -188,22 +191,19 @@ class EngineCore:
     def _start_running(self, group: list[Request], logits, cache, mask) -> None:
         """First tokens out, then the rows that go on join the decode batch."""
         for req in group:
-            req.prefilled = len(req.prompt_ids)
-            self.scheduler.prefilling.remove(req)
-            self.scheduler.running[req.request_id] = req
-            req.state = RequestState.RUNNING
+            self.scheduler.start_running(req)
         choices = self._choose(group, logits)
-        going_on = [i for i, (req, c) in enumerate(zip(group, choices))
+        going_on = [i for i, (req, c) in enumerate(zip(group, choices, strict=True))
                     if c is not None and self._advance(req, c)]
         if not going_on:
             return
         joining = [group[i] for i in going_on]
+        tokens = [c.token_id for c in (choices[i] for i in going_on) if c is not None]
         try:
             if len(going_on) < len(group):
                 select_rows(cache, going_on)
                 mask = mask[going_on]
-            self.batch.add([r.request_id for r in joining], cache, mask,
-                           [choices[i].token_id for i in going_on])
+            self.batch.add([r.request_id for r in joining], cache, mask, tokens)
         except Exception as exc:  # e.g. out of memory while merging: these rows only
             log.exception("could not add rows to the batch")
             for req in joining:
@@ -230,11 +230,7 @@ class EngineCore:
         token = choice.token_id
         req.generated.append(token)
         delta = req.detokenizer.add(token)
-        finish = None
-        if token in self.loaded.eos_token_ids and not req.params.ignore_eos:
-            finish = FinishReason.EOS
-        elif len(req.generated) >= req.params.max_tokens:
-            finish = FinishReason.LENGTH
+        finish = stop_reason(token, len(req.generated), req.params, self.loaded.eos_token_ids)
         if finish is not None:
             delta += req.detokenizer.flush()
         text, hit_stop = req.stops.add(delta)
@@ -248,7 +244,7 @@ class EngineCore:
 
     def _finish_with_error(self, req: Request, message: str) -> None:
         self.scheduler.release(req)
-        req.fail(message)
+        req.emit_error(message)
 
     def _fail_batch(self, message: str) -> None:
         for row in list(self.batch.rows):
@@ -265,10 +261,11 @@ class EngineCore:
     def fail_all(self, message: str, close: bool = False) -> None:
         """Fail every request in flight and start from an empty batch (close: for good)."""
         for req in self.scheduler.drain_waiting(close):
-            req.fail(message)
+            self.scheduler.release(req)
+            req.emit_error(message)
         for req in list(self.scheduler.prefilling) + list(self.scheduler.running.values()):
             self.scheduler.release(req)
-            req.fail(message)
+            req.emit_error(message)
         self.batch = KVBatch(self.loaded.model, self.loaded.device)
 
     @property

@@ -1,10 +1,11 @@
-"""Incremental detokenization and stop-sequence hold-back.
+"""Incremental detokenization.
 
 Decoding each new token on its own breaks multi-byte characters and SentencePiece
 spaces. Like TGI and vLLM we decode a short window twice, `ids[prefix:read]` and
 `ids[prefix:]`, and emit the difference only once it no longer ends in U+FFFD.
 """
 import re
+from typing import cast
 
 from transformers import PreTrainedTokenizerBase
 
@@ -35,8 +36,8 @@ class IncrementalDetokenizer:
         self._read = 0
 
     def _decode(self, ids: list[int]) -> str:
-        return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special,
-                                      clean_up_tokenization_spaces=False)
+        return cast(str, self._tokenizer.decode(ids, skip_special_tokens=self._skip_special,
+                                                clean_up_tokenization_spaces=False))
 
     def add(self, token_id: int) -> str:
         """Append one token; return the text it completes (maybe '')."""
@@ -56,56 +57,3 @@ class IncrementalDetokenizer:
         full_text = self._decode(self.ids[self._prefix:])
         self._prefix = self._read = len(self.ids)
         return full_text[len(prefix_text):]
-
-
-class StopSequenceFilter:
-    """Holds back text that could still become a stop sequence, so none is streamed in part."""
-
-    def __init__(self, stops: list[str]):
-        self._stops = [s for s in stops if s]
-        self._text = ""
-        self._emitted = 0
-
-    def add(self, delta: str) -> tuple[str, bool]:
-        """Return (text safe to emit, whether a stop sequence was hit)."""
-        if not self._stops:
-            return delta, False
-        old_len = len(self._text)
-        self._text += delta
-        hit = self._first_stop(old_len)
-        if hit is not None:
-            out = self._text[self._emitted:hit]
-            self._text = self._text[:hit]
-            self._emitted = hit
-            return out, True
-        safe_end = max(self._emitted, len(self._text) - self._held_back())
-        out = self._text[self._emitted:safe_end]
-        self._emitted = safe_end
-        return out, False
-
-    def flush(self) -> str:
-        out = self._text[self._emitted:]
-        self._emitted = len(self._text)
-        return out
-
-    def _first_stop(self, old_len: int) -> int | None:
-        found = [self._text.find(s, max(0, old_len - len(s) + 1)) for s in self._stops]
-        found = [i for i in found if i >= 0]
-        return min(found) if found else None
-
-    def _held_back(self) -> int:
-        """Length of the longest tail of the text that starts some stop sequence.
-
-        Candidates are the places where a stop's first character occurs in the tail, so
-        the work stays in str.find/startswith (C) rather than a Python loop per length.
-        """
-        longest = 0
-        for stop in self._stops:
-            tail = self._text[-(len(stop) - 1):] if len(stop) > 1 else ""
-            i = tail.find(stop[0])
-            while i != -1 and len(tail) - i > longest:
-                if stop.startswith(tail[i:]):
-                    longest = len(tail) - i
-                    break
-                i = tail.find(stop[0], i + 1)
-        return longest

@@ -5,6 +5,8 @@ that are padding for every row are trimmed, so memory follows the live rows.
 Each layer keeps spare capacity, so a decode step writes one column in place
 instead of copying the whole cache as `DynamicCache.update` does.
 """
+from typing import Any, cast
+
 import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
@@ -13,13 +15,19 @@ from transformers.cache_utils import DynamicLayer
 class SlabLayer(DynamicLayer):
     """A DynamicLayer that appends into preallocated room."""
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+    keys: torch.Tensor
+    values: torch.Tensor
+    _slab_k: torch.Tensor
+    _slab_v: torch.Tensor
+    _len: int = 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-            self._slab_k = self._slab_v = None
             self._len = 0
         need = self._len + key_states.shape[-2]
-        if self._slab_k is None or need > self._slab_k.shape[-2]:
+        if self._len == 0 or need > self._slab_k.shape[-2]:
             self._regrow(key_states, need)
         self._slab_k[..., self._len:need, :] = key_states
         self._slab_v[..., self._len:need, :] = value_states
@@ -43,7 +51,7 @@ class SlabLayer(DynamicLayer):
         shape = (rows, *keys[0].shape[1:-2], _capacity(width), keys[0].shape[-1])
         slab_k, slab_v = keys[0].new_zeros(shape), values[0].new_zeros(shape)
         row = 0
-        for k, v in zip(keys, values):
+        for k, v in zip(keys, values, strict=True):
             n, length = k.shape[0], k.shape[-2]
             slab_k[row:row + n, ..., width - length:width, :] = k
             slab_v[row:row + n, ..., width - length:width, :] = v
@@ -64,12 +72,21 @@ def new_cache() -> DynamicCache:
     return cache
 
 
+def slabs(cache: DynamicCache) -> list[SlabLayer]:
+    """The cache's layers: SlabLayers, as `new_cache` makes them."""
+    return cast(list[SlabLayer], cache.layers)
+
+
 class KVBatch:
     """Tensors of the running rows; row order matches `self.rows`."""
 
     def __init__(self, model: PreTrainedModel, device: torch.device):
         self.model = model
         self.device = device
+        self._clear()
+
+    def _clear(self) -> None:
+        device = self.device
         self.rows: list[str] = []
         self.cache: DynamicCache | None = None
         self.mask = torch.zeros((0, 0), dtype=torch.long, device=device)
@@ -81,7 +98,7 @@ class KVBatch:
 
     def consistent(self) -> bool:
         """Every layer holds exactly the rows listed (false after a merge failed half-way)."""
-        return self.cache is None or all(l.keys.shape[0] == len(self.rows) for l in self.cache.layers)
+        return self.cache is None or all(layer.keys.shape[0] == len(self.rows) for layer in slabs(self.cache))
 
     def add(self, row_ids: list[str], cache: DynamicCache, mask: torch.Tensor,
             next_tokens: list[int]) -> None:
@@ -94,7 +111,7 @@ class KVBatch:
             self.positions, self.last_tokens, self.rows = positions, tokens, list(row_ids)
             return
         width = max(self.mask.shape[1], mask.shape[1])
-        for mine, theirs in zip(self.cache.layers, cache.layers):  # one layer at a time
+        for mine, theirs in zip(slabs(self.cache), slabs(cache), strict=True):  # one layer at a time
             mine.stack([mine.keys, theirs.keys], [mine.values, theirs.values], width)
         self.mask = torch.cat([_pad_left(self.mask, width), _pad_left(mask, width)])
         self.positions = torch.cat([self.positions, positions])
@@ -105,15 +122,15 @@ class KVBatch:
         """Drop every row not in keep_ids, then trim all-padding columns."""
         if keep_ids == self.rows:
             return
-        if not keep_ids:
-            self.__init__(self.model, self.device)
+        if not keep_ids or self.cache is None:
+            self._clear()
             return
         index = torch.tensor([self.rows.index(r) for r in keep_ids], device=self.device)
         self.mask = self.mask[index]
         start = int((self.mask.cumsum(1) == 0).sum(1).min())  # leading pad columns shared by all
         self.mask = self.mask[:, start:]
         width = self.mask.shape[1]
-        for layer in self.cache.layers:
+        for layer in slabs(self.cache):
             layer.stack([layer.keys[index][..., start:, :]], [layer.values[index][..., start:, :]], width)
         self.positions = self.positions[index]
         self.last_tokens = self.last_tokens[index]
@@ -143,8 +160,8 @@ def _pad_left(mask: torch.Tensor, width: int) -> torch.Tensor:
 
 def select_rows(cache: DynamicCache, index: list[int]) -> None:
     """Keep only these batch rows of a cache (prefilled rows that finished at once leave)."""
-    idx = torch.tensor(index, dtype=torch.long, device=cache.layers[0].keys.device)
-    for layer in cache.layers:
+    idx = torch.tensor(index, dtype=torch.long, device=slabs(cache)[0].keys.device)
+    for layer in slabs(cache):
         layer.stack([layer.keys[idx]], [layer.values[idx]], layer.keys.shape[-2])
 
 

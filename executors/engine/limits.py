@@ -7,6 +7,7 @@ process sees: LLM_MAX_BODY_BYTES, LLM_MAX_PROMPT_CHARS, LLM_MAX_MESSAGES,
 LLM_MAX_STOP_SEQUENCES, LLM_MAX_STOP_CHARS.
 """
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Optional
 
@@ -24,16 +25,16 @@ class RequestLimits:
     max_stop_chars: int = 256  # characters of one stop sequence
 
     @classmethod
-    def from_env(cls, env: Optional[dict[str, str]] = None) -> "RequestLimits":
-        env = os.environ if env is None else env
+    def from_env(cls, env: Optional[Mapping[str, str]] = None) -> "RequestLimits":
+        source: Mapping[str, str] = os.environ if env is None else env
         values = {}
         for f in fields(cls):
             name = "LLM_" + f.name.upper()
-            if env.get(name):
+            if source.get(name):
                 try:
-                    values[f.name] = int(env[name])
+                    values[f.name] = int(source[name])
                 except ValueError:
-                    raise ValueError(f"{name}: expected an integer, got {env[name]!r}") from None
+                    raise ValueError(f"{name}: expected an integer, got {source[name]!r}") from None
                 if values[f.name] < 1:
                     raise ValueError(f"{name}: must be >= 1, got {values[f.name]}")
         return cls(**values)
@@ -63,3 +64,6 @@ class RequestLimits:
         chars = sum(len(str(m.get("content", ""))) for m in messages if isinstance(m, dict))
         check(chars <= self.max_prompt_chars, "messages",
               f"{chars} characters in all; at most {self.max_prompt_chars}")
+
+
+DEFAULT_LIMITS = RequestLimits()  # without the environment: for direct use of the engine

@@ -4,18 +4,21 @@ Errors name the offending field so every transport can report it as-is.
 """
 import enum
 import math
+import operator
 import random
-from dataclasses import dataclass, field
-from typing import Optional
+import typing
+from collections.abc import Callable
+from dataclasses import Field, dataclass, field, fields
+from typing import Any, Optional
 
 from .errors import EngineDeadError, OverloadedError, ValidationError, check
-from .limits import SEED_MAX, RequestLimits
+from .limits import DEFAULT_LIMITS, SEED_MAX, RequestLimits
 
 __all__ = ["EngineConfig", "EngineDeadError", "FinishReason", "OverloadedError", "SamplingParams",
-           "ValidationError"]
+           "ValidationError", "field_type", "request_fields"]
 
 
-class FinishReason(str, enum.Enum):
+class FinishReason(enum.StrEnum):
     LENGTH = "length"
     EOS = "eos_token"
     STOP = "stop_sequence"
@@ -23,42 +26,63 @@ class FinishReason(str, enum.Enum):
     ERROR = "error"
 
 
+def request_field(default: Any, help: str, **rules: Any) -> Any:
+    """A request option. PromptDocument, the protocols (under their own names where they
+    have one), the WebSocket chat and the CLI all derive from these declarations. `rules`:
+    bounds (ge, gt, le, lt) that `validate` checks and the schema reads (`le`, for the wire
+    type), and `warper` for sampling-only options."""
+    metadata = {"help": help, **rules}
+    if isinstance(default, list):
+        return field(default_factory=list, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
 @dataclass
 class SamplingParams:
-    max_tokens: int = 64
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    typical_p: float = 1.0
-    repetition_penalty: float = 1.0
-    seed: Optional[int] = None
-    stop: list[str] = field(default_factory=list)
-    ignore_eos: bool = False
+    """A request's options, declared once (see `request_field`)."""
 
-    def validate(self, max_tokens_limit: int, limits: RequestLimits = RequestLimits()) -> "SamplingParams":
-        for name in ("max_tokens", "top_k"):
-            check(_is_int(getattr(self, name)), name, "must be an integer")
-        check(self.seed is None or _is_int(self.seed), "seed", "must be an integer or null")
-        for name in ("temperature", "top_p", "typical_p", "repetition_penalty"):
-            value = getattr(self, name)
-            check(isinstance(value, (int, float)) and not isinstance(value, bool)
-                   and math.isfinite(value), name, f"must be a finite number, got {value!r}")
-            setattr(self, name, float(value))  # transformers' warpers insist on floats
-        check(1 <= self.max_tokens <= max_tokens_limit, "max_tokens",
-               f"must be between 1 and {max_tokens_limit}, got {self.max_tokens}")
-        check(self.temperature >= 0, "temperature", f"must be >= 0, got {self.temperature}")
-        check(self.top_k >= 0, "top_k", f"must be >= 0 (0 disables it), got {self.top_k}")
-        check(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
-        check(0 < self.typical_p <= 1, "typical_p", f"must be in (0, 1], got {self.typical_p}")
-        check(self.repetition_penalty > 0, "repetition_penalty",
-               f"must be > 0, got {self.repetition_penalty}")
-        check(self.seed is None or 0 <= self.seed <= SEED_MAX, "seed",
-               f"must be between 0 and 2**64 - 1, got {self.seed}")
+    max_tokens: int = request_field(64, "tokens to generate: 1 to the server's max_tokens_limit", ge=1)
+    do_sample: bool = request_field(False, "sample; false decodes greedily (so does temperature 0)")
+    # warper=True: a sampling-only option (TGI samples when one is moved off its default)
+    temperature: float = request_field(1.0, "sampling temperature", ge=0, warper=True)
+    top_k: int = request_field(0, "sample among the k likeliest tokens (0: all)", ge=0, warper=True)
+    top_p: float = request_field(1.0, "sample within this probability mass (nucleus)", gt=0, le=1, warper=True)
+    typical_p: float = request_field(1.0, "typical sampling's probability mass", gt=0, le=1, warper=True)
+    repetition_penalty: float = request_field(
+        1.0, "divides the scores of tokens already in the prompt or output; greedy too", gt=0)
+    seed: Optional[int] = request_field(
+        None, "sampling seed, 0 to 2**64 - 1; when absent one is drawn and reported", ge=0, le=SEED_MAX)
+    stop: list[str] = request_field(
+        [], "stop sequences: the text ends before the first one, which is never streamed")
+    ignore_eos: bool = field(default=False, metadata={"internal": True})  # benchmarks and tests
+
+    def validate(self, max_tokens_limit: int, limits: RequestLimits = DEFAULT_LIMITS) -> "SamplingParams":
+        for f in request_fields():
+            self._check(f)
+        check(self.max_tokens <= max_tokens_limit, "max_tokens",
+              f"must be between 1 and {max_tokens_limit}, got {self.max_tokens}")
         limits.check_stop(self.stop)
         check(all(isinstance(s, str) and s for s in self.stop), "stop",
-               "stop sequences must be non-empty strings")
+              "stop sequences must be non-empty strings")
         return self
+
+    def _check(self, f: Field) -> None:
+        """The declared type (strictly: true is not 1) and bounds of one field."""
+        value, (kind, optional) = getattr(self, f.name), field_type(f)
+        if value is None:
+            check(optional, f.name, "must not be null")
+            return
+        if kind is float:
+            check(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
+                  f.name, f"must be a finite number, got {value!r}")
+            value = float(value)
+            setattr(self, f.name, value)  # transformers' warpers insist on floats
+        else:
+            check(isinstance(value, kind) and (kind is bool or not isinstance(value, bool)), f.name,
+                  f"must be {_KIND_NAMES[kind]}, got {value!r}")
+        for bound, (holds, words) in _BOUNDS.items():
+            if bound in f.metadata:
+                check(holds(value, f.metadata[bound]), f.name, f"must be {words} {f.metadata[bound]}, got {value}")
 
     @property
     def greedy(self) -> bool:
@@ -72,8 +96,23 @@ class SamplingParams:
         return self.seed if self.seed is not None else random.getrandbits(64)
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+_KIND_NAMES = {int: "an integer", bool: "true or false", list: "a list of strings"}
+_BOUNDS: dict[str, tuple[Callable[[Any, Any], bool], str]] = {
+    "ge": (operator.ge, ">="), "gt": (operator.gt, ">"), "le": (operator.le, "<="), "lt": (operator.lt, "<")}
+
+
+def request_fields() -> list[Field]:
+    """The options a request may set, in declaration order."""
+    return [f for f in fields(SamplingParams) if not f.metadata.get("internal")]
+
+
+def field_type(f: Field) -> tuple[type, bool]:
+    """(int | float | bool | list, whether null is allowed) of a request field."""
+    annotation: Any = f.type
+    optional = typing.get_origin(annotation) is typing.Union
+    if optional:
+        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+    return typing.get_origin(annotation) or annotation, optional
 
 
 @dataclass

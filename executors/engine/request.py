@@ -1,13 +1,16 @@
-"""Engine-side request state and the per-token output it produces."""
+"""Engine-side request state and the per-token output it produces. Only the scheduler
+changes a request's `state`."""
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Optional
 
 from transformers import DynamicCache
 
-from .detokenizer import IncrementalDetokenizer, StopSequenceFilter
+from .detokenizer import IncrementalDetokenizer
 from .params import FinishReason, SamplingParams
 from .sampling import TokenChooser
+from .stopping import StopSequenceFilter
 
 
 class RequestState(enum.Enum):
@@ -57,9 +60,8 @@ class Request:
     def history(self) -> list[int]:
         return self.prompt_ids + self.generated
 
-    def fail(self, message: str) -> None:
-        self.state = RequestState.FINISHED
-        self.cache = None
+    def emit_error(self, message: str) -> None:
+        """The request's last output: the error that ended it (the scheduler released it)."""
         self.sink(TokenOutput(self.request_id, -1, "", 0.0, False, len(self.generated),
                               FinishReason.ERROR, error=message,
                               prompt_tokens=len(self.prompt_ids),

@@ -5,11 +5,17 @@ sampling run their own transformers logits processors and their own seeded
 generator, so a request's tokens never depend on its neighbours in the batch.
 """
 from dataclasses import dataclass
+from typing import cast
 
 import torch
-from transformers import (LogitsProcessorList, RepetitionPenaltyLogitsProcessor,
-                          TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
-                          TypicalLogitsWarper)
+from transformers import (
+    LogitsProcessorList,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+    TypicalLogitsWarper,
+)
 
 from .params import SamplingParams
 
@@ -26,7 +32,7 @@ class TokenChooser:
         self.processors = _processors(params)
         self.plain_greedy = self.greedy and not self.processors
         self.generator = None
-        if not self.greedy:
+        if not self.greedy and seed is not None:  # sampling always has a seed (resolved_seed)
             self.generator = torch.Generator(device=device).manual_seed(seed)
 
     def choose(self, history: list[int], logits: torch.Tensor) -> Choice:
@@ -34,7 +40,7 @@ class TokenChooser:
         scores = logits
         if self.processors:
             ids = torch.tensor([history], dtype=torch.long, device=logits.device)
-            scores = self.processors(ids, scores)
+            scores = self.processors(cast(torch.LongTensor, ids), scores)
         logprobs = torch.log_softmax(scores, dim=-1)
         if self.greedy:
             token = int(torch.argmax(scores, dim=-1))
@@ -64,4 +70,4 @@ def greedy_choices(logits: torch.Tensor) -> list[Choice]:
     """One argmax and one logsumexp for all plain greedy rows of the batch."""
     top = torch.argmax(logits, dim=-1)
     logprobs = logits.gather(1, top[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
-    return [Choice(t, lp) for t, lp in zip(top.tolist(), logprobs.tolist())]
+    return [Choice(t, lp) for t, lp in zip(top.tolist(), logprobs.tolist(), strict=True)]

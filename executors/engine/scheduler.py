@@ -75,6 +75,13 @@ class Scheduler:
         active = self.prefilling + list(self.running.values()) + [head]
         return len(active) * max(r.reserved_tokens for r in active) <= self.config.max_batch_tokens
 
+    def start_running(self, request: Request) -> None:
+        """Its prompt is in the cache: it decodes with the batch from now on."""
+        request.prefilled = len(request.prompt_ids)
+        self.prefilling.remove(request)
+        self.running[request.request_id] = request
+        request.state = RequestState.RUNNING
+
     def release(self, request: Request) -> None:
         """Forget a finished request, wherever it was, and free its reservation."""
         admitted = request in self.prefilling or request.request_id in self.running

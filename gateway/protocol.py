@@ -1,0 +1,123 @@
+"""The one skeleton every HTTP protocol shares, and what a protocol supplies to it.
+
+`serve` does, for every route: read the request, build the document (or refuse naming
+the field), open the stream, refuse with a status if the first document is an error,
+then stream the events or collect the whole answer, 499 when the client left first. A
+protocol supplies only its request mapping (`parse`) and its encoders (`refusal`,
+`events`, `whole`). Handlers take any backend with `open`, `complete` and `info`, so
+a fake one tests every protocol in milliseconds.
+"""
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Optional
+from typing import Protocol as Interface
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from executors.engine.errors import ErrorKind
+from gateway.backend import Completion, cancel_on_disconnect, close_quietly, error_doc
+from gateway.inputs import BadRequest
+from schemas import ModelOutputDocument, PromptDocument
+
+# HTTP status per error kind; the executor names the kind, the gateway only maps it
+STATUS = {ErrorKind.VALIDATION: 422, ErrorKind.NOT_FOUND: 404, ErrorKind.OVERLOADED: 429,
+          ErrorKind.GENERATION: 500, ErrorKind.INTERNAL: 500}
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def kind(out: ModelOutputDocument) -> ErrorKind:
+    try:
+        return ErrorKind(out.error_type)
+    except ValueError:
+        return ErrorKind.INTERNAL
+
+
+def sse(data: Any, event: Optional[str] = None) -> str:
+    """One Server-Sent Event; `data` is JSON-encoded unless it is a string already."""
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    return (f"event: {event}\n" if event else "") + f"data: {payload}\n\n"
+
+
+@dataclass
+class Parsed:
+    """A request as the skeleton needs it: the document, whether to stream, and the
+    protocol's own parsed request for its encoders."""
+
+    doc: PromptDocument
+    stream: bool
+    request: Any = None
+
+
+class Upstream(Interface):
+    """What a handler needs from the executor side (gateway.backend.Backend, or a fake)."""
+
+    async def open(self, doc: PromptDocument) -> tuple[ModelOutputDocument, AsyncIterator[ModelOutputDocument]]: ...
+
+    async def complete(self, doc: PromptDocument) -> Completion: ...
+
+    async def info(self) -> dict: ...
+
+    async def stats(self) -> dict: ...
+
+
+class Protocol:
+    """A wire format. Subclasses supply the mapping and the encoders."""
+
+    media_type = "text/event-stream"
+    needs_info = False  # whether the encoders read the model's info (its id, say)
+
+    async def parse(self, request: Request, backend: Upstream) -> Parsed:
+        raise NotImplementedError
+
+    def refusal(self, error: ModelOutputDocument) -> Response:
+        """The answer to a request refused before its first token (the status says why)."""
+        raise NotImplementedError
+
+    def events(self, parsed: Parsed, docs: AsyncIterator[ModelOutputDocument],
+               info: dict) -> AsyncIterator[str]:
+        """The stream's frames; `docs` ends with a finished or an error document."""
+        raise NotImplementedError
+
+    def whole(self, parsed: Parsed, result: Completion, info: dict) -> Response:
+        raise NotImplementedError
+
+
+async def serve(protocol: Protocol, backend: Upstream, request: Request) -> Response:
+    try:
+        parsed = await protocol.parse(request, backend)
+    except BadRequest as exc:
+        return protocol.refusal(error_doc(str(exc), ErrorKind.VALIDATION, exc.param))
+    info = await backend.info() if protocol.needs_info else {}
+    if not parsed.stream:
+        result = await cancel_on_disconnect(request.receive, backend.complete(parsed.doc))
+        if result is None:
+            return Response(status_code=499)  # the client left; nobody reads this
+        return protocol.refusal(result.error) if result.error is not None else protocol.whole(parsed, result, info)
+    first, rest = await backend.open(parsed.doc)
+    if first.error is not None:
+        await close_quietly(rest)
+        return protocol.refusal(first)
+    return StreamingResponse(_frames(protocol, parsed, first, rest, info), media_type=protocol.media_type,
+                             headers=SSE_HEADERS)
+
+
+async def _frames(protocol: Protocol, parsed: Parsed, first: ModelOutputDocument,
+                  rest: AsyncIterator[ModelOutputDocument], info: dict) -> AsyncIterator[str]:
+    try:
+        async for frame in protocol.events(parsed, _documents(first, rest), info):
+            yield frame
+    finally:
+        await close_quietly(rest)
+
+
+async def _documents(first: ModelOutputDocument,
+                     rest: AsyncIterator[ModelOutputDocument]) -> AsyncIterator[ModelOutputDocument]:
+    """The stream's documents, up to and including the finished or error one."""
+    out: Optional[ModelOutputDocument] = first
+    while out is not None:
+        yield out
+        if out.error is not None or out.finish_reason is not None:
+            return
+        out = await anext(rest, None)
