@@ -48,6 +48,8 @@ class SamplingParams:
     top_k: int = request_field(0, "sample among the k likeliest tokens (0: all)", ge=0, warper=True)
     top_p: float = request_field(1.0, "sample within this probability mass (nucleus)", gt=0, le=1, warper=True)
     typical_p: float = request_field(1.0, "typical sampling's probability mass", gt=0, le=1, warper=True)
+    min_p: float = request_field(
+        0.0, "drop tokens less likely than min_p x the likeliest one (0: off)", ge=0, le=1, warper=True)
     repetition_penalty: float = request_field(
         1.0, "divides the scores of tokens already in the prompt or output; greedy too", gt=0)
     seed: Optional[int] = request_field(

@@ -10,6 +10,7 @@ from typing import cast
 import torch
 from transformers import (
     LogitsProcessorList,
+    MinPLogitsWarper,
     RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
@@ -63,6 +64,8 @@ def _processors(params: SamplingParams) -> LogitsProcessorList:
         procs.append(TopPLogitsWarper(params.top_p))
     if params.typical_p < 1.0:
         procs.append(TypicalLogitsWarper(params.typical_p))
+    if params.min_p > 0.0:
+        procs.append(MinPLogitsWarper(params.min_p))
     return procs
 
 
