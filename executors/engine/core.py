@@ -49,7 +49,7 @@ class EngineCore:
         self._check_length(len(ids), params.max_tokens)  # the batch budget: Scheduler.submit
         seed = params.resolved_seed()
         return Request(request_id or uuid.uuid4().hex, ids, params, seed,
-                       TokenChooser(params, seed, self.loaded.device),
+                       TokenChooser(params, seed, self.loaded.device, len(ids)),
                        IncrementalDetokenizer(self.tokenizer, self.byte_ids), StopSequenceFilter(params.stop), sink)
 
     def _prompt_ids(self, prompt: Any) -> list[int]:

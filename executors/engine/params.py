@@ -52,6 +52,10 @@ class SamplingParams:
         0.0, "drop tokens less likely than min_p x the likeliest one (0: off)", ge=0, le=1, warper=True)
     repetition_penalty: float = request_field(
         1.0, "divides the scores of tokens already in the prompt or output; greedy too", gt=0)
+    presence_penalty: float = request_field(
+        0.0, "OpenAI's: subtracted from the scores of tokens already generated; greedy too", ge=-2, le=2)
+    frequency_penalty: float = request_field(
+        0.0, "OpenAI's: subtracted once per time a token was generated; greedy too", ge=-2, le=2)
     seed: Optional[int] = request_field(
         None, "sampling seed, 0 to 2**64 - 1; when absent one is drawn and reported", ge=0, le=SEED_MAX)
     stop: list[str] = request_field(

@@ -9,6 +9,7 @@ from typing import cast
 
 import torch
 from transformers import (
+    LogitsProcessor,
     LogitsProcessorList,
     MinPLogitsWarper,
     RepetitionPenaltyLogitsProcessor,
@@ -27,10 +28,23 @@ class Choice:
     logprob: float
 
 
+class OutputPenalties(LogitsProcessor):
+    """OpenAI's presence and frequency penalties: subtracted from the scores of tokens already
+    generated (not the prompt's, as vLLM does), once for being there and once per time."""
+
+    def __init__(self, presence: float, frequency: float, prompt_length: int):
+        self.presence, self.frequency, self.prompt_length = presence, frequency, prompt_length
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        generated = input_ids[:, self.prompt_length:]
+        counts = torch.zeros_like(scores).scatter_add_(1, generated, torch.ones_like(generated, dtype=scores.dtype))
+        return cast(torch.FloatTensor, scores - self.frequency * counts - self.presence * (counts > 0).to(scores.dtype))
+
+
 class TokenChooser:
-    def __init__(self, params: SamplingParams, seed: int | None, device: torch.device):
+    def __init__(self, params: SamplingParams, seed: int | None, device: torch.device, prompt_length: int = 0):
         self.greedy = params.greedy
-        self.processors = _processors(params)
+        self.processors = _processors(params, prompt_length)
         self.plain_greedy = self.greedy and not self.processors
         self.generator = None
         if not self.greedy and seed is not None:  # sampling always has a seed (resolved_seed)
@@ -50,10 +64,12 @@ class TokenChooser:
         return Choice(token, float(logprobs[0, token]))
 
 
-def _processors(params: SamplingParams) -> LogitsProcessorList:
+def _processors(params: SamplingParams, prompt_length: int) -> LogitsProcessorList:
     procs = LogitsProcessorList()
     if params.repetition_penalty != 1.0:
         procs.append(RepetitionPenaltyLogitsProcessor(params.repetition_penalty))
+    if params.presence_penalty or params.frequency_penalty:
+        procs.append(OutputPenalties(params.presence_penalty, params.frequency_penalty, prompt_length))
     if params.greedy:
         return procs
     if params.temperature != 1.0:
