@@ -18,7 +18,7 @@ export PYTHONWARNINGS ?= ignore:pkg_resources is deprecated:UserWarning
 FIND_LINKS := $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
 UV_FLAGS := $(if $(FIND_LINKS),--find-links $(FIND_LINKS),)
 
-.PHONY: setup serve test soak lint model toy-model bench bench-quick bench-engine clean
+.PHONY: setup serve test soak lint model toy-model protos bench bench-quick bench-engine clean
 
 $(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,6 +42,10 @@ $(TOY_MODEL)/config.json: | $(VENV)/.installed
 	$(PY) -m benchmarks.toy_models $(TOY_MODEL) --style gpt2
 
 toy-model: $(TOY_MODEL)/config.json
+
+# proto/*.proto from the descriptors of the pinned jina and docarray (tests check they match)
+protos: setup
+	$(PY) proto/generate.py
 
 serve: setup $(if $(filter $(DEFAULT_MODEL),$(LLM_MODEL)),model)
 	$(VENV)/bin/jina flow --uses flows/llm.yml

@@ -3,11 +3,12 @@
 Thin on purpose: the engine does the work on its own thread; this converts.
 """
 import asyncio
+import inspect
 import json
 import os
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from typing import Any
 
 from docarray import DocList
@@ -97,3 +98,16 @@ class LLMExecutor(Executor):
     def close(self) -> None:
         self.engine.shutdown()
         super().close()
+
+
+def _signature() -> inspect.Signature:
+    """What Jina reads to check `with:` keys: model_name and EngineConfig's fields."""
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+              inspect.Parameter("model_name", keyword, default="")]
+    params += [inspect.Parameter(f.name, keyword, default=None if f.default is MISSING else f.default)
+               for f in fields(EngineConfig)]
+    return inspect.Signature(params + [inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)])
+
+
+LLMExecutor.__init__.__signature__ = _signature()  # type: ignore[attr-defined]

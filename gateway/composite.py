@@ -21,7 +21,7 @@ from jina.serve.runtimes.servers.composite import CompositeBaseServer
 
 from gateway import upstream
 from gateway.backend import Backend
-from gateway.grpc_status import StatusGRPCGateway
+from gateway.grpc_edge import StatusGRPCGateway
 from gateway.http_guard import DEBUG_PATHS, BodyLimit, cors_origins, debug_enabled
 from gateway.jina_sse import jina_sse_router
 from gateway.openai_routes import openai_router

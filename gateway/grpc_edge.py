@@ -1,0 +1,178 @@
+"""The gRPC port's edge, where callers in other languages meet the service.
+
+Before anything parses a request (DocArray would coerce "4" into 4, or fail inside the
+executor's Jina and answer OK with no document), the gateway checks it against
+PromptDocument's fields, as derived from the schema:
+  - a field of the wrong kind, an unknown field, or `parameters` (the options live in the
+    document) are INVALID_ARGUMENT naming the field; so are values the document refuses;
+  - /stream streams; a unary endpoint called as a stream is INVALID_ARGUMENT, an unknown or
+    missing one UNIMPLEMENTED;
+  - a refusal before the first token is a status (INVALID_ARGUMENT, RESOURCE_EXHAUSTED); a
+    failure after it, an error document; every response echoes the request's request_id.
+Standard services: grpc.health.v1 answers SERVING for the server as a whole (Kubernetes'
+gRPC probes ask for ""), reflection v1 answers beside Jina's v1alpha, and JinaInfoRPC's
+_status no longer tells anyone the environment.
+"""
+import typing
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Optional
+
+import grpc
+from grpc_health.v1 import health_pb2
+from grpc_reflection.v1alpha import reflection, reflection_pb2
+from jina.proto import jina_pb2
+from jina.serve.runtimes.gateway.grpc import GRPCGateway
+from pydantic import ValidationError
+
+from executors.engine.errors import ErrorKind
+from gateway.inputs import LIMITS, LimitError, bad_request
+from schemas import PromptDocument, Seed
+
+CODES = {ErrorKind.VALIDATION.value: grpc.StatusCode.INVALID_ARGUMENT,
+         ErrorKind.OVERLOADED.value: grpc.StatusCode.RESOURCE_EXHAUSTED}
+# the NodeProto kinds each Python type accepts; subclasses first (Seed is an int, bool too)
+KINDS = ((Seed, {"integer", "text"}), (bool, {"boolean"}), (int, {"integer"}), (float, {"float", "integer"}),
+         (str, {"text"}), (list, {"list"}))
+WORDS = {"text": "a string (text)", "boolean": "a boolean (boolean)", "integer": "an integer (integer)",
+         "float": "a number (float)", "list": "a list of strings (list of text)"}
+REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
+
+
+def _kinds(annotation: Any) -> tuple[set[str], bool]:
+    """The NodeProto kinds a field accepts, and whether it may be null (left unset)."""
+    optional = typing.get_origin(annotation) is typing.Union
+    if optional:
+        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+    if typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    base = typing.get_origin(annotation) or annotation
+    return next(kinds for cls, kinds in KINDS if issubclass(base, cls)), optional
+
+
+FIELDS = {name: _kinds(info.annotation) for name, info in PromptDocument.model_fields.items()}
+
+
+def wrong_field(document: Any) -> Optional[str]:
+    """The first field a caller got wrong, as a message naming it; None when all are right."""
+    for name, node in document.data.items():
+        if name not in FIELDS:
+            return f"{name}: unknown field; PromptDocument has {', '.join(sorted(FIELDS))}"
+        kinds, optional = FIELDS[name]
+        kind = node.WhichOneof("content")
+        if kind is None:
+            if not optional:
+                return f"{name}: null; leave the field out for its default"
+        elif kind not in kinds:
+            return f"{name}: expected {' or '.join(WORDS[k] for k in sorted(kinds))}, got {kind}"
+        elif kind == "list" and any(item.WhichOneof("content") != "text" for item in node.list.data):
+            return f"{name}: expected a list of strings (list of text)"
+    try:
+        PromptDocument.from_protobuf(document)
+    except (ValidationError, ValueError) as exc:
+        return str(bad_request(exc)) if isinstance(exc, ValidationError) else str(exc)
+    return None
+
+
+def oversized(document: Any) -> Optional[str]:
+    """The request limits, read off the protobuf before anything parses the document (the
+    executor's Jina would spend seconds turning a 200,000-entry stop list into Python)."""
+    data = document.data
+    try:
+        if "prompt" in data:
+            LIMITS.check_prompt(data["prompt"].text)
+        if "stop" in data:
+            LIMITS.check_stop([node.text for node in data["stop"].list.data])
+        if "messages" in data and len(data["messages"].text) > LIMITS.max_body_bytes:
+            return f"messages: larger than {LIMITS.max_body_bytes} characters (LLM_MAX_BODY_BYTES)"
+    except LimitError as exc:
+        return str(exc)
+    return None
+
+
+def wrong_endpoint(endpoint: str, streaming: dict[str, bool]) -> Optional[tuple[grpc.StatusCode, str]]:
+    """`streaming`: the executor's endpoints, whether each streams (empty: not known yet)."""
+    if not endpoint or (streaming and endpoint not in streaming):
+        served = ", ".join(sorted(streaming)) or "/stream"
+        return grpc.StatusCode.UNIMPLEMENTED, f"header.exec_endpoint: {endpoint!r} is not served; it serves {served}"
+    if streaming and not streaming[endpoint]:
+        return grpc.StatusCode.INVALID_ARGUMENT, (
+            f"header.exec_endpoint: {endpoint} is unary: call JinaSingleDataRequestRPC/process_single_data "
+            f"(or JinaRPC/Call); stream_doc streams from /stream")
+    return None
+
+
+def refusal(request: Any, streaming: dict[str, bool]) -> Optional[tuple[grpc.StatusCode, str]]:
+    """Why a stream_doc request is refused before it reaches the executor, if it is."""
+    proto = request.proto
+    wrong = wrong_endpoint(proto.header.exec_endpoint, streaming)
+    if wrong is not None:
+        return wrong
+    if proto.HasField("parameters") and proto.parameters.fields:
+        return grpc.StatusCode.INVALID_ARGUMENT, (
+            "parameters: not used on /stream; set the options as fields of the document (PromptDocument)")
+    message = oversized(proto.document) or wrong_field(proto.document)
+    return (grpc.StatusCode.INVALID_ARGUMENT, message) if message else None
+
+
+def error_status(response: Any) -> Optional[tuple[grpc.StatusCode, str]]:
+    """(code, message) when this streamed response is an error document of a mapped kind."""
+    fields = response.proto.document.data
+    if "error_type" not in fields or "error" not in fields:
+        return None
+    code = CODES.get(fields["error_type"].text)
+    return (code, fields["error"].text) if code is not None else None
+
+
+def guarded(stream_doc: Callable[..., AsyncIterator], streaming: Callable[[], dict[str, bool]]
+            ) -> Callable[..., AsyncIterator]:
+    async def stream_doc_at_the_edge(request: Any, context: Any) -> AsyncIterator:
+        refused = refusal(request, streaming())
+        if refused is not None:
+            await context.abort(*refused)
+        request_id, first = request.proto.header.request_id, True
+        async for response in stream_doc(request, context):
+            if first:
+                first = False
+                failed = error_status(response)
+                if failed is not None:
+                    await context.abort(*failed)
+            if request_id:
+                response.proto.header.request_id = request_id
+            yield response
+    return stream_doc_at_the_edge
+
+
+class StatusGRPCGateway(GRPCGateway):
+    """Jina's gRPC gateway, with the edge above."""
+
+    async def setup_server(self) -> None:
+        handler = self._request_handler
+        handler.stream_doc = guarded(handler.stream_doc, lambda: _streaming(handler))  # the servicer grpc registers
+        handler._status = no_status  # Jina's answers with the environment and internal addresses
+        # a message past the body limit is refused by gRPC itself (RESOURCE_EXHAUSTED)
+        self.grpc_server_options = {**(self.grpc_server_options or {}),
+                                    "grpc.max_receive_message_length": LIMITS.max_body_bytes}
+        await super().setup_server()
+        await self.health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+        self.server.add_generic_rpc_handlers([_reflection_v1()])
+
+
+def _streaming(handler: Any) -> dict[str, bool]:
+    models = getattr(handler.streamer, "_endpoints_models_map", None) or {}
+    return {e: bool(m.get("is_generator")) for e, m in models.items() if not e.startswith("_jina")}
+
+
+def _reflection_v1() -> grpc.GenericRpcHandler:
+    """Reflection v1 speaks v1alpha's messages under another service name: serve it with
+    grpcio-reflection's v1alpha servicer (this grpcio has no v1 module)."""
+    names = [s.full_name for s in jina_pb2.DESCRIPTOR.services_by_name.values()] + [
+        health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, REFLECTION_V1, reflection.SERVICE_NAME]
+    servicer = reflection.ReflectionServicer(names)
+    return grpc.method_handlers_generic_handler(REFLECTION_V1, {"ServerReflectionInfo": grpc.stream_stream_rpc_method_handler(
+        servicer.ServerReflectionInfo, request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+        response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString)})
+
+
+async def no_status(empty: Any, context: Any) -> jina_pb2.JinaInfoProto:
+    """JinaInfoRPC/_status, as much as a health check says: it answers."""
+    return jina_pb2.JinaInfoProto()
