@@ -62,6 +62,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                         "(default 300; quick 40)")
     p.add_argument("--seed", type=int, default=0, help="prompt and arrival seed")
     p.add_argument("--static-batch-size", type=int, default=16, help="hf-static-batch's max batch")
+    p.add_argument("--stream-interval", type=int, default=None,
+                   help="this: tokens per streamed document (the request field; default: the server's, 1)")
     p.add_argument("--models-dir", type=Path, default=DEFAULT_CACHE)
     args = p.parse_args(argv)
     args.quick_extra = args.quick and args.models is None
@@ -121,7 +123,8 @@ async def measure(args, model: str, system: str, transport: str, send: Transport
 
 async def run(args: argparse.Namespace, rows: list[dict], notes: list[str]) -> None:
     logs = args.out / "logs"
-    start = starters(args.static_batch_size)
+    extra = {} if args.stream_interval is None else {"stream_interval": args.stream_interval}
+    start = starters(args.static_batch_size, extra)
     for model_name, systems, levels, n_override in plan(args):
         try:
             model = ensure_model(model_name, args.models_dir)

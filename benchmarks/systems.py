@@ -4,20 +4,23 @@ Every system is an async context manager yielding {transport name: send}; leavin
 it tears the server's whole process group down, on errors and Ctrl-C too.
 """
 import contextlib
+import functools
 import json
 import os
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Optional
 
 import aiohttp
+import yaml
 
 from .load import Transport
 from .metrics import Total
 from .procs import ROOT, ServerProcess, free_port
 
-SYSTEMS = ("this", "raw-engine", "seed-jina", "hf-streamer", "hf-static-batch")
+SYSTEMS = ("this", "raw-engine", "jina-echo", "seed-jina", "hf-streamer", "hf-static-batch")
 
 
 def _env(**extra: str) -> dict:
@@ -57,19 +60,19 @@ def _wait_jina_ready(port: int, server: ServerProcess, timeout: float = 180.0) -
 
 
 # ----- this service -----
-def _this_grpc(port: int) -> Transport:
+def _this_grpc(port: int, extra: dict) -> Transport:
     from client import make_client, stream
     client = make_client("127.0.0.1", port)
 
     async def send(prompt: str, max_tokens: int) -> AsyncIterator[int]:
-        async for doc in stream(prompt, client=client, max_tokens=max_tokens):
+        async for doc in stream(prompt, client=client, max_tokens=max_tokens, **extra):
             yield len(doc.token_ids)
     return send
 
 
-def _this_sse(session: aiohttp.ClientSession, port: int) -> Transport:
+def _this_sse(session: aiohttp.ClientSession, port: int, extra: dict) -> Transport:
     async def send(prompt: str, max_tokens: int) -> AsyncIterator[int]:
-        params = {"prompt": prompt, "max_tokens": str(max_tokens)}
+        params = {"prompt": prompt, "max_tokens": str(max_tokens), **{k: str(v) for k, v in extra.items()}}
         async with session.get(f"http://127.0.0.1:{port}/stream", params=params) as resp:
             async for data in _sse_data(resp):
                 doc = json.loads(data)
@@ -90,12 +93,12 @@ async def _openai_model_id(session: aiohttp.ClientSession, port: int, fallback: 
     return fallback
 
 
-def _this_openai(session: aiohttp.ClientSession, port: int, model: str) -> Transport:
+def _this_openai(session: aiohttp.ClientSession, port: int, model: str, extra: dict) -> Transport:
     """OpenAI streaming completions: a chunk counts as one token unless it says otherwise;
     the usage chunk (stream_options.include_usage), when sent, gives the exact total."""
     async def send(prompt: str, max_tokens: int) -> AsyncIterator[int]:
         body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
-                "temperature": 0, "stream_options": {"include_usage": True}}
+                "temperature": 0, "stream_options": {"include_usage": True}, **extra}
         async with session.post(f"http://127.0.0.1:{port}/v1/completions", json=body) as resp:
             async for data in _sse_data(resp):
                 if data == "[DONE]":
@@ -122,26 +125,42 @@ async def _probe_openai(send: Transport) -> str | None:
 
 
 @contextlib.asynccontextmanager
-async def this_service(model: Path, logs: Path, notes: list[str]) -> AsyncIterator[dict[str, Transport]]:
-    """`jina flow --uses flows/llm.yml` with env vars, as `make serve` runs it."""
+async def this_service(model: Path, logs: Path, notes: list[str], extra: Optional[dict] = None,
+                       flow: str = "flows/llm.yml", name: str = "this") -> AsyncIterator[dict[str, Transport]]:
+    """`jina flow --uses flows/llm.yml` with env vars, as `make serve` runs it; `extra`
+    request fields go with every request (--stream-interval)."""
+    extra = extra or {}
     grpc_port, http_port = free_port(), free_port()
     env = _env(LLM_MODEL=str(model), LLM_GRPC_PORT=str(grpc_port), LLM_HTTP_PORT=str(http_port),
                JINA_LOG_LEVEL="INFO")
-    server = ServerProcess([_jina(), "flow", "--uses", "flows/llm.yml"], logs / "this.log", env)
+    server = ServerProcess([_jina(), "flow", "--uses", flow], logs / f"{name}.log", env)
     try:
         _wait_jina_ready(grpc_port, server)
         server.wait_http(f"http://127.0.0.1:{http_port}/")
         async with _session() as session:
-            transports = {"grpc": _this_grpc(grpc_port), "http-sse": _this_sse(session, http_port)}
-            openai = _this_openai(session, http_port, await _openai_model_id(session, http_port, str(model)))
+            transports = {"grpc": _this_grpc(grpc_port, extra), "http-sse": _this_sse(session, http_port, extra)}
+            openai = _this_openai(session, http_port, await _openai_model_id(session, http_port, str(model)), extra)
             why = await _probe_openai(openai)
             if why is None:
                 transports["openai"] = openai
             else:
-                notes.append(f"this/openai skipped: POST /v1/completions (stream) failed: {why}")
+                notes.append(f"{name}/openai skipped: POST /v1/completions (stream) failed: {why}")
             yield transports
     finally:
         server.stop()
+
+
+@contextlib.asynccontextmanager
+async def jina_echo(model: Path, logs: Path, notes: list[str]) -> AsyncIterator[dict[str, Transport]]:
+    """The ceiling: the same Flow and gateway with an executor that computes nothing and
+    streams max_tokens documents as fast as Jina carries them."""
+    flow = yaml.safe_load((ROOT / "flows" / "llm.yml").read_text())
+    flow["executors"][0]["uses"] = str(ROOT / "benchmarks" / "peers" / "jina_echo.yml")
+    path = logs / "jina_echo_flow.yml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(flow, sort_keys=False))
+    async with this_service(model, logs, notes, flow=str(path), name="jina-echo") as transports:
+        yield transports
 
 
 # ----- the engine alone -----
@@ -202,9 +221,10 @@ def _fastapi_peer(module: str, name: str, *extra: str) -> Callable:
     return peer
 
 
-def starters(static_batch_size: int = 16) -> dict[str, Callable]:
+def starters(static_batch_size: int = 16, extra: Optional[dict] = None) -> dict[str, Callable]:
     return {
-        "this": this_service,
+        "this": functools.partial(this_service, extra=extra or {}),
+        "jina-echo": jina_echo,
         "raw-engine": raw_engine,
         "seed-jina": seed_jina,
         "hf-streamer": _fastapi_peer("benchmarks.peers.hf_streamer", "hf-streamer"),

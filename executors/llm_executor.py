@@ -28,6 +28,7 @@ class LLMExecutor(Executor):
         options = {f.name: kwargs.pop(f.name) for f in fields(EngineConfig) if f.name in kwargs}
         super().__init__(**kwargs)
         options["model"] = options.get("model") or os.environ.get("LLM_MODEL", "")
+        options.setdefault("dtype", os.environ.get("LLM_DTYPE") or "auto")
         if not options["model"]:
             raise ValueError("no model given: set LLM_MODEL to a local folder, a .gguf file or a hub id, "
                              "or pass `model` under `with:` in jina.yml (`make model` builds the default)")

@@ -263,3 +263,19 @@ async def test_stream_dropped_before_reading_is_aborted(gpt2_model, make_engine)
     gc.collect()
     stats = await settled(engine)
     assert stats["aborted"] == 1 and stats["reserved_tokens"] == 0
+
+
+async def test_stream_interval_groups_tokens_without_losing_any(gpt2_model):
+    """Documents of at least N tokens (the last may be shorter); the text is the same."""
+    engine = AsyncEngine(EngineConfig(model=gpt2_model, stream_interval=3))
+    try:
+        async def chunks(**kw):
+            return [c async for c in engine.generate("hello", SamplingParams(max_tokens=10, ignore_eos=True, **kw))]
+        server_default, per_request, every_token = await chunks(), await chunks(stream_interval=4), \
+            await chunks(stream_interval=1)
+        assert [len(c.token_ids) for c in server_default[:-1]] and all(len(c.token_ids) >= 3 for c in server_default[:-1])
+        assert all(len(c.token_ids) >= 4 for c in per_request[:-1]) and len(per_request) <= 3
+        texts = {"".join(c.text for c in run) for run in (server_default, per_request, every_token)}
+        assert len(texts) == 1 and sum(len(c.token_ids) for c in per_request) == 10
+    finally:
+        engine.shutdown()

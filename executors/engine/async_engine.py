@@ -49,12 +49,15 @@ class RequestStream:
     _wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     _text: str = ""
     done: bool = False
+    interval: int = 1  # tokens per chunk at least (the last may carry fewer): stream_interval
 
     def push(self, out: TokenOutput) -> None:
-        """Engine thread: never blocks, wakes the reader at most once per batch of tokens."""
+        """Engine thread: never blocks, wakes the reader once `interval` tokens are pending
+        (or the request ended), at most once per batch of them."""
         with self._lock:
             self._pending.append(out)
-            wake = len(self._pending) == 1
+            ended = out.finish_reason is not None or out.error is not None
+            wake = len(self._pending) == self.interval or (ended and len(self._pending) < self.interval)
         if wake:
             try:
                 self.loop.call_soon_threadsafe(self._wakeup.set)
@@ -124,7 +127,7 @@ class AsyncEngine:
         """Validation and overload errors raise before the first chunk; the request
         is aborted as soon as the caller stops iterating (disconnect, cancel, error).
         Tokenizes on the calling thread: the service uses `open`."""
-        stream = self._new_stream(request_id)
+        stream = self._new_stream(request_id, params)
         return self._start(stream, self.core.make_request(prompt, params, stream.push, request_id))
 
     async def open(self, prompt: str, params: SamplingParams, messages: Any = None,
@@ -132,15 +135,16 @@ class AsyncEngine:
         """The service's entry point, for a prompt or chat messages: validation, chat rendering
         and tokenization run on the engine's preparation thread, never on the event loop.
         Errors raise here, before the first chunk."""
-        stream = self._new_stream(request_id)
+        stream = self._new_stream(request_id, params)
         request = await asyncio.get_running_loop().run_in_executor(
             self._prepare, self.core.make_request, prompt, params, stream.push, request_id, messages)
         return self._start(stream, request)
 
-    def _new_stream(self, request_id: Optional[str]) -> RequestStream:
+    def _new_stream(self, request_id: Optional[str], params: SamplingParams) -> RequestStream:
         if not self.healthy:
             raise EngineDeadError("the decode loop is not running")
-        return RequestStream(request_id or "", asyncio.get_running_loop())
+        interval = params.stream_interval if isinstance(params.stream_interval, int) else self.config.stream_interval
+        return RequestStream(request_id or "", asyncio.get_running_loop(), interval=max(1, interval))
 
     def _start(self, stream: RequestStream, request: Request) -> AsyncIterator[StreamChunk]:
         stream.request_id = request.request_id

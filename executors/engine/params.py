@@ -60,6 +60,8 @@ class SamplingParams:
         None, "sampling seed, 0 to 2**64 - 1; when absent one is drawn and reported", ge=0, le=SEED_MAX)
     stop: list[str] = request_field(
         [], "stop sequences: the text ends before the first one, which is never streamed")
+    stream_interval: Optional[int] = request_field(
+        None, "tokens per streamed document, at least (the last may have fewer); null: the server's", ge=1)
     ignore_eos: bool = field(default=False, metadata={"internal": True})  # benchmarks and tests
 
     def validate(self, max_tokens_limit: int, limits: RequestLimits = DEFAULT_LIMITS) -> "SamplingParams":
@@ -136,6 +138,7 @@ class EngineConfig:
     max_prefill_tokens: int = 512  # prompt tokens prefilled per step (chunked beyond)
     eos_token_ids: Optional[list[int]] = None  # None: from the model's generation config
     torch_threads: Optional[int] = None
+    stream_interval: int = 1  # tokens per streamed document, unless a request sets its own
     limits: RequestLimits = field(default_factory=RequestLimits.from_env)  # request sizes
 
     def validate(self) -> "EngineConfig":

@@ -1,0 +1,25 @@
+"""The serving ceiling: the service's own schemas and endpoints, and no model. /stream yields
+max_tokens documents as fast as Jina takes them, so a benchmark of it measures the Flow
+(executor runtime, gateway, client), not generation."""
+from docarray import DocList
+from jina import Executor, requests
+
+from schemas import ModelOutputDocument, PromptDocument
+
+
+class JinaEchoExecutor(Executor):
+    @requests(on="/stream")
+    async def stream(self, doc: PromptDocument, **kwargs) -> ModelOutputDocument:
+        text = ""
+        for i in range(doc.max_tokens):
+            last = i == doc.max_tokens - 1
+            text += " x"
+            yield ModelOutputDocument(token_id=87, token_ids=[87], text=" x", generated_text=text, index=i,
+                                      logprob=0.0, logprobs=[0.0], specials=[False],
+                                      finish_reason="length" if last else None,
+                                      generated_tokens=doc.max_tokens if last else None,
+                                      prompt_tokens=1 if last else None)
+
+    @requests(on="/stats")
+    async def stats(self, docs: DocList[PromptDocument], **kwargs) -> DocList[ModelOutputDocument]:
+        return DocList[ModelOutputDocument]([ModelOutputDocument(text='{"healthy": true}')])
