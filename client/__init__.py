@@ -1,5 +1,6 @@
 """Async helper over Jina's `Client.stream_doc`: tokens as they arrive, errors as exceptions."""
 import json
+import os
 import warnings
 from collections.abc import AsyncIterator
 from typing import Any, Optional
@@ -9,6 +10,7 @@ from pydantic import ValidationError
 # jina imports pkg_resources (through jina-hubble-sdk), which warns on every start
 warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
 
+import aiohttp  # noqa: E402
 import grpc  # noqa: E402
 from jina import Client  # noqa: E402
 from jina.excepts import BadServerFlow  # noqa: E402
@@ -33,21 +35,25 @@ def make_client(host: str = "localhost", port: int = 12345, protocol: str = "grp
 
 
 async def stream(prompt: str, *, host: str = "localhost", port: int = 12345, protocol: str = "grpc",
-                 client: Optional[Any] = None, **sampling) -> AsyncIterator[ModelOutputDocument]:
+                 client: Optional[Any] = None, api_key: Optional[str] = None,
+                 **sampling) -> AsyncIterator[ModelOutputDocument]:
     """Yield one ModelOutputDocument per streamed step; raise StreamError on a failure.
 
     `sampling` takes PromptDocument's fields: max_tokens, do_sample, temperature,
     top_k, top_p, typical_p, repetition_penalty, seed, stop, and `messages` (a list of
     {role, content}, rendered with the model's chat template; it replaces `prompt`).
-    Over gRPC without a `client`, the call is made on Jina's stub directly, so that
-    leaving the loop cancels it at once (Jina's client leaves that to the garbage collector).
+    Without a `client` (a Jina Client), the call is made directly: on Jina's gRPC stub, or
+    on the SSE route, so that leaving the loop cancels it at once (Jina's client leaves that
+    to the garbage collector), and `api_key` (default: $LLM_API_KEY) can go with it.
     """
     doc = _document(prompt, sampling)
+    key = api_key if api_key is not None else os.environ.get("LLM_API_KEY", "")
     if client is None and protocol == "grpc":
-        docs = _grpc_stream(doc, host, port)
+        docs = _grpc_stream(doc, host, port, key)
+    elif client is None:
+        docs = _http_stream(doc, host, port, key)
     else:
-        docs = (client or make_client(host, port, protocol)).stream_doc(
-            on="/stream", inputs=doc, return_type=ModelOutputDocument)
+        docs = client.stream_doc(on="/stream", inputs=doc, return_type=ModelOutputDocument)
     finished = False
     try:
         async for out in docs:
@@ -63,13 +69,14 @@ async def stream(prompt: str, *, host: str = "localhost", port: int = 12345, pro
         raise StreamError("the stream ended before its final document", "truncated")
 
 
-async def _grpc_stream(doc: PromptDocument, host: str, port: int) -> AsyncIterator[ModelOutputDocument]:
+async def _grpc_stream(doc: PromptDocument, host: str, port: int, key: str) -> AsyncIterator[ModelOutputDocument]:
     request = SingleDocumentRequest()
     request.header.exec_endpoint = "/stream"
     request.document_cls = PromptDocument
     request.data.doc = doc
+    metadata = (("authorization", f"Bearer {key}"),) if key else None
     async with grpc.aio.insecure_channel(f"{host}:{port}") as channel:
-        call = JinaSingleDocumentRequestRPCStub(channel).stream_doc(request)
+        call = JinaSingleDocumentRequestRPCStub(channel).stream_doc(request, metadata=metadata)
         try:
             async for response in call:
                 yield ModelOutputDocument.from_protobuf(response.document)
@@ -77,6 +84,21 @@ async def _grpc_stream(doc: PromptDocument, host: str, port: int) -> AsyncIterat
             raise _from_rpc_error(exc) from None
         finally:
             call.cancel()  # a no-op when it ended; else the server stops generating now
+
+
+async def _http_stream(doc: PromptDocument, host: str, port: int, key: str) -> AsyncIterator[ModelOutputDocument]:
+    """Jina's SSE wire format on GET /stream: `event: update` / `data: {document}` lines."""
+    headers = {"Accept": "text/event-stream", **({"Authorization": f"Bearer {key}"} if key else {})}
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
+    async with aiohttp.ClientSession(timeout=timeout) as session, session.get(
+            f"http://{host}:{port}/stream", data=doc.model_dump_json(), headers=headers) as response:
+        if response.content_type == "application/json":  # refused before the stream (401, 413)
+            body = (await response.json())["error"]
+            raise StreamError(body if isinstance(body, str) else body["message"],
+                              "authentication" if response.status == 401 else "validation")
+        async for line in response.content:
+            if line.startswith(b"data: {"):
+                yield ModelOutputDocument.model_validate_json(line[len(b"data: "):])
 
 
 def _document(prompt: str, fields: dict[str, Any]) -> PromptDocument:

@@ -29,6 +29,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--host", default="localhost")
     p.add_argument("--port", type=int, default=None, help="default: 12345 (grpc) or 12346 (http)")
     p.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
+    p.add_argument("--api-key", default=None, help="the server's LLM_API_KEY (default: $LLM_API_KEY)")
     p.add_argument("--chat", action="store_true",
                    help="send the prompt as a user message, through the model's chat template")
     for f in request_fields():  # the engine's request fields, as --max-tokens, --do-sample...
@@ -43,7 +44,7 @@ async def run(args: argparse.Namespace) -> int:
         sampling["messages"] = [{"role": "user", "content": args.prompt}]
     try:
         async for doc in stream(args.prompt, host=args.host, port=port, protocol=args.protocol,
-                                **sampling):
+                                api_key=args.api_key, **sampling):
             sys.stdout.write(doc.text)
             sys.stdout.flush()
             if doc.finish_reason:

@@ -17,6 +17,7 @@ from jina import Executor, requests
 from executors.convert import error_document, model_info, to_document, to_request
 from executors.engine import AsyncEngine, EngineConfig, StreamChunk
 from executors.engine.loader import served_name
+from executors.metrics import Metrics
 from schemas import ModelOutputDocument, PromptDocument
 
 
@@ -34,6 +35,10 @@ class LLMExecutor(Executor):
                              "or pass `model` under `with:` in jina.yml (`make model` builds the default)")
         self.engine = AsyncEngine(EngineConfig(**options))
         self.model_name = model_name or os.environ.get("LLM_MODEL_NAME") or served_name(options["model"])
+        self.metrics = Metrics(self.model_name, self.engine.stats, self.engine.config.max_batch_tokens)
+        self.engine.core.observer = self.metrics
+        if os.environ.get("LLM_METRICS_PORT"):  # a scraper reaches each executor (pod) directly
+            self.metrics.serve(int(os.environ["LLM_METRICS_PORT"]))
         loaded = self.engine.core.loaded
         self.logger.info(f"model {self.model_name} ({options['model']}) on {loaded.device}, "
                          f"{str(loaded.model.dtype).removeprefix('torch.')}, context "
@@ -89,6 +94,11 @@ class LLMExecutor(Executor):
     async def stats(self, docs: DocList[PromptDocument], **kwargs) -> DocList[ModelOutputDocument]:
         """Batch occupancy for operators and tests, as JSON in `text`."""
         return DocList[ModelOutputDocument]([ModelOutputDocument(text=json.dumps(self.engine.stats()))])
+
+    @requests(on="/metrics")
+    async def metrics_text(self, docs: DocList[PromptDocument], **kwargs) -> DocList[ModelOutputDocument]:
+        """Prometheus text (vLLM's names) in `text`, for the gateway's GET /metrics."""
+        return DocList[ModelOutputDocument]([ModelOutputDocument(text=self.metrics.text())])
 
     @requests(on="/info")
     async def info(self, docs: DocList[PromptDocument], **kwargs) -> DocList[ModelOutputDocument]:

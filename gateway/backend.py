@@ -91,21 +91,25 @@ class Backend:
                     result.docs.append(out)
         return result
 
-    async def _unary(self, endpoint: str) -> dict:
+    async def _unary(self, endpoint: str) -> str:
+        """The `text` of the executor's answer on a unary endpoint (JSON, or Prometheus text)."""
         docs = DocList[PromptDocument]([PromptDocument()])
         async for result in self.streamer.stream_docs(docs, exec_endpoint=endpoint,
                                                       return_type=DocList[ModelOutputDocument]):
-            return json.loads(result[0].text)
+            return result[0].text
         raise RuntimeError(f"no answer from {endpoint}")
 
     async def info(self) -> dict:
         """Model id and limits from the executor's '/info' endpoint (cached: they never change)."""
         if self._info is None:
-            self._info = await self._unary("/info")
+            self._info = json.loads(await self._unary("/info"))
         return self._info
 
     async def stats(self) -> dict:
-        return await self._unary("/stats")
+        return json.loads(await self._unary("/stats"))
+
+    async def metrics(self) -> str:
+        return await self._unary("/metrics")
 
 
 async def close_quietly(gen: AsyncIterator) -> None:

@@ -9,6 +9,7 @@ replaces Jina's route), OpenAI, TGI and WebSocket chat. Route collision: TGI's P
 HTTP app (it stays on gRPC).
 """
 import logging
+import os
 import warnings
 from typing import Any
 
@@ -22,7 +23,7 @@ from jina.serve.runtimes.servers.composite import CompositeBaseServer
 from gateway import upstream
 from gateway.backend import Backend
 from gateway.grpc_edge import StatusGRPCGateway
-from gateway.http_guard import DEBUG_PATHS, BodyLimit, cors_origins, debug_enabled
+from gateway.http_guard import DEBUG_PATHS, ApiKey, BodyLimit, cors_origins, debug_enabled
 from gateway.jina_sse import jina_sse_router
 from gateway.openai_routes import openai_router
 from gateway.tgi_routes import tgi_router
@@ -48,6 +49,7 @@ class LLMHTTPGateway(HTTPGateway):
         app.router.routes = [r for r in app.router.routes
                              if not _replaced(r) and (debug or getattr(r, "path", None) not in DEBUG_PATHS)]
         app.add_middleware(BodyLimit)
+        app.add_middleware(ApiKey)
         if cors_origins():
             app.add_middleware(CORSMiddleware, allow_origins=cors_origins(), allow_methods=["*"],
                                allow_headers=["*"])
@@ -98,6 +100,8 @@ class LLMGateway(CompositeBaseServer, BaseGateway):
         classes = {"grpc": StatusGRPCGateway, "http": LLMHTTPGateway}
         self.servers: list[BaseServer] = []
         for server_kwargs in self._server_kwargs:
+            if os.environ.get("LLM_HOST"):  # the address both ports bind to (default: all)
+                server_kwargs["runtime_args"]["host"] = os.environ["LLM_HOST"]
             protocol = str(server_kwargs["runtime_args"]["protocol"]).lower().split(".")[-1]
             if protocol not in classes:
                 raise ValueError(f"protocol {protocol!r}: this gateway serves grpc and http")

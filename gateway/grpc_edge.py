@@ -25,6 +25,7 @@ from jina.serve.runtimes.gateway.grpc import GRPCGateway
 from pydantic import ValidationError
 
 from executors.engine.errors import ErrorKind
+from gateway.http_guard import api_key, key_matches
 from gateway.inputs import LIMITS, LimitError, bad_request
 from schemas import PromptDocument, Seed
 
@@ -142,6 +143,35 @@ def guarded(stream_doc: Callable[..., AsyncIterator], streaming: Callable[[], di
     return stream_doc_at_the_edge
 
 
+class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
+    """With LLM_API_KEY set, every call but health and reflection needs the `authorization:
+    Bearer <key>` metadata; others end UNAUTHENTICATED before their handler runs."""
+
+    OPEN = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+
+    def __init__(self, key: str):
+        self.key = key
+
+    async def intercept_service(self, continuation: Any, details: Any) -> Any:
+        handler = await continuation(details)
+        metadata = dict(details.invocation_metadata or ())
+        if handler is None or details.method.startswith(self.OPEN) or key_matches(metadata.get("authorization"),
+                                                                                   self.key):
+            return handler
+
+        async def deny(request: Any, context: Any) -> None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "authorization: a valid API key is required "
+                                                                 "(metadata authorization: Bearer <key>)")
+
+        async def deny_stream(request: Any, context: Any) -> AsyncIterator:
+            await deny(request, context)
+            yield  # an async generator, as a streaming handler must be
+
+        kind = ("unary_unary" if handler.unary_unary else "unary_stream" if handler.unary_stream
+                else "stream_unary" if handler.stream_unary else "stream_stream")
+        return handler._replace(**{kind: deny_stream if kind.endswith("stream") else deny})
+
+
 class StatusGRPCGateway(GRPCGateway):
     """Jina's gRPC gateway, with the edge above."""
 
@@ -152,6 +182,9 @@ class StatusGRPCGateway(GRPCGateway):
         # a message past the body limit is refused by gRPC itself (RESOURCE_EXHAUSTED)
         self.grpc_server_options = {**(self.grpc_server_options or {}),
                                     "grpc.max_receive_message_length": LIMITS.max_body_bytes}
+        if api_key():
+            self.grpc_tracing_server_interceptors = [*(self.grpc_tracing_server_interceptors or []),
+                                                     ApiKeyInterceptor(api_key())]
         await super().setup_server()
         await self.health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
         self.server.add_generic_rpc_handlers([_reflection_v1()])

@@ -6,7 +6,10 @@ Safe by default, opened deliberately with environment variables:
                       WebSocket from), `*` for any; none by default: pages on other sites
                       cannot drive a service on your machine
   LLM_HTTP_DEBUG=1    serves /docs, /redoc, /openapi.json and Jina's /dry_run
+  LLM_API_KEY         when set, every route but the health, metrics and chat-page ones needs
+                      `Authorization: Bearer <key>` (the WebSocket: that header, or ?api_key=)
 """
+import hmac
 import json
 import os
 from collections.abc import Callable
@@ -39,14 +42,48 @@ def origin_allowed(origin: Optional[str], host: Optional[str]) -> bool:
     return bool(host) and urlsplit(origin).netloc == host
 
 
-def error_body(path: str, message: str, param: Optional[str]) -> bytes:
+OPEN_PATHS = {"/", "/health", "/metrics", "/chat-ui"}  # GET: what probes, scrapers and browsers need
+
+
+def error_body(path: str, message: str, param: Optional[str], kind: str = "validation") -> bytes:
     """The protocol's own error shape: OpenAI's under /v1, TGI's elsewhere."""
     if path.startswith("/v1/"):
-        body: dict = {"error": {"message": message, "type": "invalid_request_error", "param": param,
-                                "code": "validation"}}
+        kinds = {"validation": "invalid_request_error", "authentication": "authentication_error"}
+        body: dict = {"error": {"message": message, "type": kinds[kind], "param": param, "code": kind}}
     else:
-        body = {"error": message, "error_type": "validation"}
+        body = {"error": message, "error_type": kind}
     return json.dumps(body).encode()
+
+
+def api_key() -> str:
+    return os.environ.get("LLM_API_KEY", "")
+
+
+def key_matches(authorization: Optional[str], key: str) -> bool:
+    """`Bearer <key>`, compared in constant time."""
+    given = (authorization or "").removeprefix("Bearer ").strip()
+    return hmac.compare_digest(given.encode(), key.encode())
+
+
+class ApiKey:
+    """With LLM_API_KEY set: 401 (in the protocol's error shape) without the key; the open
+    GET routes and the WebSocket (which checks the key itself, see ws_chat) pass."""
+
+    def __init__(self, app: ASGIApp):
+        self.app, self.key = app, api_key()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not self.key or scope["type"] != "http" or (scope["method"] in ("GET", "HEAD") and scope["path"] in OPEN_PATHS):
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        if key_matches(headers.get(b"authorization", b"").decode("latin-1"), self.key):
+            return await self.app(scope, receive, send)
+        body = error_body(scope["path"], "authorization: a valid API key is required (Authorization: Bearer <key>)",
+                          None, "authentication")
+        await send({"type": "http.response.start", "status": 401,
+                    "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer"),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
 
 
 class BodyLimit:

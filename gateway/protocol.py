@@ -61,6 +61,8 @@ class Upstream(Interface):
 
     async def stats(self) -> dict: ...
 
+    async def metrics(self) -> str: ...
+
 
 class Protocol:
     """A wire format. Subclasses supply the mapping and the encoders."""

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Optional
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, create_model
 
 from gateway.backend import Completion
@@ -147,6 +147,10 @@ def tgi_router(backend: Upstream) -> APIRouter:
     @router.get("/info", summary="TGI: model id and limits")
     async def info() -> dict:
         return tgi_info(await backend.info())
+
+    @router.get("/metrics", summary="Prometheus metrics, under vLLM's names (from the executor)")
+    async def metrics() -> Response:
+        return PlainTextResponse(await backend.metrics(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @router.get("/health", summary="TGI: 200 when the model answers, else 503")
     async def health() -> Response:

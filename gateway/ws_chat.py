@@ -24,7 +24,7 @@ from fastapi.responses import HTMLResponse
 from executors.engine.limits import RequestLimits
 from executors.engine.params import request_fields
 from gateway.backend import Backend, close_quietly
-from gateway.http_guard import origin_allowed
+from gateway.http_guard import api_key, key_matches, origin_allowed
 from gateway.inputs import BadRequest, check_text, prompt_document
 from schemas import PromptDocument
 
@@ -168,6 +168,11 @@ def chat_router(backend: Backend) -> APIRouter:
         if not origin_allowed(ws.headers.get("origin"), ws.headers.get("host")):
             # a page on another site may not drive this service (see LLM_CORS_ORIGINS)
             await ws.close(code=1008, reason="origin: not allowed; see LLM_CORS_ORIGINS")
+            return
+        key = api_key()
+        if key and not (key_matches(ws.headers.get("authorization"), key)
+                        or key_matches(ws.query_params.get("api_key"), key)):
+            await ws.close(code=1008, reason="authorization: a valid API key is required")
             return
         await ws.accept()
         await ChatSession(ws, backend).run()

@@ -15,6 +15,7 @@ import websockets
 from docarray import DocList  # noqa: F401 - jina's protos need docarray loaded first
 from google.protobuf import empty_pb2
 from jina.proto import jina_pb2_grpc
+from websockets.exceptions import InvalidStatus
 
 from client import StreamError, generate, stream
 from tests.conftest import ROOT, start_flow
@@ -212,7 +213,7 @@ def test_other_sites_cannot_call_or_open_the_websocket(flow):
             async with websockets.connect(f"ws://127.0.0.1:{flow[1]}/chat", origin=origin) as conn:
                 await conn.send(json.dumps({"prompt": "x", "max_tokens": 1}))
                 return json.loads(await conn.recv())["type"]
-        except websockets.exceptions.InvalidStatus as exc:
+        except InvalidStatus as exc:
             return f"refused {exc.response.status_code}"
     assert asyncio.run(ws("https://evil.example")) == "refused 403"
     assert asyncio.run(ws(f"http://127.0.0.1:{flow[1]}")) == "token"  # the chat page's own origin

@@ -3,7 +3,7 @@
 // PromptDocument, over the protos in ../../proto. Tokens go to stdout as they arrive, a
 // summary line to stderr.
 //
-//   node stream.js [--host H] [--port P] [--max-tokens N] [--seed S] [--chat] "prompt"
+//   node stream.js [--host H] [--port P] [--max-tokens N] [--seed S] [--chat] [--api-key K] "prompt"
 //   node stream.js --document '{"prompt": {"text": "hi"}}' [--endpoint /stream]  # any NodeProto map
 //
 // Exit status: 0 done, 2 refused with a gRPC status (printed as CODE: details), 3 failed mid-stream.
@@ -31,6 +31,7 @@ function parseArgs(argv) {
     else if (arg === "--seed") args.fields.seed = { text: next() }; // 64-bit: decimal text
     else if (arg === "--do-sample") args.fields.do_sample = { boolean: true };
     else if (arg === "--chat") args.chat = true;
+    else if (arg === "--api-key") args.apiKey = next();
     else args.prompt = arg;
   }
   return args;
@@ -49,7 +50,10 @@ function main() {
   const args = parseArgs(process.argv.slice(2));
   const client = new jina.JinaSingleDocumentRequestRPC(`${args.host}:${args.port}`, grpc.credentials.createInsecure());
   const request = { header: { exec_endpoint: args.endpoint, request_id: `node-${process.pid}` }, document: promptDocument(args) };
-  const call = client.stream_doc(request);
+  const metadata = new grpc.Metadata();
+  const apiKey = args.apiKey || process.env.LLM_API_KEY;
+  if (apiKey) metadata.set("authorization", `Bearer ${apiKey}`);
+  const call = client.stream_doc(request, metadata);
   let last = null;
   call.on("data", (response) => {
     const doc = response.document.data;

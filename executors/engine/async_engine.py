@@ -18,6 +18,7 @@ from typing import Any, Optional
 from .core import EngineCore
 from .errors import GenerationError
 from .loader import LoadedModel, load_model
+from .observer import EngineObserver
 from .params import EngineConfig, EngineDeadError, FinishReason, SamplingParams
 from .request import Request, TokenOutput
 
@@ -93,9 +94,12 @@ class RequestStream:
 class AsyncEngine:
     """Owns the model and the loop thread; `generate` is the one entry point."""
 
-    def __init__(self, config: EngineConfig, loaded: Optional[LoadedModel] = None):
+    def __init__(self, config: EngineConfig, loaded: Optional[LoadedModel] = None,
+                 observer: Optional[EngineObserver] = None):
         self.config = config.validate()
         self.core = EngineCore(loaded or load_model(config), config)
+        if observer is not None:
+            self.core.observer = observer
         self._wake = threading.Condition()
         self._stopping = False
         self.loop_restarts = 0

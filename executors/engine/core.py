@@ -5,6 +5,7 @@ thread. Errors inside one request end that request only.
 """
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any, Optional, TypeVar
@@ -15,6 +16,7 @@ from .chat import render_chat_ids
 from .detokenizer import IncrementalDetokenizer, byte_fallback_ids
 from .kv_batch import KVBatch, new_cache, prefill_chunk, prefill_group, select_rows
 from .loader import LoadedModel
+from .observer import EngineObserver
 from .params import EngineConfig, FinishReason, SamplingParams, ValidationError
 from .request import Request, TokenOutput
 from .sampling import Choice, TokenChooser, greedy_choices
@@ -38,6 +40,7 @@ class EngineCore:
         self._abort_lock = threading.Lock()
         self.steps = 0
         self.aborted = 0  # requests that left early because their reader went away
+        self.observer = EngineObserver()  # metrics: the executor sets its own
 
     # ----- requests in -----
     def make_request(self, prompt: str, params: SamplingParams, sink: Callable[[TokenOutput], None],
@@ -95,7 +98,9 @@ class EngineCore:
     def step(self) -> None:
         self.steps += 1
         self._apply_aborts()
-        self.scheduler.admit()
+        now = time.perf_counter()
+        for req in self.scheduler.admit():
+            self.observer.admitted(now - req.arrival)
         if len(self.batch):
             self._decode()
         self._prefill_some()
@@ -105,13 +110,14 @@ class EngineCore:
             aborts, self._aborts = self._aborts, set()
         if not aborts:
             return
-        for rid in aborts:
-            if self.scheduler.remove_waiting(rid) is not None:
-                self.aborted += 1
+        gone = [req for rid in aborts if (req := self.scheduler.remove_waiting(rid)) is not None]
         for req in list(self.scheduler.prefilling) + list(self.scheduler.running.values()):
             if req.request_id in aborts:
                 self.scheduler.release(req)
-                self.aborted += 1
+                gone.append(req)
+        for req in gone:
+            self.aborted += 1
+            self.observer.finished(FinishReason.ABORTED, time.perf_counter() - req.arrival)
         self._sync_batch()
 
     def _decode(self) -> None:
@@ -192,6 +198,7 @@ class EngineCore:
         """First tokens out, then the rows that go on join the decode batch."""
         for req in group:
             self.scheduler.start_running(req)
+            self.observer.prefilled(len(req.prompt_ids))
         choices = self._choose(group, logits)
         going_on = [i for i, (req, c) in enumerate(zip(group, choices, strict=True))
                     if c is not None and self._advance(req, c)]
@@ -221,10 +228,19 @@ class EngineCore:
             log.exception("request %s failed", req.request_id)
             self._finish_with_error(req, f"{type(exc).__name__}: {exc}")
             return False
+        self._observe_token(req, out.finish_reason)
         if out.finish_reason is not None:
             self.scheduler.release(req)
         req.sink(out)
         return out.finish_reason is None
+
+    def _observe_token(self, req: Request, finish: Optional[FinishReason]) -> None:
+        now = time.perf_counter()
+        first = len(req.generated) == 1
+        self.observer.token(first, now - (req.arrival if first else req.last_token_at))
+        req.last_token_at = now
+        if finish is not None:
+            self.observer.finished(finish, now - req.arrival)
 
     def _token_output(self, req: Request, choice: Choice) -> TokenOutput:
         token = choice.token_id
@@ -244,6 +260,7 @@ class EngineCore:
 
     def _finish_with_error(self, req: Request, message: str) -> None:
         self.scheduler.release(req)
+        self.observer.finished(FinishReason.ERROR, time.perf_counter() - req.arrival)
         req.emit_error(message)
 
     def _fail_batch(self, message: str) -> None:
@@ -260,12 +277,9 @@ class EngineCore:
     # ----- failure of the loop itself -----
     def fail_all(self, message: str, close: bool = False) -> None:
         """Fail every request in flight and start from an empty batch (close: for good)."""
-        for req in self.scheduler.drain_waiting(close):
-            self.scheduler.release(req)
-            req.emit_error(message)
-        for req in list(self.scheduler.prefilling) + list(self.scheduler.running.values()):
-            self.scheduler.release(req)
-            req.emit_error(message)
+        waiting = self.scheduler.drain_waiting(close)
+        for req in waiting + list(self.scheduler.prefilling) + list(self.scheduler.running.values()):
+            self._finish_with_error(req, message)
         self.batch = KVBatch(self.loaded.model, self.loaded.device)
 
     @property

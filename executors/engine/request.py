@@ -1,6 +1,7 @@
 """Engine-side request state and the per-token output it produces. Only the scheduler
 changes a request's `state`."""
 import enum
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Optional
@@ -51,6 +52,8 @@ class Request:
     prefilled: int = 0  # prompt tokens already in `cache` (chunked prefill)
     cache: Optional[DynamicCache] = None  # own cache until it joins the batch
     generated: list[int] = field(default_factory=list)
+    arrival: float = field(default_factory=time.perf_counter)  # for queue, TTFT and e2e times
+    last_token_at: float = 0.0
 
     @property
     def reserved_tokens(self) -> int:

@@ -55,8 +55,10 @@ class Scheduler:
                     return req
         return None
 
-    def admit(self) -> None:
-        """Move waiting requests into prefill, first come first served, while they fit."""
+    def admit(self) -> list[Request]:
+        """Move waiting requests into prefill, first come first served, while they fit;
+        return those admitted."""
+        admitted = []
         with self._lock:
             while self._waiting:
                 head = self._waiting[0]
@@ -69,6 +71,8 @@ class Scheduler:
                 self.reserved += head.reserved_tokens
                 head.state = RequestState.PREFILLING
                 self.prefilling.append(head)
+                admitted.append(head)
+        return admitted
 
     def _fits(self, head: Request) -> bool:
         """The padded batch with `head` in it stays within the KV budget."""
