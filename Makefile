@@ -18,7 +18,7 @@ export PYTHONWARNINGS ?= ignore:pkg_resources is deprecated:UserWarning
 FIND_LINKS := $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
 UV_FLAGS := $(if $(FIND_LINKS),--find-links $(FIND_LINKS),)
 
-.PHONY: setup serve test soak lint model toy-model protos bench bench-quick bench-engine clean
+.PHONY: setup serve test soak lint model toy-model protos image-test k8s compose bench bench-quick bench-engine clean
 
 $(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,6 +42,17 @@ $(TOY_MODEL)/config.json: | $(VENV)/.installed
 	$(PY) -m benchmarks.toy_models $(TOY_MODEL) --style gpt2
 
 toy-model: $(TOY_MODEL)/config.json
+
+# container images (deploy/Dockerfile), built and run here with podman: see deploy/README.md
+image-test: setup model
+	bash deploy/image_test.sh
+
+# cluster manifests from `jina export`, completed (probes, resources, GPU, metrics): deploy/
+k8s: setup
+	$(PY) deploy/export.py kubernetes
+
+compose: setup
+	$(PY) deploy/export.py docker-compose
 
 # proto/*.proto from the descriptors of the pinned jina and docarray (tests check they match)
 protos: setup

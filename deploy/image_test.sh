@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# make image-test: build both CPU images with podman, run the gateway and the executor as
+# containers, stream a greedy answer over gRPC and over OpenAI SSE, check that it equals the
+# answer of `make serve` (the same Flow, not in containers), and leave no container behind.
+# Needs root, podman, runc and debootstrap (Debian: apt-get install -y podman runc debootstrap);
+# no registry: the base image is made from Debian's packages (deploy/base_image.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TAG=${TAG:-test}
+PODMAN=(podman --runtime runc --cgroup-manager cgroupfs)
+LIMITS=(--ulimit nofile=4096:4096 --ulimit nproc=4096:4096)
+# podman schedules HEALTHCHECKs with systemd, which this machine lacks: they are run by hand below
+RUN=(--health-interval disable --network host "${LIMITS[@]}")
+CA=/etc/ssl/certs/ca-certificates.crt
+EXECUTOR_PORT=23456 GRPC_PORT=23345 HTTP_PORT=23346
+
+bash deploy/base_image.sh
+# the CPU torch wheel this machine has (pip's find-links), as the image's torch
+FIND_LINKS=$(.venv/bin/python -m pip config get global.find-links 2>/dev/null || true)
+for dir in $FIND_LINKS; do cp -n "$dir"/torch-2.13.0*-cp311-*.whl deploy/wheels/ 2>/dev/null || true; done
+
+build() {  # target
+  local started=$SECONDS
+  "${PODMAN[@]}" build --format docker --network host "${LIMITS[@]}" -v "$CA:/run/host-ca.crt:ro" -f deploy/Dockerfile \
+    --build-arg BASE=localhost/bookworm-min:latest --build-arg TORCH=cpu --build-arg TORCH_INDEX= \
+    --target "$1" -t "localhost/llm-stream-$1:$TAG" . >"/tmp/llm-stream-build-$1.log" 2>&1 \
+    || { tail -30 "/tmp/llm-stream-build-$1.log"; exit 1; }
+  echo "built localhost/llm-stream-$1:$TAG in $((SECONDS - started)) s, $("${PODMAN[@]}" image inspect \
+    "localhost/llm-stream-$1:$TAG" --format '{{.Size}}' | awk '{printf "%.0f MB", $1 / 1e6}')"
+}
+build executor
+build gateway
+
+cleanup() { "${PODMAN[@]}" rm -f llm-stream-executor llm-stream-gateway >/dev/null 2>&1 || true; }
+trap cleanup EXIT
+cleanup
+"${PODMAN[@]}" run -d --name llm-stream-executor "${RUN[@]}" -e LLM_HEALTH_PORT=$EXECUTOR_PORT \
+  -v "$PWD/models:/models:ro" "localhost/llm-stream-executor:$TAG" --port $EXECUTOR_PORT --host 127.0.0.1 >/dev/null
+"${PODMAN[@]}" run -d --name llm-stream-gateway "${RUN[@]}" -e LLM_HEALTH_URL=http://127.0.0.1:$HTTP_PORT/ \
+  "localhost/llm-stream-gateway:$TAG" \
+  --port $GRPC_PORT $HTTP_PORT --protocol grpc http \
+  --graph-description '{"llm": ["end-gateway"], "start-gateway": ["llm"]}' \
+  --deployments-addresses "{\"llm\": [\"grpc://127.0.0.1:$EXECUTOR_PORT\"]}" >/dev/null
+.venv/bin/python deploy/compare.py --containers $GRPC_PORT $HTTP_PORT \
+  || { "${PODMAN[@]}" logs --tail 40 llm-stream-executor; "${PODMAN[@]}" logs --tail 40 llm-stream-gateway; exit 1; }
+for name in llm-stream-executor llm-stream-gateway; do  # the images' HEALTHCHECKs, and who runs them
+  "${PODMAN[@]}" healthcheck run "$name" >/dev/null || { echo "$name: HEALTHCHECK failed"; exit 1; }
+  echo "$name: healthy, running as uid $("${PODMAN[@]}" exec "$name" id -u)"
+done
+cleanup
+test -z "$("${PODMAN[@]}" ps -a --filter name=llm-stream -q)" && echo "image-test passed; no container left"

@@ -1,0 +1,70 @@
+"""The checked-in cluster manifests (deploy/, from `make k8s` and `make compose`): images,
+ports, probes that work, env, replicas, resources, the GPU variant; and they are what the
+export writes today."""
+import filecmp
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT
+
+DEPLOY = ROOT / "deploy"
+
+
+def deployments(variant: str) -> dict[str, dict]:
+    found = {}
+    for path in (DEPLOY / "k8s" / variant).rglob("*.yml"):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc["kind"] in ("Deployment", "ConfigMap"):
+                found[f"{doc['kind']}/{doc['metadata']['name']}"] = doc
+    return found
+
+
+@pytest.mark.parametrize("variant", ["cpu", "gpu"])
+def test_kubernetes_manifests(variant):
+    docs = deployments(variant)
+    executor = docs["Deployment/llm"]["spec"]
+    gateway = docs["Deployment/gateway"]["spec"]
+    assert executor["replicas"] == 2
+    (container,) = executor["template"]["spec"]["containers"]
+    assert container["image"] == ("llm-stream-executor:0.1.0-cuda" if variant == "gpu" else "llm-stream-executor:0.1.0-cpu")
+    assert {p["containerPort"] for p in container["ports"]} == {8080, 9100}
+    liveness = container["livenessProbe"]["exec"]["command"]
+    assert liveness[-2:] == ["--timeout", "9500"] and container["livenessProbe"]["timeoutSeconds"] > 9.5
+    assert container["readinessProbe"]["exec"]["command"][:3] == ["jina", "ping", "executor"]
+    assert container["resources"]["requests"]["cpu"] and container["resources"]["limits"]["memory"]
+    assert ("nvidia.com/gpu" in container["resources"]["limits"]) == (variant == "gpu")
+    assert {"name": "LLM_METRICS_PORT", "value": "9100"} in container["env"]
+    assert executor["template"]["metadata"]["annotations"]["prometheus.io/port"] == "9100"
+    assert docs["ConfigMap/llm-configmap"]["data"]["LLM_MODEL"] == "/models/SmolLM2-135M-Instruct"
+    (gw,) = gateway["template"]["spec"]["containers"]
+    assert gw["image"] == "llm-stream-gateway:0.1.0-cpu" and gw["args"][0] == "gateway"
+    assert gw["readinessProbe"]["httpGet"] == {"path": "/health", "port": 8081}
+    assert gw["livenessProbe"]["exec"]["command"][-2:] == ["--timeout", "9500"]
+    assert '"llm": ["grpc://llm.llm-stream.svc:8080"]' in " ".join(gw["args"])
+
+
+def test_compose_manifest():
+    spec = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
+    services = spec["services"]
+    executors = [s for name, s in services.items() if name.startswith("llm-rep-")]
+    assert len(executors) == 2 and all(s["image"] == "llm-stream-executor:0.1.0-cpu" for s in executors)
+    assert services["gateway"]["image"] == "llm-stream-gateway:0.1.0-cpu"
+    assert all("volumes" not in s for s in services.values())  # nothing hides the image's config.yml
+    assert all("LLM_MODEL=/models/SmolLM2-135M-Instruct" in s["environment"] for s in executors)
+
+
+def test_the_manifests_are_what_the_export_writes(tmp_path):
+    copy = tmp_path / "deploy"
+    shutil.copytree(DEPLOY, copy, ignore=shutil.ignore_patterns("wheels"))
+    for kind in ("kubernetes", "docker-compose"):
+        subprocess.run([sys.executable, str(copy / "export.py"), kind], check=True, capture_output=True)
+    for variant in ("cpu", "gpu"):
+        compared = filecmp.dircmp(DEPLOY / "k8s" / variant, copy / "k8s" / variant)
+        assert not compared.diff_files and not compared.left_only and not compared.right_only
+        for sub in compared.subdirs.values():
+            assert not sub.diff_files, sub.diff_files
+    assert (DEPLOY / "docker-compose.yml").read_text() == (copy / "docker-compose.yml").read_text()
