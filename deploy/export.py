@@ -43,7 +43,9 @@ def jina_export(kind: str, spec: dict, out: Path) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "flow.yml"
         path.write_text(yaml.safe_dump(spec, sort_keys=False))
-        env = dict(os.environ, JINA_GATEWAY_IMAGE=spec["gateway"]["uses"].removeprefix("docker://"))
+        # the export copies JINA_* variables of this shell (JINA_LOG_LEVEL...) into the manifests
+        env = {k: v for k, v in os.environ.items() if not k.startswith("JINA_")}
+        env["JINA_GATEWAY_IMAGE"] = spec["gateway"]["uses"].removeprefix("docker://")
         args = ["--k8s-namespace", "llm-stream"] if kind == "kubernetes" else []
         subprocess.run([str(Path(sys.executable).parent / "jina"), "export", kind, str(path), str(out), *args],
                        check=True, env=env, capture_output=True)

@@ -19,6 +19,7 @@ from typing import Optional
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers.utils import logging as hf_logging
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,7 @@ def main() -> None:
     parser.add_argument("out", type=Path, help="the folder to write")
     parser.add_argument("--sha256", help="refuse the source unless its SHA-256 is this")
     args = parser.parse_args()
+    hf_logging.disable_progress_bar()  # one line of output, not three progress bars
     if args.sha256 and sha256(args.source) != args.sha256.lower():
         raise SystemExit(f"{args.source}: SHA-256 mismatch (expected {args.sha256}); not used")
     started = time.perf_counter()
