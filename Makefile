@@ -18,7 +18,7 @@ export PYTHONWARNINGS ?= ignore:pkg_resources is deprecated:UserWarning
 FIND_LINKS := $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
 UV_FLAGS := $(if $(FIND_LINKS),--find-links $(FIND_LINKS),)
 
-.PHONY: setup serve test soak lint model toy-model protos image-test k8s compose bench bench-quick bench-engine clean
+.PHONY: setup serve test soak lint model toy-model protos image-test k8s compose llama-cpp bench bench-quick bench-engine clean
 
 $(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -73,6 +73,10 @@ soak: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+
+# llama.cpp's server, from a pinned source, for the benchmark's llama-cpp system (about 10 minutes)
+llama-cpp: setup
+	bash benchmarks/peers/build_llama_cpp.sh
 
 bench: setup
 	$(PY) -m benchmarks $(BENCH_ARGS)

@@ -23,7 +23,8 @@ HERE = Path(__file__).resolve().parent
 # --quick: every system on the tiny model at C=1 and 16, plus this vs raw-engine on gpt2-small at
 # C=1 and on the trained model at C=1 and 16
 QUICK_EXTRAS = ({"model": "gpt2-small", "systems": ("this", "raw-engine"), "concurrency": (1,), "requests": 4},
-                {"model": "smollm2", "systems": ("this", "raw-engine"), "concurrency": (1, 16), "requests": None})
+                {"model": "smollm2", "systems": ("this", "raw-engine", "llama-cpp"), "concurrency": (1, 16),
+                 "requests": None})
 
 
 def _ints(text: str) -> list[int]:

@@ -28,7 +28,7 @@ class ServerProcess:
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self._log,
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=self._log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         _LIVE.add(self)
 

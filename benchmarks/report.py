@@ -127,14 +127,15 @@ def ratios(rows: list[dict]) -> list[str]:
     this_transports = list(dict.fromkeys(r["transport"] for r in rows if r["system"] == "this"))
     for model in models:
         for level in (1, 16):
-            raw = _find(rows, "raw-engine", model, level)
-            for t in this_transports:
-                this = _find(rows, "this", model, level, t)
-                if this and raw:
-                    out.append(f"{model}, C={level}: this/{t} / raw-engine output tok/s = "
-                               f"{_ratio(this['output_tok_s'], raw['output_tok_s'])} "
-                               f"({this['output_tok_s']} vs {raw['output_tok_s']}); TTFT p50 "
-                               f"{this['ttft_p50_ms']} vs {raw['ttft_p50_ms']} ms")
+            for peer in ("raw-engine", "llama-cpp"):
+                other = _find(rows, peer, model, level)
+                for t in this_transports:
+                    this = _find(rows, "this", model, level, t)
+                    if this and other:
+                        out.append(f"{model}, C={level}: this/{t} / {peer} output tok/s = "
+                                   f"{_ratio(this['output_tok_s'], other['output_tok_s'])} "
+                                   f"({this['output_tok_s']} vs {other['output_tok_s']}); TTFT p50 "
+                                   f"{this['ttft_p50_ms']} vs {other['ttft_p50_ms']} ms")
         for peer in ("seed-jina", "hf-streamer", "hf-static-batch"):
             other = _find(rows, peer, model, 16)
             for t in this_transports:

@@ -3,6 +3,7 @@
 Every system is an async context manager yielding {transport name: send}; leaving
 it tears the server's whole process group down, on errors and Ctrl-C too.
 """
+import asyncio
 import contextlib
 import functools
 import json
@@ -20,7 +21,7 @@ from .load import Transport
 from .metrics import Total
 from .procs import ROOT, ServerProcess, free_port
 
-SYSTEMS = ("this", "raw-engine", "jina-echo", "seed-jina", "hf-streamer", "hf-static-batch")
+SYSTEMS = ("this", "raw-engine", "jina-echo", "seed-jina", "hf-streamer", "hf-static-batch", "llama-cpp")
 
 
 def _env(**extra: str) -> dict:
@@ -221,6 +222,47 @@ def _fastapi_peer(module: str, name: str, *extra: str) -> Callable:
     return peer
 
 
+LLAMA_SERVER = ROOT / "benchmarks" / ".llama.cpp" / "llama-server"
+
+
+@contextlib.asynccontextmanager
+async def llama_cpp(model: Path, logs: Path, notes: list[str]) -> AsyncIterator[dict[str, Transport]]:
+    """llama.cpp's server (`make llama-cpp`) on the same GGUF the service's default model
+    comes from, 2 threads, 16 slots, continuous batching; OpenAI streaming completions."""
+    if not LLAMA_SERVER.exists():
+        raise RuntimeError("not built: run `make llama-cpp` (about 10 minutes) to compare with it")
+    gguf = gguf_of(model)
+    port = free_port()
+    cmd = [str(LLAMA_SERVER), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "--parallel", "16",
+           "--threads", "2", "--ctx-size", "16384", "--cont-batching"]
+    server = ServerProcess(cmd, logs / "llama-cpp.log", _env(LD_LIBRARY_PATH=str(LLAMA_SERVER.parent)))
+    try:
+        server.wait_http(f"http://127.0.0.1:{port}/health")
+        # a new connection per request: this llama-server exits when a kept-alive one is reused
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True),
+                                         timeout=aiohttp.ClientTimeout(total=None, sock_read=600)) as session:
+            for _ in range(360):  # /health answers 503 while the model loads
+                async with session.get(f"http://127.0.0.1:{port}/health") as resp:
+                    if resp.status == 200:
+                        break
+                server.check_alive()
+                await asyncio.sleep(0.5)
+            yield {"openai": _this_openai(session, port, "smollm2", {})}
+    finally:
+        server.stop()
+
+
+def gguf_of(model: Path) -> Path:
+    """The GGUF a trained model was exported from (make model keeps its wheel)."""
+    from executors.engine.gguf import gguf_from_archive
+    wheels = sorted((ROOT / "models" / ".download").glob("*.whl"))
+    if model.name != "SmolLM2-135M-Instruct" or not wheels:
+        raise RuntimeError(f"llama.cpp serves GGUF files: {model.name} has none")
+    target = ROOT / "benchmarks" / ".models" / "gguf"
+    found = sorted(target.rglob("*.gguf"))
+    return found[0] if found else gguf_from_archive(wheels[0], target)
+
+
 def starters(static_batch_size: int = 16, extra: Optional[dict] = None) -> dict[str, Callable]:
     return {
         "this": functools.partial(this_service, extra=extra or {}),
@@ -230,4 +272,5 @@ def starters(static_batch_size: int = 16, extra: Optional[dict] = None) -> dict[
         "hf-streamer": _fastapi_peer("benchmarks.peers.hf_streamer", "hf-streamer"),
         "hf-static-batch": _fastapi_peer("benchmarks.peers.hf_static_batch", "hf-static-batch",
                                          "--max-batch-size", str(static_batch_size)),
+        "llama-cpp": llama_cpp,
     }
