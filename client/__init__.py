@@ -17,7 +17,7 @@ from jina.excepts import BadServerFlow  # noqa: E402
 from jina.proto.jina_pb2_grpc import JinaSingleDocumentRequestRPCStub  # noqa: E402
 from jina.types.request.data import SingleDocumentRequest  # noqa: E402
 
-from schemas import ModelOutputDocument, PromptDocument
+from schemas import ModelOutputDocument, PromptDocument, named_error
 
 
 class StreamError(RuntimeError):
@@ -107,9 +107,7 @@ def _document(prompt: str, fields: dict[str, Any]) -> PromptDocument:
     try:
         return PromptDocument(prompt=prompt, **fields)
     except ValidationError as exc:  # a value the document cannot carry, named like the server does
-        first = exc.errors()[0]
-        raise StreamError(f"{first['loc'][0]}: {first['msg'].removeprefix('Value error, ')}",
-                          "validation") from None
+        raise StreamError(named_error(exc)[1], "validation") from None
 
 
 _STATUS_TYPES = {"INVALID_ARGUMENT": "validation", "RESOURCE_EXHAUSTED": "overloaded"}

@@ -42,7 +42,7 @@ class Metrics(EngineObserver):
                                ["model_name", "finished_reason"], registry=r)
         self.model_name = model_name
         gauges = {"vllm:num_requests_running": ("Requests in the batch (decoding or prefilling).",
-                                                lambda: stats()["running"] + stats()["prefilling"]),
+                                                lambda: _running(stats())),
                   "vllm:num_requests_waiting": ("Requests queued for a batch slot.", lambda: stats()["waiting"]),
                   "vllm:kv_cache_usage_perc": ("KV budget reserved by running requests, 0 to 1.",
                                                lambda: stats()["reserved_tokens"] / max_batch_tokens)}
@@ -73,3 +73,7 @@ class Metrics(EngineObserver):
     def serve(self, port: int) -> None:
         """Its own HTTP endpoint (any path), for a scraper that reaches this process."""
         start_http_server(port, registry=self.registry)
+
+
+def _running(stats: dict) -> int:
+    return stats["running"] + stats["prefilling"]

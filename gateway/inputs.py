@@ -6,7 +6,6 @@ their own names where the protocol has one, and as extensions where it has none
 (`option_fields`), so a field declared in the engine reaches every protocol.
 """
 import json
-import re
 from collections.abc import Collection
 from dataclasses import Field
 from typing import Any, Optional, TypeVar, Union
@@ -18,7 +17,7 @@ from pydantic import Field as ModelField
 from executors.engine.errors import ValidationError as LimitError
 from executors.engine.limits import RequestLimits
 from executors.engine.params import field_type, request_fields
-from schemas import PromptDocument
+from schemas import PromptDocument, named_error
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 LIMITS = RequestLimits.from_env()  # the executor reads the same variables
@@ -29,8 +28,6 @@ Number = Optional[Union[StrictInt, StrictFloat]]
 Bool = Optional[StrictBool]
 Stop = Optional[Union[str, list[str]]]  # a string or a list, as OpenAI and TGI accept
 _STRICT = {int: Int, float: Number, bool: Bool, list: Stop}
-# what pydantic adds to an error's location for the member of a union that failed: int, list[str]...
-_UNION_TAG = re.compile(r"(int|float|str|bool|list|dict|none)(\[.*\])?|.*[\[\-].*")
 
 
 class BadRequest(ValueError):
@@ -43,10 +40,8 @@ class BadRequest(ValueError):
 
 def bad_request(exc: ValidationError) -> BadRequest:
     """Pydantic's first error, as `field: message` naming the field."""
-    first = exc.errors()[0]
-    where = ".".join(str(x) for x in first["loc"] if not _UNION_TAG.fullmatch(str(x)))
-    message = first["msg"].removeprefix("Value error, ")
-    return BadRequest(f"{where}: {message}", where)
+    where, message = named_error(exc)
+    return BadRequest(message, where)
 
 
 def parse_json(raw: bytes) -> Any:
@@ -89,16 +84,16 @@ def check_text(value: Any, path: str = "") -> None:
 
 
 def prompt_document(**fields: Any) -> PromptDocument:
-    """A route's PromptDocument, after the request limits (cheapest first) and a check of its
-    text; a value the document cannot carry (a seed past 2**64 - 1, an integer past int32)
-    is a BadRequest naming the field, before anything is sent. `messages` may be a list."""
+    """A route's PromptDocument, after the request limits (cheapest first); a value the
+    document cannot carry (a seed past 2**64 - 1, an integer past int32) is a BadRequest
+    naming the field, before anything is sent. `messages` may be a list. The text was
+    checked where the request was parsed (`parse_json`, or the WebSocket's own parse)."""
     try:
         LIMITS.check_prompt(fields.get("prompt"))
         LIMITS.check_stop(fields.get("stop"))
         LIMITS.check_messages(fields.get("messages"))
     except LimitError as exc:
         raise BadRequest(str(exc), exc.field) from None
-    check_text(fields)
     if isinstance(fields.get("messages"), list):
         fields["messages"] = json.dumps(fields["messages"])
     if isinstance(fields.get("stop"), str):

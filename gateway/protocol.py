@@ -116,10 +116,8 @@ async def _frames(protocol: Protocol, parsed: Parsed, first: ModelOutputDocument
 
 async def _documents(first: ModelOutputDocument,
                      rest: AsyncIterator[ModelOutputDocument]) -> AsyncIterator[ModelOutputDocument]:
-    """The stream's documents, up to and including the finished or error one."""
-    out: Optional[ModelOutputDocument] = first
-    while out is not None:
-        yield out
-        if out.error is not None or out.finish_reason is not None:
-            return
-        out = await anext(rest, None)
+    """The stream's documents: Backend.stream ends with the finished or error one."""
+    yield first
+    if first.error is None and first.finish_reason is None:
+        async for out in rest:
+            yield out

@@ -87,7 +87,7 @@ class ChatSession:
         if not prompt.strip():
             return await self.error("prompt: must be a non-empty string")
         try:
-            check_text(prompt, "prompt")
+            check_text({"prompt": prompt, **fields})
         except BadRequest as exc:
             return await self.error(str(exc))
         turn = {"role": "user", "content": prompt}

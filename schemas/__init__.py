@@ -10,11 +10,12 @@ bounded to int32 when a document is built (a larger value is a validation error 
 names the field, not a serialization failure mid-stream), and the 64-bit `seed`
 travels as decimal text (see `Seed`).
 """
+import re
 from typing import Annotated, Any, Optional
 
 from docarray import BaseDoc
 from docarray.base_doc.base_node import BaseNode
-from pydantic import Field, GetCoreSchemaHandler, GetJsonSchemaHandler, create_model
+from pydantic import Field, GetCoreSchemaHandler, GetJsonSchemaHandler, ValidationError, create_model
 from pydantic_core import core_schema
 
 from executors.engine.limits import SEED_MAX  # the engine's declarations: nothing heavy
@@ -102,4 +103,15 @@ class ModelOutputDocument(BaseDoc):
     error_field: Optional[str] = None  # the request field a validation error is about
 
 
-__all__ = ["INT32_MAX", "INT32_MIN", "SEED_MAX", "ModelOutputDocument", "PromptDocument", "Seed"]
+# what pydantic adds to an error's location for the member of a union that failed: int, list[str]...
+_UNION_TAG = re.compile(r"(int|float|str|bool|list|dict|none)(\[.*\])?|.*[\[\-].*")
+
+
+def named_error(exc: ValidationError) -> tuple[str, str]:
+    """(field, "field: message") for pydantic's first error, as every edge reports it."""
+    first = exc.errors()[0]
+    where = ".".join(str(x) for x in first["loc"] if not _UNION_TAG.fullmatch(str(x)))
+    return where, f"{where}: {first['msg'].removeprefix('Value error, ')}"
+
+
+__all__ = ["INT32_MAX", "INT32_MIN", "SEED_MAX", "ModelOutputDocument", "PromptDocument", "Seed", "named_error"]

@@ -5,6 +5,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 
+import psutil
 import pytest
 import requests
 
@@ -52,3 +53,17 @@ def curl_sse(url: str, body: dict, timeout: float = 60) -> list[dict | str]:
                          capture_output=True, text=True, timeout=timeout)
     assert run.returncode == 0, run.stderr
     return list(sse_data(run.stdout.splitlines()))
+
+
+def listening(proc: psutil.Process) -> set[tuple[str, int]]:
+    """(address, port) of each TCP socket the process listens on; none once it is gone."""
+    try:
+        return {(c.laddr.ip, c.laddr.port) for c in proc.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return set()
+
+
+def executor_process(http_port: int) -> psutil.Process:
+    """A Flow's executor: the child of the Flow that listens, but not on the gateway's port."""
+    gateway = next(p for p in psutil.process_iter() if any(port == http_port for _, port in listening(p)))
+    return next(c for c in gateway.parent().children() if c.pid != gateway.pid and listening(c))

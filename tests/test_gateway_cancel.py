@@ -10,14 +10,22 @@ import signal
 import threading
 
 import openai
-import psutil
 import pytest
 import requests
 import websockets
 
 from client import StreamError, generate
 from tests.conftest import start_flow
-from tests.gateway_helpers import CHROMIUM, CHROMIUM_ARGS, busy, needs_chromium, sse_data, stats, wait_until
+from tests.gateway_helpers import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    busy,
+    executor_process,
+    needs_chromium,
+    sse_data,
+    stats,
+    wait_until,
+)
 
 LONG = 900
 
@@ -234,11 +242,7 @@ def test_executor_failure_mid_stream_sends_an_error_event(limited_flow):
         t.start()
     s = wait_until(http_port, lambda s: s["running"] == 2 and s["steps"] > 5)
     assert s["running"] == 2, s
-    gateway_ports = {http_port}
-    children = psutil.Process(server.proc.pid).children()
-    executors = [c for c in children if _listening(c) and not _listening(c) & gateway_ports]
-    assert len(executors) == 1, children
-    executors[0].send_signal(signal.SIGKILL)
+    executor_process(http_port).send_signal(signal.SIGKILL)
     for t in threads:
         t.join(60)
     events = results["tgi"]
@@ -248,6 +252,3 @@ def test_executor_failure_mid_stream_sends_an_error_event(limited_flow):
     assert "oai_error" in results and results["oai"], results
     server.stop(timeout=5)
 
-
-def _listening(proc: psutil.Process) -> set[int]:
-    return {c.laddr.port for c in proc.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}

@@ -8,7 +8,6 @@ import threading
 import time
 
 import grpc
-import psutil
 import pytest
 import requests
 import websockets
@@ -19,7 +18,7 @@ from websockets.exceptions import InvalidStatus
 
 from client import StreamError, generate, stream
 from tests.conftest import ROOT, start_flow
-from tests.gateway_helpers import sse_data
+from tests.gateway_helpers import executor_process, listening, sse_data
 
 DEEP = "[" * 100_000 + "]" * 100_000
 SURROGATE = '"a\\ud800b"'  # JSON text of a string with a lone surrogate
@@ -27,21 +26,6 @@ SURROGATE = '"a\\ud800b"'  # JSON text of a string with a lone surrogate
 
 def url(flow, path: str) -> str:
     return f"http://127.0.0.1:{flow[1]}{path}"
-
-
-def executor_process(http_port: int) -> psutil.Process:
-    """The Flow's executor: the child process that does not listen on the gateway's ports."""
-    gateway = next(p for p in psutil.process_iter() if _listens(p, http_port))
-    parent = gateway.parent()
-    return next(c for c in parent.children() if c.pid != gateway.pid and _listens(c))
-
-
-def _listens(proc: psutil.Process, port: int | None = None) -> set:
-    try:
-        ports = {(c.laddr.ip, c.laddr.port) for c in proc.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return set()
-    return {p for p in ports if port is None or p[1] == port}
 
 
 # ----- cheap checks first: oversized input never stalls anybody -----
@@ -231,7 +215,7 @@ def test_debug_pages_and_status_are_closed(flow):
 
 
 def test_the_executor_listens_on_loopback_only(flow):
-    addresses = _listens(executor_process(flow[1]))
+    addresses = listening(executor_process(flow[1]))
     assert addresses and all(ip in ("127.0.0.1", "::ffff:127.0.0.1") for ip, _ in addresses), addresses
 
 
