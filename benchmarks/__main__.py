@@ -15,7 +15,7 @@ from typing import Optional
 from .load import Transport, closed_loop, default_requests, make_prompts, poisson
 from .metrics import summarize
 from .models import DEFAULT_CACHE, MODELS, ensure_model
-from .procs import stop_all
+from .procs import cpu_seconds, stop_all
 from .report import machine_info, ratios, write_all
 from .systems import SYSTEMS, starters
 
@@ -86,6 +86,12 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[str], list[int], Opti
     return steps
 
 
+def cpu_per_token(before: dict[str, float], after: dict[str, float], tokens: int) -> dict[str, float]:
+    """Where the CPU went: milliseconds of each role's CPU time per output token."""
+    return {role: round(1000 * (after[role] - before.get(role, 0.0)) / tokens, 3)
+            for role in after if tokens and role != "gone"}
+
+
 async def warm_up(send: Transport, prompts: list[str]) -> None:
     """Two short requests, untimed: connections, lazy initialisation, first-call costs."""
     for prompt in prompts[:2]:
@@ -99,6 +105,7 @@ async def measure(args, model: str, system: str, transport: str, send: Transport
     await warm_up(send, prompts)
     loads = [("closed", c) for c in levels] + [("poisson", r) for r in args.rate]
     for kind, value in loads:
+        cpu_before = cpu_seconds()
         if kind == "closed":
             n = max(default_requests(value, args.quick, n_override), value)  # at least C
             records, duration, cut = await closed_loop(send, prompts, value, n, args.max_tokens, args.time_limit)
@@ -112,6 +119,7 @@ async def measure(args, model: str, system: str, transport: str, send: Transport
                "rate": value if kind == "poisson" else None, "max_tokens": args.max_tokens,
                **summarize(records, duration), "cut_short": cut,
                "loadavg_1m": round(os.getloadavg()[0], 2)}
+        row["cpu_ms_per_token"] = cpu_per_token(cpu_before, cpu_seconds(), sum(r.tokens for r in records))
         rows.append(row)
         print(f"  {system}/{transport} {model} {row['load']}: {row['completed']}/{row['requests']} ok, "
               f"{row['output_tok_s']} tok/s, TTFT p50/p99 {row['ttft_p50_ms']}/{row['ttft_p99_ms']} ms, "

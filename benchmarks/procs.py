@@ -10,6 +10,8 @@ import urllib.request
 from pathlib import Path
 from typing import Optional
 
+import psutil
+
 ROOT = Path(__file__).resolve().parent.parent
 _LIVE: set["ServerProcess"] = set()
 
@@ -30,6 +32,7 @@ class ServerProcess:
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=self._log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
+        self.public_ports: set[int] = set()  # a Flow's: its gateway listens on them (cpu_seconds)
         _LIVE.add(self)
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -80,6 +83,43 @@ class ServerProcess:
     def check_alive(self) -> None:
         if self.proc.poll() is not None:
             raise RuntimeError(f"{self.cmd[0]} exited with code {self.proc.returncode}:\n{self.tail()}")
+
+
+def cpu_seconds() -> dict[str, float]:
+    """CPU time (user + system) used so far, by role: this process (`client`) and each live
+    server's processes: `engine` (the engine process), `gateway` (listens on a public port),
+    `executor` (the Flow's other children) or `server` (a server's own process)."""
+    totals = {"client": _cpu(psutil.Process())}
+    for server in list(_LIVE):
+        try:
+            root = psutil.Process(server.proc.pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            continue
+        for proc in procs:
+            role = _role(proc, root, server.public_ports)
+            totals[role] = totals.get(role, 0.0) + _cpu(proc)
+    return totals
+
+
+def _role(proc: psutil.Process, root: psutil.Process, public_ports: set[int]) -> str:
+    try:
+        if "executors.engine.core_process" in " ".join(proc.cmdline()):
+            return "engine"
+        if proc.pid == root.pid:
+            return "server"
+        listening = {c.laddr.port for c in proc.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+        return "gateway" if listening & public_ports else "executor"
+    except psutil.Error:
+        return "gone"
+
+
+def _cpu(proc: psutil.Process) -> float:
+    try:
+        times = proc.cpu_times()
+        return times.user + times.system
+    except psutil.Error:
+        return 0.0
 
 
 def _killpg(pid: int, sig: int) -> None:

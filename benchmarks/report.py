@@ -1,4 +1,5 @@
 """results.json, results.md, results.png, and the ratios the project's goals are stated in."""
+import itertools
 import json
 import os
 import platform
@@ -14,7 +15,8 @@ TABLE = [("system", "system"), ("transport", "transport"), ("model", "model"), (
          ("ok/n", None), ("TTFT p50", "ttft_p50_ms"), ("TTFT p99", "ttft_p99_ms"),
          ("TPOT p50", "tpot_p50_ms"), ("TPOT p99", "tpot_p99_ms"), ("ITL p50", "itl_p50_ms"),
          ("ITL p99", "itl_p99_ms"), ("E2E p50", "e2e_p50_ms"), ("E2E p99", "e2e_p99_ms"),
-         ("req/s", "req_s"), ("out tok/s", "output_tok_s"), ("tok/doc", "tokens_per_document")]
+         ("req/s", "req_s"), ("out tok/s", "output_tok_s"), ("tok/doc", "tokens_per_document"),
+         ("CPU ms/token", "cpu_ms_per_token")]
 
 
 def machine_info() -> dict:
@@ -59,6 +61,8 @@ def _cell(row: dict, key: Optional[str]) -> str:
     if key is None:
         return f"{row['completed']}/{row['requests']}" + (" cut" if row.get("cut_short") else "")
     value = row.get(key)
+    if isinstance(value, dict):  # CPU by role
+        return ", ".join(f"{role} {ms}" for role, ms in value.items())
     return "-" if value is None else str(value)
 
 
@@ -69,7 +73,8 @@ def markdown(rows: list[dict], machine: dict, notes: list[str], settings: dict) 
              f"Settings: {json.dumps(settings)}", "",
              "Times in ms; `load` is the closed-loop concurrency C or the Poisson rate; `tok/doc` "
              "is output tokens per streamed document (above 1: the reader fell behind and got "
-             "coalesced documents, each counted once in ITL).", ""]
+             "coalesced documents, each counted once in ITL). `CPU ms/token`: CPU time per output token "
+             "of each process by role (client: the load generator; engine: the engine process).", ""]
     lines.append("| " + " | ".join(h for h, _ in TABLE) + " |")
     lines.append("|" + "---|" * len(TABLE))
     for row in rows:
@@ -126,16 +131,15 @@ def ratios(rows: list[dict]) -> list[str]:
     models = list(dict.fromkeys(r["model"] for r in rows))
     this_transports = list(dict.fromkeys(r["transport"] for r in rows if r["system"] == "this"))
     for model in models:
-        for level in (1, 16):
-            for peer in ("raw-engine", "llama-cpp"):
-                other = _find(rows, peer, model, level)
-                for t in this_transports:
-                    this = _find(rows, "this", model, level, t)
-                    if this and other:
-                        out.append(f"{model}, C={level}: this/{t} / {peer} output tok/s = "
-                                   f"{_ratio(this['output_tok_s'], other['output_tok_s'])} "
-                                   f"({this['output_tok_s']} vs {other['output_tok_s']}); TTFT p50 "
-                                   f"{this['ttft_p50_ms']} vs {other['ttft_p50_ms']} ms")
+        for level, peer, mine in itertools.product((1, 16), ("raw-engine", "llama-cpp"), ("this", "this-thread")):
+            other = _find(rows, peer, model, level)
+            for t in this_transports:
+                this = _find(rows, mine, model, level, t)
+                if this and other:
+                    out.append(f"{model}, C={level}: {mine}/{t} / {peer} output tok/s = "
+                               f"{_ratio(this['output_tok_s'], other['output_tok_s'])} "
+                               f"({this['output_tok_s']} vs {other['output_tok_s']}); TTFT p50 "
+                               f"{this['ttft_p50_ms']} vs {other['ttft_p50_ms']} ms")
         for peer in ("seed-jina", "hf-streamer", "hf-static-batch"):
             other = _find(rows, peer, model, 16)
             for t in this_transports:

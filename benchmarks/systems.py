@@ -21,7 +21,7 @@ from .load import Transport
 from .metrics import Total
 from .procs import ROOT, ServerProcess, free_port
 
-SYSTEMS = ("this", "raw-engine", "jina-echo", "seed-jina", "hf-streamer", "hf-static-batch", "llama-cpp")
+SYSTEMS = ("this", "this-thread", "raw-engine", "jina-echo", "seed-jina", "hf-streamer", "hf-static-batch", "llama-cpp")
 
 
 def _env(**extra: str) -> dict:
@@ -135,6 +135,7 @@ async def this_service(model: Path, logs: Path, notes: list[str], extra: Optiona
     env = _env(LLM_MODEL=str(model), LLM_GRPC_PORT=str(grpc_port), LLM_HTTP_PORT=str(http_port),
                JINA_LOG_LEVEL="INFO")
     server = ServerProcess([_jina(), "flow", "--uses", flow], logs / f"{name}.log", env)
+    server.public_ports = {grpc_port, http_port}
     try:
         _wait_jina_ready(grpc_port, server)
         server.wait_http(f"http://127.0.0.1:{http_port}/")
@@ -151,16 +152,32 @@ async def this_service(model: Path, logs: Path, notes: list[str], extra: Optiona
         server.stop()
 
 
+def _flow_variant(logs: Path, name: str, **executor: object) -> str:
+    """flows/llm.yml with these keys changed on its executor, written under `logs`."""
+    flow = yaml.safe_load((ROOT / "flows" / "llm.yml").read_text())
+    flow["executors"][0].update(executor)
+    path = logs / f"{name}_flow.yml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(flow, sort_keys=False))
+    return str(path)
+
+
 @contextlib.asynccontextmanager
 async def jina_echo(model: Path, logs: Path, notes: list[str]) -> AsyncIterator[dict[str, Transport]]:
     """The ceiling: the same Flow and gateway with an executor that computes nothing and
     streams max_tokens documents as fast as Jina carries them."""
-    flow = yaml.safe_load((ROOT / "flows" / "llm.yml").read_text())
-    flow["executors"][0]["uses"] = str(ROOT / "benchmarks" / "peers" / "jina_echo.yml")
-    path = logs / "jina_echo_flow.yml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(flow, sort_keys=False))
-    async with this_service(model, logs, notes, flow=str(path), name="jina-echo") as transports:
+    flow = _flow_variant(logs, "jina_echo", uses=str(ROOT / "benchmarks" / "peers" / "jina_echo.yml"))
+    async with this_service(model, logs, notes, flow=flow, name="jina-echo") as transports:
+        yield transports
+
+
+@contextlib.asynccontextmanager
+async def this_thread(model: Path, logs: Path, notes: list[str],
+                      extra: Optional[dict] = None) -> AsyncIterator[dict[str, Transport]]:
+    """This service with the decode loop on a thread of the executor (`core_process: false`),
+    as before the engine process: what the process buys."""
+    flow = _flow_variant(logs, "this_thread", uses_with={"core_process": False})
+    async with this_service(model, logs, notes, extra, flow=flow, name="this-thread") as transports:
         yield transports
 
 
@@ -266,6 +283,7 @@ def gguf_of(model: Path) -> Path:
 def starters(static_batch_size: int = 16, extra: Optional[dict] = None) -> dict[str, Callable]:
     return {
         "this": functools.partial(this_service, extra=extra or {}),
+        "this-thread": functools.partial(this_thread, extra=extra or {}),
         "jina-echo": jina_echo,
         "raw-engine": raw_engine,
         "seed-jina": seed_jina,

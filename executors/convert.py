@@ -2,7 +2,7 @@
 from dataclasses import fields
 from typing import Optional
 
-from executors.engine import AsyncEngine, SamplingParams, StreamChunk
+from executors.engine import EngineClient, SamplingParams, StreamChunk
 from executors.engine.errors import kind_of
 from executors.engine.params import request_fields
 from schemas import ModelOutputDocument, PromptDocument
@@ -37,11 +37,11 @@ def error_document(exc: BaseException, generated_text: str = "") -> ModelOutputD
                                error_field=getattr(exc, "field", None), generated_text=generated_text)
 
 
-def model_info(engine: AsyncEngine, name: str) -> dict:
+def model_info(engine: EngineClient, name: str) -> dict:
     """What gateways advertise (/info, /v1/models): the model, and the server's limits as
     EngineConfig and RequestLimits declare them."""
-    loaded, config = engine.core.loaded, engine.config
+    info, config = engine.info, engine.config
     limits = {f.name: getattr(config, f.name) for f in fields(config) if f.name.startswith("max_")}
-    return {"model_id": name, "max_context": loaded.max_context, **limits, **config.limits.as_dict(),
-            "device": str(loaded.device), "dtype": str(loaded.model.dtype).replace("torch.", ""),
+    return {"model_id": name, "max_context": info.max_context, **limits, **config.limits.as_dict(),
+            "device": info.device, "dtype": info.dtype,
             "chat_template": bool(getattr(engine.tokenizer, "chat_template", None))}

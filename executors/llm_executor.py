@@ -1,6 +1,6 @@
 """The Jina executor: documents in, one document per generated token out.
 
-Thin on purpose: the engine does the work on its own thread; this converts.
+Thin on purpose: the engine does the work in its own process (or thread); this converts.
 """
 import asyncio
 import inspect
@@ -15,7 +15,7 @@ from docarray import DocList
 from jina import Executor, requests
 
 from executors.convert import error_document, model_info, to_document, to_request
-from executors.engine import AsyncEngine, EngineConfig, StreamChunk
+from executors.engine import AsyncEngine, EngineClient, EngineConfig, EngineProcess, StreamChunk
 from executors.engine.loader import served_name
 from executors.metrics import Metrics
 from schemas import ModelOutputDocument, PromptDocument
@@ -33,16 +33,18 @@ class LLMExecutor(Executor):
         if not options["model"]:
             raise ValueError("no model given: set LLM_MODEL to a local folder, a .gguf file or a hub id, "
                              "or pass `model` under `with:` in jina.yml (`make model` builds the default)")
-        self.engine = AsyncEngine(EngineConfig(**options))
+        config = EngineConfig(**options)
+        self.engine: EngineClient = EngineProcess(config) if config.core_process else AsyncEngine(config)
         self.model_name = model_name or os.environ.get("LLM_MODEL_NAME") or served_name(options["model"])
         self.metrics = Metrics(self.model_name, self.engine.stats, self.engine.config.max_batch_tokens)
-        self.engine.core.observer = self.metrics
+        self.engine.observer = self.metrics
         if os.environ.get("LLM_METRICS_PORT"):  # a scraper reaches each executor (pod) directly
             self.metrics.serve(int(os.environ["LLM_METRICS_PORT"]))
-        loaded = self.engine.core.loaded
-        self.logger.info(f"model {self.model_name} ({options['model']}) on {loaded.device}, "
-                         f"{str(loaded.model.dtype).removeprefix('torch.')}, context "
-                         f"{loaded.max_context} tokens, loaded in {loaded.load_seconds:.1f} s")
+        info = self.engine.info
+        where = "its own process" if config.core_process else "a thread"
+        self.logger.info(f"model {self.model_name} ({options['model']}) on {info.device}, {info.dtype}, "
+                         f"context {info.max_context} tokens, loaded in {info.load_seconds:.1f} s; "
+                         f"decode loop in {where}")
 
     @requests(on="/stream")
     async def stream(self, doc: PromptDocument, **kwargs) -> ModelOutputDocument:

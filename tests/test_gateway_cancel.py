@@ -10,6 +10,7 @@ import signal
 import threading
 
 import openai
+import psutil
 import pytest
 import requests
 import websockets
@@ -242,9 +243,14 @@ def test_executor_failure_mid_stream_sends_an_error_event(limited_flow):
         t.start()
     s = wait_until(http_port, lambda s: s["running"] == 2 and s["steps"] > 5)
     assert s["running"] == 2, s
-    executor_process(http_port).send_signal(signal.SIGKILL)
+    executor = executor_process(http_port)
+    engines = executor.children()
+    assert engines, "the decode loop runs in a process of its own"
+    executor.send_signal(signal.SIGKILL)
     for t in threads:
         t.join(60)
+    _, alive = psutil.wait_procs(engines, timeout=15)
+    assert not alive, "the engine process outlived its executor"
     events = results["tgi"]
     assert events and "token" in events[0]
     assert "error" in events[-1] and events[-1]["error_type"] == "generation"

@@ -8,7 +8,8 @@ from importlib import import_module
 from typing import Any
 
 _WHERE = {
-    "AsyncEngine": "async_engine", "StreamChunk": "async_engine",
+    "AsyncEngine": "async_engine", "EngineClient": "async_engine", "EngineProcess": "engine_process",
+    "StreamChunk": "streams",
     "ErrorKind": "errors", "GenerationError": "errors",
     "LoadedModel": "loader", "load_model": "loader",
     "EngineConfig": "params", "EngineDeadError": "params", "FinishReason": "params",

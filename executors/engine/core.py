@@ -6,18 +6,17 @@ thread. Errors inside one request end that request only.
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any, Optional, TypeVar
 
 import torch
 
-from .chat import render_chat_ids
 from .detokenizer import IncrementalDetokenizer, byte_fallback_ids
 from .kv_batch import KVBatch, new_cache, prefill_chunk, prefill_group, select_rows
 from .loader import LoadedModel
 from .observer import EngineObserver
-from .params import EngineConfig, FinishReason, SamplingParams, ValidationError
+from .params import EngineConfig, FinishReason
+from .prepare import Prepared
 from .request import Request, TokenOutput
 from .sampling import Choice, TokenChooser, greedy_choices
 from .scheduler import Scheduler, plan_prefill
@@ -40,50 +39,20 @@ class EngineCore:
         self._abort_lock = threading.Lock()
         self.steps = 0
         self.aborted = 0  # requests that left early because their reader went away
+        self.loop_restarts = 0  # steps that failed as a whole (see safe_step)
+        self.last_error: Optional[str] = None
         self.observer = EngineObserver()  # metrics: the executor sets its own
 
     # ----- requests in -----
-    def make_request(self, prompt: str, params: SamplingParams, sink: Callable[[TokenOutput], None],
-                     request_id: str | None = None, messages: Any = None) -> Request:
-        """Validate, render chat messages (when given, they replace `prompt`) and tokenize,
-        once each and cheapest first; raises ValidationError naming the field before any work."""
-        params.validate(self.config.max_tokens_limit, self.config.limits)
-        ids = self._chat_ids(messages, params) if messages else self._prompt_ids(prompt)
-        self._check_length(len(ids), params.max_tokens)  # the batch budget: Scheduler.submit
-        seed = params.resolved_seed()
-        return Request(request_id or uuid.uuid4().hex, ids, params, seed,
-                       TokenChooser(params, seed, self.loaded.device, len(ids)),
-                       IncrementalDetokenizer(self.tokenizer, self.byte_ids), StopSequenceFilter(params.stop), sink)
-
-    def _prompt_ids(self, prompt: Any) -> list[int]:
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise ValidationError("prompt", "must be a non-empty string")
-        self.config.limits.check_prompt(prompt)  # never tokenize 20 MB to find it is too long
-        return self.tokenizer(prompt)["input_ids"]
-
-    def _chat_ids(self, messages: Any, params: SamplingParams) -> list[int]:
-        room = self.loaded.max_context - params.max_tokens
-        if room < 1:
-            raise ValidationError("max_tokens", f"leaves no room for the messages in the model's "
-                                                f"context of {self.loaded.max_context} tokens")
-        _, ids, _ = render_chat_ids(self.tokenizer, messages, room, self.config.limits)
-        return ids
-
-    def _check_length(self, prompt_tokens: int, max_tokens: int) -> None:
-        context = self.loaded.max_context
-        if prompt_tokens == 0:
-            raise ValidationError("prompt", "tokenizes to no tokens")
-        if prompt_tokens >= context:
-            raise ValidationError("prompt", f"{prompt_tokens} tokens does not fit the model's "
-                                            f"context of {context} tokens")
-        if prompt_tokens + max_tokens > context:
-            raise ValidationError("max_tokens", (
-                f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) exceeds the "
-                f"model's context of {context} tokens; lower max_tokens to at most "
-                f"{context - prompt_tokens}"))
-
-    def submit(self, request: Request) -> None:
+    def add(self, request_id: str, prepared: Prepared, sink: Callable[[TokenOutput], None]) -> Request:
+        """Queue a prepared request (see prepare.py); raises when it cannot be served:
+        overloaded, or beyond the batch budget."""
+        ids, params, seed = prepared.prompt_ids, prepared.params, prepared.seed
+        request = Request(request_id, ids, params, seed, TokenChooser(params, seed, self.loaded.device, len(ids)),
+                          IncrementalDetokenizer(self.tokenizer, self.byte_ids), StopSequenceFilter(params.stop),
+                          sink)
         self.scheduler.submit(request)
+        return request
 
     def abort(self, request_id: str) -> None:
         """Thread-safe; the request leaves before the next forward pass."""
@@ -94,7 +63,25 @@ class EngineCore:
     def has_work(self) -> bool:
         return self.scheduler.has_work or bool(self._aborts)
 
+    def stats(self) -> dict:
+        sched = self.scheduler
+        return {"running": len(sched.running), "prefilling": len(sched.prefilling),
+                "waiting": sched.num_waiting, "reserved_tokens": sched.reserved,
+                "batch_rows": len(self.batch), "steps": self.steps, "aborted": self.aborted,
+                "loop_restarts": self.loop_restarts}
+
     # ----- one step -----
+    def safe_step(self) -> None:
+        """A step whose failure fails what is in flight and leaves an empty, working engine."""
+        try:
+            self.step()
+        except Exception as exc:
+            log.exception("engine step failed; failing in-flight requests and restarting the loop")
+            self.loop_restarts += 1
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            self.fail_all(f"engine error: {self.last_error}")
+            time.sleep(0.01)
+
     def step(self) -> None:
         self.steps += 1
         self._apply_aborts()

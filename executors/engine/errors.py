@@ -24,6 +24,10 @@ class ValidationError(ValueError):
     def __init__(self, field_name: str, message: str):
         super().__init__(f"{field_name}: {message}")
         self.field = field_name
+        self.message = message
+
+    def __reduce__(self):  # it crosses the pipe from the engine process
+        return type(self), (self.field, self.message)
 
 
 class OverloadedError(RuntimeError):

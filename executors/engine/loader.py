@@ -18,6 +18,16 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.flo
            "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 
 
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the service reports about its model, wherever the model runs."""
+
+    device: str
+    dtype: str
+    max_context: int
+    load_seconds: float
+
+
 @dataclass
 class LoadedModel:
     model: PreTrainedModel
@@ -26,6 +36,11 @@ class LoadedModel:
     max_context: int
     eos_token_ids: frozenset[int]
     load_seconds: float = 0.0
+
+    @property
+    def info(self) -> ModelInfo:
+        return ModelInfo(str(self.device), str(self.model.dtype).removeprefix("torch."), self.max_context,
+                         self.load_seconds)
 
 
 def pick_device(requested: str | None) -> torch.device:

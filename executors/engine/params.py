@@ -139,6 +139,8 @@ class EngineConfig:
     eos_token_ids: Optional[list[int]] = None  # None: from the model's generation config
     torch_threads: Optional[int] = None
     stream_interval: int = 1  # tokens per streamed document, unless a request sets its own
+    stream_interval_ms: int = 0  # and at least this long between a stream's documents (0: off)
+    core_process: bool = True  # the decode loop in its own process (False: a thread of the executor)
     limits: RequestLimits = field(default_factory=RequestLimits.from_env)  # request sizes
 
     def validate(self) -> "EngineConfig":
@@ -146,4 +148,6 @@ class EngineConfig:
                      "max_batch_tokens", "max_prefill_tokens"):
             if getattr(self, name) < 1:
                 raise ValidationError(name, f"must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.stream_interval_ms < 60_000:
+            raise ValidationError("stream_interval_ms", f"must be from 0 to 60000, got {self.stream_interval_ms}")
         return self

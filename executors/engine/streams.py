@@ -1,0 +1,97 @@
+"""Per-request async streams: the decode loop pushes, a reader awaits.
+
+The loop (a thread here, or the engine process's reader thread) pushes tokens without ever
+blocking, and a slow reader receives everything pending as one coalesced chunk, so memory
+stays bounded by max_tokens and a slow client never slows the batch.
+"""
+import asyncio
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .errors import GenerationError
+from .params import FinishReason
+from .request import TokenOutput
+
+
+@dataclass
+class StreamChunk:
+    """Everything a reader had not yet taken: usually one token, several if it fell behind."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    special: list[bool]
+    text: str
+    generated_text: str  # all text so far
+    index: int  # position of the last token in the generation
+    finish_reason: Optional[FinishReason] = None
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    seed: Optional[int] = None
+
+
+@dataclass
+class RequestStream:
+    request_id: str
+    loop: asyncio.AbstractEventLoop
+    _pending: list[TokenOutput] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    _text: str = ""
+    done: bool = False
+    interval: int = 1  # tokens per chunk at least (the last may carry fewer): stream_interval
+    interval_s: float = 0.0  # and at least this long since the previous chunk: stream_interval_ms
+    _signalled: bool = False  # the reader was woken and has not taken the pending tokens yet
+    _sent_at: float = 0.0
+
+    def push(self, out: TokenOutput) -> None:
+        """Engine thread: never blocks, wakes the reader once a chunk is due (or the request
+        ended), at most once per chunk."""
+        with self._lock:
+            self._pending.append(out)
+            ended = out.finish_reason is not None or out.error is not None
+            wake = not self._signalled and (ended or self._due())
+            self._signalled |= wake
+        if wake:
+            try:
+                self.loop.call_soon_threadsafe(self._wakeup.set)
+            except RuntimeError:  # the event loop is closed: nobody is reading
+                pass
+
+    def _due(self) -> bool:
+        if len(self._pending) < self.interval:
+            return False
+        if self.interval_s:
+            now = time.monotonic()
+            if now - self._sent_at < self.interval_s:
+                return False
+            self._sent_at = now
+        return True
+
+    async def next_chunk(self) -> StreamChunk:
+        await self._wakeup.wait()
+        with self._lock:
+            items, self._pending = self._pending, []
+            self._wakeup.clear()
+            self._signalled = False
+        tokens = [o for o in items if o.error is None]
+        errors = [o for o in items if o.error is not None]
+        if errors and not tokens:
+            self.done = True
+            raise GenerationError(errors[0].error)
+        if errors:  # deliver the tokens first, the error on the next read
+            with self._lock:
+                self._pending = errors + self._pending
+                self._signalled = True
+                self._wakeup.set()
+        return self._merge(tokens)
+
+    def _merge(self, tokens: list[TokenOutput]) -> StreamChunk:
+        last = tokens[-1]
+        text = "".join(o.text for o in tokens)
+        self._text += text
+        self.done = last.finish_reason is not None
+        return StreamChunk([o.token_id for o in tokens], [o.logprob for o in tokens],
+                           [o.special for o in tokens], text, self._text, last.index,
+                           last.finish_reason, last.prompt_tokens, last.generated_tokens, last.seed)
