@@ -14,13 +14,17 @@ from websockets.exceptions import InvalidStatus
 
 from client import StreamError, generate
 from tests.conftest import ROOT, start_flow
+from tests.gateway_helpers import executor_process
 
 KEY = "s3cret-key"
 
 
 @pytest.fixture(scope="module")
 def keyed_flow(gpt2_model, tmp_path_factory):
-    server, grpc_port, http_port = start_flow(gpt2_model, tmp_path_factory.mktemp("keyed"), env={"LLM_API_KEY": KEY})
+    # this Flow also runs the decode loop on a thread of the executor (core_process: false)
+    server, grpc_port, http_port = start_flow(gpt2_model, tmp_path_factory.mktemp("keyed"), env={"LLM_API_KEY": KEY},
+                                              core_process=False)
+    assert not executor_process(http_port).children(), "core_process: false starts no engine process"
     yield grpc_port, http_port
     server.stop()
 
