@@ -1,7 +1,7 @@
 """One engine step: prefill newcomers (chunked), then one batched decode for all.
 
-Synchronous and single-threaded by design: the async wrapper runs it on its own
-thread. Errors inside one request end that request only.
+Synchronous and single-threaded by design: the engine process (core_process.py) runs it,
+or AsyncEngine on a thread of its own. Errors inside one request end that request only.
 """
 import logging
 import threading
