@@ -58,13 +58,16 @@ class Backend:
         Closing this generator (client gone, stop button) closes the upstream call.
         """
         try:
-            async with aclosing(self.streamer.stream_doc(doc=doc, exec_endpoint=self.endpoint)) as it:
-                async for out, error in it:
+            async with aclosing(self.streamer.stream_doc(doc=doc, exec_endpoint=self.endpoint,
+                                                          return_results=True)) as it:
+                async for result, error in it:
                     if error:
                         yield error_doc(f"executor error: {error}")
                         return
-                    if not isinstance(out, ModelOutputDocument):
-                        out = ModelOutputDocument.parse_obj(out.dict())
+                    # parsed straight into our type: Jina's default is a generic document,
+                    # whose dict() and re-validation cost more than the parse itself
+                    result.document_cls = ModelOutputDocument
+                    out = result.data.doc
                     yield out
                     if out.error is not None or out.finish_reason is not None:
                         return
