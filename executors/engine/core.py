@@ -40,7 +40,6 @@ class EngineCore:
         self.steps = 0
         self.aborted = 0  # requests that left early because their reader went away
         self.loop_restarts = 0  # steps that failed as a whole (see safe_step)
-        self.last_error: Optional[str] = None
         self.observer = EngineObserver()  # metrics: the executor sets its own
 
     # ----- requests in -----
@@ -78,8 +77,7 @@ class EngineCore:
         except Exception as exc:
             log.exception("engine step failed; failing in-flight requests and restarting the loop")
             self.loop_restarts += 1
-            self.last_error = f"{type(exc).__name__}: {exc}"
-            self.fail_all(f"engine error: {self.last_error}")
+            self.fail_all(f"engine error: {type(exc).__name__}: {exc}")
             time.sleep(0.01)
 
     def step(self) -> None:

@@ -21,7 +21,7 @@ from typing import Any, Optional
 from .async_engine import EngineClient
 from .errors import EngineDeadError, OverloadedError
 from .observer import EngineObserver
-from .params import EngineConfig, FinishReason
+from .params import EngineConfig
 from .prepare import Prepared, Preparer
 from .request import TokenOutput
 from .streams import RequestStream
@@ -90,7 +90,7 @@ class EngineProcess(EngineClient):
         for out in tokens:
             stream = self._streams.get(out.request_id)
             if stream is not None:
-                if out.finish_reason is not None or out.error is not None:
+                if out.ends:
                     self._streams.pop(out.request_id, None)
                 stream.push(out)
         for hook, args in events:
@@ -119,7 +119,7 @@ class EngineProcess(EngineClient):
             self._settle(request_id, EngineDeadError(message))
         streams, self._streams = self._streams, {}
         for request_id, stream in streams.items():
-            stream.push(TokenOutput(request_id, -1, "", 0.0, False, 0, FinishReason.ERROR, error=message))
+            stream.push(TokenOutput.failure(request_id, message))
 
     def _settle(self, request_id: str, error: Optional[BaseException]) -> None:
         future = self._acks.pop(request_id, None)

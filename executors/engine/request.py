@@ -37,6 +37,18 @@ class TokenOutput:
     generated_tokens: int = 0
     seed: Optional[int] = None
 
+    @classmethod
+    def failure(cls, request_id: str, message: str, index: int = 0, prompt_tokens: int = 0,
+                generated_tokens: int = 0, seed: Optional[int] = None) -> "TokenOutput":
+        """The output that ends a request with an error."""
+        return cls(request_id, -1, "", 0.0, False, index, FinishReason.ERROR, error=message,
+                   prompt_tokens=prompt_tokens, generated_tokens=generated_tokens, seed=seed)
+
+    @property
+    def ends(self) -> bool:
+        """The request's last output: finished, or failed."""
+        return self.finish_reason is not None or self.error is not None
+
 
 @dataclass
 class Request:
@@ -65,7 +77,5 @@ class Request:
 
     def emit_error(self, message: str) -> None:
         """The request's last output: the error that ended it (the scheduler released it)."""
-        self.sink(TokenOutput(self.request_id, -1, "", 0.0, False, len(self.generated),
-                              FinishReason.ERROR, error=message,
-                              prompt_tokens=len(self.prompt_ids),
-                              generated_tokens=len(self.generated), seed=self.seed))
+        self.sink(TokenOutput.failure(self.request_id, message, len(self.generated), len(self.prompt_ids),
+                                      len(self.generated), self.seed))

@@ -50,8 +50,7 @@ class RequestStream:
         ended), at most once per chunk."""
         with self._lock:
             self._pending.append(out)
-            ended = out.finish_reason is not None or out.error is not None
-            wake = not self._signalled and (ended or self._due())
+            wake = not self._signalled and (out.ends or self._due())
             self._signalled |= wake
         if wake:
             try:
