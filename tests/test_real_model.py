@@ -11,9 +11,10 @@ import pytest
 import requests
 import torch
 import websockets
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from client import generate, stream
+from executors.engine import EngineConfig
+from executors.engine.loader import load_model
 from tests.conftest import ROOT
 from tests.gateway_helpers import sse_data
 
@@ -28,11 +29,12 @@ def user(text: str) -> list[dict]:
 
 
 class Reference:
-    """transformers' own generate on the same weights: what every route must reproduce."""
+    """transformers' own generate on the same model, as the engine loads it (int4 on CPU: its
+    weights already are 4-bit): what every route must reproduce."""
 
     def __init__(self, path: str):
-        self.tok = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        loaded = load_model(EngineConfig(model=path))
+        self.tok, self.model = loaded.tokenizer, loaded.model
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
         return self.tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]

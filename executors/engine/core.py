@@ -144,17 +144,18 @@ class EngineCore:
 
     def _prefill_some(self) -> None:
         """Whole short prompts go in padded groups of similar length; a prompt longer than
-        the budget is prefilled a chunk per step, so running streams keep their pace."""
+        the budget is prefilled a chunk per step, so running streams keep their pace. Its
+        chunks are always `budget` long, whatever else runs: chunk boundaries change a
+        prompt's rounding, and a request must come out as it does alone."""
         budget = self.config.max_prefill_tokens
         groups = plan_prefill(self.scheduler.prefilling, budget)
         for group in groups:
             self._prefill_group(group)
-        used = sum(len(g) * len(g[-1].prompt_ids) for g in groups)
         planned = {r.request_id for g in groups for r in g}
         rest = [r for r in self.scheduler.prefilling if r.request_id not in planned]
         if rest:  # the oldest long prompt advances every step: short ones cannot starve it
             req = rest[0]
-            self._guarded(req, self._prefill_chunk, req, max(budget - used, budget // 4))
+            self._guarded(req, self._prefill_chunk, req, budget)
 
     def _prefill_group(self, group: list[Request]) -> None:
         cache = new_cache()

@@ -9,7 +9,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
+from .attention import NAME as ROW_SDPA
 from .gguf import find_gguf, load_gguf
+from .int4 import quantize
 from .params import EngineConfig
 
 log = logging.getLogger(__name__)
@@ -36,11 +38,12 @@ class LoadedModel:
     max_context: int
     eos_token_ids: frozenset[int]
     load_seconds: float = 0.0
+    int4: bool = False  # its Linear layers are int4 (int4.py)
 
     @property
     def info(self) -> ModelInfo:
-        return ModelInfo(str(self.device), str(self.model.dtype).removeprefix("torch."), self.max_context,
-                         self.load_seconds)
+        dtype = "int4" if self.int4 else str(self.model.dtype).removeprefix("torch.")
+        return ModelInfo(str(self.device), dtype, self.max_context, self.load_seconds)
 
 
 def pick_device(requested: str | None) -> torch.device:
@@ -50,13 +53,33 @@ def pick_device(requested: str | None) -> torch.device:
 
 
 def pick_dtype(requested: str, device: torch.device) -> torch.dtype:
+    """The dtype to load in; int4 loads in fp32, then `pick_int4` converts."""
+    if requested == "int4":
+        if device.type != "cpu":
+            raise ValueError(f"dtype: int4 runs on CPU only, not {device.type}; use auto, bf16 or fp16 there")
+        return torch.float32
     if requested != "auto":
         if requested not in _DTYPES:
-            raise ValueError(f"dtype: unknown {requested!r}; choose auto or one of {sorted(_DTYPES)}")
+            raise ValueError(f"dtype: unknown {requested!r}; choose auto, int4 or one of {sorted(_DTYPES)}")
         return _DTYPES[requested]
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return torch.float32
+
+
+def pick_int4(requested: str, device: torch.device, model: PreTrainedModel) -> bool:
+    """int4 when asked for; and by default on CPU when the weights already are 4-bit in
+    groups of 32 (a Q4_1 GGUF's, as the default model's): int4 then loses nothing. With it,
+    row-wise attention (attention.py), so that batched stays equal to alone."""
+    if requested == "int4":
+        if not quantize(model):
+            raise ValueError("dtype: int4 needs Linear layers whose input width is a multiple of 32, "
+                             "and this model's are not (GPT-2's are Conv1D); use fp32 or bf16")
+    elif not (requested == "auto" and device.type == "cpu" and quantize(model, only_if_exact=True)):
+        return False
+    if model.config._attn_implementation == "sdpa":  # else the model's own choice stays
+        model.set_attn_implementation(ROW_SDPA)
+    return True
 
 
 def pick_attention_backends(device: torch.device) -> None:
@@ -91,8 +114,9 @@ def load_model(config: EngineConfig) -> LoadedModel:
                 "builds the default)") if not os.path.exists(source) else "it is not a valid model"
         raise RuntimeError(f"could not load model {source!r}: {hint}. Cause: {exc}") from exc
     model.to(device).eval()
+    int4 = pick_int4(config.dtype, device, model)
     return LoadedModel(model, tokenizer, device, _max_context(model, tokenizer),
-                       _eos_ids(model, tokenizer, config), time.perf_counter() - started)
+                       _eos_ids(model, tokenizer, config), time.perf_counter() - started, int4)
 
 
 def _from_source(source: str, dtype: torch.dtype, trust_remote_code: bool):

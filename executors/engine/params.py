@@ -129,7 +129,7 @@ class EngineConfig:
 
     model: str
     device: Optional[str] = None  # None: cuda when available, else cpu
-    dtype: str = "auto"  # auto: bf16 on GPU when supported, fp32 on CPU
+    dtype: str = "auto"  # auto: bf16 on GPU when supported; on CPU int4 for 4-bit weights, else fp32
     trust_remote_code: bool = False
     max_tokens_limit: int = 1024  # upper bound of a request's max_tokens
     max_running: int = 32  # requests decoded together in one batch

@@ -1,0 +1,104 @@
+"""Weight-only int4 for CPU (`dtype: int4`, and `auto` for weights that already are 4-bit).
+
+Each row of a layer's weight is cut into groups of 32 along its input. Each group is stored as
+4-bit steps between its own minimum and maximum. That is llama.cpp's Q4_1, so the default model,
+shipped as a Q4_1 GGUF, keeps exactly the weights it was published with.
+
+A decode step of SmolLM2-135M then reads about 70 MB of weights instead of 540 MB. The output
+layer (Q8_0 in that GGUF) becomes int8 per output channel.
+
+The products run in PyTorch's `_weight_int4pack_mm_for_cpu` and `_weight_int8pack_mm`, on bf16
+activations (their fp32 paths are about 40 times slower), with fp32 everywhere else. Both
+kernels compute each row of a batch the same way whatever the batch holds (checked bit for
+bit from 1 to 64 rows), so a request still comes out as it does alone.
+"""
+from typing import Optional
+
+import torch
+from torch import nn
+
+GROUP = 32  # Q4_1's block
+
+
+class Int4Linear(nn.Module):
+    """A Linear whose weight is int4 in groups of GROUP; the bias and output keep x's dtype."""
+
+    packed: torch.Tensor
+    scales_zeros: torch.Tensor
+
+    def __init__(self, linear: nn.Linear, steps: torch.Tensor, scale: torch.Tensor, low: torch.Tensor):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(steps, 1))
+        zero = low + 8 * scale  # PyTorch's convention: weight = (step - 8) * scale + zero
+        pairs = torch.stack([scale.t(), zero.t()], dim=-1)  # [groups, out, 2]
+        self.register_buffer("scales_zeros", pairs.contiguous().to(torch.bfloat16))
+        self.bias = linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP, self.scales_zeros)
+        return _finish(y, x, self.out_features, self.bias)
+
+
+class Int8Linear(nn.Module):
+    """A Linear whose weight is int8 with one scale per output channel."""
+
+    weight_int8: torch.Tensor
+    scales: torch.Tensor
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight.detach().float()
+        scale = (weight.abs().amax(dim=1) / 127).clamp(min=1e-12)
+        self.register_buffer("weight_int8", (weight / scale[:, None]).round().clamp(-127, 127).to(torch.int8))
+        self.register_buffer("scales", scale.to(torch.bfloat16))
+        self.bias = linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        return _finish(torch.ops.aten._weight_int8pack_mm(rows, self.weight_int8, self.scales), x,
+                       self.out_features, self.bias)
+
+
+def _finish(y: torch.Tensor, x: torch.Tensor, width: int, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    y = y.to(x.dtype).reshape(*x.shape[:-1], width)
+    return y if bias is None else y + bias
+
+
+def _quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
+    """(steps 0..15 [out, in] int32, scale and low [out, groups], whether that is exact)."""
+    out, width = weight.shape
+    groups = weight.view(out, width // GROUP, GROUP)
+    low, high = groups.amin(dim=-1), groups.amax(dim=-1)
+    scale = ((high - low) / 15).clamp(min=1e-12)
+    steps = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15)
+    error = (steps * scale[..., None] + low[..., None] - groups).abs().amax(dim=-1) / scale
+    return steps.to(torch.int32).view(out, width), scale, low, bool((error < 1e-3).all())
+
+
+def quantize(model: nn.Module, only_if_exact: bool = False) -> bool:
+    """int4 for every Linear of the layers, int8 for the output layer; returns whether it did.
+    only_if_exact: only when every layer's weights already are 4-bit in groups of GROUP."""
+    get_output = getattr(model, "get_output_embeddings", None)
+    output = get_output() if callable(get_output) else None  # a transformers model's lm_head
+    swaps = []
+    for parent in list(model.modules()):
+        for name, child in parent.named_children():
+            if type(child) is nn.Linear and child is not output:
+                if child.in_features % GROUP:
+                    return False
+                steps, scale, low, exact = _quantize(child.weight.detach().float())
+                if only_if_exact and not exact:
+                    return False
+                swaps.append((parent, name, Int4Linear(child, steps, scale, low)))
+    if not swaps:
+        return False
+    for parent, name, layer in swaps:
+        setattr(parent, name, layer)
+    for parent in list(model.modules()):
+        for name, child in parent.named_children():
+            if child is output and type(child) is nn.Linear:
+                setattr(parent, name, Int8Linear(child))
+    return True

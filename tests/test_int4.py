@@ -1,0 +1,89 @@
+"""int4 weights on CPU: the kernels' row invariance that batched == alone rests on, the
+choice `auto` makes, refusals that name the field, and batched == alone end to end."""
+import asyncio
+
+import pytest
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from executors.engine import EngineConfig
+from executors.engine.int4 import GROUP, Int4Linear, Int8Linear, _quantize, quantize
+from executors.engine.loader import load_model, pick_dtype
+from tests.test_batching import collect, make_engine, mixed_requests  # noqa: F401
+
+
+def _int4(linear: nn.Linear) -> Int4Linear:
+    steps, scale, low, _ = _quantize(linear.weight.detach().float())
+    return Int4Linear(linear, steps, scale, low)
+
+
+@pytest.mark.parametrize("shape", [(576, 1536), (1536, 576), (64, 192), (576, 4096)])
+def test_each_row_comes_out_the_same_whatever_the_batch(shape):
+    torch.manual_seed(0)
+    linear = nn.Linear(*shape)
+    layers = {"int4": _int4(linear), "int8": Int8Linear(linear)}
+    x = torch.randn(64, shape[0])
+    for name, layer in layers.items():
+        alone = torch.cat([layer(x[i:i + 1]) for i in range(64)])
+        for rows in (2, 3, 7, 16, 33, 64):
+            assert torch.equal(layer(x[:rows]), alone[:rows]), (name, rows)
+
+
+def test_weights_on_the_4bit_grid_are_kept_exactly():
+    torch.manual_seed(0)
+    linear = nn.Linear(128, 96)
+    steps, scale, low, exact = _quantize(linear.weight.detach())
+    assert not exact  # random weights are not 4-bit
+    grid = (steps.view(96, -1, GROUP).float() * scale[..., None] + low[..., None]).view(96, 128)
+    assert _quantize(grid)[3]  # but their 4-bit version is, and quantizes to itself
+    linear.weight.data = grid
+    x = torch.randn(5, 128)
+    ref = linear(x)
+    err = (_int4(linear)(x) - ref).abs().max() / ref.abs().max()
+    assert err < 0.01  # bf16 activations and scales: about 0.3%
+
+
+@pytest.fixture(scope="module")
+def four_bit_llama(llama_model, tmp_path_factory) -> str:
+    """The tiny llama with its Linear weights snapped to 4-bit groups: a Q4_1 GGUF's shape."""
+    model = AutoModelForCausalLM.from_pretrained(llama_model, dtype=torch.float32)
+    for module in model.modules():
+        if type(module) is nn.Linear and module is not model.get_output_embeddings():
+            out, width = module.weight.shape
+            steps, scale, low, _ = _quantize(module.weight.detach())
+            module.weight.data = (steps.view(out, -1, GROUP).float() * scale[..., None] + low[..., None]).view(out, width)
+    path = tmp_path_factory.mktemp("four_bit_llama")
+    model.save_pretrained(path)
+    AutoTokenizer.from_pretrained(llama_model).save_pretrained(path)
+    return str(path)
+
+
+def test_auto_on_cpu_is_int4_only_for_weights_that_already_are_4bit(llama_model, four_bit_llama):
+    assert load_model(EngineConfig(model=four_bit_llama, device="cpu")).info.dtype == "int4"
+    assert load_model(EngineConfig(model=llama_model, device="cpu")).info.dtype == "float32"
+    forced = load_model(EngineConfig(model=llama_model, device="cpu", dtype="int4"))
+    assert forced.info.dtype == "int4"
+    assert forced.model.config._attn_implementation == "row_sdpa"
+
+
+def test_int4_is_refused_where_it_cannot_run(gpt2_model):
+    with pytest.raises(ValueError, match="^dtype: int4 runs on CPU only"):
+        pick_dtype("int4", torch.device("cuda"))
+    with pytest.raises(ValueError, match="^dtype: int4 needs Linear layers"):
+        load_model(EngineConfig(model=gpt2_model, device="cpu", dtype="int4"))  # GPT-2: Conv1D
+    with pytest.raises(ValueError, match="^dtype: unknown 'int3'; choose auto, int4"):
+        pick_dtype("int3", torch.device("cpu"))
+    assert not quantize(nn.Sequential(nn.Linear(30, 8)))  # 30 inputs: not whole groups
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("sample", [False, True], ids=["greedy", "seeded"])
+async def test_int4_batched_output_equals_output_alone(four_bit_llama, make_engine, sample, seed):  # noqa: F811
+    """24 concurrent requests, prompts chunked (16-token budget) or padded: same tokens as alone."""
+    engine = make_engine(four_bit_llama, max_prefill_tokens=16)
+    assert engine.core.loaded.info.dtype == "int4"
+    requests = mixed_requests(24, seed=seed, sample=sample)
+    alone = [await collect(engine, p, params) for p, params in requests]
+    together = await asyncio.gather(*(collect(engine, p, params) for p, params in requests))
+    assert together == alone
