@@ -32,6 +32,7 @@ PROMPTS = [
 class Agreement:
     next_token: float  # share of fp32's answer tokens the dtype would have chosen too
     nll: float  # mean negative log-likelihood of fp32's answer tokens under the dtype
+    reference_nll: float  # the same under fp32 itself
     identical: int  # greedy answers identical to fp32's
     first_difference: list[int]  # per prompt: index of the first differing token (len when none)
 
@@ -49,22 +50,30 @@ def greedy(loaded: LoadedModel, ids: torch.Tensor, tokens: int) -> list[int]:
 
 
 @torch.inference_mode()
+def answer_logits(loaded: LoadedModel, ids: torch.Tensor, answer: list[int]) -> torch.Tensor:
+    """Next-token logits at each of the answer's positions, the answer fed in (teacher forcing)."""
+    return loaded.model(torch.cat([ids, torch.tensor([answer])], dim=1)).logits[0, ids.shape[1] - 1:-1].float()
+
+
+@torch.inference_mode()
 def compare(reference: LoadedModel, other: LoadedModel, tokens: int = 48) -> Agreement:
-    agree, total, nlls, identical, firsts = 0, 0, [], 0, []
+    agree, total, nlls, ref_nlls, identical, firsts = 0, 0, [], [], 0, []
     for prompt in PROMPTS:
         ids = chat_ids(reference, prompt)
         answer = greedy(reference, ids, tokens)
-        logits = other.model(torch.cat([ids, torch.tensor([answer])], dim=1)).logits[0, ids.shape[1] - 1:-1].float()
         target = torch.tensor(answer)
+        logits = answer_logits(other, ids, answer)
         agree += int((logits.argmax(-1) == target).sum())
         total += len(answer)
         nlls.append(float(torch.nn.functional.cross_entropy(logits, target)))
+        ref_nlls.append(float(torch.nn.functional.cross_entropy(answer_logits(reference, ids, answer), target)))
         mine = greedy(other, ids, tokens)
         first = next((i for i, (a, b) in enumerate(zip(answer, mine, strict=False)) if a != b),
                      min(len(answer), len(mine)))
         identical += mine == answer
         firsts.append(first)
-    return Agreement(round(agree / total, 4), round(statistics.mean(nlls), 4), identical, firsts)
+    return Agreement(round(agree / total, 4), round(statistics.mean(nlls), 4), round(statistics.mean(ref_nlls), 4),
+                     identical, firsts)
 
 
 def main() -> None:
@@ -74,9 +83,8 @@ def main() -> None:
     args = parser.parse_args()
     reference = load_model(EngineConfig(model=args.model, dtype="fp32"))
     other = load_model(EngineConfig(model=args.model, dtype=args.dtype))
-    own = compare(reference, reference)
     result = compare(reference, other)
-    print(f"fp32 against itself: NLL {own.nll}")
+    print(f"fp32 against itself: NLL {result.reference_nll}")
     print(f"{other.info.dtype} against fp32 over {len(PROMPTS)} prompts: next-token agreement {result.next_token:.1%}, "
           f"NLL {result.nll}, identical greedy answers {result.identical}/{len(PROMPTS)}, "
           f"first difference at token {sorted(result.first_difference)}")

@@ -84,22 +84,24 @@ def quantize(model: nn.Module, only_if_exact: bool = False) -> bool:
     only_if_exact: only when every layer's weights already are 4-bit in groups of GROUP."""
     get_output = getattr(model, "get_output_embeddings", None)
     output = get_output() if callable(get_output) else None  # a transformers model's lm_head
-    swaps = []
+    swaps: list[tuple[nn.Module, str, nn.Module]] = []
+    output_at: list[tuple[nn.Module, str]] = []
     for parent in list(model.modules()):
         for name, child in parent.named_children():
-            if type(child) is nn.Linear and child is not output:
-                if child.in_features % GROUP:
-                    return False
-                steps, scale, low, exact = _quantize(child.weight.detach().float())
-                if only_if_exact and not exact:
-                    return False
-                swaps.append((parent, name, Int4Linear(child, steps, scale, low)))
+            if type(child) is not nn.Linear:
+                continue
+            if child is output:
+                output_at.append((parent, name))
+                continue
+            if child.in_features % GROUP:
+                return False
+            steps, scale, low, exact = _quantize(child.weight.detach().float())
+            if only_if_exact and not exact:
+                return False
+            swaps.append((parent, name, Int4Linear(child, steps, scale, low)))
     if not swaps:
         return False
+    swaps += [(parent, name, Int8Linear(getattr(parent, name))) for parent, name in output_at]
     for parent, name, layer in swaps:
         setattr(parent, name, layer)
-    for parent in list(model.modules()):
-        for name, child in parent.named_children():
-            if child is output and type(child) is nn.Linear:
-                setattr(parent, name, Int8Linear(child))
     return True
