@@ -13,13 +13,14 @@ travels as decimal text (see `Seed`).
 import re
 from typing import Annotated, Any, Optional
 
-from docarray import BaseDoc
 from docarray.base_doc.base_node import BaseNode
 from pydantic import Field, GetCoreSchemaHandler, GetJsonSchemaHandler, ValidationError, create_model
 from pydantic_core import core_schema
 
 from executors.engine.limits import SEED_MAX  # the engine's declarations: nothing heavy
 from executors.engine.params import field_type, request_fields
+
+from .wire import FlatDoc
 
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 
@@ -71,7 +72,7 @@ def _wire_type(f: Any) -> Any:
 # Every request option lives in the document (Jina drops `parameters` on streaming endpoints):
 # the prompt, the engine's request fields as SamplingParams declares them, and chat messages.
 PromptDocument = create_model(
-    "PromptDocument", __base__=BaseDoc, __module__=__name__,
+    "PromptDocument", __base__=FlatDoc, __module__=__name__,
     prompt=(str, Field("", description="the text to continue; ignored when `messages` is set")),
     **{f.name: (_wire_type(f), Field(default=[] if field_type(f)[0] is list else f.default,
                                      description=f.metadata["help"]))
@@ -82,7 +83,7 @@ PromptDocument = create_model(
 )
 
 
-class ModelOutputDocument(BaseDoc):
+class ModelOutputDocument(FlatDoc):
     """One streamed step: a token (several when the reader fell behind), or an error."""
 
     token_id: Int32 = -1  # the last token of this document
