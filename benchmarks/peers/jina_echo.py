@@ -1,10 +1,20 @@
 """The serving ceiling: the service's own schemas and endpoints, and no model. /stream yields
 max_tokens documents as fast as Jina takes them, so a benchmark of it measures the Flow
 (executor runtime, gateway, client), not generation."""
+import json
+from types import SimpleNamespace
+
 from docarray import DocList
 from jina import Executor, requests
 
+from executors.convert import model_info
+from executors.engine import EngineConfig
+from executors.engine.loader import ModelInfo
 from schemas import ModelOutputDocument, PromptDocument
+
+# what /info reports: the service's default limits, and no model (for the OpenAI and TGI routes)
+NO_MODEL = SimpleNamespace(config=EngineConfig(model="none"), info=ModelInfo("cpu", "none", 1 << 20, 0.0),
+                           tokenizer=None)
 
 
 class JinaEchoExecutor(Executor):
@@ -19,6 +29,10 @@ class JinaEchoExecutor(Executor):
                                       finish_reason="length" if last else None,
                                       generated_tokens=doc.max_tokens if last else None,
                                       prompt_tokens=1 if last else None)
+
+    @requests(on="/info")
+    async def info(self, docs: DocList[PromptDocument], **kwargs) -> DocList[ModelOutputDocument]:
+        return DocList[ModelOutputDocument]([ModelOutputDocument(text=json.dumps(model_info(NO_MODEL, "jina-echo")))])
 
     @requests(on="/stats")
     async def stats(self, docs: DocList[PromptDocument], **kwargs) -> DocList[ModelOutputDocument]:
