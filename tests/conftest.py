@@ -1,8 +1,5 @@
 """Shared fixtures: tiny models built on the spot, and real servers on random ports."""
 import os
-import signal
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -12,6 +9,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.procs import ServerProcess, free_port  # noqa: E402
 from benchmarks.toy_models import build  # noqa: E402
 
 
@@ -35,51 +33,6 @@ def any_model(request, gpt2_model, llama_model) -> str:
     return gpt2_model if request.param == "gpt2" else llama_model
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 120.0) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited early with code {proc.returncode}")
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.5)
-    raise TimeoutError(f"port {port} not open after {timeout}s")
-
-
-class ServerProcess:
-    """A server command in its own process group, always torn down with everything it spawned."""
-
-    def __init__(self, cmd: list[str], env: dict, log_path: Path):
-        self.log_path = log_path
-        self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self._log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
-
-    def stop(self, timeout: float = 30.0) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGINT)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                pass
-        try:  # children that outlived the parent, if any
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(5)
-        self._log.close()
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-
 def start_flow(model: str, tmp_path: Path, executor: dict | None = None, env: dict | None = None,
                **limits) -> tuple[ServerProcess, int, int]:
     """`jina flow --uses flows/llm.yml` as `make serve` runs it, on random ports; `limits`
@@ -97,14 +50,14 @@ def start_flow(model: str, tmp_path: Path, executor: dict | None = None, env: di
     env = dict(os.environ, LLM_MODEL=model, LLM_GRPC_PORT=str(grpc_port),
                LLM_HTTP_PORT=str(http_port), JINA_LOG_LEVEL="INFO", **(env or {}))
     jina = str(Path(sys.executable).parent / "jina")
-    server = ServerProcess([jina, "flow", "--uses", flow_file], env, tmp_path / "flow.log")
+    server = ServerProcess([jina, "flow", "--uses", flow_file], tmp_path / "flow.log", env)
     try:
-        wait_for_port(grpc_port, server.proc)
-        wait_for_port(http_port, server.proc)
+        server.wait_port(grpc_port, 120)
+        server.wait_port(http_port, 120)
         _wait_ready(http_port)
     except Exception:
         server.stop()
-        raise RuntimeError("flow did not start:\n" + server.log()[-4000:]) from None
+        raise RuntimeError("flow did not start:\n" + server.tail(4000)) from None
     return server, grpc_port, http_port
 
 
