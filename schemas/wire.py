@@ -85,7 +85,13 @@ def _value(cls: type[BaseDoc], name: str, node: NodeProto) -> Any:
             return getattr(node, key)
         if key is None:
             return None
-        if key == "list" and all(item.WhichOneof("content") in _SCALARS and
-                                 item.WhichOneof("docarray_type") is None for item in node.list.data):
-            return [getattr(item, item.WhichOneof("content")) for item in node.list.data]
+        if key == "list":
+            values = []
+            for item in node.list.data:  # one pass: plain items, or DocArray's way for all
+                kind = item.WhichOneof("content")
+                if kind not in _SCALARS or item.WhichOneof("docarray_type") is not None:
+                    break
+                values.append(getattr(item, kind))
+            else:
+                return values
     return cls._get_content_from_node_proto(node, name)
