@@ -103,10 +103,10 @@ async def warm_up(send: Transport, prompts: list[str]) -> None:
 
 async def measure(args, model: str, system: str, transport: str, send: Transport,
                   levels: list[int], n_override: Optional[int], rows: list[dict]) -> None:
-    prompts = make_prompts(256, args.seed)
-    await warm_up(send, prompts)
+    await warm_up(send, make_prompts(2, args.seed, draw="warm-up"))
     loads = [("closed", c) for c in levels] + [("poisson", r) for r in args.rate]
     for kind, value in loads:
+        prompts = make_prompts(256, args.seed, draw=f"{kind} {value}")  # the same for every system
         cpu_before = cpu_seconds()
         if kind == "closed":
             n = max(default_requests(value, args.quick, n_override), value)  # at least C

@@ -16,9 +16,12 @@ from .toy_models import corpus
 Transport = Callable[[str, int], AsyncIterator[int]]
 
 
-def make_prompts(n: int, seed: int = 0, min_words: int = 4, max_words: int = 96) -> list[str]:
-    """Deterministic prompts of mixed length (uniform word counts), from the toy models' corpus."""
-    rng = random.Random(seed)
+def make_prompts(n: int, seed: int = 0, min_words: int = 4, max_words: int = 96, draw: str = "") -> list[str]:
+    """Deterministic prompts of mixed length (uniform word counts), from the toy models' corpus.
+    Each `draw` (a load level, the warm-up) gets prompts of its own: a server with a prompt
+    cache (llama.cpp's is on by default) would otherwise skip the prefill of prompts it saw
+    in an earlier level, which real traffic does not repeat."""
+    rng = random.Random(f"{seed}/{draw}" if draw else seed)
     words = " ".join(corpus(400, seed)).split()
     prompts = []
     for _ in range(n):

@@ -10,6 +10,9 @@ from benchmarks.report import markdown, plot, ratios
 def test_prompts_are_deterministic_and_of_mixed_length():
     a, b = make_prompts(20, seed=3), make_prompts(20, seed=3)
     assert a == b and a != make_prompts(20, seed=4)
+    levels = [make_prompts(20, seed=3, draw=d) for d in ("closed 1", "closed 16", "warm-up")]
+    assert levels[0] == make_prompts(20, seed=3, draw="closed 1")
+    assert not set(levels[0]) & set(levels[1]) and not set(levels[1]) & set(levels[2])  # no prompt seen twice
     assert len({len(p.split()) for p in a}) > 5
 
 

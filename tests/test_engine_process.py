@@ -11,7 +11,6 @@ import textwrap
 
 import psutil
 import pytest
-import torch
 
 from executors.engine import AsyncEngine, EngineConfig, EngineProcess, SamplingParams
 from executors.engine.core_process import serving_threads
@@ -143,5 +142,15 @@ def test_a_small_model_leaves_a_core_to_serving(gpt2_model):
     small = load_model(EngineConfig(model=gpt2_model))
     assert serving_threads(EngineConfig(model="m"), small) == max(1, len(os.sched_getaffinity(0)) - 1)
     assert serving_threads(EngineConfig(model="m", torch_threads=3), small) is None  # as configured
-    large = dataclasses.replace(small, model=torch.nn.Linear(8000, 8000))  # 64M parameters
+    large = dataclasses.replace(small, parameters=64_000_000)
     assert serving_threads(EngineConfig(model="m"), large) is None  # torch's default: every core
+
+
+def test_the_size_that_picks_threads_counts_int4_weights(llama_model):
+    """int4 moves a model's weights from parameters to buffers: the default model once
+    counted as small that way, and its engine ran one torch thread instead of two."""
+    fp32 = load_model(EngineConfig(model=llama_model, device="cpu", dtype="fp32"))
+    int4 = load_model(EngineConfig(model=llama_model, device="cpu", dtype="int4"))
+    assert int4.info.dtype == "int4"
+    assert sum(p.numel() for p in int4.model.parameters()) < fp32.parameters  # what it counted
+    assert int4.parameters == fp32.parameters == sum(p.numel() for p in fp32.model.parameters())

@@ -105,7 +105,7 @@ def serving_threads(config: EngineConfig, loaded: LoadedModel) -> Optional[int]:
     threads. A larger model's step is long and gains from every core (None: torch's default)."""
     if config.torch_threads is not None or loaded.device.type != "cpu":
         return None
-    if sum(p.numel() for p in loaded.model.parameters()) >= SMALL_MODEL:
+    if loaded.parameters >= SMALL_MODEL:
         return None
     return max(1, len(os.sched_getaffinity(0)) - 1)
 

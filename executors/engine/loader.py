@@ -39,6 +39,7 @@ class LoadedModel:
     eos_token_ids: frozenset[int]
     load_seconds: float = 0.0
     int4: bool = False  # its Linear layers are int4 (int4.py)
+    parameters: int = 0  # counted before quantization: int4 keeps its weights in buffers
 
     @property
     def info(self) -> ModelInfo:
@@ -114,9 +115,10 @@ def load_model(config: EngineConfig) -> LoadedModel:
                 "builds the default)") if not os.path.exists(source) else "it is not a valid model"
         raise RuntimeError(f"could not load model {source!r}: {hint}. Cause: {exc}") from exc
     model.to(device).eval()
+    parameters = model.num_parameters()
     int4 = pick_int4(config.dtype, device, model)
     return LoadedModel(model, tokenizer, device, _max_context(model, tokenizer),
-                       _eos_ids(model, tokenizer, config), time.perf_counter() - started, int4)
+                       _eos_ids(model, tokenizer, config), time.perf_counter() - started, int4, parameters)
 
 
 def _from_source(source: str, dtype: torch.dtype, trust_remote_code: bool):
