@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import psutil
 import pytest
@@ -115,6 +116,24 @@ async def test_a_killed_engine_process_fails_its_requests_and_is_replaced(gpt2_m
             await asyncio.sleep(0.1)
         assert engine.stats()["process_restarts"] == 1
         assert await _text(engine, "hello world", GREEDY) == expected
+    finally:
+        engine.shutdown()
+
+
+def test_each_loop_in_turn_reads_the_pipe_and_an_idle_death_is_replaced(gpt2_model):
+    """The outputs are read on the event loop of the requests; when that loop closes, the
+    next request's loop takes over. A process that dies with nothing in flight is replaced
+    all the same, and the new pipe is read too."""
+    engine = EngineProcess(EngineConfig(model=gpt2_model))
+    try:
+        first = asyncio.run(_text(engine, "hello world", GREEDY))  # a loop of its own, then closed
+        assert asyncio.run(_text(engine, "hello world", GREEDY)) == first  # another loop reads
+        os.kill(engine.pid, signal.SIGKILL)  # idle: no request sees it die
+        deadline = time.monotonic() + 60
+        while not (engine.healthy and engine.process_restarts == 1) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert engine.healthy and engine.process_restarts == 1
+        assert asyncio.run(_text(engine, "hello world", GREEDY)) == first
     finally:
         engine.shutdown()
 

@@ -3,9 +3,11 @@
 Serving work per token (the executor's documents, their protobuf, gRPC) then runs in this
 process while the next step runs in the other, instead of taking turns under one
 interpreter lock. The pipes carry one message per step for all rows (core_process.py);
-requests are prepared here, so only token ids cross. A reader thread feeds each request's
-RequestStream; a sender thread writes commands, so the event loop never blocks on the pipe.
-If the engine process dies, requests in flight fail at once and a new one is started.
+requests are prepared here, so only token ids cross. The event loop of the requests reads
+each step's message itself (`add_reader`) and feeds each request's RequestStream: a reader
+thread cost a second wake-up per step (the thread, then the loop). A sender thread writes
+commands, so the loop never blocks on a full pipe. A watcher thread waits on the process: if
+it dies, requests in flight fail at once and a new one is started.
 """
 import asyncio
 import logging
@@ -24,7 +26,7 @@ from .observer import EngineObserver
 from .params import EngineConfig
 from .prepare import Prepared, Preparer
 from .request import TokenOutput
-from .streams import RequestStream
+from .streams import RequestStream, run_on
 
 log = logging.getLogger(__name__)
 _ROOT = str(Path(__file__).resolve().parents[2])  # holds the `executors` package
@@ -41,9 +43,11 @@ class EngineProcess(EngineClient):
         self._stats: dict = {}
         self._stopping = False
         self._dead: Optional[str] = None
+        self._reader: Optional[tuple[asyncio.AbstractEventLoop, Connection]] = None  # who reads which pipe
+        self._reader_lock = threading.Lock()
         self._start()  # raises when the model does not load
-        self._reader = threading.Thread(target=self._read, name="llm-engine-reader", daemon=True)
-        self._reader.start()
+        self._watcher = threading.Thread(target=self._watch, name="llm-engine-watcher", daemon=True)
+        self._watcher.start()
         threading.Thread(target=self._send, name="llm-engine-sender", daemon=True).start()
 
     # ----- the process -----
@@ -70,19 +74,37 @@ class EngineProcess(EngineClient):
         _, self.info, tokenizer, self._stats = reply
         self.preparer = Preparer(tokenizer, self.config, self.info.max_context)
 
-    def _read(self) -> None:
-        """Deliver every step's outputs; when the process dies, fail its requests and restart."""
+    def _watch(self) -> None:
+        """When the process dies, fail its requests and start a new one."""
         while True:
-            try:
-                message = self._outputs.recv()
-            except (EOFError, OSError):
-                if self._stopping or not self._restart():
-                    return
-                continue
-            try:
-                self._deliver(*message)
-            except Exception:  # noqa: BLE001 - one bad message must not stop every stream
-                log.exception("could not deliver the engine's outputs")
+            self._process.wait()
+            if self._stopping or not self._restart():
+                return
+
+    def _read_on(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On `loop`'s thread: read the current pipe there, unless a loop that is still open
+        already does. The first request's loop reads it; another takes over once it closes."""
+        with self._reader_lock:
+            reader, outputs = self._reader, self._outputs
+            if outputs.closed or (reader is not None and reader[1] is outputs
+                                  and (reader[0] is loop or not reader[0].is_closed())):
+                return
+            self._reader = (loop, outputs)
+            loop.add_reader(outputs.fileno(), self._read_one, loop, outputs)
+
+    def _read_one(self, loop: asyncio.AbstractEventLoop, outputs: Connection) -> None:
+        """Deliver one step's outputs. At EOF (the process died, or was stopped) this loop
+        stops reading the pipe and closes it: the watcher starts a new process."""
+        try:
+            message = outputs.recv()
+        except (EOFError, OSError):
+            loop.remove_reader(outputs.fileno())
+            outputs.close()
+            return
+        try:
+            self._deliver(*message)
+        except Exception:  # noqa: BLE001 - one bad message must not stop every stream
+            log.exception("could not deliver the engine's outputs")
 
     def _deliver(self, acks: list, tokens: list[TokenOutput], events: list, stats: dict) -> None:
         for request_id, error in acks:
@@ -104,7 +126,10 @@ class EngineProcess(EngineClient):
         self._dead = message
         self._fail_all(message)
         self._commands.close()
-        self._outputs.close()
+        with self._reader_lock:
+            reader = self._reader
+            if reader is None or reader[1] is not self._outputs or reader[0].is_closed():
+                self._outputs.close()  # else the loop reading it closes it, at its EOF
         try:
             self._start()
         except Exception:  # noqa: BLE001 - stays unhealthy: /health says so
@@ -112,6 +137,8 @@ class EngineProcess(EngineClient):
             return False
         self.process_restarts += 1
         self._dead = None
+        if reader is not None:  # the new pipe: read where the old was
+            run_on(reader[0], self._read_on, reader[0])
         return True
 
     def _fail_all(self, message: str) -> None:
@@ -124,7 +151,7 @@ class EngineProcess(EngineClient):
     def _settle(self, request_id: str, error: Optional[BaseException]) -> None:
         future = self._acks.pop(request_id, None)
         if future is not None:
-            future.get_loop().call_soon_threadsafe(_set_outcome, future, error)
+            run_on(future.get_loop(), _set_outcome, future, error)
 
     def _send(self) -> None:
         while (command := self._outbox.get()) is not None:
@@ -148,7 +175,9 @@ class EngineProcess(EngineClient):
         if len(self._streams) >= self.config.max_running + self.config.max_waiting:
             raise OverloadedError(f"overloaded: {len(self._streams)} requests in flight, retry later")
         request_id = stream.request_id
-        ack = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self._read_on(loop)
+        ack = loop.create_future()
         self._acks[request_id], self._streams[request_id] = ack, stream
         self._outbox.put(("add", request_id, prepared))
         try:
@@ -171,7 +200,7 @@ class EngineProcess(EngineClient):
         except subprocess.TimeoutExpired:
             self._process.kill()
             self._process.wait()
-        self._reader.join(timeout)
+        self._watcher.join(timeout)
         self._prepare.shutdown(wait=False, cancel_futures=True)
 
     @property

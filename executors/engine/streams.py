@@ -7,8 +7,9 @@ stays bounded by max_tokens and a slow client never slows the batch.
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from .errors import GenerationError
 from .params import FinishReason
@@ -53,10 +54,7 @@ class RequestStream:
             wake = not self._signalled and (out.ends or self._due())
             self._signalled |= wake
         if wake:
-            try:
-                self.loop.call_soon_threadsafe(self._wakeup.set)
-            except RuntimeError:  # the event loop is closed: nobody is reading
-                pass
+            run_on(self.loop, self._wakeup.set)
 
     def _due(self) -> bool:
         if len(self._pending) < self.interval:
@@ -94,3 +92,15 @@ class RequestStream:
         return StreamChunk([o.token_id for o in tokens], [o.logprob for o in tokens],
                            [o.special for o in tokens], text, self._text, last.index,
                            last.finish_reason, last.prompt_tokens, last.generated_tokens, last.seed)
+
+
+def run_on(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:
+    """fn(*args) on `loop`: at once when called on its thread (the engine process's outputs
+    are read there), else through its self-pipe. A closed loop has nobody left to tell."""
+    if asyncio._get_running_loop() is loop:
+        fn(*args)
+        return
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:  # the event loop is closed
+        pass
