@@ -83,11 +83,14 @@ class EngineProcess(EngineClient):
 
     def _read_on(self, loop: asyncio.AbstractEventLoop) -> None:
         """On `loop`'s thread: read the current pipe there, unless a loop that is still open
-        already does. The first request's loop reads it; another takes over once it closes."""
+        already does. The first request's loop reads it; another takes over once it closes.
+        Not while a restart runs: its new pipe first carries the "ready" the watcher waits for,
+        and the watcher hands the pipe over afterwards (`_dead` is set before the new pipe
+        exists, and cleared after "ready")."""
         with self._reader_lock:
             reader, outputs = self._reader, self._outputs
-            if outputs.closed or (reader is not None and reader[1] is outputs
-                                  and (reader[0] is loop or not reader[0].is_closed())):
+            if self._dead is not None or outputs.closed or (
+                    reader is not None and reader[1] is outputs and (reader[0] is loop or not reader[0].is_closed())):
                 return
             self._reader = (loop, outputs)
             loop.add_reader(outputs.fileno(), self._read_one, loop, outputs)

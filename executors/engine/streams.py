@@ -1,8 +1,9 @@
 """Per-request async streams: the decode loop pushes, a reader awaits.
 
-The loop (a thread here, or the engine process's reader thread) pushes tokens without ever
-blocking, and a slow reader receives everything pending as one coalesced chunk, so memory
-stays bounded by max_tokens and a slow client never slows the batch.
+The decode thread (AsyncEngine), or the event loop that reads the engine process's
+messages, pushes tokens without ever blocking, and a slow reader receives everything
+pending as one coalesced chunk, so memory stays bounded by max_tokens and a slow client
+never slows the batch.
 """
 import asyncio
 import threading
