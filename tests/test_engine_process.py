@@ -90,8 +90,9 @@ async def test_abort_frees_the_slot_within_steps(slow_model):
         process.shutdown()
 
 
-async def test_stream_interval_ms_coalesces_by_time(gpt2_model):
-    engine = AsyncEngine(EngineConfig(model=gpt2_model, stream_interval_ms=60_000 - 1))
+async def test_stream_interval_ms_coalesces_by_time(slow_model):
+    """The slow model: a reader that fell behind would take the second token with the first."""
+    engine = AsyncEngine(EngineConfig(model=slow_model, stream_interval_ms=60_000 - 1))
     try:
         chunks = [c async for c in engine.generate("hello", SamplingParams(max_tokens=30, ignore_eos=True))]
     finally:
