@@ -88,12 +88,15 @@ class EngineProcess(EngineClient):
         and the watcher hands the pipe over afterwards (`_dead` is set before the new pipe
         exists, and cleared after "ready")."""
         with self._reader_lock:
-            reader, outputs = self._reader, self._outputs
-            if self._dead is not None or outputs.closed or (
-                    reader is not None and reader[1] is outputs and (reader[0] is loop or not reader[0].is_closed())):
+            outputs = self._outputs
+            if self._dead is not None or outputs.closed or self._read_by_open_loop(outputs):
                 return
             self._reader = (loop, outputs)
             loop.add_reader(outputs.fileno(), self._read_one, loop, outputs)
+
+    def _read_by_open_loop(self, outputs: Connection) -> bool:
+        """Whether an event loop that is still open reads this pipe (under _reader_lock)."""
+        return self._reader is not None and self._reader[1] is outputs and not self._reader[0].is_closed()
 
     def _read_one(self, loop: asyncio.AbstractEventLoop, outputs: Connection) -> None:
         """Deliver one step's outputs. At EOF (the process died, or was stopped) this loop
@@ -131,7 +134,7 @@ class EngineProcess(EngineClient):
         self._commands.close()
         with self._reader_lock:
             reader = self._reader
-            if reader is None or reader[1] is not self._outputs or reader[0].is_closed():
+            if not self._read_by_open_loop(self._outputs):
                 self._outputs.close()  # else the loop reading it closes it, at its EOF
         try:
             self._start()
