@@ -24,15 +24,16 @@ async def test_overloaded_beyond_limits_others_unaffected(small_deployment):
     async def consume(sink, max_tokens):
         async for doc in stream("hello", port=port, max_tokens=max_tokens):
             sink.append(doc)
-    running = asyncio.create_task(consume(first, 40))
+    # long enough to outlast the checks below on a GPU too, where the slow model makes 9 ms tokens
+    running = asyncio.create_task(consume(first, 150))
     while not first:
         await asyncio.sleep(0.01)
     waiting = asyncio.create_task(consume(second, 5))  # queued behind the running one
-    await asyncio.sleep(0.5)
+    await asyncio.sleep(0.3)
     with pytest.raises(StreamError) as err:  # no slot and no queue room: refused at once
         await generate("hello", port=port, max_tokens=5)
     assert err.value.error_type == "overloaded" and "overloaded" in str(err.value)
     await asyncio.gather(running, waiting)
-    assert sum(len(d.token_ids) for d in first) == 40 and first[-1].finish_reason == "length"
+    assert sum(len(d.token_ids) for d in first) == 150 and first[-1].finish_reason == "length"
     assert sum(len(d.token_ids) for d in second) == 5
     assert (await generate("hello", port=port, max_tokens=3)).generated_tokens == 3

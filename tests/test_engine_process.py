@@ -12,6 +12,7 @@ import time
 
 import psutil
 import pytest
+import torch
 
 from executors.engine import AsyncEngine, EngineConfig, EngineProcess, SamplingParams
 from executors.engine.core_process import serving_threads
@@ -159,11 +160,13 @@ def test_the_engine_process_exits_when_its_parent_is_killed(gpt2_model):
 
 
 def test_a_small_model_leaves_a_core_to_serving(gpt2_model):
-    small = load_model(EngineConfig(model=gpt2_model))
+    small = load_model(EngineConfig(model=gpt2_model, device="cpu"))
     assert serving_threads(EngineConfig(model="m"), small) == max(1, len(os.sched_getaffinity(0)) - 1)
     assert serving_threads(EngineConfig(model="m", torch_threads=3), small) is None  # as configured
     large = dataclasses.replace(small, parameters=64_000_000)
     assert serving_threads(EngineConfig(model="m"), large) is None  # torch's default: every core
+    on_gpu = dataclasses.replace(small, device=torch.device("cuda", 0))
+    assert serving_threads(EngineConfig(model="m"), on_gpu) is None  # the CPU only launches its kernels
 
 
 def test_the_size_that_picks_threads_counts_int4_weights(llama_model):

@@ -4,6 +4,7 @@ import requests
 from huggingface_hub import InferenceClient
 
 from client import generate, stream
+from executors.engine.loader import pick_device
 from tests.gateway_helpers import curl_sse
 
 
@@ -104,7 +105,7 @@ def test_info_and_health(flow, gpt2_model):
     _, http_port = flow
     info = requests.get(f"http://127.0.0.1:{http_port}/info", timeout=30).json()
     assert info["model_id"] == "gpt2" and info["max_total_tokens"] == 512
-    assert info["model_device_type"] == "cpu"
+    assert info["model_device_type"] == pick_device(None).type  # cuda where there is a GPU
     assert requests.get(f"http://127.0.0.1:{http_port}/health", timeout=30).status_code == 200
     # Jina's own health check (GET /) is still there, next to TGI's POST /
     assert requests.get(f"http://127.0.0.1:{http_port}/", timeout=30).status_code == 200

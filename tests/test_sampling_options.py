@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from client import generate
 from executors.engine import AsyncEngine, EngineConfig, SamplingParams
+from executors.engine.loader import pick_device
 from tests.conftest import ROOT
 from tests.gateway_helpers import sse_data
 
@@ -28,7 +29,9 @@ async def engine_text(engine: AsyncEngine, **params) -> str:
 
 @pytest.fixture(scope="module")
 async def engine(gpt2_model):
-    engine = AsyncEngine(EngineConfig(model=gpt2_model))
+    """fp32 on every device, as the reference below computes: in bf16 (CUDA's default) a full
+    forward and a KV-cached step round differently, and a random model's close logits flip."""
+    engine = AsyncEngine(EngineConfig(model=gpt2_model, dtype="fp32"))
     yield engine
     engine.shutdown()
 
@@ -37,13 +40,13 @@ async def test_penalties_match_openais_definition(engine, gpt2_model):
     """Greedy with the penalties equals a loop that applies OpenAI's formula by hand:
     score -= frequency * count + presence * (count > 0), over the generated tokens."""
     tok = AutoTokenizer.from_pretrained(gpt2_model)
-    model = AutoModelForCausalLM.from_pretrained(gpt2_model).eval()
+    model = AutoModelForCausalLM.from_pretrained(gpt2_model).to(pick_device(None)).eval()
     prompt_ids = tok(PROMPT)["input_ids"]
     for presence, frequency in ((0.0, 1.5), (1.2, 0.0), (0.7, 0.9), (-0.5, -0.5)):
         generated: list[int] = []
         for _ in range(24):
             with torch.no_grad():
-                logits = model(torch.tensor([prompt_ids + generated])).logits[0, -1].float()
+                logits = model(torch.tensor([prompt_ids + generated], device=model.device)).logits[0, -1].float()
             for token, count in Counter(generated).items():
                 logits[token] -= frequency * count + presence
             generated.append(int(torch.argmax(logits)))
