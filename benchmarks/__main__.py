@@ -15,7 +15,7 @@ from typing import Optional
 from .load import Transport, closed_loop, default_requests, make_prompts, poisson
 from .metrics import summarize
 from .models import DEFAULT_CACHE, MODELS, ensure_model
-from .procs import cpu_seconds, stop_all
+from .procs import cpu_seconds, settle, stop_all
 from .report import machine_info, ratios, write_all
 from .systems import SYSTEMS, starters
 
@@ -149,7 +149,8 @@ async def run(args: argparse.Namespace, rows: list[dict], notes: list[str]) -> N
             t0 = time.perf_counter()
             try:
                 async with start[system](model, logs, notes) as transports:
-                    print(f"  ready in {time.perf_counter() - t0:.1f}s; transports {list(transports)}", flush=True)
+                    print(f"  ready in {time.perf_counter() - t0:.1f}s; transports {list(transports)}; "
+                          f"quiet after {await settle():.1f}s more", flush=True)
                     for transport, send in transports.items():
                         try:
                             await measure(args, model_name, system, transport, send, levels, n_override, rows)

@@ -1,4 +1,5 @@
 """Server subprocesses in their own process group, always torn down with everything they spawned."""
+import asyncio
 import atexit
 import os
 import signal
@@ -100,6 +101,26 @@ def cpu_seconds() -> dict[str, float]:
             role = _role(proc, root, server.public_ports)
             totals[role] = totals.get(role, 0.0) + _cpu(proc)
     return totals
+
+
+async def settle(quiet: float = 0.05, window: float = 0.5, limit: float = 10.0) -> float:
+    """Waits (at most `limit` s) until the live servers use under `quiet` of a core over
+    `window` s; returns the seconds waited. A Flow goes on printing and importing for about a
+    second after it first answers (80 ms of CPU, measured), and on 2 cores that work landed in
+    the first level measured, gRPC at C=1, which lasts under half a second in --quick."""
+    start = time.monotonic()
+    before = _servers_cpu()
+    while time.monotonic() - start < limit:
+        await asyncio.sleep(window)
+        after = _servers_cpu()
+        if after - before < quiet * window:
+            break
+        before = after
+    return time.monotonic() - start
+
+
+def _servers_cpu() -> float:
+    return sum(seconds for role, seconds in cpu_seconds().items() if role != "client")
 
 
 def _role(proc: psutil.Process, root: psutil.Process, public_ports: set[int]) -> str:

@@ -1,12 +1,14 @@
 """The executor in a real Flow (flows/llm.yml, as `make serve` runs it) over gRPC and HTTP SSE."""
+import asyncio
 import json
 import subprocess
 import sys
 
+import grpc
 import pytest
 import requests
 
-from client import StreamError, generate, stream
+from client import StreamError, connect, generate, stream
 from tests.conftest import ROOT
 
 
@@ -50,6 +52,20 @@ async def test_grpc_invalid_input_names_the_field(flow, field, value):
     assert field in str(err.value)
     # the service keeps serving
     assert (await generate("hello", port=grpc_port, max_tokens=3)).finish_reason == "length"
+
+
+async def test_grpc_calls_share_one_kept_channel(flow):
+    """`connect`'s channel carries concurrent streams and outlives a refusal; `stream` leaves
+    it open, and the answers equal those over a channel of their own."""
+    grpc_port, _ = flow
+    alone = [(await generate(p, port=grpc_port, max_tokens=8)).generated_text for p in ("hello", "a b c")]
+    async with connect("127.0.0.1", grpc_port) as channel:
+        shared = await asyncio.gather(*(generate(p, channel=channel, max_tokens=8) for p in ("hello", "a b c")))
+        assert [d.generated_text for d in shared] == alone
+        with pytest.raises(StreamError, match="top_p"):
+            await generate("hello", channel=channel, max_tokens=4, top_p=1.5)
+        assert (await generate("hello", channel=channel, max_tokens=8)).generated_text == alone[0]
+    assert channel.get_state() == grpc.ChannelConnectivity.SHUTDOWN  # closed by `async with`, not by a call
 
 
 async def test_grpc_prompt_longer_than_context(flow):
