@@ -1,9 +1,12 @@
-"""The benchmark harness's logic with fake transports: counts and formulas, no timing, no servers."""
+"""The benchmark harness's logic with fake transports: counts and formulas, no timing, and no servers
+but a busy-loop process for `settle`."""
 import asyncio
 import json
+import sys
 
 from benchmarks.load import closed_loop, make_prompts, poisson
 from benchmarks.metrics import RequestRecord, Total, summarize
+from benchmarks.procs import ServerProcess, settle
 from benchmarks.report import markdown, plot, ratios
 
 
@@ -93,3 +96,16 @@ def test_report_outputs(tmp_path):
     plot(rows, tmp_path / "r.png")
     assert (tmp_path / "r.png").stat().st_size > 0
     json.dumps(rows)
+
+
+async def test_settle_waits_for_a_busy_server_to_go_quiet(tmp_path):
+    """A started server still busy (a Flow printing and importing) must not run into the first
+    level: settle() returns only once its processes are quiet, and at once for an idle one."""
+    busy = ServerProcess([sys.executable, "-c", "import time\nend = time.time() + 1.5\nwhile time.time() < end: pass\n"
+                          "time.sleep(60)"], tmp_path / "busy.log")
+    try:
+        waited = await settle()
+        assert 1.0 <= waited < 10.0, waited
+        assert await settle() < 1.0  # now quiet: one window
+    finally:
+        busy.stop()
