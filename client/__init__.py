@@ -55,6 +55,8 @@ async def stream(prompt: str, *, host: str = "localhost", port: int = 12345, pro
     to the garbage collector), and `api_key` (default: $LLM_API_KEY) can go with it. The gRPC
     call goes over `channel` when given (`connect`), else over a channel of its own.
     """
+    if channel is not None and (client is not None or protocol != "grpc"):
+        raise ValueError("channel: a gRPC channel from connect(), for protocol='grpc' without a client")
     doc = _document(prompt, sampling)
     key = api_key if api_key is not None else os.environ.get("LLM_API_KEY", "")
     if client is None and protocol == "grpc":

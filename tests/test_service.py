@@ -66,6 +66,8 @@ async def test_grpc_calls_share_one_kept_channel(flow):
             await generate("hello", channel=channel, max_tokens=4, top_p=1.5)
         assert (await generate("hello", channel=channel, max_tokens=8)).generated_text == alone[0]
     assert channel.get_state() == grpc.ChannelConnectivity.SHUTDOWN  # closed by `async with`, not by a call
+    with pytest.raises(ValueError, match="channel"):  # it would be ignored there
+        await generate("hello", channel=channel, protocol="http", port=grpc_port)
 
 
 async def test_grpc_prompt_longer_than_context(flow):
