@@ -5,7 +5,7 @@
 set -euo pipefail
 SKIP="torch numpy matplotlib playwright mypy ruff uv py-spy sympy networkx mpmath pillow fonttools contourpy
 kiwisolver cycler pyparsing types-requests types-urllib3 librt ast_serialize mypy_extensions greenlet llm-stream
-accelerate openai hf-xet jcloud jina"
+accelerate hf-xet jcloud jina"
 PLAT="--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform manylinux_2_5_x86_64"
 mkdir -p .whl
