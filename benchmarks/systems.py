@@ -66,7 +66,7 @@ def _wait_jina_ready(port: int, server: ServerProcess, timeout: float = 180.0) -
 # ----- this service -----
 def _this_grpc(channel: "grpc.aio.Channel", extra: dict) -> Transport:
     """The client helper over one kept channel, as the HTTP transports keep their connections
-    (Jina's Client opens a channel per call: about 1 ms more per request here)."""
+    (Jina's Client opens a channel per call: docs/benchmarks/issue12/grpc_channel_ab/)."""
     from client import stream
 
     async def send(prompt: str, max_tokens: int) -> AsyncIterator[int]:
