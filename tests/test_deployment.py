@@ -29,7 +29,7 @@ async def test_overloaded_beyond_limits_others_unaffected(small_deployment):
     while not first:
         await asyncio.sleep(0.01)
     waiting = asyncio.create_task(consume(second, 5))  # queued behind the running one
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.5)
     with pytest.raises(StreamError) as err:  # no slot and no queue room: refused at once
         await generate("hello", port=port, max_tokens=5)
     assert err.value.error_type == "overloaded" and "overloaded" in str(err.value)
