@@ -4,7 +4,8 @@ A padded SDPA sums a row's keys in blocks that start at the padding, so the row'
 depends on how long its neighbours are. In fp32 that stays below a token's worth, but int4's
 matmuls take bf16 inputs, and one fp32 rounding can tip a bf16 one: 4 of 6 batched runs then
 changed a request. With this attention, and int4's row-invariant matmuls, a row comes out bit
-for bit as it does alone. Its price is one SDPA call per row and layer.
+for bit as it does alone. Its price is one SDPA call per row and layer, except in decode steps,
+where native.py's kernel takes all rows in one call (when it could be built).
 """
 from typing import Any, Optional
 
@@ -12,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from .native import decode_attention
 
 NAME = "row_sdpa"
 
@@ -21,9 +24,15 @@ def row_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, va
              **kwargs: Any) -> tuple[torch.Tensor, None]:
     """query [rows, heads, q, dim], key/value [rows, kv_heads, k, dim], attention_mask boolean
     [rows, 1, q, k] (True: attend) or None; returns [rows, q, heads, dim], as transformers' SDPA."""
+    plan = _plan(attention_mask, query.shape[0], query.shape[2])
+    if query.shape[2] == 1 and all(mask is None for _, _, mask, _ in plan):
+        scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+        decoded = decode_attention(query, key, value, [start for _, start, _, _ in plan], scale)
+        if decoded is not None:
+            return decoded, None
     out = torch.zeros_like(query)
     gqa = query.shape[1] != key.shape[1]
-    for row, (q_start, start, mask, causal) in enumerate(_plan(attention_mask, query.shape[0], query.shape[2])):
+    for row, (q_start, start, mask, causal) in enumerate(plan):
         out[row:row + 1, :, q_start:] = F.scaled_dot_product_attention(
             query[row:row + 1, :, q_start:], key[row:row + 1, :, start:], value[row:row + 1, :, start:],
             attn_mask=mask, is_causal=causal, scale=scaling, enable_gqa=gqa)

@@ -1,0 +1,75 @@
+"""The native decode attention (executors/engine/native.py): SDPA's results, a row's bits whatever
+its batch, and the per-row SDPA fallback where it cannot be built or does not fit."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from executors.engine import attention, native
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built():
+    if native.kernel() is None:
+        pytest.skip("no C compiler on this machine: the engine uses its per-row SDPA fallback")
+
+
+def batch(lengths: list[int], heads: int, kv_heads: int, dim: int, seed: int = 0):
+    """One decode query per row; keys left-padded with zeros to the longest, as KVBatch keeps them,
+    inside a wider slab (non-contiguous views, as the cache passes them)."""
+    g = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    query = torch.randn(len(lengths), heads, 1, dim, generator=g)
+    slab_k = torch.zeros(len(lengths), kv_heads, width + 7, dim)
+    slab_v = torch.zeros_like(slab_k)
+    for row, n in enumerate(lengths):
+        slab_k[row, :, width - n:width] = torch.randn(kv_heads, n, dim, generator=g)
+        slab_v[row, :, width - n:width] = torch.randn(kv_heads, n, dim, generator=g)
+    return query, slab_k[:, :, :width], slab_v[:, :, :width], [width - n for n in lengths]
+
+
+@pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (4, 2, 16), (8, 8, 128), (2, 1, 80)])
+def test_it_gives_what_sdpa_gives_over_each_rows_own_keys(heads, kv_heads, dim):
+    query, key, value, starts = batch([5, 130, 1, 64, 17], heads, kv_heads, dim)
+    out = native.decode_attention(query, key, value, starts, dim ** -0.5)
+    assert out is not None and out.shape == (5, 1, heads, dim)
+    for row, start in enumerate(starts):
+        expected = F.scaled_dot_product_attention(query[row:row + 1], key[row:row + 1, :, start:],
+                                                  value[row:row + 1, :, start:], enable_gqa=True)
+        torch.testing.assert_close(out[row:row + 1], expected.transpose(1, 2), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_row_comes_out_bit_for_bit_as_alone_whatever_the_batch(threads):
+    lengths = [3, 200, 41, 600, 77, 1, 130, 16]  # 600: wide enough to run on both threads
+    query, key, value, starts = batch(lengths, 9, 3, 64, seed=1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        together = native.decode_attention(query, key, value, starts, 0.125)
+        assert together is not None
+        for row, start in enumerate(starts):
+            alone = native.decode_attention(query[row:row + 1], key[row:row + 1, :, start:],
+                                            value[row:row + 1, :, start:], [0], 0.125)
+            assert alone is not None and torch.equal(alone, together[row:row + 1]), row
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_what_it_does_not_take_is_left_to_sdpa():
+    query, key, value, starts = batch([4, 6], 4, 2, 24)  # a head dim that is not a multiple of 16
+    assert native.decode_attention(query, key, value, starts, 0.2) is None
+    query, key, value, starts = batch([4, 6], 4, 2, 32)
+    assert native.decode_attention(query.double(), key.double(), value.double(), starts, 0.2) is None
+    assert native.decode_attention(query, key, value, [0, 6], 0.2) is None  # a row with no key
+    assert native.decode_attention(query.expand(2, 4, 3, 32), key, value, starts, 0.2) is None  # a prefill
+
+
+def test_row_sdpa_falls_back_to_one_sdpa_call_per_row(monkeypatch):
+    query, key, value, starts = batch([3, 9, 6], 4, 2, 16)
+    mask = torch.zeros(3, 1, 1, key.shape[2], dtype=torch.bool)
+    for row, start in enumerate(starts):
+        mask[row, :, :, start:] = True
+    native_out, _ = attention.row_sdpa(torch.nn.Module(), query, key, value, mask, scaling=0.25)
+    monkeypatch.setattr(native, "kernel", lambda: None)
+    sdpa_out, _ = attention.row_sdpa(torch.nn.Module(), query, key, value, mask.clone(), scaling=0.25)
+    torch.testing.assert_close(native_out, sdpa_out, rtol=1e-5, atol=1e-6)
