@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from executors.engine import EngineConfig
+from executors.engine import EngineConfig, attention, native
 from executors.engine.int4 import GROUP, Int4Linear, Int8Linear, _quantize, quantize
 from executors.engine.loader import load_model, pick_dtype
 from tests.test_batching import collect, make_engine, mixed_requests  # noqa: F401
@@ -87,3 +87,32 @@ async def test_int4_batched_output_equals_output_alone(four_bit_llama, make_engi
     alone = [await collect(engine, p, params) for p, params in requests]
     together = await asyncio.gather(*(collect(engine, p, params) for p, params in requests))
     assert together == alone
+
+
+async def test_int4_batched_output_equals_output_alone_without_the_native_kernel(four_bit_llama, make_engine,  # noqa: F811
+                                                                                  monkeypatch):
+    """Where no C compiler builds native.py's kernel, decode attention is one SDPA call per row."""
+    monkeypatch.setattr(native, "kernel", lambda: None)
+    engine = make_engine(four_bit_llama, max_prefill_tokens=16)
+    requests = mixed_requests(24, seed=0, sample=False)
+    alone = [await collect(engine, p, params) for p, params in requests]
+    together = await asyncio.gather(*(collect(engine, p, params) for p, params in requests))
+    assert together == alone
+
+
+def test_int4_decode_steps_run_the_native_kernel(four_bit_llama, monkeypatch):
+    if native.kernel() is None:
+        pytest.skip("no C compiler on this machine")
+    results = []
+    real = attention.decode_attention
+
+    def spy(*args):
+        results.append(real(*args))
+        return results[-1]
+
+    monkeypatch.setattr(attention, "decode_attention", spy)
+    loaded = load_model(EngineConfig(model=four_bit_llama, device="cpu"))
+    ids = torch.tensor([[5, 6, 7, 8]])
+    loaded.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False)
+    layers = loaded.model.config.num_hidden_layers
+    assert len(results) == 3 * layers and all(r is not None for r in results)  # 3 decode steps
