@@ -73,3 +73,16 @@ def test_row_sdpa_falls_back_to_one_sdpa_call_per_row(monkeypatch):
     monkeypatch.setattr(native, "kernel", lambda: None)
     sdpa_out, _ = attention.row_sdpa(torch.nn.Module(), query, key, value, mask.clone(), scaling=0.25)
     torch.testing.assert_close(native_out, sdpa_out, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("compiler", ["false", "/no/such/cc"])
+def test_a_build_that_fails_leaves_the_fallback_and_says_why(monkeypatch, caplog, compiler):
+    native.kernel.cache_clear()
+    monkeypatch.setenv("CC", compiler)
+    try:
+        assert native.kernel() is None
+        query, key, value, starts = batch([2, 3], 4, 2, 16)
+        assert native.decode_attention(query, key, value, starts, 0.25) is None
+    finally:
+        native.kernel.cache_clear()  # the next caller builds with the real compiler again
+    assert "decode attention not built" in caplog.text

@@ -1,10 +1,10 @@
 """The native decode attention (decode_attention.c), compiled when the engine loads.
 
-It is compiled on the machine that runs it, with its C compiler (`-O3 -march=native`), into a
-temporary file. That takes under a second. Where there is no compiler (the container images
-have none), `decode_attention` returns None and attention.py keeps one SDPA call per row. That
-fallback gives the same guarantee (a row comes out as it does alone) but is about 10% slower at
-16 rows. Nothing is cached on disk, so a build never meets a CPU it was not made for.
+It is compiled on the machine that runs it, with its C compiler (`$CC`, else `cc`; `-O3
+-march=native`), into a temporary file. That takes under a second. Nothing is cached on disk, so
+a build never meets a CPU it was not made for. Where no compiler builds it, `decode_attention`
+returns None and attention.py keeps one SDPA call per row: the same guarantee (a row comes out
+as it does alone), about 10% slower at 16 rows.
 """
 import ctypes
 import functools
@@ -35,19 +35,25 @@ def kernel() -> Optional[Callable[..., Any]]:
         log.warning("no C compiler: decode attention runs one SDPA call per row (slower at large batches)")
         return None
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="llm-native-") as folder:
-        library = Path(folder) / "decode_attention.so"
-        done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(library)],
-                              capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            log.warning("decode attention not built (%s failed: %s); one SDPA call per row instead",
-                        compiler, done.stderr.strip()[-500:])
-            return None
-        function = ctypes.CDLL(str(library)).decode_attention  # stays mapped once the file is gone
+    try:
+        function = _build(compiler)
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("decode attention not built (%s); one SDPA call per row instead", exc)
+        return None
     function.restype = ctypes.c_int
     function.argtypes = [ctypes.c_void_p] * 5 + [_I64] * 11 + [ctypes.c_float, ctypes.c_int]
     log.info("decode attention built in %.2f s", time.perf_counter() - started)
     return function
+
+
+def _build(compiler: str) -> Any:
+    with tempfile.TemporaryDirectory(prefix="llm-native-") as folder:
+        library = Path(folder) / "decode_attention.so"
+        done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(library)],
+                              capture_output=True, text=True, check=False, timeout=120)
+        if done.returncode != 0:
+            raise OSError(f"{compiler} failed: {done.stderr.strip()[-500:]}")
+        return ctypes.CDLL(str(library)).decode_attention  # stays mapped once the file is gone
 
 
 def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, starts: list[int],
