@@ -13,16 +13,27 @@ from executors.engine.loader import load_model, pick_dtype
 from tests.test_batching import collect, make_engine, mixed_requests  # noqa: F401
 
 
-def _int4(linear: nn.Linear) -> Int4Linear:
+def _int4(linear: nn.Linear, kernel: str = "c") -> Int4Linear:
+    """kernel: "c" (int4_matmul.c, where it runs here) or "pytorch" (as without a compiler)."""
     steps, scale, low, _ = _quantize(linear.weight.detach().float())
-    return Int4Linear(linear, steps, scale, low)
+    if kernel == "c":
+        if not native.int4_ready():
+            pytest.skip("int4_matmul.c does not run here (no compiler, or no AVX512-BF16)")
+        layer = Int4Linear(linear, steps, scale, low)
+    else:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(native, "library", lambda: None)
+            layer = Int4Linear(linear, steps, scale, low)
+    assert layer.native == (kernel == "c")
+    return layer
 
 
+@pytest.mark.parametrize("kernel", ["c", "pytorch"])
 @pytest.mark.parametrize("shape", [(576, 1536), (1536, 576), (64, 192), (576, 4096)])
-def test_each_row_comes_out_the_same_whatever_the_batch(shape):
+def test_each_row_comes_out_the_same_whatever_the_batch(shape, kernel):
     torch.manual_seed(0)
     linear = nn.Linear(*shape)
-    layers = {"int4": _int4(linear), "int8": Int8Linear(linear)}
+    layers = {"int4": _int4(linear, kernel), "int8": Int8Linear(linear)}
     x = torch.randn(64, shape[0])
     for name, layer in layers.items():
         alone = torch.cat([layer(x[i:i + 1]) for i in range(64)])
@@ -40,8 +51,24 @@ def test_weights_on_the_4bit_grid_are_kept_exactly():
     linear.weight.data = grid
     x = torch.randn(5, 128)
     ref = linear(x)
-    err = (_int4(linear)(x) - ref).abs().max() / ref.abs().max()
-    assert err < 0.01  # bf16 activations and scales: about 0.3%
+    for kernel in ("c", "pytorch"):
+        err = (_int4(linear, kernel)(x) - ref).abs().max() / ref.abs().max()
+        assert err < 0.01, kernel  # bf16 activations (and with PyTorch's kernel, bf16 scales)
+
+
+@pytest.mark.parametrize("shape", [(576, 1536), (1536, 576), (192, 576)])
+def test_the_c_kernel_is_exact_but_for_bf16_activations(shape):
+    """Against float64 on the same bf16 inputs: the C kernel's error is fp32 rounding; PyTorch's
+    kernel rounds its scales and output to bf16, and errs about ten thousand times more."""
+    torch.manual_seed(0)
+    linear = nn.Linear(*shape, bias=False)
+    x = torch.randn(16, shape[0])
+    c, pytorch = _int4(linear, "c"), _int4(linear, "pytorch")
+    steps, scale, low, _ = _quantize(linear.weight.detach())
+    weight = (steps.view(shape[1], -1, GROUP).double() * scale[..., None] + low[..., None]).view(shape[1], -1)
+    exact = x.to(torch.bfloat16).double() @ weight.t()
+    c_err, pytorch_err = ((layer(x).double() - exact).abs().max().item() for layer in (c, pytorch))
+    assert c_err < 2e-5 and c_err * 100 < pytorch_err
 
 
 @pytest.fixture(scope="module")
@@ -89,10 +116,10 @@ async def test_int4_batched_output_equals_output_alone(four_bit_llama, make_engi
     assert together == alone
 
 
-async def test_int4_batched_output_equals_output_alone_without_the_native_kernel(four_bit_llama, make_engine,  # noqa: F811
-                                                                                  monkeypatch):
-    """Where no C compiler builds native.py's kernel, decode attention is one SDPA call per row."""
-    monkeypatch.setattr(native, "kernel", lambda: None)
+async def test_int4_batched_output_equals_output_alone_without_the_c_kernels(four_bit_llama, make_engine,  # noqa: F811
+                                                                             monkeypatch):
+    """Where no C compiler builds native.py's kernels: PyTorch's int4 kernel and one SDPA call per row."""
+    monkeypatch.setattr(native, "library", lambda: None)
     engine = make_engine(four_bit_llama, max_prefill_tokens=16)
     requests = mixed_requests(24, seed=0, sample=False)
     alone = [await collect(engine, p, params) for p, params in requests]
@@ -100,8 +127,8 @@ async def test_int4_batched_output_equals_output_alone_without_the_native_kernel
     assert together == alone
 
 
-def test_int4_decode_steps_run_the_native_kernel(four_bit_llama, monkeypatch):
-    if native.kernel() is None:
+def test_int4_decode_steps_run_the_c_attention(four_bit_llama, monkeypatch):
+    if native.library() is None:
         pytest.skip("no C compiler on this machine")
     results = []
     real = attention.decode_attention

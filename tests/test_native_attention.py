@@ -9,7 +9,7 @@ from executors.engine import attention, native
 
 @pytest.fixture(scope="module", autouse=True)
 def built():
-    if native.kernel() is None:
+    if native.library() is None:
         pytest.skip("no C compiler on this machine: the engine uses its per-row SDPA fallback")
 
 
@@ -70,19 +70,19 @@ def test_row_sdpa_falls_back_to_one_sdpa_call_per_row(monkeypatch):
     for row, start in enumerate(starts):
         mask[row, :, :, start:] = True
     native_out, _ = attention.row_sdpa(torch.nn.Module(), query, key, value, mask, scaling=0.25)
-    monkeypatch.setattr(native, "kernel", lambda: None)
+    monkeypatch.setattr(native, "library", lambda: None)
     sdpa_out, _ = attention.row_sdpa(torch.nn.Module(), query, key, value, mask.clone(), scaling=0.25)
     torch.testing.assert_close(native_out, sdpa_out, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("compiler", ["false", "/no/such/cc"])
 def test_a_build_that_fails_leaves_the_fallback_and_says_why(monkeypatch, caplog, compiler):
-    native.kernel.cache_clear()
+    native.library.cache_clear()
     monkeypatch.setenv("CC", compiler)
     try:
-        assert native.kernel() is None
+        assert native.library() is None
         query, key, value, starts = batch([2, 3], 4, 2, 16)
         assert native.decode_attention(query, key, value, starts, 0.25) is None
     finally:
-        native.kernel.cache_clear()  # the next caller builds with the real compiler again
-    assert "decode attention not built" in caplog.text
+        native.library.cache_clear()  # the next caller builds with the real compiler again
+    assert "C kernels not built" in caplog.text

@@ -2,21 +2,24 @@
 
 Each row of a layer's weight is cut into groups of 32 along its input. Each group is stored as
 4-bit steps between its own minimum and maximum. That is llama.cpp's Q4_1, so the default model,
-shipped as a Q4_1 GGUF, keeps the weights it was published with: the same steps, with the
-scales rounded to bf16 (about 0.2% of a weight).
+shipped as a Q4_1 GGUF, keeps the weights it was published with.
 
 A decode step of SmolLM2-135M then reads about 70 MB of weights instead of 540 MB. The output
 layer (Q8_0 in that GGUF) becomes int8 per output channel.
 
-The products run in PyTorch's `_weight_int4pack_mm_for_cpu` and `_weight_int8pack_mm`, on bf16
-activations (their fp32 paths are about 40 times slower), with fp32 everywhere else. Both
-kernels compute each row of a batch the same way whatever the batch holds (tests/test_int4.py
-checks batches of 2 to 64 rows bit for bit), so a request still comes out as it does alone.
+The products run in int4_matmul.c (native.py) where it is built and the CPU has AVX512-BF16:
+bf16 activations, exact products, fp32 scales and output. Elsewhere they run in PyTorch's
+`_weight_int4pack_mm_for_cpu`, which rounds the scales and its output to bf16. The output layer
+runs in `_weight_int8pack_mm`. All three compute each row of a batch the same way whatever the
+batch holds (tests/test_int4.py checks batches of 2 to 64 rows bit for bit), so a request still
+comes out as it does alone.
 """
 from typing import Optional
 
 import torch
 from torch import nn
+
+from . import native
 
 GROUP = 32  # Q4_1's block
 
@@ -25,20 +28,40 @@ class Int4Linear(nn.Module):
     """A Linear whose weight is int4 in groups of GROUP; the bias and output keep x's dtype."""
 
     packed: torch.Tensor
+    scale: torch.Tensor
+    low: torch.Tensor
     scales_zeros: torch.Tensor
 
     def __init__(self, linear: nn.Linear, steps: torch.Tensor, scale: torch.Tensor, low: torch.Tensor):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(steps, 1))
-        zero = low + 8 * scale  # PyTorch's convention: weight = (step - 8) * scale + zero
-        pairs = torch.stack([scale.t(), zero.t()], dim=-1)  # [groups, out, 2]
-        self.register_buffer("scales_zeros", pairs.contiguous().to(torch.bfloat16))
+        self.native = self.out_features % native.INT4_CHANNELS == 0 and native.int4_ready()
+        if self.native:
+            self._pack_native(steps, scale, low)
+        else:
+            self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(steps, 1))
+            zero = low + 8 * scale  # PyTorch's convention: weight = (step - 8) * scale + zero
+            pairs = torch.stack([scale.t(), zero.t()], dim=-1)  # [groups, out, 2]
+            self.register_buffer("scales_zeros", pairs.contiguous().to(torch.bfloat16))
         self.bias = linear.bias
 
+    def _pack_native(self, steps: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> None:
+        """int4_matmul.c's layout: [out/16][in/32][16 input pairs][16 outputs] bytes, each holding
+        a pair's two steps (low nibble first); scale and low [out/16][in/32][16], fp32."""
+        groups, blocks = self.out_features // native.INT4_CHANNELS, self.in_features // GROUP
+        by_group = steps.view(groups, native.INT4_CHANNELS, blocks, GROUP // 2, 2).permute(0, 2, 3, 1, 4)
+        self.register_buffer("packed", (by_group[..., 0] | (by_group[..., 1] << 4)).to(torch.uint8).contiguous())
+        for name, values in (("scale", scale), ("low", low)):
+            self.register_buffer(name, values.float().view(groups, native.INT4_CHANNELS, blocks)
+                                 .permute(0, 2, 1).contiguous())
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP, self.scales_zeros)
+        rows = x.reshape(-1, self.in_features)
+        if self.native:
+            y = native.int4_matmul(rows.float(), self.packed, self.scale, self.low)
+        else:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows.to(torch.bfloat16), self.packed, GROUP,
+                                                           self.scales_zeros)
         return _finish(y, x, self.out_features, self.bias)
 
 

@@ -12,7 +12,6 @@ from transformers.utils import logging as hf_logging
 from .attention import NAME as ROW_SDPA
 from .gguf import find_gguf, load_gguf
 from .int4 import quantize
-from .native import kernel as native_kernel
 from .params import EngineConfig
 
 log = logging.getLogger(__name__)
@@ -81,7 +80,6 @@ def pick_int4(requested: str, device: torch.device, model: PreTrainedModel) -> b
         return False
     if model.config._attn_implementation == "sdpa":  # else the model's own choice stays
         model.set_attn_implementation(ROW_SDPA)
-        native_kernel()  # built now, not in the first request's decode step
     return True
 
 

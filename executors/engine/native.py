@@ -1,10 +1,10 @@
-"""The native decode attention (decode_attention.c), compiled when the engine loads.
+"""The engine's C kernels (decode_attention.c, int4_matmul.c), compiled when the engine loads.
 
-It is compiled on the machine that runs it, with its C compiler (`$CC`, else `cc`; `-O3
+They are compiled on the machine that runs them, with its C compiler (`$CC`, else `cc`; `-O3
 -march=native`), into a temporary file. That takes under a second. Nothing is cached on disk, so
-a build never meets a CPU it was not made for. Where no compiler builds it, `decode_attention`
-returns None and attention.py keeps one SDPA call per row: the same guarantee (a row comes out
-as it does alone), about 10% slower at 16 rows.
+a build never meets a CPU it was not made for. Where no compiler builds them, the wrappers return
+None and their callers keep PyTorch's ops: attention.py one SDPA call per row, int4.py PyTorch's
+int4 kernel. Both give the same guarantee (a row comes out as it does alone), only slower.
 """
 import ctypes
 import functools
@@ -14,46 +14,48 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("decode_attention.c")
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("decode_attention.c", "int4_matmul.c"))
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
-_I64 = ctypes.c_int64
+_I64, _PTR = ctypes.c_int64, ctypes.c_void_p
+INT4_CHANNELS = 16  # int4_matmul.c's outputs per group
 
 
 @functools.cache
-def kernel() -> Optional[Callable[..., Any]]:
-    """The compiled function, or None (logged once) where it cannot be built."""
+def library() -> Optional[ctypes.CDLL]:
+    """The compiled kernels, or None (logged once) where they cannot be built."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
-        log.warning("no C compiler: decode attention runs one SDPA call per row (slower at large batches)")
+        log.warning("no C compiler: the engine's C kernels are not built; PyTorch's ops run instead (slower)")
         return None
     started = time.perf_counter()
     try:
-        function = _build(compiler)
+        built = _build(compiler)
     except (OSError, subprocess.SubprocessError) as exc:
-        log.warning("decode attention not built (%s); one SDPA call per row instead", exc)
+        log.warning("C kernels not built (%s); PyTorch's ops run instead", exc)
         return None
-    function.restype = ctypes.c_int
-    function.argtypes = [ctypes.c_void_p] * 5 + [_I64] * 11 + [ctypes.c_float, ctypes.c_int]
-    log.info("decode attention built in %.2f s", time.perf_counter() - started)
-    return function
+    built.decode_attention.restype = built.int4_matmul.restype = built.int4_matmul_ready.restype = ctypes.c_int
+    built.decode_attention.argtypes = [_PTR] * 5 + [_I64] * 11 + [ctypes.c_float, ctypes.c_int]
+    built.int4_matmul.argtypes = [_PTR] * 5 + [_I64] * 3 + [ctypes.c_int]
+    log.info("C kernels built in %.2f s (int4 matmul: %s)", time.perf_counter() - started,
+             "yes" if built.int4_matmul_ready() else "no, this CPU lacks AVX512-BF16")
+    return built
 
 
-def _build(compiler: str) -> Any:
+def _build(compiler: str) -> ctypes.CDLL:
     with tempfile.TemporaryDirectory(prefix="llm-native-") as folder:
-        library = Path(folder) / "decode_attention.so"
-        done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(library)],
+        target = Path(folder) / "kernels.so"
+        done = subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", str(target)],
                               capture_output=True, text=True, check=False, timeout=120)
         if done.returncode != 0:
             raise OSError(f"{compiler} failed: {done.stderr.strip()[-500:]}")
-        return ctypes.CDLL(str(library)).decode_attention  # stays mapped once the file is gone
+        return ctypes.CDLL(str(target))  # stays mapped once the file is gone
 
 
 def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, starts: list[int],
@@ -61,18 +63,47 @@ def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     """query [rows, heads, 1, dim], key/value [rows, kv_heads, width, dim], each row attending
     over its keys from starts[row] on; returns [rows, 1, heads, dim], or None where the kernel
     is missing or does not take these tensors."""
-    function = kernel()
-    if function is None or not _fits(query, key, value, starts):
+    built = library()
+    if built is None or not _fits(query, key, value, starts):
         return None
     rows, heads, _, dim = query.shape
     query = query.contiguous()
     out = torch.empty((rows, 1, heads, dim), dtype=torch.float32)
     first = torch.tensor(starts, dtype=torch.int64)
-    status = function(query.data_ptr(), key.data_ptr(), value.data_ptr(), out.data_ptr(), first.data_ptr(),
-                      rows, heads, key.shape[1], key.shape[2], dim, *key.stride()[:3], *value.stride()[:3],
-                      scale, torch.get_num_threads())
+    status = built.decode_attention(query.data_ptr(), key.data_ptr(), value.data_ptr(), out.data_ptr(),
+                                    first.data_ptr(), rows, heads, key.shape[1], key.shape[2], dim,
+                                    *key.stride()[:3], *value.stride()[:3], scale, torch.get_num_threads())
+    return _checked(status, out, "decode attention")
+
+
+def int4_ready() -> bool:
+    """Whether `int4_matmul` runs here (built, and the CPU has AVX512-BF16)."""
+    built = library()
+    return built is not None and bool(built.int4_matmul_ready())
+
+
+def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
+    """x [rows, width] fp32 on CPU times int4.py's packed weights; returns [rows, outputs] fp32.
+    Only where `int4_ready()`."""
+    built = library()
+    if built is None:
+        raise RuntimeError("int4 matmul: the C kernels are not built (check int4_ready() first)")
+    x = x.contiguous()
+    rows, width = x.shape
+    y = torch.empty((rows, scale.shape[0] * scale.shape[2]), dtype=torch.float32)
+    if rows == 0:
+        return y
+    status = built.int4_matmul(x.data_ptr(), packed.data_ptr(), scale.data_ptr(), low.data_ptr(), y.data_ptr(),
+                               rows, width, y.shape[1], torch.get_num_threads())
+    if status != 0:
+        raise MemoryError("int4 matmul: out of memory") if status == -2 else ValueError(
+            f"int4 matmul: x {tuple(x.shape)} does not fit weights of {scale.shape[1] * 32} inputs")
+    return y
+
+
+def _checked(status: int, out: torch.Tensor, name: str) -> Optional[torch.Tensor]:
     if status == -2:
-        raise MemoryError("decode attention: out of memory for its scores")
+        raise MemoryError(f"{name}: out of memory for its scratch space")
     return out if status == 0 else None
 
 
