@@ -143,3 +143,17 @@ def test_int4_decode_steps_run_the_c_attention(four_bit_llama, monkeypatch):
     loaded.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False)
     layers = loaded.model.config.num_hidden_layers
     assert len(results) == 3 * layers and all(r is not None for r in results)  # 3 decode steps
+
+
+def test_a_c_int4_layer_follows_its_buffers_and_refuses_what_it_cannot_run():
+    """The layer hands the C kernel its buffers' addresses: a move must point it again, and a
+    move off CPU or to fp16 scales must be refused rather than read as garbage."""
+    torch.manual_seed(0)
+    layer = _int4(nn.Linear(64, 48), "c")
+    x = torch.randn(3, 64)
+    before = layer(x)
+    old = layer.weights
+    layer._apply(lambda t: t.clone())  # as a move does: new tensors at new addresses
+    assert layer.weights != old and torch.equal(layer(x), before)
+    with pytest.raises(ValueError, match="^dtype: int4 layers run on CPU with fp32 scales"):
+        layer.half()

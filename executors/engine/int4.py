@@ -54,15 +54,25 @@ class Int4Linear(nn.Module):
         for name, values in (("scale", scale), ("low", low)):
             self.register_buffer(name, values.float().view(groups, native.INT4_CHANNELS, blocks)
                                  .permute(0, 2, 1).contiguous())
+        self.weights = native.int4_weights(self.packed, self.scale, self.low)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         if self.native:
-            y = native.int4_matmul(rows.float(), self.packed, self.scale, self.low)
+            y = native.int4_matmul(rows, self.weights)
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows.to(torch.bfloat16), self.packed, GROUP,
                                                            self.scales_zeros)
         return _finish(y, x, self.out_features, self.bias)
+
+    def _apply(self, fn, recurse=True):
+        """`.to()` and the like may move the buffers that `weights` points at: point again."""
+        module = super()._apply(fn, recurse)
+        if self.native:
+            if self.packed.device.type != "cpu" or self.scale.dtype != torch.float32:
+                raise ValueError("dtype: int4 layers run on CPU with fp32 scales; load the model again instead")
+            self.weights = native.int4_weights(self.packed, self.scale, self.low)
+        return module
 
 
 class Int8Linear(nn.Module):

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -82,22 +83,40 @@ def int4_ready() -> bool:
     return built is not None and bool(built.int4_matmul_ready())
 
 
-def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
-    """x [rows, width] fp32 on CPU times int4.py's packed weights; returns [rows, outputs] fp32.
-    Only where `int4_ready()`."""
+@dataclass(frozen=True)
+class Int4Weights:
+    """What int4_matmul.c reads of one layer: the addresses of int4.py's packed buffers (kept
+    alive by the layer, which never moves them) and the layer's sizes."""
+
+    packed: int
+    scale: int
+    low: int
+    width: int
+    outputs: int
+
+
+def int4_weights(packed: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> Int4Weights:
+    groups, blocks, channels = scale.shape
+    return Int4Weights(packed.data_ptr(), scale.data_ptr(), low.data_ptr(), blocks * 32, groups * channels)
+
+
+def int4_matmul(x: torch.Tensor, weights: Int4Weights) -> torch.Tensor:
+    """x [rows, width] on CPU times a layer's int4 weights; returns [rows, outputs] fp32. Only
+    where `int4_ready()`. A decode step makes about 200 of these calls, so this stays lean."""
     built = library()
     if built is None:
         raise RuntimeError("int4 matmul: the C kernels are not built (check int4_ready() first)")
-    x = x.contiguous()
-    rows, width = x.shape
-    y = torch.empty((rows, scale.shape[0] * scale.shape[2]), dtype=torch.float32)
+    if x.dtype != torch.float32 or not x.is_contiguous():
+        x = x.float().contiguous()
+    rows = x.shape[0]
+    y = torch.empty((rows, weights.outputs), dtype=torch.float32)
     if rows == 0:
         return y
-    status = built.int4_matmul(x.data_ptr(), packed.data_ptr(), scale.data_ptr(), low.data_ptr(), y.data_ptr(),
-                               rows, width, y.shape[1], torch.get_num_threads())
+    status = built.int4_matmul(x.data_ptr(), weights.packed, weights.scale, weights.low, y.data_ptr(),
+                               rows, weights.width, weights.outputs, torch.get_num_threads())
     if status != 0:
         raise MemoryError("int4 matmul: out of memory") if status == -2 else ValueError(
-            f"int4 matmul: x {tuple(x.shape)} does not fit weights of {scale.shape[1] * 32} inputs")
+            f"int4 matmul: x {tuple(x.shape)} does not fit weights of {weights.width} inputs")
     return y
 
 
