@@ -23,7 +23,7 @@ int int4_matmul(const float *x, const uint8_t *packed, const float *scale, const
 
 #define CHANNELS 16  /* outputs per group: one vector */
 #define BLOCK 32     /* inputs per Q4_1 block */
-#define TILE 8       /* rows that share one unpacking of a block */
+#define TILE 16      /* rows that share one unpacking of a block */
 
 int int4_matmul_ready(void) { return 1; }
 
@@ -62,9 +62,10 @@ static inline __attribute__((always_inline)) void
 tile(const uint32_t *pairs, const float *sums, const uint8_t *packed, const float *scale, const float *low,
      float *y, int64_t width, int64_t outputs, int64_t group, const int count, __m512i table) {
     int64_t blocks = width / BLOCK, half = width / 2;
-    __m512 total[TILE], part[TILE];
+    __m512 part[TILE];
+    float total[TILE][CHANNELS] __attribute__((aligned(64)));  /* in L1: registers go to `part` */
     const __m512i nibble = _mm512_set1_epi32(0xF);
-    for (int r = 0; r < count; r++) total[r] = _mm512_setzero_ps();
+    for (int r = 0; r < count; r++) _mm512_store_ps(total[r], _mm512_setzero_ps());
     for (int64_t b = 0; b < blocks; b++) {
         const uint8_t *w = packed + (group * blocks + b) * (BLOCK / 2) * CHANNELS;
         for (int r = 0; r < count; r++) part[r] = _mm512_setzero_ps();
@@ -79,11 +80,11 @@ tile(const uint32_t *pairs, const float *sums, const uint8_t *packed, const floa
         __m512 d = _mm512_loadu_ps(scale + (group * blocks + b) * CHANNELS);
         __m512 m = _mm512_loadu_ps(low + (group * blocks + b) * CHANNELS);
         for (int r = 0; r < count; r++) {
-            total[r] = _mm512_fmadd_ps(part[r], d, total[r]);
-            total[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(sums[r * blocks + b]), total[r]);
+            __m512 sum = _mm512_fmadd_ps(part[r], d, _mm512_load_ps(total[r]));
+            _mm512_store_ps(total[r], _mm512_fmadd_ps(m, _mm512_set1_ps(sums[r * blocks + b]), sum));
         }
     }
-    for (int r = 0; r < count; r++) _mm512_storeu_ps(y + r * outputs + group * CHANNELS, total[r]);
+    for (int r = 0; r < count; r++) _mm512_storeu_ps(y + r * outputs + group * CHANNELS, _mm512_load_ps(total[r]));
 }
 
 static void rows_of_group(const uint32_t *pairs, const float *sums, const uint8_t *packed, const float *scale,
@@ -95,6 +96,14 @@ static void rows_of_group(const uint32_t *pairs, const float *sums, const uint8_
         const float *s = sums + r0 * blocks;
         float *out = y + r0 * outputs;
         switch (rows - r0 < TILE ? rows - r0 : TILE) {  /* a constant count per case, for the compiler */
+            case 16: tile(p, s, packed, scale, low, out, width, outputs, group, 16, table); break;
+            case 15: tile(p, s, packed, scale, low, out, width, outputs, group, 15, table); break;
+            case 14: tile(p, s, packed, scale, low, out, width, outputs, group, 14, table); break;
+            case 13: tile(p, s, packed, scale, low, out, width, outputs, group, 13, table); break;
+            case 12: tile(p, s, packed, scale, low, out, width, outputs, group, 12, table); break;
+            case 11: tile(p, s, packed, scale, low, out, width, outputs, group, 11, table); break;
+            case 10: tile(p, s, packed, scale, low, out, width, outputs, group, 10, table); break;
+            case 9: tile(p, s, packed, scale, low, out, width, outputs, group, 9, table); break;
             case 8: tile(p, s, packed, scale, low, out, width, outputs, group, 8, table); break;
             case 7: tile(p, s, packed, scale, low, out, width, outputs, group, 7, table); break;
             case 6: tile(p, s, packed, scale, low, out, width, outputs, group, 6, table); break;
