@@ -127,22 +127,21 @@ async def test_int4_batched_output_equals_output_alone_without_the_c_kernels(fou
     assert together == alone
 
 
-def test_int4_decode_steps_run_the_c_attention(four_bit_llama, monkeypatch):
+def test_int4_prefill_and_decode_steps_run_the_c_attention(four_bit_llama, monkeypatch):
     if native.library() is None:
         pytest.skip("no C compiler on this machine")
     results = []
-    real = attention.decode_attention
 
     def spy(*args):
-        results.append(real(*args))
+        results.append(native.row_attention(*args))
         return results[-1]
 
-    monkeypatch.setattr(attention, "decode_attention", spy)
+    monkeypatch.setattr(attention, "row_attention", spy)
     loaded = load_model(EngineConfig(model=four_bit_llama, device="cpu"))
     ids = torch.tensor([[5, 6, 7, 8]])
     loaded.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False)
     layers = loaded.model.config.num_hidden_layers
-    assert len(results) == 3 * layers and all(r is not None for r in results)  # 3 decode steps
+    assert len(results) == 4 * layers and all(r is not None for r in results)  # the prefill, 3 decode steps
 
 
 def test_a_c_int4_layer_follows_its_buffers_and_refuses_what_it_cannot_run():

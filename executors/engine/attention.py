@@ -4,8 +4,9 @@ A padded SDPA sums a row's keys in blocks that start at the padding, so the row'
 depends on how long its neighbours are. In fp32 that stays below a token's worth, but int4's
 matmuls take bf16 inputs, and one fp32 rounding can tip a bf16 one: 4 of 6 batched runs then
 changed a request. With this attention, and int4's row-invariant matmuls, a row comes out bit
-for bit as it does alone. Its price is one SDPA call per row and layer, except in decode steps,
-where native.py's kernel takes all rows in one call (when it could be built).
+for bit as it does alone. native.py's C kernel (row_attention.c) does this for all rows in one
+call per layer; where it is not built, or a row's mask is not plain (a chunk after its cached
+keys), one SDPA call per row does it, at about 20 us of overhead per call.
 """
 from typing import Any, Optional
 
@@ -14,7 +15,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from .native import decode_attention
+from .native import row_attention
 
 NAME = "row_sdpa"
 
@@ -25,11 +26,13 @@ def row_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, va
     """query [rows, heads, q, dim], key/value [rows, kv_heads, k, dim], attention_mask boolean
     [rows, 1, q, k] (True: attend) or None; returns [rows, q, heads, dim], as transformers' SDPA."""
     plan = _plan(attention_mask, query.shape[0], query.shape[2])
-    if query.shape[2] == 1 and all(mask is None for _, _, mask, _ in plan):
+    q_len, k_len = query.shape[2], key.shape[2]
+    if all(mask is None and (q_len == 1 or (causal and q_len - q_start == k_len - start))
+           for q_start, start, mask, causal in plan):  # what the kernel computes: see row_attention.c
         scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-        decoded = decode_attention(query, key, value, [start for _, start, _, _ in plan], scale)
-        if decoded is not None:
-            return decoded, None
+        out = row_attention(query, key, value, [p[1] for p in plan], [p[0] for p in plan], scale)
+        if out is not None:
+            return out, None
     out = torch.zeros_like(query)
     gqa = query.shape[1] != key.shape[1]
     for row, (q_start, start, mask, causal) in enumerate(plan):

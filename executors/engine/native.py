@@ -1,4 +1,4 @@
-"""The engine's C kernels (decode_attention.c, int4_matmul.c), compiled when the engine loads.
+"""The engine's C kernels (row_attention.c, int4_matmul.c), compiled when the engine loads.
 
 They are compiled on the machine that runs them, with its C compiler (`$CC`, else `cc`; `-O3
 -march=native`), into a temporary file. That takes under a second. Nothing is cached on disk, so
@@ -22,7 +22,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("decode_attention.c", "int4_matmul.c"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("row_attention.c", "int4_matmul.c"))
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 INT4_CHANNELS = 16  # int4_matmul.c's outputs per group
@@ -41,8 +41,8 @@ def library() -> Optional[ctypes.CDLL]:
     except (OSError, subprocess.SubprocessError) as exc:
         log.warning("C kernels not built (%s); PyTorch's ops run instead", exc)
         return None
-    built.decode_attention.restype = built.int4_matmul.restype = built.int4_matmul_ready.restype = ctypes.c_int
-    built.decode_attention.argtypes = [_PTR] * 5 + [_I64] * 11 + [ctypes.c_float, ctypes.c_int]
+    built.row_attention.restype = built.int4_matmul.restype = built.int4_matmul_ready.restype = ctypes.c_int
+    built.row_attention.argtypes = [_PTR] * 6 + [_I64] * 12 + [ctypes.c_float, ctypes.c_int]
     built.int4_matmul.argtypes = [_PTR] * 5 + [_I64] * 3 + [ctypes.c_int]
     log.info("C kernels built in %.2f s (int4 matmul: %s)", time.perf_counter() - started,
              "yes" if built.int4_matmul_ready() else "no, this CPU lacks AVX512-BF16")
@@ -59,22 +59,27 @@ def _build(compiler: str) -> ctypes.CDLL:
         return ctypes.CDLL(str(target))  # stays mapped once the file is gone
 
 
-def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, starts: list[int],
-                     scale: float) -> Optional[torch.Tensor]:
-    """query [rows, heads, 1, dim], key/value [rows, kv_heads, width, dim], each row attending
-    over its keys from starts[row] on; returns [rows, 1, heads, dim], or None where the kernel
-    is missing or does not take these tensors."""
+def row_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, starts: list[int],
+                  q_starts: list[int], scale: float) -> Optional[torch.Tensor]:
+    """query [rows, heads, q, dim], key/value [rows, kv_heads, width, dim]: row r's queries from
+    q_starts[r] on attend causally over its keys from starts[r] on (the last query over all of
+    them); returns [rows, q, heads, dim], zero for the queries before q_starts, or None where the
+    kernels are missing or do not take these tensors."""
     built = library()
-    if built is None or not _fits(query, key, value, starts):
+    if built is None or not _fits(query, key, value, starts, q_starts):
         return None
-    rows, heads, _, dim = query.shape
+    rows, heads, q_len, dim = query.shape
     query = query.contiguous()
-    out = torch.empty((rows, 1, heads, dim), dtype=torch.float32)
-    first = torch.tensor(starts, dtype=torch.int64)
-    status = built.decode_attention(query.data_ptr(), key.data_ptr(), value.data_ptr(), out.data_ptr(),
-                                    first.data_ptr(), rows, heads, key.shape[1], key.shape[2], dim,
-                                    *key.stride()[:3], *value.stride()[:3], scale, torch.get_num_threads())
-    return _checked(status, out, "decode attention")
+    shape = (rows, q_len, heads, dim)
+    out = torch.zeros(shape) if any(q_starts) else torch.empty(shape)
+    first_key, first_query = torch.tensor(starts), torch.tensor(q_starts)  # alive through the call
+    status = built.row_attention(query.data_ptr(), key.data_ptr(), value.data_ptr(), out.data_ptr(),
+                                 first_key.data_ptr(), first_query.data_ptr(), rows, heads,
+                                 key.shape[1], q_len, key.shape[2], dim, *key.stride()[:3], *value.stride()[:3],
+                                 scale, torch.get_num_threads())
+    if status == -2:
+        raise MemoryError("row attention: out of memory for its scores")
+    return out if status == 0 else None
 
 
 def int4_ready() -> bool:
@@ -120,14 +125,7 @@ def int4_matmul(x: torch.Tensor, weights: Int4Weights) -> torch.Tensor:
     return y
 
 
-def _checked(status: int, out: torch.Tensor, name: str) -> Optional[torch.Tensor]:
-    if status == -2:
-        raise MemoryError(f"{name}: out of memory for its scratch space")
-    return out if status == 0 else None
-
-
-def _fits(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, starts: list[int]) -> bool:
+def _fits(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, starts: list[int], q_starts: list[int]) -> bool:
     tensors = (query, key, value)
     return (all(t.device.type == "cpu" and t.dtype == torch.float32 and t.stride(-1) == 1 for t in tensors)
-            and query.shape[2] == 1 and key.shape == value.shape and len(starts) == query.shape[0]
-            and all(0 <= s < key.shape[2] for s in starts))
+            and key.shape == value.shape and len(starts) == len(q_starts) == query.shape[0])
