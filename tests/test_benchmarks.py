@@ -109,3 +109,17 @@ async def test_settle_waits_for_a_busy_server_to_go_quiet(tmp_path):
         assert await settle() < 1.0  # now quiet: one window
     finally:
         busy.stop()
+
+
+def test_the_kernel_benchmark_compares_each_c_kernel_with_pytorchs(tmp_path):
+    from benchmarks import kernels
+    from executors.engine import native
+    if not native.int4_ready():
+        import pytest
+        pytest.skip("the C kernels do not run here")
+    kernels.main(["--out", str(tmp_path), "--repeats", "1"])
+    rows = [line for line in (tmp_path / "results.md").read_text().splitlines() if line.startswith("| int4")]
+    assert len(rows) == len(kernels.SHAPES) * len(kernels.ROWS)
+    for row in rows:  # the C kernel's error against float64 is far below PyTorch's
+        c_error, torch_error = (float(cell) for cell in row.strip("| ").split(" | ")[-2:])
+        assert c_error * 100 < torch_error

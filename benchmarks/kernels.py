@@ -1,0 +1,127 @@
+"""The engine's C kernels against the PyTorch ops they replace, side by side in one run.
+
+    python -m benchmarks.kernels [--out docs/benchmarks/kernels] [--repeats 3]
+
+int4 matmul: `int4_matmul.c` against `_weight_int4pack_mm_for_cpu`, on SmolLM2-135M's layer
+shapes at 1, 16 and 512 rows. Attention: `row_attention.c` against one SDPA call per row, for a
+16-row decode step and a 16-prompt prefill, left-padded as the engine runs them. Each pair is
+timed in alternation, `--repeats` times; the table gives microseconds per call (median) and the
+error of each int4 kernel against float64 on the same bf16 inputs.
+"""
+import argparse
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch import nn
+
+from executors.engine import attention, native
+from executors.engine.int4 import GROUP, Int4Linear, _quantize
+
+SHAPES = [(576, 576), (576, 192), (576, 1536), (1536, 576)]  # (in, out): q/o, k/v, gate/up, down
+ROWS = [1, 16, 512]
+
+
+def per_call_us(fn: Callable[[], object], seconds: float = 0.2) -> float:
+    fn()
+    calls, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        fn()
+        calls += 1
+    return (time.perf_counter() - started) / calls * 1e6
+
+
+@contextmanager
+def pytorch_ops() -> Iterator[None]:
+    """As where no compiler builds the C kernels."""
+    real = native.library
+    native.library = lambda: None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        native.library = real
+
+
+def int4_pair(inputs: int, outputs: int) -> tuple[Int4Linear, Int4Linear, torch.Tensor]:
+    """(C layer, PyTorch layer, the float64 weight both hold)."""
+    torch.manual_seed(0)
+    linear = nn.Linear(inputs, outputs, bias=False)
+    steps, scale, low, _ = _quantize(linear.weight.detach())
+    c_layer = Int4Linear(linear, steps, scale, low)
+    with pytorch_ops():
+        torch_layer = Int4Linear(linear, steps, scale, low)
+    weight = (steps.view(outputs, -1, GROUP).double() * scale[..., None] + low[..., None]).view(outputs, -1)
+    return c_layer, torch_layer, weight
+
+
+def int4_rows(repeats: int) -> list[str]:
+    lines = []
+    for inputs, outputs in SHAPES:
+        c_layer, torch_layer, weight = int4_pair(inputs, outputs)
+        for rows in ROWS:
+            x = torch.randn(rows, inputs)
+            exact = x.to(torch.bfloat16).double() @ weight.t()
+            errors = [(layer(x).double() - exact).abs().max().item() for layer in (c_layer, torch_layer)]
+            times = alternate([partial(c_layer, x), partial(torch_layer, x)], repeats)
+            lines.append(f"| int4 {inputs}x{outputs} | {rows} | {times[0]:.1f} | {times[1]:.1f} | "
+                         f"{times[1] / times[0]:.2f}x | {errors[0]:.1e} | {errors[1]:.1e} |")
+    return lines
+
+
+def attention_rows(repeats: int) -> list[str]:
+    lines = []
+    for step, q_len in (("decode", 1), ("prefill", 0)):
+        width = 200 if step == "decode" else 110
+        lengths = [width - 6 * r for r in range(16)]
+        query = torch.randn(16, 9, q_len or width, 64)
+        key, value = torch.randn(2, 16, 3, width, 64)
+        keys, queries = torch.arange(width), torch.arange(width - query.shape[2], width)[:, None]
+        mask = torch.stack([(keys >= width - n) & (keys <= queries) for n in lengths])[:, None]
+        args = (nn.Module(), query, key, value, mask)
+        times = alternate([partial(attend, *args), partial(attend, *args, kernel=False)], repeats)
+        lines.append(f"| attention, {step}, 16 rows of {width - 90} to {width} keys | 16 | {times[0]:.1f} | "
+                     f"{times[1]:.1f} | {times[1] / times[0]:.2f}x | | |")
+    return lines
+
+
+def attend(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
+           kernel: bool = True) -> None:
+    if kernel:
+        attention.row_sdpa(module, query, key, value, mask, scaling=0.125)
+        return
+    with pytorch_ops():
+        attention.row_sdpa(module, query, key, value, mask, scaling=0.125)
+
+
+def alternate(fns: list[Callable[[], object]], repeats: int) -> list[float]:
+    samples: list[list[float]] = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, into in zip(fns, samples, strict=True):
+            into.append(per_call_us(fn))
+    return [statistics.median(s) for s in samples]
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.kernels", description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "kernels")
+    p.add_argument("--repeats", type=int, default=3)
+    args = p.parse_args(argv)
+    if not native.int4_ready():
+        raise SystemExit("the C kernels do not run here (no C compiler, or no AVX512-BF16): nothing to compare")
+    header = ["| kernel | rows | C (us) | PyTorch (us) | C speed-up | C error | PyTorch error |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
+    body = int4_rows(args.repeats) + attention_rows(args.repeats)
+    text = (f"# C kernels against PyTorch's\n\n{torch.get_num_threads()} torch threads, torch {torch.__version__}, "
+            f"{args.repeats} alternating repeats (median).\n\n" + "\n".join(header + body) + "\n")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
