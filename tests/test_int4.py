@@ -24,7 +24,7 @@ def _int4(linear: nn.Linear, kernel: str = "c") -> Int4Linear:
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(native, "library", lambda: None)
             layer = Int4Linear(linear, steps, scale, low)
-    assert layer.native == (kernel == "c")
+    assert layer.c_kernel == (kernel == "c")
     return layer
 
 

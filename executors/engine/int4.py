@@ -14,6 +14,7 @@ runs in `_weight_int8pack_mm`. All three compute each row of a batch the same wa
 batch holds (tests/test_int4.py checks batches of 2 to 64 rows bit for bit), so a request still
 comes out as it does alone.
 """
+from collections.abc import Callable
 from typing import Optional
 
 import torch
@@ -35,8 +36,8 @@ class Int4Linear(nn.Module):
     def __init__(self, linear: nn.Linear, steps: torch.Tensor, scale: torch.Tensor, low: torch.Tensor):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.native = self.out_features % native.INT4_CHANNELS == 0 and native.int4_ready()
-        if self.native:
+        self.c_kernel = self.out_features % native.INT4_CHANNELS == 0 and native.int4_ready()
+        if self.c_kernel:
             self._pack_native(steps, scale, low)
         else:
             self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(steps, 1))
@@ -58,17 +59,17 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        if self.native:
+        if self.c_kernel:
             y = native.int4_matmul(rows, self.weights)
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows.to(torch.bfloat16), self.packed, GROUP,
                                                            self.scales_zeros)
         return _finish(y, x, self.out_features, self.bias)
 
-    def _apply(self, fn, recurse=True):
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> "Int4Linear":
         """`.to()` and the like may move the buffers that `weights` points at: point again."""
         module = super()._apply(fn, recurse)
-        if self.native:
+        if self.c_kernel:
             if self.packed.device.type != "cpu" or self.scale.dtype != torch.float32:
                 raise ValueError("dtype: int4 layers run on CPU with fp32 scales; load the model again instead")
             self.weights = native.int4_weights(self.packed, self.scale, self.low)
