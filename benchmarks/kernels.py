@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from executors.engine import attention, native
-from executors.engine.int4 import GROUP, Int4Linear, _quantize
+from executors.engine.int4 import Int4Linear, _quantize, dequantize
 
 SHAPES = [(576, 576), (576, 192), (576, 1536), (1536, 576)]  # (in, out): q/o, k/v, gate/up, down
 ROWS = [1, 16, 512]
@@ -55,7 +55,7 @@ def int4_pair(inputs: int, outputs: int) -> tuple[Int4Linear, Int4Linear, torch.
     c_layer = Int4Linear(linear, steps, scale, low)
     with pytorch_ops():
         torch_layer = Int4Linear(linear, steps, scale, low)
-    weight = (steps.view(outputs, -1, GROUP).double() * scale[..., None] + low[..., None]).view(outputs, -1)
+    weight = dequantize(steps, scale, low, torch.float64)
     return c_layer, torch_layer, weight
 
 

@@ -8,7 +8,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from executors.engine import EngineConfig, attention, native
-from executors.engine.int4 import GROUP, Int4Linear, Int8Linear, _quantize, quantize
+from executors.engine.int4 import Int4Linear, Int8Linear, _quantize, dequantize, quantize
 from executors.engine.loader import load_model, pick_dtype
 from tests.test_batching import collect, make_engine, mixed_requests  # noqa: F401
 
@@ -46,7 +46,7 @@ def test_weights_on_the_4bit_grid_are_kept_exactly():
     linear = nn.Linear(128, 96)
     steps, scale, low, exact = _quantize(linear.weight.detach())
     assert not exact  # random weights are not 4-bit
-    grid = (steps.view(96, -1, GROUP).float() * scale[..., None] + low[..., None]).view(96, 128)
+    grid = dequantize(steps, scale, low)
     assert _quantize(grid)[3]  # but their 4-bit version is, and quantizes to itself
     linear.weight.data = grid
     x = torch.randn(5, 128)
@@ -65,7 +65,7 @@ def test_the_c_kernel_is_exact_but_for_bf16_activations(shape):
     x = torch.randn(16, shape[0])
     c, pytorch = _int4(linear, "c"), _int4(linear, "pytorch")
     steps, scale, low, _ = _quantize(linear.weight.detach())
-    weight = (steps.view(shape[1], -1, GROUP).double() * scale[..., None] + low[..., None]).view(shape[1], -1)
+    weight = dequantize(steps, scale, low, torch.float64)
     exact = x.to(torch.bfloat16).double() @ weight.t()
     c_err, pytorch_err = ((layer(x).double() - exact).abs().max().item() for layer in (c, pytorch))
     assert c_err < 2e-5 and c_err * 100 < pytorch_err
@@ -79,7 +79,7 @@ def four_bit_llama(llama_model, tmp_path_factory) -> str:
         if type(module) is nn.Linear and module is not model.get_output_embeddings():
             out, width = module.weight.shape
             steps, scale, low, _ = _quantize(module.weight.detach())
-            module.weight.data = (steps.view(out, -1, GROUP).float() * scale[..., None] + low[..., None]).view(out, width)
+            module.weight.data = dequantize(steps, scale, low)
     path = tmp_path_factory.mktemp("four_bit_llama")
     model.save_pretrained(path)
     AutoTokenizer.from_pretrained(llama_model).save_pretrained(path)
@@ -110,6 +110,10 @@ async def test_int4_batched_output_equals_output_alone(four_bit_llama, make_engi
     """24 concurrent requests, prompts chunked (16-token budget) or padded: same tokens as alone."""
     engine = make_engine(four_bit_llama, max_prefill_tokens=16)
     assert engine.core.loaded.info.dtype == "int4"
+    await _assert_batched_equals_alone(engine, seed, sample)
+
+
+async def _assert_batched_equals_alone(engine, seed: int, sample: bool) -> None:
     requests = mixed_requests(24, seed=seed, sample=sample)
     alone = [await collect(engine, p, params) for p, params in requests]
     together = await asyncio.gather(*(collect(engine, p, params) for p, params in requests))
@@ -121,10 +125,8 @@ async def test_int4_batched_output_equals_output_alone_without_the_c_kernels(fou
     """Where no C compiler builds native.py's kernels: PyTorch's int4 kernel and one SDPA call per row."""
     monkeypatch.setattr(native, "library", lambda: None)
     engine = make_engine(four_bit_llama, max_prefill_tokens=16)
-    requests = mixed_requests(24, seed=0, sample=False)
-    alone = [await collect(engine, p, params) for p, params in requests]
-    together = await asyncio.gather(*(collect(engine, p, params) for p, params in requests))
-    assert together == alone
+    assert not any(getattr(m, "c_kernel", False) for m in engine.core.loaded.model.modules())
+    await _assert_batched_equals_alone(engine, 0, False)
 
 
 def test_int4_prefill_and_decode_steps_run_the_c_attention(four_bit_llama, monkeypatch):

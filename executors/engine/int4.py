@@ -102,6 +102,14 @@ def _finish(y: torch.Tensor, x: torch.Tensor, width: int, bias: Optional[torch.T
     return y if bias is None else y + bias
 
 
+def dequantize(steps: torch.Tensor, scale: torch.Tensor, low: torch.Tensor,
+               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The weight [out, in] that `_quantize`'s steps stand for: step * scale + low per group."""
+    out = steps.shape[0]
+    groups = steps.view(out, -1, GROUP).to(dtype)
+    return (groups * scale[..., None].to(dtype) + low[..., None].to(dtype)).view(out, -1)
+
+
 def _quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
     """(steps 0..15 [out, in] int32, scale and low [out, groups], whether that is exact)."""
     out, width = weight.shape
