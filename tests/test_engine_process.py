@@ -60,6 +60,21 @@ async def test_same_tokens_as_the_thread_batched_or_alone(engines):
     await _wait_idle(process)
 
 
+async def test_a_loop_that_fell_behind_takes_the_steps_it_missed_in_one_chunk(engines):
+    """Steps that piled up in the pipe while the loop was busy reach each stream together,
+    as one chunk, not one chunk per loop turn: serving falls behind less under load."""
+    process, _ = engines
+    params = SamplingParams(max_tokens=60, ignore_eos=True)
+    streams = [await process.open(prompt, params) for prompt in ("hello world", "the quick brown fox")]
+    first = [len((await s.__anext__()).token_ids) for s in streams]
+    time.sleep(0.5)  # the loop is busy: the engine's next steps wait in the pipe
+    await asyncio.sleep(0)  # one loop turn reads them
+    behind = [len((await s.__anext__()).token_ids) for s in streams]
+    assert all(n >= 10 for n in behind), behind
+    assert [a + b + await _drain(s) for a, b, s in zip(first, behind, streams, strict=True)] == [60, 60]  # none twice
+    await _wait_idle(process)
+
+
 async def test_refusals_cross_the_pipe_before_any_token(engines):
     process, _ = engines
     with pytest.raises(ValidationError) as err:  # the batch budget is checked in the engine process

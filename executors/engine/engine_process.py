@@ -30,6 +30,7 @@ from .streams import RequestStream, run_on
 
 log = logging.getLogger(__name__)
 _ROOT = str(Path(__file__).resolve().parents[2])  # holds the `executors` package
+MAX_MESSAGES_PER_READ = 64  # steps delivered in one loop turn at most: the readers' turn comes
 
 
 class EngineProcess(EngineClient):
@@ -99,18 +100,23 @@ class EngineProcess(EngineClient):
         return self._reader is not None and self._reader[1] is outputs and not self._reader[0].is_closed()
 
     def _read_one(self, loop: asyncio.AbstractEventLoop, outputs: Connection) -> None:
-        """Deliver one step's outputs. At EOF (the process died, or was stopped) this loop
-        stops reading the pipe and closes it: the watcher starts a new process."""
-        try:
-            message = outputs.recv()
-        except (EOFError, OSError):
-            loop.remove_reader(outputs.fileno())
-            outputs.close()
-            return
-        try:
-            self._deliver(*message)
-        except Exception:  # noqa: BLE001 - one bad message must not stop every stream
-            log.exception("could not deliver the engine's outputs")
+        """Deliver every step's outputs that have arrived, before any reader runs: a loop
+        that fell k steps behind hands each stream its k tokens as one chunk, not k chunks
+        one per loop turn. At EOF (the process died, or was stopped) this loop stops reading
+        the pipe and closes it: the watcher starts a new process."""
+        for _ in range(MAX_MESSAGES_PER_READ):
+            try:
+                message = outputs.recv()
+            except (EOFError, OSError):
+                loop.remove_reader(outputs.fileno())
+                outputs.close()
+                return
+            try:
+                self._deliver(*message)
+            except Exception:  # noqa: BLE001 - one bad message must not stop every stream
+                log.exception("could not deliver the engine's outputs")
+            if not outputs.poll(0):
+                return
 
     def _deliver(self, acks: list, tokens: list[TokenOutput], events: list, stats: dict) -> None:
         for request_id, error in acks:
