@@ -4,8 +4,9 @@ Serving work per token (the executor's documents, their protobuf, gRPC) then run
 process while the next step runs in the other, instead of taking turns under one
 interpreter lock. The pipes carry one message per step for all rows (core_process.py);
 requests are prepared here, so only token ids cross. The event loop of the requests reads
-each step's message itself (`add_reader`) and feeds each request's RequestStream: a reader
-thread cost a second wake-up per step (the thread, then the loop). A sender thread writes
+the steps' messages itself (`add_reader`), every one waiting at each wake-up, and feeds each
+request's RequestStream: a reader thread cost a second wake-up per step (the thread, then
+the loop). A sender thread writes
 commands, so the loop never blocks on a full pipe. A watcher thread waits on the process: if
 it dies, requests in flight fail at once and a new one is started.
 """
@@ -30,7 +31,7 @@ from .streams import RequestStream, run_on
 
 log = logging.getLogger(__name__)
 _ROOT = str(Path(__file__).resolve().parents[2])  # holds the `executors` package
-MAX_MESSAGES_PER_READ = 64  # steps delivered in one loop turn at most: the readers' turn comes
+MAX_MESSAGES_PER_READ = 64  # steps delivered per loop turn at most, so that the readers' turn comes
 
 
 class EngineProcess(EngineClient):
@@ -93,13 +94,13 @@ class EngineProcess(EngineClient):
             if self._dead is not None or outputs.closed or self._read_by_open_loop(outputs):
                 return
             self._reader = (loop, outputs)
-            loop.add_reader(outputs.fileno(), self._read_one, loop, outputs)
+            loop.add_reader(outputs.fileno(), self._read_waiting, loop, outputs)
 
     def _read_by_open_loop(self, outputs: Connection) -> bool:
         """Whether an event loop that is still open reads this pipe (under _reader_lock)."""
         return self._reader is not None and self._reader[1] is outputs and not self._reader[0].is_closed()
 
-    def _read_one(self, loop: asyncio.AbstractEventLoop, outputs: Connection) -> None:
+    def _read_waiting(self, loop: asyncio.AbstractEventLoop, outputs: Connection) -> None:
         """Deliver every step's outputs that have arrived, before any reader runs: a loop
         that fell k steps behind hands each stream its k tokens as one chunk, not k chunks
         one per loop turn. At EOF (the process died, or was stopped) this loop stops reading
