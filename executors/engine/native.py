@@ -101,8 +101,8 @@ class Int4Weights:
 
 
 def int4_weights(packed: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> Int4Weights:
-    groups, blocks, channels = scale.shape
-    return Int4Weights(packed.data_ptr(), scale.data_ptr(), low.data_ptr(), blocks * 32, groups * channels)
+    groups, blocks, pairs, channels = packed.shape  # int4.py's layout: two steps per byte
+    return Int4Weights(packed.data_ptr(), scale.data_ptr(), low.data_ptr(), blocks * pairs * 2, groups * channels)
 
 
 def int4_matmul(x: torch.Tensor, weights: Int4Weights) -> torch.Tensor:
