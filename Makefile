@@ -18,7 +18,7 @@ export PYTHONWARNINGS ?= ignore:pkg_resources is deprecated:UserWarning
 FIND_LINKS := $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
 UV_FLAGS := $(if $(FIND_LINKS),--find-links $(FIND_LINKS),)
 
-.PHONY: setup serve test soak lint model toy-model protos image-test k8s compose llama-cpp bench bench-quick bench-engine clean
+.PHONY: setup serve test test-fast soak lint model toy-model protos image-test k8s compose llama-cpp bench bench-quick bench-engine clean
 
 $(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,7 +39,7 @@ model: $(DEFAULT_MODEL)/config.json
 
 # a random-weight model built in seconds: `make toy-model serve LLM_MODEL=models/tiny-gpt2`
 $(TOY_MODEL)/config.json: | $(VENV)/.installed
-	$(PY) -m benchmarks.toy_models $(TOY_MODEL) --style gpt2
+	$(PY) -m testing.toy_models $(TOY_MODEL) --style gpt2
 
 toy-model: $(TOY_MODEL)/config.json
 
@@ -65,9 +65,13 @@ serve: setup $(if $(filter $(DEFAULT_MODEL),$(LLM_MODEL)),model)
 test: setup lint model
 	LLM_TEST_MODEL=$(DEFAULT_MODEL) $(PY) -m pytest -q
 
+# the unit and gateway tiers: no server, no real model (under a minute)
+test-fast: setup
+	$(PY) -m pytest -q -m "unit or gateway"
+
 # longer than the suite's: 1,000 mixed requests, 50 disconnects of every kind
 soak: setup
-	LLM_SOAK_REQUESTS=1000 LLM_TEST_DISCONNECTS=50 $(PY) -m pytest -q tests/test_soak.py tests/test_disconnects.py
+	LLM_SOAK_REQUESTS=1000 LLM_TEST_DISCONNECTS=50 $(PY) -m pytest -q tests/service/test_soak.py tests/service/test_disconnects.py
 
 # ruff (names, import order, bugbear, pyupgrade: pyproject.toml) and mypy on the engine
 lint: setup

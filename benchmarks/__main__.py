@@ -12,10 +12,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Optional
 
+from testing.procs import cpu_seconds, settle, stop_all
+
 from .load import Transport, closed_loop, default_requests, make_prompts, poisson
 from .metrics import summarize
 from .models import DEFAULT_CACHE, MODELS, ensure_model
-from .procs import cpu_seconds, settle, stop_all
 from .report import machine_info, ratios, write_all
 from .systems import SYSTEMS, starters
 

@@ -17,11 +17,12 @@ from typing import Optional
 
 import torch
 
-from executors.engine import AsyncEngine, EngineConfig, SamplingParams
+from contract import EngineConfig, SamplingParams
+from executors.engine import AsyncEngine
+from testing.procs import stop_all
 
 from .load import make_prompts
 from .models import DEFAULT_CACHE, ensure_model
-from .procs import stop_all
 from .report import machine_info
 from .systems import this_service
 

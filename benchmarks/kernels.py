@@ -1,6 +1,8 @@
 """The engine's C kernels against the PyTorch ops they replace, side by side in one run.
 
-    python -m benchmarks.kernels [--out docs/benchmarks/kernels] [--repeats 3]
+    python -m benchmarks.kernels [--out benchmarks/results/kernels] [--repeats 3]
+
+(A published run: docs/benchmarks/2026-11-kernels/by-kernel/results.md.)
 
 int4 matmul: `int4_matmul.c` against `_weight_int4pack_mm_for_cpu`, on SmolLM2-135M's layer
 shapes at 1, 16 and 512 rows. Attention: `row_attention.c` against one SDPA call per row, for a

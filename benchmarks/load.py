@@ -10,8 +10,9 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Optional
 
+from testing.toy_models import corpus
+
 from .metrics import RequestRecord
-from .toy_models import corpus
 
 Transport = Callable[[str, int], AsyncIterator[int]]
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from .toy_models import build, llama_tokenizer
+from testing.toy_models import build, llama_tokenizer
 
 MODELS = {
     "tiny": "tiny GPT-2 (2 layers, 64 wide, 2000 vocab): serving overhead dominates",

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from executors.engine import EngineConfig
+from contract import EngineConfig
 from executors.engine.loader import LoadedModel, load_model
 
 PROMPTS = [

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from .procs import ROOT
+from testing.procs import ROOT
 
 TABLE = [("system", "system"), ("transport", "transport"), ("model", "model"), ("load", "load"),
          ("ok/n", None), ("TTFT p50", "ttft_p50_ms"), ("TTFT p99", "ttft_p99_ms"),

@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Optional
 import aiohttp
 import yaml
 
+from testing.procs import ROOT, ServerProcess, free_port
+
 from .load import Transport
 from .metrics import Total
-from .procs import ROOT, ServerProcess, free_port
 
 if TYPE_CHECKING:
     import grpc
@@ -66,7 +67,7 @@ def _wait_jina_ready(port: int, server: ServerProcess, timeout: float = 180.0) -
 # ----- this service -----
 def _this_grpc(channel: "grpc.aio.Channel", extra: dict) -> Transport:
     """The client helper over one kept channel, as the HTTP transports keep their connections
-    (Jina's Client opens a channel per call: docs/benchmarks/issue12/grpc_channel_ab/)."""
+    (Jina's Client opens a channel per call: docs/benchmarks/2026-11-serving/ab-grpc-channel/)."""
     from client import stream
 
     async def send(prompt: str, max_tokens: int) -> AsyncIterator[int]:
@@ -194,7 +195,8 @@ async def this_thread(model: Path, logs: Path, notes: list[str], extra: Optional
 @contextlib.asynccontextmanager
 async def raw_engine(model: Path, logs: Path, notes: list[str]) -> AsyncIterator[dict[str, Transport]]:
     """AsyncEngine in this process with the service's limits: no serving at all."""
-    from executors.engine import AsyncEngine, EngineConfig, SamplingParams
+    from contract import EngineConfig, SamplingParams
+    from executors.engine import AsyncEngine
     engine = AsyncEngine(EngineConfig(model=str(model)))  # the service's defaults
 
     async def send(prompt: str, max_tokens: int) -> AsyncIterator[int]:

@@ -18,6 +18,7 @@ from jina.excepts import BadServerFlow  # noqa: E402
 from jina.proto.jina_pb2_grpc import JinaSingleDocumentRequestRPCStub  # noqa: E402
 from jina.types.request.data import SingleDocumentRequest  # noqa: E402
 
+from contract import ErrorKind  # noqa: E402
 from schemas import ModelOutputDocument, PromptDocument, named_error
 
 
@@ -110,7 +111,7 @@ async def _http_stream(doc: PromptDocument, host: str, port: int, key: str) -> A
         if response.content_type == "application/json":  # refused before the stream (401, 413)
             body = (await response.json())["error"]
             raise StreamError(body if isinstance(body, str) else body["message"],
-                              "authentication" if response.status == 401 else "validation")
+                              (ErrorKind.AUTHENTICATION if response.status == 401 else ErrorKind.VALIDATION).value)
         async for line in response.content:
             if line.startswith(b"data: {"):
                 yield ModelOutputDocument.model_validate_json(line[len(b"data: "):])

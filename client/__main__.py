@@ -7,7 +7,7 @@ import asyncio
 import sys
 from dataclasses import Field
 
-from executors.engine.params import field_type, request_fields
+from contract import field_type, request_fields
 
 from . import StreamError, stream
 

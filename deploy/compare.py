@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from client import generate  # noqa: E402
-from tests.conftest import start_flow  # noqa: E402
+from testing.flows import start_flow  # noqa: E402
 
 QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
 

@@ -6,6 +6,12 @@
 # no registry: the base image is made from Debian's packages (deploy/base_image.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+missing=()
+for tool in podman runc debootstrap; do command -v "$tool" >/dev/null 2>&1 || missing+=("$tool"); done
+if ((${#missing[@]})); then
+  echo "make image-test needs ${missing[*]}: on Debian, apt-get install -y podman runc debootstrap" >&2
+  exit 2
+fi
 TAG=${TAG:-test}
 PODMAN=(podman --runtime runc --cgroup-manager cgroupfs)
 LIMITS=(--ulimit nofile=4096:4096 --ulimit nproc=4096:4096)

@@ -2,9 +2,8 @@
 from dataclasses import fields
 from typing import Optional
 
-from executors.engine import EngineClient, SamplingParams, StreamChunk
-from executors.engine.errors import kind_of
-from executors.engine.params import request_fields
+from contract import SamplingParams, ServerInfo, kind_of, request_fields
+from executors.engine import EngineClient, RequestOutput
 from schemas import ModelOutputDocument, PromptDocument
 
 
@@ -15,16 +14,17 @@ def to_request(doc: PromptDocument) -> tuple[str, SamplingParams, Optional[str]]
     return doc.prompt, params, doc.messages or None
 
 
-def to_document(chunk: StreamChunk) -> ModelOutputDocument:
-    final = chunk.finish_reason is not None
+def to_document(out: RequestOutput, generated_text: str) -> ModelOutputDocument:
+    """One streamed document (or a whole answer): `generated_text` is all text so far."""
+    final = out.finish_reason is not None
     return ModelOutputDocument(
-        token_id=chunk.token_ids[-1], token_ids=chunk.token_ids, text=chunk.text,
-        generated_text=chunk.generated_text, index=chunk.index, logprob=chunk.logprobs[-1],
-        logprobs=chunk.logprobs, special=chunk.special[-1], specials=chunk.special,
-        finish_reason=chunk.finish_reason.value if final else None,
-        generated_tokens=chunk.generated_tokens if final else None,
-        prompt_tokens=chunk.prompt_tokens if final else None,
-        seed=chunk.seed if final else None)
+        token_id=out.token_ids[-1], token_ids=out.token_ids, text=out.text, texts=out.texts,
+        generated_text=generated_text, index=out.index, logprob=out.logprobs[-1],
+        logprobs=out.logprobs, special=out.special[-1], specials=out.special,
+        finish_reason=out.finish_reason.value if final else None,
+        generated_tokens=out.generated_tokens if final else None,
+        prompt_tokens=out.prompt_tokens if final else None,
+        seed=out.seed if final else None)
 
 
 def error_document(exc: BaseException, generated_text: str = "") -> ModelOutputDocument:
@@ -37,11 +37,11 @@ def error_document(exc: BaseException, generated_text: str = "") -> ModelOutputD
                                error_field=getattr(exc, "field", None), generated_text=generated_text)
 
 
-def model_info(engine: EngineClient, name: str) -> dict:
+def server_info(engine: EngineClient, name: str) -> ServerInfo:
     """What gateways advertise (/info, /v1/models): the model, and the server's limits as
     EngineConfig and RequestLimits declare them."""
     info, config = engine.info, engine.config
     limits = {f.name: getattr(config, f.name) for f in fields(config) if f.name.startswith("max_")}
-    return {"model_id": name, "max_context": info.max_context, **limits, **config.limits.as_dict(),
-            "device": info.device, "dtype": info.dtype,
-            "chat_template": bool(getattr(engine.tokenizer, "chat_template", None))}
+    return ServerInfo(model_id=name, max_context=info.max_context, **limits, **config.limits.as_dict(),
+                      device=info.device, dtype=info.dtype,
+                      chat_template=bool(getattr(engine.tokenizer, "chat_template", None)))

@@ -7,15 +7,15 @@ import inspect
 import json
 import os
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import MISSING, fields
-from typing import Any
+from typing import Any, Optional
 
 from docarray import DocList
 from jina import Executor, requests
 
-from executors.convert import error_document, model_info, to_document, to_request
-from executors.engine import AsyncEngine, EngineClient, EngineConfig, EngineProcess, StreamChunk
+from contract import EngineConfig, SamplingParams
+from executors.convert import error_document, server_info, to_document, to_request
+from executors.engine import AsyncEngine, EngineClient, EngineProcess
 from executors.engine.loader import served_name
 from executors.metrics import Metrics
 from schemas import ModelOutputDocument, PromptDocument
@@ -23,7 +23,7 @@ from schemas import ModelOutputDocument, PromptDocument
 
 class LLMExecutor(Executor):
     """`with:` / `uses_with:` take `model_name` and any EngineConfig field (model, device,
-    dtype, max_running, ...: see executors/engine/params.py); the rest is Jina's."""
+    dtype, max_running, ...: see contract/params.py); the rest is Jina's."""
 
     def __init__(self, model_name: str = "", **kwargs: Any):
         options = {f.name: kwargs.pop(f.name) for f in fields(EngineConfig) if f.name in kwargs}
@@ -51,9 +51,9 @@ class LLMExecutor(Executor):
         """Yields one document per token; closing the stream aborts the generation."""
         text = ""
         try:
-            async for chunk in await self._open(doc):
-                text = chunk.generated_text
-                yield to_document(chunk)
+            async for out in await self.engine.open(*self._request(doc)):
+                text += out.text
+                yield to_document(out, text)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a final error document
             yield error_document(exc, text)
 
@@ -63,34 +63,22 @@ class LLMExecutor(Executor):
         return DocList[ModelOutputDocument](await asyncio.gather(*(self._complete(d) for d in docs)))
 
     async def _complete(self, doc: PromptDocument) -> ModelOutputDocument:
-        token_ids: list[int] = []
-        logprobs: list[float] = []
-        specials: list[bool] = []
-        last = None
         try:
-            async for chunk in await self._open(doc):
-                token_ids += chunk.token_ids
-                logprobs += chunk.logprobs
-                specials += chunk.special
-                last = chunk
+            out = await self.engine.complete(*self._request(doc))
         except Exception as exc:  # noqa: BLE001
-            return error_document(exc, last.generated_text if last else "")
-        out = to_document(last)
-        out.token_ids, out.logprobs, out.specials = token_ids, logprobs, specials
-        out.text = last.generated_text
-        return out
+            return error_document(exc)
+        return to_document(out, out.text)
 
-    async def _open(self, doc: PromptDocument) -> AsyncIterator[StreamChunk]:
-        """Start a generation that ends with the task serving it: when the caller goes away,
-        Jina cancels that task, and the generation is aborted at once, whether or not
-        anyone closes the generator that yields its documents (an abandoned one is only
-        closed when it is garbage-collected)."""
+    def _request(self, doc: PromptDocument) -> tuple[str, SamplingParams, Optional[str], str]:
+        """The engine's request, whose generation ends with the task serving it: when the
+        caller goes away, Jina cancels that task, and the generation is aborted at once,
+        whether or not anyone closes the generator that yields its documents (an abandoned
+        one is only closed when it is garbage-collected)."""
         request_id = uuid.uuid4().hex
         task = asyncio.current_task()
         if task is not None:
             task.add_done_callback(lambda _: self.engine.abort(request_id))
-        prompt, params, messages = to_request(doc)
-        return await self.engine.open(prompt, params, messages, request_id)
+        return (*to_request(doc), request_id)
 
     @requests(on="/stats")
     async def stats(self, docs: DocList[PromptDocument], **kwargs) -> DocList[ModelOutputDocument]:
@@ -105,8 +93,8 @@ class LLMExecutor(Executor):
     @requests(on="/info")
     async def info(self, docs: DocList[PromptDocument], **kwargs) -> DocList[ModelOutputDocument]:
         """Model id and limits for gateways (/info, /v1/models), as JSON in `text`."""
-        info = model_info(self.engine, self.model_name)
-        return DocList[ModelOutputDocument]([ModelOutputDocument(text=json.dumps(info))])
+        info = server_info(self.engine, self.model_name)
+        return DocList[ModelOutputDocument]([ModelOutputDocument(text=info.to_json())])
 
     def close(self) -> None:
         self.engine.shutdown()

@@ -17,7 +17,7 @@ from typing import Any, Optional, TypeVar
 import anyio
 from docarray import DocList
 
-from executors.engine.errors import ErrorKind
+from contract import ErrorKind, ServerInfo
 from schemas import ModelOutputDocument, PromptDocument
 
 T = TypeVar("T")
@@ -50,7 +50,7 @@ class Backend:
     def __init__(self, streamer: Any, endpoint: str = "/stream"):
         self.streamer = streamer
         self.endpoint = endpoint
-        self._info: Optional[dict] = None
+        self._info: Optional[ServerInfo] = None
 
     async def stream(self, doc: PromptDocument) -> AsyncIterator[ModelOutputDocument]:
         """Yield the executor's documents; the last one always has finish_reason or error.
@@ -102,10 +102,10 @@ class Backend:
             return result[0].text
         raise RuntimeError(f"no answer from {endpoint}")
 
-    async def info(self) -> dict:
+    async def info(self) -> ServerInfo:
         """Model id and limits from the executor's '/info' endpoint (cached: they never change)."""
         if self._info is None:
-            self._info = json.loads(await self._unary("/info"))
+            self._info = ServerInfo.from_json(await self._unary("/info"))
         return self._info
 
     async def stats(self) -> dict:

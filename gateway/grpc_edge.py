@@ -24,13 +24,11 @@ from jina.proto import jina_pb2
 from jina.serve.runtimes.gateway.grpc import GRPCGateway
 from pydantic import ValidationError
 
-from executors.engine.errors import ErrorKind
+from contract.transport import GRPC_STATUS, error_kind
 from gateway.http_guard import api_key, key_matches
 from gateway.inputs import LIMITS, LimitError, bad_request
 from schemas import PromptDocument, Seed
 
-CODES = {ErrorKind.VALIDATION.value: grpc.StatusCode.INVALID_ARGUMENT,
-         ErrorKind.OVERLOADED.value: grpc.StatusCode.RESOURCE_EXHAUSTED}
 # the NodeProto kinds each Python type accepts; subclasses first (Seed is an int, bool too)
 KINDS = ((Seed, {"integer", "text"}), (bool, {"boolean"}), (int, {"integer"}), (float, {"float", "integer"}),
          (str, {"text"}), (list, {"list"}))
@@ -120,8 +118,8 @@ def error_status(response: Any) -> Optional[tuple[grpc.StatusCode, str]]:
     fields = response.proto.document.data
     if "error_type" not in fields or "error" not in fields:
         return None
-    code = CODES.get(fields["error_type"].text)
-    return (code, fields["error"].text) if code is not None else None
+    code = GRPC_STATUS[error_kind(fields["error_type"].text)]
+    return (grpc.StatusCode[code], fields["error"].text) if code is not None else None
 
 
 def guarded(stream_doc: Callable[..., AsyncIterator], streaming: Callable[[], dict[str, bool]]

@@ -18,7 +18,8 @@ from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from executors.engine.limits import RequestLimits
+from contract import ErrorKind, RequestLimits
+from contract.transport import HTTP_STATUS, OPENAI_ERROR_TYPE
 
 DEBUG_PATHS = {"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/dry_run"}
 
@@ -45,13 +46,12 @@ def origin_allowed(origin: Optional[str], host: Optional[str]) -> bool:
 OPEN_PATHS = {"/", "/health", "/metrics", "/chat-ui"}  # GET: what probes, scrapers and browsers need
 
 
-def error_body(path: str, message: str, param: Optional[str], kind: str = "validation") -> bytes:
+def error_body(path: str, message: str, param: Optional[str], kind: ErrorKind = ErrorKind.VALIDATION) -> bytes:
     """The protocol's own error shape: OpenAI's under /v1, TGI's elsewhere."""
     if path.startswith("/v1/"):
-        kinds = {"validation": "invalid_request_error", "authentication": "authentication_error"}
-        body: dict = {"error": {"message": message, "type": kinds[kind], "param": param, "code": kind}}
+        body: dict = {"error": {"message": message, "type": OPENAI_ERROR_TYPE[kind], "param": param, "code": kind.value}}
     else:
-        body = {"error": message, "error_type": kind}
+        body = {"error": message, "error_type": kind.value}
     return json.dumps(body).encode()
 
 
@@ -79,8 +79,8 @@ class ApiKey:
         if key_matches(headers.get(b"authorization", b"").decode("latin-1"), self.key):
             return await self.app(scope, receive, send)
         body = error_body(scope["path"], "authorization: a valid API key is required (Authorization: Bearer <key>)",
-                          None, "authentication")
-        await send({"type": "http.response.start", "status": 401,
+                          None, ErrorKind.AUTHENTICATION)
+        await send({"type": "http.response.start", "status": HTTP_STATUS[ErrorKind.AUTHENTICATION],
                     "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer"),
                                 (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})

@@ -14,9 +14,8 @@ from fastapi import Request
 from pydantic import BaseModel, StrictBool, StrictFloat, StrictInt, ValidationError
 from pydantic import Field as ModelField
 
-from executors.engine.errors import ValidationError as LimitError
-from executors.engine.limits import RequestLimits
-from executors.engine.params import field_type, request_fields
+from contract import RequestLimits, field_type, request_fields
+from contract import ValidationError as LimitError
 from schemas import PromptDocument, named_error
 
 ModelT = TypeVar("ModelT", bound=BaseModel)

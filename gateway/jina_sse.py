@@ -11,13 +11,15 @@ curl sees the status and Jina's client still reads the error.
 """
 import json
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Optional
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
+from contract import ServerInfo
+from contract.transport import HTTP_STATUS
 from gateway.inputs import BadRequest, parse_json, prompt_document
-from gateway.protocol import SSE_HEADERS, STATUS, Parsed, Protocol, Upstream, kind, serve
+from gateway.protocol import SSE_HEADERS, Parsed, Protocol, Upstream, kind, serve
 from schemas import ModelOutputDocument
 
 LIST_FIELDS = ("stop",)  # in a query string: repeated, or one JSON list
@@ -55,11 +57,11 @@ class JinaSSE(Protocol):
         async def body() -> AsyncIterator[str]:
             yield update(error)
             yield END
-        return StreamingResponse(body(), status_code=STATUS[kind(error)], media_type=self.media_type,
+        return StreamingResponse(body(), status_code=HTTP_STATUS[kind(error)], media_type=self.media_type,
                                  headers=SSE_HEADERS)
 
     async def events(self, parsed: Parsed, docs: AsyncIterator[ModelOutputDocument],
-                     info: dict) -> AsyncIterator[str]:
+                     info: Optional[ServerInfo]) -> AsyncIterator[str]:
         async for out in docs:
             yield update(out)
         yield END

@@ -8,22 +8,22 @@ it says: one model is served, and its id is what responses report.
 """
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, create_model
 
-from executors.engine.errors import ErrorKind
+from contract import ErrorKind, ServerInfo
+from contract.transport import OPENAI_ERROR_TYPE, OPENAI_STATUS
 from gateway.backend import Completion, now
 from gateway.inputs import BadRequest, Bool, Int, Stop, option_fields, parse_body, prompt_document, set_options
-from gateway.protocol import STATUS, Parsed, Protocol, Upstream, kind, serve, sse
+from gateway.protocol import Parsed, Protocol, Upstream, kind, serve, sse
 from schemas import ModelOutputDocument
 
 FINISH = {"length": "length", "eos_token": "stop", "stop_sequence": "stop"}
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-ERROR_TYPES = {ErrorKind.VALIDATION: "invalid_request_error", ErrorKind.OVERLOADED: "overloaded_error",
-               ErrorKind.NOT_FOUND: "invalid_request_error"}
 OWN = ("max_tokens", "stop", "do_sample")  # OpenAI's own spelling of these, or none (do_sample)
 
 
@@ -55,8 +55,18 @@ class ChatRequest(_Common):  # type: ignore[misc, valid-type]
     max_completion_tokens: Int = None
 
 
+@dataclass
+class OpenAIContext:
+    """A parsed OpenAI request, as the encoders read it."""
+
+    req: Any  # CompletionRequest | ChatRequest
+    id: str
+    created: int = field(default_factory=now)
+    prefix: str = ""  # echo: the prompt, before the completion
+
+
 def error_body(message: str, error_kind: ErrorKind, param: Optional[str]) -> dict:
-    return {"error": {"message": message, "type": ERROR_TYPES.get(error_kind, "server_error"),
+    return {"error": {"message": message, "type": OPENAI_ERROR_TYPE[error_kind],
                       "param": param, "code": error_kind.value}}
 
 
@@ -87,12 +97,13 @@ class OpenAI(Protocol):
     def refusal(self, error: ModelOutputDocument) -> Response:
         """Validation errors are 400 here (OpenAI's), not TGI's 422; `param` is the field."""
         k = kind(error)
-        status = 400 if k is ErrorKind.VALIDATION else STATUS[k]
-        return JSONResponse(error_body(error.error or "", k, error.error_field), status_code=status)
+        return JSONResponse(error_body(error.error or "", k, error.error_field), status_code=OPENAI_STATUS[k])
 
-    def envelope(self, parsed: Parsed, obj: str, choices: list, info: dict, **extra: Any) -> dict:
-        return {"id": parsed.request["id"], "object": obj, "created": parsed.request["created"],
-                "model": info["model_id"], "choices": choices, **extra}
+    def envelope(self, parsed: Parsed, obj: str, choices: list, info: Optional[ServerInfo], **extra: Any) -> dict:
+        assert info is not None  # needs_info
+        context: OpenAIContext = parsed.request
+        return {"id": context.id, "object": obj, "created": context.created,
+                "model": info.model_id, "choices": choices, **extra}
 
     def choice(self, text: Optional[str], finish: Optional[str], first: bool = False) -> dict:
         return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
@@ -104,8 +115,8 @@ class OpenAI(Protocol):
         return ""
 
     async def events(self, parsed: Parsed, docs: AsyncIterator[ModelOutputDocument],
-                     info: dict) -> AsyncIterator[str]:
-        req = parsed.request["req"]
+                     info: Optional[ServerInfo]) -> AsyncIterator[str]:
+        req = parsed.request.req
         usage = {"usage": None} if req.stream_options and req.stream_options.include_usage else {}
         if self.chat or self.prefix(parsed):
             yield sse({**self.envelope(parsed, self.chunk_obj, [self.choice(self.prefix(parsed) or None, None, True)],
@@ -121,31 +132,30 @@ class OpenAI(Protocol):
                 yield sse(self.envelope(parsed, self.chunk_obj, [], info, usage=_usage(out)))
         yield sse("[DONE]")
 
-    def whole(self, parsed: Parsed, result: Completion, info: dict) -> Response:
+    def whole(self, parsed: Parsed, result: Completion, info: Optional[ServerInfo]) -> Response:
         last = result.last
         choice = self.message(self.prefix(parsed) + result.text, FINISH.get(last.finish_reason or ""))
         return JSONResponse(self.envelope(parsed, self.obj, [choice], info, usage=_usage(last), **_seed(last.seed)))
 
     @staticmethod
-    def _context(req: Any) -> dict:
+    def _check_n(req: Any) -> None:
         if req.n not in (None, 1):
             raise BadRequest("n: only n=1 is supported", "n")
-        return {"req": req, "created": now()}
 
 
 class Completions(OpenAI):
     async def parse(self, request: Request, backend: Upstream) -> Parsed:
         req = await parse_body(request, CompletionRequest)
-        context = self._context(req) | {"id": "cmpl-" + uuid.uuid4().hex}
+        self._check_n(req)
         if isinstance(req.prompt, list) and len(req.prompt) != 1:
             raise BadRequest("prompt: one prompt per request", "prompt")
         prompt = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
         max_tokens = req.max_tokens if req.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
-        context["prefix"] = prompt if req.echo else ""
+        context = OpenAIContext(req, "cmpl-" + uuid.uuid4().hex, prefix=prompt if req.echo else "")
         return Parsed(prompt_document(prompt=prompt, **to_fields(req, max_tokens)), bool(req.stream), context)
 
     def prefix(self, parsed: Parsed) -> str:
-        return parsed.request["prefix"]
+        return parsed.request.prefix
 
 
 class Chat(OpenAI):
@@ -154,11 +164,12 @@ class Chat(OpenAI):
 
     async def parse(self, request: Request, backend: Upstream) -> Parsed:
         req = await parse_body(request, ChatRequest)
-        context = self._context(req) | {"id": "chatcmpl-" + uuid.uuid4().hex}
+        self._check_n(req)
+        context = OpenAIContext(req, "chatcmpl-" + uuid.uuid4().hex)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         if max_tokens is None:  # OpenAI: up to the context; here half of it, within the limit
             info = await backend.info()
-            max_tokens = min(info["max_tokens_limit"], info["max_context"] // 2)
+            max_tokens = min(info.max_tokens_limit, info.max_context // 2)
         return Parsed(prompt_document(messages=req.messages, **to_fields(req, max_tokens)), bool(req.stream), context)
 
     def choice(self, text: Optional[str], finish: Optional[str], first: bool = False) -> dict:
@@ -198,6 +209,6 @@ def openai_router(backend: Upstream) -> APIRouter:
     return router
 
 
-def _model_card(info: dict) -> dict:
-    return {"id": info["model_id"], "object": "model", "created": 0, "owned_by": "llm-stream",
-            "max_model_len": info["max_context"]}
+def _model_card(info: ServerInfo) -> dict:
+    return {"id": info.model_id, "object": "model", "created": 0, "owned_by": "llm-stream",
+            "max_model_len": info.max_context}

@@ -16,22 +16,18 @@ from typing import Protocol as Interface
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
-from executors.engine.errors import ErrorKind
+from contract import ErrorKind, ServerInfo
+from contract.transport import error_kind
 from gateway.backend import Completion, cancel_on_disconnect, close_quietly, error_doc
 from gateway.inputs import BadRequest
 from schemas import ModelOutputDocument, PromptDocument
 
-# HTTP status per error kind; the executor names the kind, the gateway only maps it
-STATUS = {ErrorKind.VALIDATION: 422, ErrorKind.NOT_FOUND: 404, ErrorKind.OVERLOADED: 429,
-          ErrorKind.GENERATION: 500, ErrorKind.INTERNAL: 500}
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def kind(out: ModelOutputDocument) -> ErrorKind:
-    try:
-        return ErrorKind(out.error_type)
-    except ValueError:
-        return ErrorKind.INTERNAL
+    """The executor names the kind; the gateway only maps it (contract/transport.py)."""
+    return error_kind(out.error_type)
 
 
 def sse(data: Any, event: Optional[str] = None) -> str:
@@ -57,7 +53,7 @@ class Upstream(Interface):
 
     async def complete(self, doc: PromptDocument) -> Completion: ...
 
-    async def info(self) -> dict: ...
+    async def info(self) -> ServerInfo: ...
 
     async def stats(self) -> dict: ...
 
@@ -78,11 +74,11 @@ class Protocol:
         raise NotImplementedError
 
     def events(self, parsed: Parsed, docs: AsyncIterator[ModelOutputDocument],
-               info: dict) -> AsyncIterator[str]:
+               info: Optional[ServerInfo]) -> AsyncIterator[str]:
         """The stream's frames; `docs` ends with a finished or an error document."""
         raise NotImplementedError
 
-    def whole(self, parsed: Parsed, result: Completion, info: dict) -> Response:
+    def whole(self, parsed: Parsed, result: Completion, info: Optional[ServerInfo]) -> Response:
         raise NotImplementedError
 
 
@@ -91,7 +87,7 @@ async def serve(protocol: Protocol, backend: Upstream, request: Request) -> Resp
         parsed = await protocol.parse(request, backend)
     except BadRequest as exc:
         return protocol.refusal(error_doc(str(exc), ErrorKind.VALIDATION, exc.param))
-    info = await backend.info() if protocol.needs_info else {}
+    info = await backend.info() if protocol.needs_info else None
     if not parsed.stream:
         result = await cancel_on_disconnect(request.receive, backend.complete(parsed.doc))
         if result is None:
@@ -106,7 +102,7 @@ async def serve(protocol: Protocol, backend: Upstream, request: Request) -> Resp
 
 
 async def _frames(protocol: Protocol, parsed: Parsed, first: ModelOutputDocument,
-                  rest: AsyncIterator[ModelOutputDocument], info: dict) -> AsyncIterator[str]:
+                  rest: AsyncIterator[ModelOutputDocument], info: Optional[ServerInfo]) -> AsyncIterator[str]:
     try:
         async for frame in protocol.events(parsed, _documents(first, rest), info):
             yield frame

@@ -14,9 +14,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, create_model
 
+from contract import ServerInfo
+from contract.transport import HTTP_STATUS
 from gateway.backend import Completion
 from gateway.inputs import (
-    LIMITS,
     BadRequest,
     Bool,
     Int,
@@ -27,7 +28,7 @@ from gateway.inputs import (
     sampling_options,
     set_options,
 )
-from gateway.protocol import STATUS, Parsed, Protocol, Upstream, kind, serve, sse
+from gateway.protocol import Parsed, Protocol, Upstream, kind, serve, sse
 from schemas import ModelOutputDocument
 
 DEFAULT_MAX_NEW_TOKENS = 20  # TGI's documented default
@@ -72,16 +73,13 @@ def _details(last: ModelOutputDocument, stream: bool, input_length: int) -> dict
 
 
 def token_events(out: ModelOutputDocument) -> list[dict]:
-    """One TGI event per token. A document covering several tokens (the reader fell behind)
-    carries their text together: it goes on its last token, so texts still join up."""
-    n = len(out.token_ids)
-    first_index = out.index - n + 1
-    return [{"index": first_index + i + 1,
-             "token": {"id": tid, "text": out.text if i == n - 1 else "",
-                       "logprob": out.logprobs[i] if i < len(out.logprobs) else out.logprob,
-                       "special": out.specials[i] if i < len(out.specials) else out.special},
+    """One TGI event per token, from the document's per-token lists: a document covering
+    several tokens (the reader fell behind) gives the same events as one per token."""
+    first_index = out.index - len(out.token_ids) + 1
+    return [{"index": first_index + i + 1, "token": {"id": tid, "text": text, "logprob": logprob, "special": special},
              "generated_text": None, "details": None}
-            for i, tid in enumerate(out.token_ids)]
+            for i, (tid, text, logprob, special)
+            in enumerate(zip(out.token_ids, out.texts, out.logprobs, out.specials, strict=True))]
 
 
 class TGI(Protocol):
@@ -102,10 +100,10 @@ class TGI(Protocol):
         message = error.error or ""
         if error.error_field in NAMES:
             message = NAMES[error.error_field] + message.removeprefix(error.error_field)
-        return JSONResponse({"error": message, "error_type": error.error_type}, status_code=STATUS[kind(error)])
+        return JSONResponse({"error": message, "error_type": error.error_type}, status_code=HTTP_STATUS[kind(error)])
 
     async def events(self, parsed: Parsed, docs: AsyncIterator[ModelOutputDocument],
-                     info: dict) -> AsyncIterator[str]:
+                     info: Optional[ServerInfo]) -> AsyncIterator[str]:
         req = parsed.request
         prefix = req.inputs if req.parameters.return_full_text else ""
         async for out in docs:
@@ -120,7 +118,7 @@ class TGI(Protocol):
             for event in events:
                 yield sse(event)
 
-    def whole(self, parsed: Parsed, result: Completion, info: dict) -> Response:
+    def whole(self, parsed: Parsed, result: Completion, info: Optional[ServerInfo]) -> Response:
         req = parsed.request
         body: dict = {"generated_text": (req.inputs if req.parameters.return_full_text else "") + result.text}
         if req.parameters.details:
@@ -163,12 +161,12 @@ def tgi_router(backend: Upstream) -> APIRouter:
     return router
 
 
-def tgi_info(info: dict) -> dict:
-    return {"model_id": info["model_id"], "model_sha": None, "model_dtype": info["dtype"],
-            "model_device_type": info["device"].split(":")[0], "model_pipeline_tag": "text-generation",
-            "max_concurrent_requests": info["max_running"] + info["max_waiting"], "max_best_of": 1,
-            "max_stop_sequences": LIMITS.max_stop_sequences, "max_input_tokens": info["max_context"] - 1,
-            "max_total_tokens": info["max_context"], "max_batch_total_tokens": info["max_batch_tokens"],
+def tgi_info(info: ServerInfo) -> dict:
+    return {"model_id": info.model_id, "model_sha": None, "model_dtype": info.dtype,
+            "model_device_type": info.device.split(":")[0], "model_pipeline_tag": "text-generation",
+            "max_concurrent_requests": info.max_concurrent, "max_best_of": 1,
+            "max_stop_sequences": info.max_stop_sequences, "max_input_tokens": info.max_context - 1,
+            "max_total_tokens": info.max_context, "max_batch_total_tokens": info.max_batch_tokens,
             "max_client_batch_size": 1, "validation_workers": 1, "waiting_served_ratio": 0,
             "max_waiting_tokens": 0, "router": "llm-stream (Jina)", "version": "0.1.0", "sha": None,
             "docker_label": None}

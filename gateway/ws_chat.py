@@ -21,8 +21,7 @@ from typing import Any, Optional
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from fastapi.responses import HTMLResponse
 
-from executors.engine.limits import RequestLimits
-from executors.engine.params import request_fields
+from contract import RequestLimits, request_fields
 from gateway.backend import Backend, close_quietly
 from gateway.http_guard import api_key, key_matches, origin_allowed
 from gateway.inputs import BadRequest, check_text, prompt_document

@@ -2,7 +2,7 @@
 
 Every request option lives in PromptDocument: Jina drops `parameters` on
 streaming endpoints. Its fields are the engine's request fields (SamplingParams in
-executors/engine/params.py), with their wire types; the engine validates values
+contract/params.py), with their wire types; the engine validates values
 and names the offending field, the same way for every transport.
 
 Wire facts: DocArray's protobuf carries an `int` as int32, so every integer field is
@@ -17,8 +17,11 @@ from docarray.base_doc.base_node import BaseNode
 from pydantic import Field, GetCoreSchemaHandler, GetJsonSchemaHandler, ValidationError, create_model
 from pydantic_core import core_schema
 
-from executors.engine.limits import SEED_MAX  # the engine's declarations: nothing heavy
-from executors.engine.params import field_type, request_fields
+from contract import (
+    SEED_MAX,  # the engine's declarations: nothing heavy
+    field_type,
+    request_fields,
+)
 
 from .wire import FlatDoc
 
@@ -95,6 +98,7 @@ class ModelOutputDocument(FlatDoc):
     logprobs: list[float] = []
     special: bool = False  # whether token_id is a special token
     specials: list[bool] = []  # the same for each of token_ids
+    texts: list[str] = []  # each token's new text, for each of token_ids: they join to `text`
     finish_reason: Optional[str] = None  # last document only: length | eos_token | stop_sequence | error
     generated_tokens: Optional[Int32] = None  # last document only
     prompt_tokens: Optional[Int32] = None  # last document only

@@ -1,7 +1,10 @@
-"""Shared fixtures: tiny models built on the spot, and real servers on random ports."""
+"""Shared fixtures: tiny models built on the spot, and real servers on random ports.
+
+Each test's tier comes from its folder (unit, gateway, service, real_model): a marker of
+that name, so `pytest -m "unit or gateway"` (make test-fast) picks the quick tiers.
+"""
 import os
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -9,8 +12,18 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.procs import ServerProcess, free_port  # noqa: E402
-from benchmarks.toy_models import build  # noqa: E402
+from testing.flows import start_flow  # noqa: E402
+from testing.procs import free_port  # noqa: E402, F401 - the tests' import of it
+from testing.toy_models import build  # noqa: E402
+
+TIERS = ("unit", "gateway", "service", "real_model")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        tier = Path(str(item.fspath)).relative_to(ROOT / "tests").parts[0]
+        if tier in TIERS:
+            item.add_marker(getattr(pytest.mark, tier))
 
 
 @pytest.fixture(scope="session")
@@ -31,48 +44,6 @@ def llama_model(models_dir) -> str:
 @pytest.fixture(scope="session", params=["gpt2", "llama"])
 def any_model(request, gpt2_model, llama_model) -> str:
     return gpt2_model if request.param == "gpt2" else llama_model
-
-
-def start_flow(model: str, tmp_path: Path, executor: dict | None = None, env: dict | None = None,
-               **limits) -> tuple[ServerProcess, int, int]:
-    """`jina flow --uses flows/llm.yml` as `make serve` runs it, on random ports; `limits`
-    (max_running=..., ...) go to a copy of the flow file, `executor` replaces fields of its
-    executor (another `uses`, say), the gateway unchanged; `env` adds to the environment."""
-    flow_file = "flows/llm.yml"
-    if limits or executor:
-        import yaml
-        flow = yaml.safe_load((ROOT / flow_file).read_text())
-        flow["executors"][0].setdefault("uses_with", {}).update(limits)
-        flow["executors"][0].update(executor or {})
-        flow_file = str(tmp_path / "flow.yml")
-        Path(flow_file).write_text(yaml.safe_dump(flow, sort_keys=False))
-    grpc_port, http_port = free_port(), free_port()
-    env = dict(os.environ, LLM_MODEL=model, LLM_GRPC_PORT=str(grpc_port),
-               LLM_HTTP_PORT=str(http_port), JINA_LOG_LEVEL="INFO", **(env or {}))
-    jina = str(Path(sys.executable).parent / "jina")
-    server = ServerProcess([jina, "flow", "--uses", flow_file], tmp_path / "flow.log", env)
-    try:
-        server.wait_port(grpc_port, 120)
-        server.wait_port(http_port, 120)
-        _wait_ready(http_port)
-    except Exception:
-        server.stop()
-        raise RuntimeError("flow did not start:\n" + server.tail(4000)) from None
-    return server, grpc_port, http_port
-
-
-def _wait_ready(http_port: int, timeout: float = 120.0) -> None:
-    import urllib.request
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/", timeout=5) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError("flow not ready")
 
 
 @pytest.fixture(scope="session")

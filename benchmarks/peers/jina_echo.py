@@ -1,14 +1,13 @@
 """The serving ceiling: the service's own schemas and endpoints, and no model. /stream yields
 max_tokens documents as fast as Jina takes them, so a benchmark of it measures the Flow
 (executor runtime, gateway, client), not generation."""
-import json
 from types import SimpleNamespace
 
 from docarray import DocList
 from jina import Executor, requests
 
-from executors.convert import model_info
-from executors.engine import EngineConfig
+from contract import EngineConfig
+from executors.convert import server_info
 from executors.engine.loader import ModelInfo
 from schemas import ModelOutputDocument, PromptDocument
 
@@ -25,14 +24,14 @@ class JinaEchoExecutor(Executor):
             last = i == doc.max_tokens - 1
             text += " x"
             yield ModelOutputDocument(token_id=87, token_ids=[87], text=" x", generated_text=text, index=i,
-                                      logprob=0.0, logprobs=[0.0], specials=[False],
+                                      logprob=0.0, logprobs=[0.0], specials=[False], texts=[" x"],
                                       finish_reason="length" if last else None,
                                       generated_tokens=doc.max_tokens if last else None,
                                       prompt_tokens=1 if last else None)
 
     @requests(on="/info")
     async def info(self, docs: DocList[PromptDocument], **kwargs) -> DocList[ModelOutputDocument]:
-        return DocList[ModelOutputDocument]([ModelOutputDocument(text=json.dumps(model_info(NO_MODEL, "jina-echo")))])
+        return DocList[ModelOutputDocument]([ModelOutputDocument(text=server_info(NO_MODEL, "jina-echo").to_json())])
 
     @requests(on="/stats")
     async def stats(self, docs: DocList[PromptDocument], **kwargs) -> DocList[ModelOutputDocument]:

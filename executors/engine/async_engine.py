@@ -11,16 +11,19 @@ import threading
 import uuid
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import aclosing
 from typing import Any, Optional
+
+from contract import EngineConfig, EngineDeadError, SamplingParams
 
 from .core import EngineCore
 from .loader import LoadedModel, ModelInfo, load_model
 from .observer import EngineObserver
-from .params import EngineConfig, EngineDeadError, SamplingParams
+from .outputs import RequestOutput
 from .prepare import Prepared, Preparer
-from .streams import RequestStream, StreamChunk
+from .streams import RequestStream
 
 
 class EngineClient(ABC):
@@ -59,7 +62,7 @@ class EngineClient(ABC):
     def shutdown(self, timeout: float = 10.0) -> None: ...
 
     async def open(self, prompt: str, params: SamplingParams, messages: Any = None,
-                   request_id: Optional[str] = None) -> AsyncIterator[StreamChunk]:
+                   request_id: Optional[str] = None) -> AsyncGenerator[RequestOutput, None]:
         """The service's entry point, for a prompt or chat messages. Errors raise here,
         before the first chunk; the request is aborted as soon as the caller stops
         iterating (disconnect, cancel, error)."""
@@ -69,6 +72,13 @@ class EngineClient(ABC):
         await self._submit(stream, prepared)
         return self._iterator(stream)
 
+    async def complete(self, prompt: str, params: SamplingParams, messages: Any = None,
+                       request_id: Optional[str] = None) -> RequestOutput:
+        """The whole answer as one output (unary calls); raises as `open` does, or
+        GenerationError when it fails midway. Cancelling the caller aborts it at once."""
+        async with aclosing(await self.open(prompt, params, messages, request_id)) as stream:
+            return RequestOutput.merge([out async for out in stream])
+
     def _new_stream(self, request_id: Optional[str], params: SamplingParams) -> RequestStream:
         if not self.healthy:
             raise EngineDeadError("the decode loop is not running")
@@ -76,13 +86,13 @@ class EngineClient(ABC):
         return RequestStream(request_id or uuid.uuid4().hex, asyncio.get_running_loop(),
                              interval=max(1, interval), interval_s=self.config.stream_interval_ms / 1000)
 
-    def _iterator(self, stream: RequestStream) -> AsyncIterator[StreamChunk]:
+    def _iterator(self, stream: RequestStream) -> AsyncGenerator[RequestOutput, None]:
         iterator = self._iterate(stream)
         # a stream dropped before its first read never runs its `finally`: abort it then too
         weakref.finalize(iterator, self._abort_unfinished, stream)
         return iterator
 
-    async def _iterate(self, stream: RequestStream) -> AsyncIterator[StreamChunk]:
+    async def _iterate(self, stream: RequestStream) -> AsyncGenerator[RequestOutput, None]:
         try:
             while not stream.done:
                 yield await stream.next_chunk()
@@ -133,7 +143,7 @@ class AsyncEngine(EngineClient):
         return {**self.core.stats(), "healthy": self.healthy}
 
     def generate(self, prompt: str, params: SamplingParams,
-                 request_id: Optional[str] = None) -> AsyncIterator[StreamChunk]:
+                 request_id: Optional[str] = None) -> AsyncGenerator[RequestOutput, None]:
         """`open` for a prompt, tokenized on the calling thread: tests and scripts."""
         stream = self._new_stream(request_id, params)
         self._add(stream, self.preparer.prepare(prompt, params))

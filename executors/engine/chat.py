@@ -24,8 +24,7 @@ from typing import Any, Optional, cast
 from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
-from .errors import ValidationError, check
-from .limits import DEFAULT_LIMITS, RequestLimits
+from contract import DEFAULT_LIMITS, RequestLimits, ValidationError, check
 
 ROLES = ("system", "user", "assistant")
 Message = dict[str, str]

@@ -11,13 +11,15 @@ from typing import Any, Optional, TypeVar
 
 import torch
 
+from contract import EngineConfig, FinishReason
+
 from .detokenizer import IncrementalDetokenizer, byte_fallback_ids
 from .kv_batch import KVBatch, new_cache, prefill_chunk, prefill_group, select_rows
 from .loader import LoadedModel
 from .observer import EngineObserver
-from .params import EngineConfig, FinishReason
+from .outputs import RequestOutput
 from .prepare import Prepared
-from .request import Request, TokenOutput
+from .request import Request
 from .sampling import Choice, TokenChooser, greedy_choices
 from .scheduler import Scheduler, plan_prefill
 from .stopping import StopSequenceFilter, stop_reason
@@ -43,7 +45,7 @@ class EngineCore:
         self.observer = EngineObserver()  # metrics: the executor sets its own
 
     # ----- requests in -----
-    def add(self, request_id: str, prepared: Prepared, sink: Callable[[TokenOutput], None]) -> Request:
+    def add(self, request_id: str, prepared: Prepared, sink: Callable[[RequestOutput], None]) -> Request:
         """Queue a prepared request (see prepare.py); raises when it cannot be served:
         overloaded, or beyond the batch budget."""
         ids, params, seed = prepared.prompt_ids, prepared.params, prepared.seed
@@ -228,7 +230,7 @@ class EngineCore:
         if finish is not None:
             self.observer.finished(finish, now - req.arrival)
 
-    def _token_output(self, req: Request, choice: Choice) -> TokenOutput:
+    def _token_output(self, req: Request, choice: Choice) -> RequestOutput:
         token = choice.token_id
         req.generated.append(token)
         delta = req.detokenizer.add(token)
@@ -240,9 +242,9 @@ class EngineCore:
             finish = FinishReason.STOP
         elif finish is not None:
             text += req.stops.flush()
-        return TokenOutput(req.request_id, token, text, choice.logprob, token in self.special_ids,
-                           len(req.generated) - 1, finish, prompt_tokens=len(req.prompt_ids),
-                           generated_tokens=len(req.generated), seed=req.seed)
+        return RequestOutput(req.request_id, [token], [text], [choice.logprob], [token in self.special_ids],
+                             len(req.generated) - 1, finish, prompt_tokens=len(req.prompt_ids),
+                             generated_tokens=len(req.generated), seed=req.seed)
 
     def _finish_with_error(self, req: Request, message: str) -> None:
         self.scheduler.release(req)

@@ -1,48 +1,29 @@
 """The engine process: EngineCore's step loop, fed and drained through two pipes.
 
 Run as `python -m executors.engine.core_process CMD_FD OUT_FD` by EngineProcess, which
-sends the EngineConfig first. It answers with ("ready", ModelInfo, tokenizer, stats) or
-("failed", message), then, after every step or batch of commands, with one message:
-(acks, token outputs, observer events, stats). Commands are ("add", request_id,
-Prepared), ("abort", request_id) and ("stop",). When the other end goes away (even killed
-with SIGKILL), the pipe reads EOF and this process exits: none is left behind.
+sends the EngineConfig first. It answers `Ready` or `LoadFailed`, then, after every step or
+batch of commands, one `StepOutputs`. Commands are `AddRequest`, `AbortRequest` and
+`Shutdown` (messages.py). When the other end goes away (even killed with SIGKILL), the pipe
+reads EOF and this process exits: none is left behind.
 """
 import logging
 import os
 import signal
 import sys
 from multiprocessing.connection import Connection
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 
+from contract import EngineConfig, EngineDeadError, OverloadedError, ValidationError
+
 from .core import EngineCore
-from .errors import EngineDeadError, OverloadedError, ValidationError
 from .loader import LoadedModel, load_model
-from .observer import EngineObserver
-from .params import EngineConfig, FinishReason
-from .request import TokenOutput
+from .messages import AbortRequest, Ack, AddRequest, LoadFailed, Ready, Recorder, Shutdown, StepOutputs
+from .outputs import RequestOutput
+from .prepare import Prepared
 
 log = logging.getLogger(__name__)
-
-
-class Recorder(EngineObserver):
-    """Keeps the observer calls, to be replayed on the frontend's observer (metrics)."""
-
-    def __init__(self) -> None:
-        self.events: list[tuple[str, tuple]] = []
-
-    def admitted(self, queued_seconds: float) -> None:
-        self.events.append(("admitted", (queued_seconds,)))
-
-    def prefilled(self, prompt_tokens: int) -> None:
-        self.events.append(("prefilled", (prompt_tokens,)))
-
-    def token(self, first: bool, since_previous_seconds: float) -> None:
-        self.events.append(("token", (first, since_previous_seconds)))
-
-    def finished(self, reason: Optional[FinishReason], e2e_seconds: float) -> None:
-        self.events.append(("finished", (reason, e2e_seconds)))
 
 
 class CoreLoop:
@@ -50,8 +31,7 @@ class CoreLoop:
         self.core, self.commands, self.outputs = core, commands, outputs
         self.recorder = Recorder()
         core.observer = self.recorder
-        self.acks: list[tuple[str, Optional[BaseException]]] = []
-        self.tokens: list[TokenOutput] = []
+        self.step = StepOutputs()
 
     def run(self) -> None:
         try:
@@ -66,33 +46,34 @@ class CoreLoop:
         """Everything sent so far (waiting for the first when idle); False on `stop`."""
         while self.commands.poll(None if block else 0):
             block = False
-            command = self.commands.recv()
-            if command[0] == "add":
-                self._add(*command[1:])
-            elif command[0] == "abort":
-                self.core.abort(command[1])
-            elif command[0] == "stop":
-                self.core.fail_all("the engine is shutting down", close=True)
-                self._flush()
-                return False
+            match self.commands.recv():
+                case AddRequest(request_id, prepared):
+                    self._add(request_id, prepared)
+                case AbortRequest(request_id):
+                    self.core.abort(request_id)
+                case Shutdown():
+                    self.core.fail_all("the engine is shutting down", close=True)
+                    self._flush()
+                    return False
         return True
 
-    def _add(self, request_id: str, prepared: Any) -> None:
+    def _add(self, request_id: str, prepared: Prepared) -> None:
         try:
             self.core.add(request_id, prepared, self._emit)
-            self.acks.append((request_id, None))
+            self.step.acks.append(Ack(request_id))
         except (ValidationError, OverloadedError, EngineDeadError) as exc:  # these pickle
-            self.acks.append((request_id, exc))
+            self.step.acks.append(Ack(request_id, exc))
         except Exception as exc:  # noqa: BLE001 - refused: the frontend raises it for this request
             log.exception("request %s could not be queued", request_id)
-            self.acks.append((request_id, RuntimeError(f"{type(exc).__name__}: {exc}")))
+            self.step.acks.append(Ack(request_id, RuntimeError(f"{type(exc).__name__}: {exc}")))
 
-    def _emit(self, out: TokenOutput) -> None:
-        self.tokens.append(out)
+    def _emit(self, out: RequestOutput) -> None:
+        self.step.outputs.append(out)
 
     def _flush(self) -> None:
-        self.outputs.send((self.acks, self.tokens, self.recorder.events, self.core.stats()))
-        self.acks, self.tokens, self.recorder.events = [], [], []
+        self.step.events, self.step.stats = self.recorder.events, self.core.stats()
+        self.outputs.send(self.step)
+        self.step, self.recorder.events = StepOutputs(), []
 
 
 SMALL_MODEL = 50_000_000  # parameters: below, a CPU decode step is about as short as serving a token
@@ -111,18 +92,18 @@ def serving_threads(config: EngineConfig, loaded: LoadedModel) -> Optional[int]:
 
 
 def serve(commands: Connection, outputs: Connection) -> None:
-    config = commands.recv()
+    config: EngineConfig = commands.recv()
     try:
         loaded = load_model(config)
     except Exception as exc:  # noqa: BLE001 - the frontend raises it at start-up
-        outputs.send(("failed", str(exc)))
+        outputs.send(LoadFailed(str(exc)))
         return
     threads = serving_threads(config, loaded)
     if threads:
         torch.set_num_threads(threads)
     log.info("torch threads: %d", torch.get_num_threads())
     core = EngineCore(loaded, config)
-    outputs.send(("ready", loaded.info, loaded.tokenizer, core.stats()))
+    outputs.send(Ready(loaded.info, loaded.tokenizer, core.stats()))
     CoreLoop(core, commands, outputs).run()
 
 

@@ -9,6 +9,18 @@ request's RequestStream: a reader thread cost a second wake-up per step (the thr
 the loop). A sender thread writes
 commands, so the loop never blocks on a full pipe. A watcher thread waits on the process: if
 it dies, requests in flight fail at once and a new one is started.
+
+Lifecycle, who owns what:
+- the engine process owns the model, the KV cache and the scheduler; it is started in
+  `__init__` (which waits for its `Ready`) and again by the watcher after a crash;
+- the event loop of the requests owns `_streams` and `_acks` (requests in flight), and reads
+  the outputs pipe (`_read_on`: the first loop that submits reads it);
+- the sender thread alone writes the commands pipe, from `_outbox`;
+- the watcher thread alone waits on the process. On a crash it fails every request in
+  flight (`_fail_all`), starts a new process (the model loads again, seconds), and hands the
+  new pipe to the loop that read the old one. Requests that arrive meanwhile are refused
+  (`healthy` is False), never queued for a process that does not exist.
+The messages both ways are messages.py's dataclasses.
 """
 import asyncio
 import logging
@@ -21,12 +33,13 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Optional
 
+from contract import EngineConfig, EngineDeadError, OverloadedError
+
 from .async_engine import EngineClient
-from .errors import EngineDeadError, OverloadedError
+from .messages import AbortRequest, AddRequest, Command, LoadFailed, Ready, Shutdown, StepOutputs, replay
 from .observer import EngineObserver
-from .params import EngineConfig
+from .outputs import RequestOutput
 from .prepare import Prepared, Preparer
-from .request import TokenOutput
 from .streams import RequestStream, run_on
 
 log = logging.getLogger(__name__)
@@ -41,7 +54,7 @@ class EngineProcess(EngineClient):
         self.process_restarts = 0
         self._streams: dict[str, RequestStream] = {}
         self._acks: dict[str, asyncio.Future] = {}
-        self._outbox: queue.SimpleQueue = queue.SimpleQueue()  # bounded by _submit's check
+        self._outbox: queue.SimpleQueue[Optional[Command]] = queue.SimpleQueue()  # bounded by _submit's check
         self._stats: dict = {}
         self._stopping = False
         self._dead: Optional[str] = None
@@ -69,12 +82,16 @@ class EngineProcess(EngineClient):
         try:
             reply = self._outputs.recv()
         except EOFError:
-            reply = ("failed", f"the engine process exited with code {self._process.wait()} while loading")
-        if reply[0] == "failed":
-            self._process.wait()
-            raise RuntimeError(reply[1])
-        _, self.info, tokenizer, self._stats = reply
-        self.preparer = Preparer(tokenizer, self.config, self.info.max_context)
+            reply = LoadFailed(f"the engine process exited with code {self._process.wait()} while loading")
+        match reply:
+            case Ready(info, tokenizer, stats):
+                self.info, self._stats = info, stats
+                self.preparer = Preparer(tokenizer, self.config, info.max_context)
+            case LoadFailed(message):
+                self._process.wait()
+                raise RuntimeError(message)
+            case _:
+                raise RuntimeError(f"the engine process answered {type(reply).__name__} while loading")
 
     def _watch(self) -> None:
         """When the process dies, fail its requests and start a new one."""
@@ -113,24 +130,24 @@ class EngineProcess(EngineClient):
                 outputs.close()
                 return
             try:
-                self._deliver(*message)
+                self._deliver(message)
             except Exception:  # noqa: BLE001 - one bad message must not stop every stream
                 log.exception("could not deliver the engine's outputs")
             if not outputs.poll(0):
                 return
 
-    def _deliver(self, acks: list, tokens: list[TokenOutput], events: list, stats: dict) -> None:
-        for request_id, error in acks:
-            self._settle(request_id, error)
-        for out in tokens:
+    def _deliver(self, step: StepOutputs) -> None:
+        for ack in step.acks:
+            self._settle(ack.request_id, ack.error)
+        for out in step.outputs:
             stream = self._streams.get(out.request_id)
             if stream is not None:
                 if out.ends:
                     self._streams.pop(out.request_id, None)
                 stream.push(out)
-        for hook, args in events:
-            getattr(self.observer, hook)(*args)
-        self._stats = stats
+        for event in step.events:
+            replay(event, self.observer)
+        self._stats = step.stats
 
     def _restart(self) -> bool:
         code = self._process.wait()
@@ -159,7 +176,7 @@ class EngineProcess(EngineClient):
             self._settle(request_id, EngineDeadError(message))
         streams, self._streams = self._streams, {}
         for request_id, stream in streams.items():
-            stream.push(TokenOutput.failure(request_id, message))
+            stream.push(RequestOutput.failure(request_id, message))
 
     def _settle(self, request_id: str, error: Optional[BaseException]) -> None:
         future = self._acks.pop(request_id, None)
@@ -171,8 +188,8 @@ class EngineProcess(EngineClient):
             try:
                 self._commands.send(command)
             except OSError:  # the process died: the reader fails its requests and restarts it
-                if command[0] == "add":  # this one never reached it: fail it here
-                    self._settle(command[1], EngineDeadError("the engine process exited; retry"))
+                if isinstance(command, AddRequest):  # this one never reached it: fail it here
+                    self._settle(command.request_id, EngineDeadError("the engine process exited; retry"))
 
     # ----- the EngineClient interface -----
     @property
@@ -192,7 +209,7 @@ class EngineProcess(EngineClient):
         self._read_on(loop)
         ack = loop.create_future()
         self._acks[request_id], self._streams[request_id] = ack, stream
-        self._outbox.put(("add", request_id, prepared))
+        self._outbox.put(AddRequest(request_id, prepared))
         try:
             await ack
         except BaseException:  # refused, or the caller went away while it was queued
@@ -201,12 +218,12 @@ class EngineProcess(EngineClient):
 
     def abort(self, request_id: str) -> None:
         if self._streams.pop(request_id, None) is not None:
-            self._outbox.put(("abort", request_id))
+            self._outbox.put(AbortRequest(request_id))
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Ask the process to fail what is in flight and exit; kill it if it does not."""
         self._stopping = True
-        self._outbox.put(("stop",))
+        self._outbox.put(Shutdown())
         self._outbox.put(None)
         try:
             self._process.wait(timeout)

@@ -9,10 +9,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
+from contract import EngineConfig
+
 from .attention import NAME as ROW_SDPA
 from .gguf import find_gguf, load_gguf
 from .int4 import quantize
-from .params import EngineConfig
 
 log = logging.getLogger(__name__)
 

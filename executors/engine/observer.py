@@ -6,7 +6,7 @@ with times from `time.perf_counter`, and the executor turns them into Prometheus
 """
 from typing import Optional
 
-from .params import FinishReason
+from contract import FinishReason
 
 
 class EngineObserver:

@@ -9,9 +9,9 @@ from typing import Any, Optional
 
 from transformers import PreTrainedTokenizerBase
 
+from contract import EngineConfig, SamplingParams, ValidationError
+
 from .chat import render_chat_ids
-from .errors import ValidationError
-from .params import EngineConfig, SamplingParams
 
 
 @dataclass

@@ -1,5 +1,4 @@
-"""Engine-side request state and the per-token output it produces. Only the scheduler
-changes a request's `state`."""
+"""Engine-side request state. Only the scheduler changes a request's `state`."""
 import enum
 import time
 from collections.abc import Callable
@@ -8,8 +7,10 @@ from typing import Optional
 
 from transformers import DynamicCache
 
+from contract import SamplingParams
+
 from .detokenizer import IncrementalDetokenizer
-from .params import FinishReason, SamplingParams
+from .outputs import RequestOutput
 from .sampling import TokenChooser
 from .stopping import StopSequenceFilter
 
@@ -22,35 +23,6 @@ class RequestState(enum.Enum):
 
 
 @dataclass
-class TokenOutput:
-    """One generated token, or the error that ended a request."""
-
-    request_id: str
-    token_id: int
-    text: str
-    logprob: float
-    special: bool
-    index: int
-    finish_reason: Optional[FinishReason] = None
-    error: Optional[str] = None
-    prompt_tokens: int = 0
-    generated_tokens: int = 0
-    seed: Optional[int] = None
-
-    @classmethod
-    def failure(cls, request_id: str, message: str, index: int = 0, prompt_tokens: int = 0,
-                generated_tokens: int = 0, seed: Optional[int] = None) -> "TokenOutput":
-        """The output that ends a request with an error."""
-        return cls(request_id, -1, "", 0.0, False, index, FinishReason.ERROR, error=message,
-                   prompt_tokens=prompt_tokens, generated_tokens=generated_tokens, seed=seed)
-
-    @property
-    def ends(self) -> bool:
-        """The request's last output: finished, or failed."""
-        return self.finish_reason is not None or self.error is not None
-
-
-@dataclass
 class Request:
     request_id: str
     prompt_ids: list[int]
@@ -59,7 +31,7 @@ class Request:
     chooser: TokenChooser
     detokenizer: IncrementalDetokenizer
     stops: StopSequenceFilter
-    sink: Callable[[TokenOutput], None]
+    sink: Callable[[RequestOutput], None]
     state: RequestState = RequestState.WAITING
     prefilled: int = 0  # prompt tokens already in `cache` (chunked prefill)
     cache: Optional[DynamicCache] = None  # own cache until it joins the batch
@@ -77,5 +49,5 @@ class Request:
 
     def emit_error(self, message: str) -> None:
         """The request's last output: the error that ended it (the scheduler released it)."""
-        self.sink(TokenOutput.failure(self.request_id, message, len(self.generated), len(self.prompt_ids),
+        self.sink(RequestOutput.failure(self.request_id, message, len(self.generated), len(self.prompt_ids),
                                       len(self.generated), self.seed))

@@ -19,7 +19,7 @@ from transformers import (
     TypicalLogitsWarper,
 )
 
-from .params import SamplingParams
+from contract import SamplingParams
 
 
 @dataclass

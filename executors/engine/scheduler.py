@@ -8,7 +8,8 @@ rows x the longest reservation, not by the sum.
 import collections
 import threading
 
-from .params import EngineConfig, EngineDeadError, OverloadedError, ValidationError
+from contract import EngineConfig, EngineDeadError, OverloadedError, ValidationError
+
 from .request import Request, RequestState
 
 

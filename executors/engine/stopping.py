@@ -2,7 +2,7 @@
 stop-sequence filter that keeps any part of a stop sequence from being streamed."""
 from typing import Optional
 
-from .params import FinishReason, SamplingParams
+from contract import FinishReason, SamplingParams
 
 
 def stop_reason(token: int, generated: int, params: SamplingParams,

@@ -10,44 +10,27 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
-from .errors import GenerationError
-from .params import FinishReason
-from .request import TokenOutput
+from contract import GenerationError
 
-
-@dataclass
-class StreamChunk:
-    """Everything a reader had not yet taken: usually one token, several if it fell behind."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-    special: list[bool]
-    text: str
-    generated_text: str  # all text so far
-    index: int  # position of the last token in the generation
-    finish_reason: Optional[FinishReason] = None
-    prompt_tokens: int = 0
-    generated_tokens: int = 0
-    seed: Optional[int] = None
+from .outputs import RequestOutput
 
 
 @dataclass
 class RequestStream:
     request_id: str
     loop: asyncio.AbstractEventLoop
-    _pending: list[TokenOutput] = field(default_factory=list)
+    _pending: list[RequestOutput] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _wakeup: asyncio.Event = field(default_factory=asyncio.Event)
-    _text: str = ""
     done: bool = False
     interval: int = 1  # tokens per chunk at least (the last may carry fewer): stream_interval
     interval_s: float = 0.0  # and at least this long since the previous chunk: stream_interval_ms
     _signalled: bool = False  # the reader was woken and has not taken the pending tokens yet
     _sent_at: float = 0.0
 
-    def push(self, out: TokenOutput) -> None:
+    def push(self, out: RequestOutput) -> None:
         """Engine thread: never blocks, wakes the reader once a chunk is due (or the request
         ended), at most once per chunk."""
         with self._lock:
@@ -67,7 +50,9 @@ class RequestStream:
             self._sent_at = now
         return True
 
-    async def next_chunk(self) -> StreamChunk:
+    async def next_chunk(self) -> RequestOutput:
+        """Everything the reader had not taken yet, as one output: usually one token,
+        several when it fell behind."""
         await self._wakeup.wait()
         with self._lock:
             items, self._pending = self._pending, []
@@ -83,16 +68,9 @@ class RequestStream:
                 self._pending = errors + self._pending
                 self._signalled = True
                 self._wakeup.set()
-        return self._merge(tokens)
-
-    def _merge(self, tokens: list[TokenOutput]) -> StreamChunk:
-        last = tokens[-1]
-        text = "".join(o.text for o in tokens)
-        self._text += text
-        self.done = last.finish_reason is not None
-        return StreamChunk([o.token_id for o in tokens], [o.logprob for o in tokens],
-                           [o.special for o in tokens], text, self._text, last.index,
-                           last.finish_reason, last.prompt_tokens, last.generated_tokens, last.seed)
+        merged = RequestOutput.merge(tokens)
+        self.done = merged.finish_reason is not None
+        return merged
 
 
 def run_on(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:

@@ -1,0 +1,22 @@
+"""The service's request and error vocabulary: what a request may ask, what the server
+allows, what can go wrong, and what the server says about itself.
+
+Every layer stands on it (the engine, the executor, the schemas, the gateway, the client)
+and it imports nothing but the standard library, so reading it never loads torch.
+"""
+from .errors import (
+    EngineDeadError,
+    ErrorKind,
+    GenerationError,
+    OverloadedError,
+    ValidationError,
+    check,
+    kind_of,
+)
+from .info import ServerInfo
+from .limits import DEFAULT_LIMITS, SEED_MAX, RequestLimits
+from .params import EngineConfig, FinishReason, SamplingParams, field_type, request_field, request_fields
+
+__all__ = ["DEFAULT_LIMITS", "SEED_MAX", "EngineConfig", "EngineDeadError", "ErrorKind", "FinishReason",
+           "GenerationError", "OverloadedError", "RequestLimits", "SamplingParams", "ServerInfo",
+           "ValidationError", "check", "field_type", "kind_of", "request_field", "request_fields"]

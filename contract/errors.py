@@ -1,0 +1,58 @@
+"""The service's error kinds and exceptions; each transport maps a kind to its own code
+(contract/transport.py), one table per transport keyed by the enum."""
+import enum
+
+
+class ErrorKind(enum.StrEnum):
+    """What went wrong, as every protocol reports it (`error_type`)."""
+
+    VALIDATION = "validation"  # the request, as sent: 400/422, INVALID_ARGUMENT
+    OVERLOADED = "overloaded"  # try again later: 429, RESOURCE_EXHAUSTED
+    GENERATION = "generation"  # failed while generating: 500, or an error event mid-stream
+    NOT_FOUND = "not_found"  # no such model or route: 404
+    AUTHENTICATION = "authentication"  # no or a wrong API key: 401, UNAUTHENTICATED
+    INTERNAL = "internal"  # anything else: 500
+
+
+def kind_of(exc: BaseException) -> ErrorKind:
+    return getattr(exc, "kind", ErrorKind.INTERNAL)
+
+
+class ValidationError(ValueError):
+    """A request that cannot be served as given; `field` names the culprit."""
+
+    kind = ErrorKind.VALIDATION
+
+    def __init__(self, field_name: str, message: str):
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name
+        self.message = message
+
+    def __reduce__(self):  # it crosses the pipe from the engine process
+        return type(self), (self.field, self.message)
+
+
+class OverloadedError(RuntimeError):
+    """The service is at capacity; the client should retry later (HTTP 429)."""
+
+    kind = ErrorKind.OVERLOADED
+
+    def __init__(self, message: str = "overloaded: too many requests, retry later"):
+        super().__init__(message)
+
+
+class EngineDeadError(RuntimeError):
+    """The decode loop failed; requests in flight fail instead of hanging."""
+
+    kind = ErrorKind.GENERATION
+
+
+class GenerationError(RuntimeError):
+    """A request failed after it started streaming."""
+
+    kind = ErrorKind.GENERATION
+
+
+def check(ok: bool, field_name: str, message: str) -> None:
+    if not ok:
+        raise ValidationError(field_name, message)

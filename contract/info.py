@@ -1,0 +1,37 @@
+"""What the server says about itself (/info, /v1/models, TGI's /info): one typed record,
+built by the executor and read by every gateway route."""
+import json
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    model_id: str  # the id the APIs report
+    max_context: int  # the model's context, in tokens
+    max_tokens_limit: int  # the server's upper bound of a request's max_tokens
+    max_running: int
+    max_waiting: int
+    max_batch_tokens: int
+    max_prefill_tokens: int
+    max_body_bytes: int
+    max_prompt_chars: int
+    max_messages: int
+    max_stop_sequences: int
+    max_stop_chars: int
+    device: str
+    dtype: str
+    chat_template: bool  # whether the model has its own chat template
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "ServerInfo":
+        data: dict[str, Any] = json.loads(text)
+        return cls(**{f.name: data[f.name] for f in fields(cls)})
+
+    @property
+    def max_concurrent(self) -> int:
+        """Requests in flight before the server says 'overloaded': running and waiting."""
+        return self.max_running + self.max_waiting

@@ -1,0 +1,154 @@
+"""Request options (SamplingParams) and the operator's engine options (EngineConfig),
+validated before any work starts.
+
+Errors name the offending field so every transport can report it as-is.
+"""
+import enum
+import math
+import operator
+import random
+import typing
+from collections.abc import Callable
+from dataclasses import Field, dataclass, field, fields
+from typing import Any, Optional
+
+from .errors import EngineDeadError, OverloadedError, ValidationError, check
+from .limits import DEFAULT_LIMITS, SEED_MAX, RequestLimits
+
+__all__ = ["EngineConfig", "EngineDeadError", "FinishReason", "OverloadedError", "SamplingParams",
+           "ValidationError", "field_type", "request_fields"]
+
+
+class FinishReason(enum.StrEnum):
+    LENGTH = "length"
+    EOS = "eos_token"
+    STOP = "stop_sequence"
+    ABORTED = "aborted"
+    ERROR = "error"
+
+
+def request_field(default: Any, help: str, **rules: Any) -> Any:
+    """A request option. PromptDocument, the protocols (under their own names where they
+    have one), the WebSocket chat and the CLI all derive from these declarations. `rules`:
+    bounds (ge, gt, le, lt) that `validate` checks and the schema reads (`le`, for the wire
+    type), and `warper` for sampling-only options."""
+    metadata = {"help": help, **rules}
+    if isinstance(default, list):
+        return field(default_factory=list, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass
+class SamplingParams:
+    """A request's options, declared once (see `request_field`)."""
+
+    max_tokens: int = request_field(64, "tokens to generate: 1 to the server's max_tokens_limit", ge=1)
+    do_sample: bool = request_field(False, "sample; false decodes greedily (so does temperature 0)")
+    # warper=True: a sampling-only option (TGI samples when one is moved off its default)
+    temperature: float = request_field(1.0, "sampling temperature", ge=0, warper=True)
+    top_k: int = request_field(0, "sample among the k likeliest tokens (0: all)", ge=0, warper=True)
+    top_p: float = request_field(1.0, "sample within this probability mass (nucleus)", gt=0, le=1, warper=True)
+    typical_p: float = request_field(1.0, "typical sampling's probability mass", gt=0, le=1, warper=True)
+    min_p: float = request_field(
+        0.0, "drop tokens less likely than min_p x the likeliest one (0: off)", ge=0, le=1, warper=True)
+    repetition_penalty: float = request_field(
+        1.0, "divides the scores of tokens already in the prompt or output; greedy too", gt=0)
+    presence_penalty: float = request_field(
+        0.0, "OpenAI's: subtracted from the scores of tokens already generated; greedy too", ge=-2, le=2)
+    frequency_penalty: float = request_field(
+        0.0, "OpenAI's: subtracted once per time a token was generated; greedy too", ge=-2, le=2)
+    seed: Optional[int] = request_field(
+        None, "sampling seed, 0 to 2**64 - 1; when absent one is drawn and reported", ge=0, le=SEED_MAX)
+    stop: list[str] = request_field(
+        [], "stop sequences: the text ends before the first one, which is never streamed")
+    stream_interval: Optional[int] = request_field(
+        None, "tokens per streamed document, at least (the last may have fewer); null: the server's", ge=1)
+    ignore_eos: bool = field(default=False, metadata={"internal": True})  # benchmarks and tests
+
+    def validate(self, max_tokens_limit: int, limits: RequestLimits = DEFAULT_LIMITS) -> "SamplingParams":
+        for f in request_fields():
+            self._check(f)
+        check(self.max_tokens <= max_tokens_limit, "max_tokens",
+              f"must be between 1 and {max_tokens_limit}, got {self.max_tokens}")
+        limits.check_stop(self.stop)
+        check(all(isinstance(s, str) and s for s in self.stop), "stop",
+              "stop sequences must be non-empty strings")
+        return self
+
+    def _check(self, f: Field) -> None:
+        """The declared type (strictly: true is not 1) and bounds of one field."""
+        value, (kind, optional) = getattr(self, f.name), field_type(f)
+        if value is None:
+            check(optional, f.name, "must not be null")
+            return
+        if kind is float:
+            check(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
+                  f.name, f"must be a finite number, got {value!r}")
+            value = float(value)
+            setattr(self, f.name, value)  # transformers' warpers insist on floats
+        else:
+            check(isinstance(value, kind) and (kind is bool or not isinstance(value, bool)), f.name,
+                  f"must be {_KIND_NAMES[kind]}, got {value!r}")
+        for bound, (holds, words) in _BOUNDS.items():
+            if bound in f.metadata:
+                check(holds(value, f.metadata[bound]), f.name, f"must be {words} {f.metadata[bound]}, got {value}")
+
+    @property
+    def greedy(self) -> bool:
+        """Temperature 0 is the common API spelling of greedy decoding."""
+        return not self.do_sample or self.temperature == 0
+
+    def resolved_seed(self) -> Optional[int]:
+        """Sampling without a seed still gets one, so it can be reported and replayed."""
+        if self.greedy:
+            return None
+        return self.seed if self.seed is not None else random.getrandbits(64)
+
+
+_KIND_NAMES = {int: "an integer", bool: "true or false", list: "a list of strings"}
+_BOUNDS: dict[str, tuple[Callable[[Any, Any], bool], str]] = {
+    "ge": (operator.ge, ">="), "gt": (operator.gt, ">"), "le": (operator.le, "<="), "lt": (operator.lt, "<")}
+
+
+def request_fields() -> list[Field]:
+    """The options a request may set, in declaration order."""
+    return [f for f in fields(SamplingParams) if not f.metadata.get("internal")]
+
+
+def field_type(f: Field) -> tuple[type, bool]:
+    """(int | float | bool | list, whether null is allowed) of a request field."""
+    annotation: Any = f.type
+    optional = typing.get_origin(annotation) is typing.Union
+    if optional:
+        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+    return typing.get_origin(annotation) or annotation, optional
+
+
+@dataclass
+class EngineConfig:
+    """What the service operator chooses; everything has a CPU-friendly default."""
+
+    model: str
+    device: Optional[str] = None  # None: cuda when available, else cpu
+    dtype: str = "auto"  # auto: bf16 on GPU when supported; on CPU int4 for 4-bit weights, else fp32
+    trust_remote_code: bool = False
+    max_tokens_limit: int = 1024  # upper bound of a request's max_tokens
+    max_running: int = 32  # requests decoded together in one batch
+    max_waiting: int = 128  # requests queued behind them; beyond: overloaded
+    max_batch_tokens: int = 32768  # KV budget: sum of prompt + max_tokens over running
+    max_prefill_tokens: int = 512  # prompt tokens prefilled per step (chunked beyond)
+    eos_token_ids: Optional[list[int]] = None  # None: from the model's generation config
+    torch_threads: Optional[int] = None
+    stream_interval: int = 1  # tokens per streamed document, unless a request sets its own
+    stream_interval_ms: int = 0  # and at least this long between a stream's documents (0: off)
+    core_process: bool = True  # the decode loop in its own process (False: a thread of the executor)
+    limits: RequestLimits = field(default_factory=RequestLimits.from_env)  # request sizes
+
+    def validate(self) -> "EngineConfig":
+        for name in ("max_tokens_limit", "max_running", "max_waiting",
+                     "max_batch_tokens", "max_prefill_tokens"):
+            if getattr(self, name) < 1:
+                raise ValidationError(name, f"must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.stream_interval_ms < 60_000:
+            raise ValidationError("stream_interval_ms", f"must be from 0 to 60000, got {self.stream_interval_ms}")
+        return self

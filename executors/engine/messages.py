@@ -1,0 +1,127 @@
+"""The typed messages between the executor's process and the engine process, and the
+observer's events, which cross the same pipe (vLLM's EngineCoreRequest / EngineCoreOutputs).
+
+Commands go one way (`Command`), replies the other (`Reply`); both ends dispatch with
+`match`, so a new message is a new dataclass, and mypy checks both ends.
+"""
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+from contract import EngineConfig, FinishReason
+
+from .observer import EngineObserver
+from .outputs import RequestOutput
+from .prepare import Prepared
+
+
+# ----- executor -> engine process -----
+@dataclass
+class AddRequest:
+    request_id: str
+    prepared: Prepared
+
+
+@dataclass
+class AbortRequest:
+    request_id: str
+
+
+@dataclass
+class Shutdown:
+    """Fail what is in flight and exit."""
+
+
+Command = Union[EngineConfig, AddRequest, AbortRequest, Shutdown]  # the config comes first, once
+
+
+# ----- observer events (metrics), recorded in the engine process and replayed -----
+@dataclass
+class Admitted:
+    queued_seconds: float
+
+
+@dataclass
+class Prefilled:
+    prompt_tokens: int
+
+
+@dataclass
+class TokenTimed:
+    first: bool
+    since_previous_seconds: float
+
+
+@dataclass
+class Finished:
+    reason: Optional[FinishReason]
+    e2e_seconds: float
+
+
+ObserverEvent = Union[Admitted, Prefilled, TokenTimed, Finished]
+
+
+def replay(event: ObserverEvent, observer: EngineObserver) -> None:
+    match event:
+        case Admitted(queued):
+            observer.admitted(queued)
+        case Prefilled(tokens):
+            observer.prefilled(tokens)
+        case TokenTimed(first, since):
+            observer.token(first, since)
+        case Finished(reason, e2e):
+            observer.finished(reason, e2e)
+
+
+class Recorder(EngineObserver):
+    """Keeps the engine's observer calls as events, for the executor's observer (metrics)."""
+
+    def __init__(self) -> None:
+        self.events: list[ObserverEvent] = []
+
+    def admitted(self, queued_seconds: float) -> None:
+        self.events.append(Admitted(queued_seconds))
+
+    def prefilled(self, prompt_tokens: int) -> None:
+        self.events.append(Prefilled(prompt_tokens))
+
+    def token(self, first: bool, since_previous_seconds: float) -> None:
+        self.events.append(TokenTimed(first, since_previous_seconds))
+
+    def finished(self, reason: Optional[FinishReason], e2e_seconds: float) -> None:
+        self.events.append(Finished(reason, e2e_seconds))
+
+
+# ----- engine process -> executor -----
+@dataclass
+class Ready:
+    """The model loaded: what the executor's side needs to prepare requests."""
+
+    info: Any  # loader.ModelInfo
+    tokenizer: Any  # a transformers tokenizer
+    stats: dict
+
+
+@dataclass
+class LoadFailed:
+    message: str
+
+
+@dataclass
+class Ack:
+    """A request was queued (error None) or refused before any token."""
+
+    request_id: str
+    error: Optional[BaseException] = None
+
+
+@dataclass
+class StepOutputs:
+    """One message per engine step, for every request: what changed since the last."""
+
+    acks: list[Ack] = field(default_factory=list)
+    outputs: list[RequestOutput] = field(default_factory=list)
+    events: list[ObserverEvent] = field(default_factory=list)
+    stats: dict = field(default_factory=dict)
+
+
+Reply = Union[Ready, LoadFailed, StepOutputs]

@@ -1,0 +1,54 @@
+"""The engine's one output record: what a request produced since its previous record.
+
+Per-token fields are always lists, so one shape covers one token (the decode loop emits
+one per step), a chunk a slow reader takes at once (`merge`), a whole answer (`complete`)
+and the error that ends a request (no tokens, `error` set).
+"""
+from dataclasses import dataclass, field
+from typing import Optional
+
+from contract import FinishReason
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    token_ids: list[int] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)  # each token's new text (may be "": held back)
+    logprobs: list[float] = field(default_factory=list)
+    special: list[bool] = field(default_factory=list)
+    index: int = -1  # position of the last token in the generation
+    finish_reason: Optional[FinishReason] = None
+    error: Optional[str] = None
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    seed: Optional[int] = None
+
+    @classmethod
+    def failure(cls, request_id: str, message: str, index: int = -1, prompt_tokens: int = 0,
+                generated_tokens: int = 0, seed: Optional[int] = None) -> "RequestOutput":
+        """The output that ends a request with an error."""
+        return cls(request_id, index=index, finish_reason=FinishReason.ERROR, error=message,
+                   prompt_tokens=prompt_tokens, generated_tokens=generated_tokens, seed=seed)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.texts)
+
+    @property
+    def ends(self) -> bool:
+        """The request's last output: finished, or failed."""
+        return self.finish_reason is not None or self.error is not None
+
+    @classmethod
+    def merge(cls, outputs: list["RequestOutput"]) -> "RequestOutput":
+        """Consecutive outputs of one request as one: the lists joined, the rest the last's."""
+        last = outputs[-1]
+        merged = cls(last.request_id, [], [], [], [], last.index, last.finish_reason, last.error,
+                     last.prompt_tokens, last.generated_tokens, last.seed)
+        for out in outputs:
+            merged.token_ids += out.token_ids
+            merged.texts += out.texts
+            merged.logprobs += out.logprobs
+            merged.special += out.special
+        return merged

@@ -1,0 +1,50 @@
+"""A real Flow (`jina flow --uses flows/llm.yml`, as `make serve` runs it) on random ports:
+what the tests, the deployment comparison and the benchmarks start."""
+import os
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from testing.procs import ROOT, ServerProcess, free_port
+
+
+def start_flow(model: str, tmp_path: Path, executor: dict | None = None, env: dict | None = None,
+               **limits) -> tuple[ServerProcess, int, int]:
+    """`jina flow --uses flows/llm.yml` as `make serve` runs it, on random ports; `limits`
+    (max_running=..., ...) go to a copy of the flow file, `executor` replaces fields of its
+    executor (another `uses`, say), the gateway unchanged; `env` adds to the environment."""
+    flow_file = "flows/llm.yml"
+    if limits or executor:
+        import yaml
+        flow = yaml.safe_load((ROOT / flow_file).read_text())
+        flow["executors"][0].setdefault("uses_with", {}).update(limits)
+        flow["executors"][0].update(executor or {})
+        flow_file = str(tmp_path / "flow.yml")
+        Path(flow_file).write_text(yaml.safe_dump(flow, sort_keys=False))
+    grpc_port, http_port = free_port(), free_port()
+    env = dict(os.environ, LLM_MODEL=model, LLM_GRPC_PORT=str(grpc_port),
+               LLM_HTTP_PORT=str(http_port), JINA_LOG_LEVEL="INFO", **(env or {}))
+    jina = str(Path(sys.executable).parent / "jina")
+    server = ServerProcess([jina, "flow", "--uses", flow_file], tmp_path / "flow.log", env)
+    try:
+        server.wait_port(grpc_port, 120)
+        server.wait_port(http_port, 120)
+        _wait_ready(http_port)
+    except Exception:
+        server.stop()
+        raise RuntimeError("flow did not start:\n" + server.tail(4000)) from None
+    return server, grpc_port, http_port
+
+
+def _wait_ready(http_port: int, timeout: float = 120.0) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/", timeout=5) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError("flow not ready")

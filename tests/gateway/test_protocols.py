@@ -1,0 +1,183 @@
+"""Every HTTP protocol's mapping and error rendering, against a fake executor: no Flow, no
+model, milliseconds. The routes are the real ones (gateway/*_routes.py on the skeleton in
+gateway/protocol.py); only the upstream is scripted."""
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from contract import ErrorKind, RequestLimits, ServerInfo, field_type, request_fields
+from gateway.backend import Completion, error_doc
+from gateway.jina_sse import jina_sse_router
+from gateway.openai_routes import openai_router
+from gateway.tgi_routes import tgi_router
+from schemas import ModelOutputDocument, PromptDocument
+from tests.gateway_helpers import sse_data
+
+INFO = ServerInfo(model_id="fake-model", max_context=512, max_tokens_limit=100, max_running=2, max_waiting=2,
+                  max_batch_tokens=1024, max_prefill_tokens=512, **RequestLimits().as_dict(), dtype="float32",
+                  device="cpu", chat_template=True)
+
+
+def tokens(*texts: str, finish: str = "length", seed=None) -> list[ModelOutputDocument]:
+    out, text = [], ""
+    for i, t in enumerate(texts):
+        text += t
+        last = i == len(texts) - 1
+        out.append(ModelOutputDocument(token_id=i, token_ids=[i], text=t, generated_text=text, index=i,
+                                       logprobs=[-0.5], specials=[False], texts=[t], finish_reason=finish if last else None,
+                                       generated_tokens=len(texts) if last else None,
+                                       prompt_tokens=3 if last else None, seed=seed if last else None))
+    return out
+
+
+class FakeUpstream:
+    """Answers every request with `script`, and keeps the documents it was sent."""
+
+    def __init__(self) -> None:
+        self.script = tokens("Hello", " world")
+        self.sent: list[PromptDocument] = []
+
+    async def _docs(self) -> AsyncIterator[ModelOutputDocument]:
+        for d in self.script[1:]:
+            yield d
+
+    async def open(self, doc):
+        self.sent.append(doc)
+        return self.script[0], self._docs()
+
+    async def complete(self, doc):
+        self.sent.append(doc)
+        done = [d for d in self.script if d.error is None]
+        return Completion(done, self.script[-1])
+
+    async def info(self):
+        return INFO
+
+    async def stats(self):
+        return {"healthy": True}
+
+
+@pytest.fixture
+def fake():
+    return FakeUpstream()
+
+
+@pytest.fixture
+def http(fake):
+    app = FastAPI()
+    for router in (openai_router(fake), tgi_router(fake), jina_sse_router(fake)):
+        app.include_router(router)
+    return TestClient(app)
+
+
+# ----- each protocol's minimal request maps to the document its defaults imply -----
+
+def test_minimal_requests_map_to_their_protocols_defaults(http, fake):
+    http.post("/v1/completions", json={"model": "m", "prompt": "hi"})
+    http.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    http.post("/generate", json={"inputs": "hi"})
+    http.post("/generate", json={"inputs": "hi", "parameters": {"temperature": 0.5}})
+    http.get("/stream", params={"prompt": "hi"})
+    completions, chat, tgi, tgi_warped, sse = fake.sent
+    assert (completions.max_tokens, completions.do_sample, completions.temperature) == (16, True, 1.0)
+    assert chat.max_tokens == min(INFO.max_tokens_limit, INFO.max_context // 2) and chat.do_sample
+    assert json.loads(chat.messages) == [{"role": "user", "content": "hi"}] and chat.prompt == ""
+    assert (tgi.max_tokens, tgi.do_sample) == (20, False)
+    assert tgi_warped.do_sample and tgi_warped.temperature == 0.5  # TGI samples once a warper is set
+    assert sse == PromptDocument(id=sse.id, prompt="hi")
+
+
+def _non_default(f):
+    kind, _ = field_type(f)
+    return {int: 7, float: 0.5, bool: True, list: ["zz"]}[kind] if f.name != "temperature" else 0.75
+
+
+@pytest.mark.parametrize("f", request_fields(), ids=lambda f: f.name)
+def test_every_engine_request_field_reaches_the_document_on_every_protocol(http, fake, f):
+    """Declared once in SamplingParams, a field is accepted by every protocol: under the
+    protocol's own name (max_new_tokens, max_tokens) or as an extension under its own."""
+    value = _non_default(f)
+    openai_name = {"do_sample": None}.get(f.name, f.name)  # OpenAI always samples
+    if openai_name:
+        http.post("/v1/completions", json={"model": "m", "prompt": "hi", openai_name: value})
+    tgi_name = {"max_tokens": "max_new_tokens"}.get(f.name, f.name)
+    http.post("/generate", json={"inputs": "hi", "parameters": {tgi_name: value}})
+    http.request("GET", "/stream", content=json.dumps({"prompt": "hi", f.name: value}))
+    assert fake.sent and all(getattr(d, f.name) == value for d in fake.sent), (f.name, fake.sent)
+    assert len(fake.sent) == 3 if openai_name else 2
+
+
+# ----- error rendering: the protocol's own status and body, the field named -----
+
+def test_a_field_the_document_cannot_carry_is_named_by_every_protocol(http, fake):
+    r = http.post("/v1/completions", json={"model": "m", "prompt": "hi", "seed": 2**64})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "seed"
+    r = http.post("/generate", json={"inputs": "hi", "parameters": {"top_k": 2**40}})
+    assert r.status_code == 422 and r.json()["error"].startswith("top_k") and r.json()["error_type"] == "validation"
+    r = http.get("/stream", params={"prompt": "hi", "max_tokens": "many"})
+    event = list(sse_data(r.text.splitlines()))[0]
+    assert r.status_code == 422 and event["error_field"] == "max_tokens"
+    r = http.post("/v1/completions", json={"model": "m", "prompt": "hi", "temperature": "hot"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "temperature"  # no coercion
+    assert not fake.sent  # nothing reached the executor
+
+
+@pytest.mark.parametrize("error_kind,openai_status,status", [
+    (ErrorKind.VALIDATION, 400, 422), (ErrorKind.OVERLOADED, 429, 429), (ErrorKind.GENERATION, 500, 500)])
+def test_refusals_before_the_first_token_are_statuses(http, fake, error_kind, openai_status, status):
+    fake.script = [error_doc("max_tokens: too many", error_kind, "max_tokens" if error_kind is ErrorKind.VALIDATION
+                             else None)]
+    for stream in (False, True):
+        r = http.post("/v1/completions", json={"model": "m", "prompt": "hi", "stream": stream})
+        body = r.json()["error"]
+        assert r.status_code == openai_status and body["code"] == error_kind.value
+        assert body["param"] == ("max_tokens" if error_kind is ErrorKind.VALIDATION else None)
+        r = http.post("/generate_stream" if stream else "/generate", json={"inputs": "hi"})
+        assert r.status_code == status and r.json()["error_type"] == error_kind.value
+    r = http.get("/stream", params={"prompt": "hi"})
+    assert r.status_code == status and list(sse_data(r.text.splitlines()))[0]["error_type"] == error_kind.value
+
+
+def test_a_failure_mid_stream_ends_each_stream_with_one_error_event(http, fake):
+    fake.script = tokens("Hello", " world")[:1] + [error_doc("decode step failed")]
+    events = list(sse_data(http.post("/v1/completions", json={"model": "m", "prompt": "hi", "stream": True})
+                           .text.splitlines()))
+    assert events[0]["choices"][0]["text"] == "Hello" and events[1]["error"]["code"] == "generation"
+    assert events[-1] == "[DONE]" and len(events) == 3
+    events = list(sse_data(http.post("/generate_stream", json={"inputs": "hi"}).text.splitlines()))
+    assert [e.get("index") for e in events] == [1, None] and events[-1]["error_type"] == "generation"
+    events = list(sse_data(http.get("/stream", params={"prompt": "hi"}).text.splitlines()))
+    assert events[0]["text"] == "Hello" and events[1]["error"] == "decode step failed" and len(events) == 2
+
+
+# ----- the protocols' answers -----
+
+def test_openai_answers(http, fake):
+    fake.script = tokens("Hello", " world", seed=7, finish="eos_token")
+    whole = http.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "x"}]}).json()
+    assert whole["model"] == "fake-model" and whole["seed"] == 7 and whole["object"] == "chat.completion"
+    assert whole["choices"][0]["message"] == {"role": "assistant", "content": "Hello world"}
+    assert whole["choices"][0]["finish_reason"] == "stop" and whole["usage"]["completion_tokens"] == 2
+    events = list(sse_data(http.post("/v1/chat/completions", json={
+        "model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True,
+        "stream_options": {"include_usage": True}}).text.splitlines()))
+    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-2]) == "Hello world"
+    assert events[-2]["choices"] == [] and events[-2]["usage"]["total_tokens"] == 5 and events[-1] == "[DONE]"
+    echo = http.post("/v1/completions", json={"model": "m", "prompt": "Say:", "echo": True}).json()
+    assert echo["choices"][0]["text"] == "Say:Hello world"
+
+
+def test_tgi_answers(http, fake):
+    fake.script = tokens("Hello", " world", seed=5)
+    body = http.post("/generate", json={"inputs": "Say:", "parameters": {"details": True, "return_full_text": True}}).json()
+    assert body["generated_text"] == "Say:Hello world" and body["details"]["seed"] == 5
+    assert [t["text"] for t in body["details"]["tokens"]] == ["Hello", " world"]
+    assert http.post("/", json={"inputs": "x"}).json() == [{"generated_text": "Hello world"}]
+    events = list(sse_data(http.post("/", json={"inputs": "x", "stream": True}).text.splitlines()))
+    assert [e["index"] for e in events] == [1, 2] and events[-1]["generated_text"] == "Hello world"
+    info = http.get("/info").json()
+    assert info["model_id"] == "fake-model" and info["max_stop_sequences"] == 16

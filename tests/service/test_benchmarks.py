@@ -1,0 +1,125 @@
+"""The benchmark harness's logic with fake transports: counts and formulas, no timing, and no servers
+but a busy-loop process for `settle`."""
+import asyncio
+import json
+import sys
+
+from benchmarks.load import closed_loop, make_prompts, poisson
+from benchmarks.metrics import RequestRecord, Total, summarize
+from benchmarks.report import markdown, plot, ratios
+from testing.procs import ServerProcess, settle
+
+
+def test_prompts_are_deterministic_and_of_mixed_length():
+    a, b = make_prompts(20, seed=3), make_prompts(20, seed=3)
+    assert a == b and a != make_prompts(20, seed=4)
+    levels = [make_prompts(20, seed=3, draw=d) for d in ("closed 1", "closed 16", "warm-up")]
+    assert levels[0] == make_prompts(20, seed=3, draw="closed 1")
+    assert not set(levels[0]) & set(levels[1]) and not set(levels[1]) & set(levels[2])  # no prompt seen twice
+    assert len({len(p.split()) for p in a}) > 5
+
+
+def _record(start, arrivals, counts, end):
+    r = RequestRecord(prompt_chars=1, start=start)
+    for t, n in zip(arrivals, counts, strict=True):
+        r.arrivals.append(t)
+        r.tokens += n
+    r.end = end
+    return r
+
+
+def test_coalesced_document_counts_one_gap_and_all_its_tokens():
+    # 4 tokens in 3 documents: the second carries 2 tokens
+    r = _record(0.0, [0.1, 0.3, 0.4], [1, 2, 1], 0.4)
+    assert r.ttft == 0.1 and r.itls == [0.19999999999999998, 0.10000000000000003]
+    assert abs(r.tpot - (0.4 - 0.1) / 3) < 1e-12
+    row = summarize([r], duration=0.5)
+    assert row["tokens_per_document"] == 1.33 and row["output_tok_s"] == 8.0 and row["completed"] == 1
+
+
+def test_total_corrects_the_count_without_an_arrival():
+    r = RequestRecord(prompt_chars=1)
+    r.on_document(1)
+    r.on_document(Total(5))
+    assert r.tokens == 5 and len(r.arrivals) == 1
+
+
+def _fake(in_flight, peak, tokens=3):
+    async def send(prompt, max_tokens):
+        in_flight[0] += 1
+        peak[0] = max(peak[0], in_flight[0])
+        try:
+            for _ in range(tokens):
+                await asyncio.sleep(0)
+                yield 1
+        finally:
+            in_flight[0] -= 1
+    return send
+
+
+async def test_closed_loop_keeps_c_in_flight_and_sends_n():
+    in_flight, peak = [0], [0]
+    records, duration, cut = await closed_loop(_fake(in_flight, peak), ["p"], 4, 10, 3, time_limit=60)
+    assert len(records) == 10 and all(r.ok and r.tokens == 3 for r in records)
+    assert peak[0] == 4 and not cut and duration > 0
+
+
+async def test_failed_request_is_recorded_not_raised():
+    async def broken(prompt, max_tokens):
+        yield 1
+        raise RuntimeError("boom")
+    records, _, _ = await closed_loop(broken, ["p"], 2, 4, 3, time_limit=60)
+    row = summarize(records, 1.0)
+    assert row["errors"] == 4 and "boom" in row["first_error"] and row["completed"] == 0
+
+
+async def test_poisson_sends_n():
+    in_flight, peak = [0], [0]
+    records, _, cut = await poisson(_fake(in_flight, peak), ["p"], rate=1000.0, n=12, max_tokens=3,
+                                    time_limit=60)
+    assert len(records) == 12 and not cut
+
+
+def test_report_outputs(tmp_path):
+    base = dict(transport="grpc", model="tiny", load="C=1", requests=1, completed=1, rate=None,
+                ttft_p99_ms=10.0, ttft_p50_ms=5.0)
+    rows = [dict(base, system="this", concurrency=1, output_tok_s=50.0),
+            dict(base, system="raw-engine", transport="in-process", concurrency=1, output_tok_s=100.0),
+            dict(base, system="this", concurrency=16, output_tok_s=400.0),
+            dict(base, system="seed-jina", concurrency=16, output_tok_s=40.0, ttft_p99_ms=1000.0)]
+    lines = ratios(rows)
+    assert any("this/grpc / raw-engine" in l and "0.50x" in l for l in lines)
+    assert any("this/grpc / seed-jina" in l and "10.00x" in l for l in lines)
+    machine = {"cpu_count": 2, "device": "cpu", "torch": "x", "git": None, "time": "t",
+               "loadavg_at_start": [0, 0, 0]}
+    assert "| this | grpc | tiny |" in markdown(rows, machine, [], {})
+    plot(rows, tmp_path / "r.png")
+    assert (tmp_path / "r.png").stat().st_size > 0
+    json.dumps(rows)
+
+
+async def test_settle_waits_for_a_busy_server_to_go_quiet(tmp_path):
+    """A started server still busy (a Flow printing and importing) must not run into the first
+    level: settle() returns only once its processes are quiet, and at once for an idle one."""
+    busy = ServerProcess([sys.executable, "-c", "import time\nend = time.time() + 1.5\nwhile time.time() < end: pass\n"
+                          "time.sleep(60)"], tmp_path / "busy.log")
+    try:
+        waited = await settle()
+        assert 1.0 <= waited < 10.0, waited
+        assert await settle() < 1.0  # now quiet: one window
+    finally:
+        busy.stop()
+
+
+def test_the_kernel_benchmark_compares_each_c_kernel_with_pytorchs(tmp_path):
+    from benchmarks import kernels
+    from executors.engine import native
+    if not native.int4_ready():
+        import pytest
+        pytest.skip("the C kernels do not run here")
+    kernels.main(["--out", str(tmp_path), "--repeats", "1"])
+    rows = [line for line in (tmp_path / "results.md").read_text().splitlines() if line.startswith("| int4")]
+    assert len(rows) == len(kernels.SHAPES) * len(kernels.ROWS)
+    for row in rows:  # the C kernel's error against float64 is far below PyTorch's
+        c_error, torch_error = (float(cell) for cell in row.strip("| ").split(" | ")[-2:])
+        assert c_error * 100 < torch_error

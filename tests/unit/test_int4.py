@@ -1,0 +1,161 @@
+"""int4 weights on CPU: the kernels' row invariance that batched == alone rests on, the
+choice `auto` makes, refusals that name the field, and batched == alone end to end."""
+import asyncio
+
+import pytest
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from contract import EngineConfig
+from executors.engine import attention, native
+from executors.engine.int4 import Int4Linear, Int8Linear, _quantize, dequantize, quantize
+from executors.engine.loader import load_model, pick_dtype
+from tests.unit.test_batching import collect, make_engine, mixed_requests  # noqa: F401
+
+
+def _int4(linear: nn.Linear, kernel: str = "c") -> Int4Linear:
+    """kernel: "c" (int4_matmul.c, where it runs here) or "pytorch" (as without a compiler)."""
+    steps, scale, low, _ = _quantize(linear.weight.detach().float())
+    if kernel == "c":
+        if not native.int4_ready():
+            pytest.skip("int4_matmul.c does not run here (no compiler, or no AVX512-BF16)")
+        layer = Int4Linear(linear, steps, scale, low)
+    else:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(native, "library", lambda: None)
+            layer = Int4Linear(linear, steps, scale, low)
+    assert layer.c_kernel == (kernel == "c")
+    return layer
+
+
+@pytest.mark.parametrize("kernel", ["c", "pytorch"])
+@pytest.mark.parametrize("shape", [(576, 1536), (1536, 576), (64, 192), (576, 4096)])
+def test_each_row_comes_out_the_same_whatever_the_batch(shape, kernel):
+    torch.manual_seed(0)
+    linear = nn.Linear(*shape)
+    layers = {"int4": _int4(linear, kernel), "int8": Int8Linear(linear)}
+    x = torch.randn(64, shape[0])
+    for name, layer in layers.items():
+        alone = torch.cat([layer(x[i:i + 1]) for i in range(64)])
+        for rows in (2, 3, 7, 16, 33, 64):
+            assert torch.equal(layer(x[:rows]), alone[:rows]), (name, rows)
+
+
+def test_weights_on_the_4bit_grid_are_kept_exactly():
+    torch.manual_seed(0)
+    linear = nn.Linear(128, 96)
+    steps, scale, low, exact = _quantize(linear.weight.detach())
+    assert not exact  # random weights are not 4-bit
+    grid = dequantize(steps, scale, low)
+    assert _quantize(grid)[3]  # but their 4-bit version is, and quantizes to itself
+    linear.weight.data = grid
+    x = torch.randn(5, 128)
+    ref = linear(x)
+    for kernel in ("c", "pytorch"):
+        err = (_int4(linear, kernel)(x) - ref).abs().max() / ref.abs().max()
+        assert err < 0.01, kernel  # bf16 activations (and with PyTorch's kernel, bf16 scales)
+
+
+@pytest.mark.parametrize("shape", [(576, 1536), (1536, 576), (192, 576)])
+def test_the_c_kernel_is_exact_but_for_bf16_activations(shape):
+    """Against float64 on the same bf16 inputs: the C kernel's error is fp32 rounding; PyTorch's
+    kernel rounds its scales and output to bf16, and errs about ten thousand times more."""
+    torch.manual_seed(0)
+    linear = nn.Linear(*shape, bias=False)
+    x = torch.randn(16, shape[0])
+    c, pytorch = _int4(linear, "c"), _int4(linear, "pytorch")
+    steps, scale, low, _ = _quantize(linear.weight.detach())
+    weight = dequantize(steps, scale, low, torch.float64)
+    exact = x.to(torch.bfloat16).double() @ weight.t()
+    c_err, pytorch_err = ((layer(x).double() - exact).abs().max().item() for layer in (c, pytorch))
+    assert c_err < 2e-5 and c_err * 100 < pytorch_err
+
+
+@pytest.fixture(scope="module")
+def four_bit_llama(llama_model, tmp_path_factory) -> str:
+    """The tiny llama with its Linear weights snapped to 4-bit groups: a Q4_1 GGUF's shape."""
+    model = AutoModelForCausalLM.from_pretrained(llama_model, dtype=torch.float32)
+    for module in model.modules():
+        if type(module) is nn.Linear and module is not model.get_output_embeddings():
+            out, width = module.weight.shape
+            steps, scale, low, _ = _quantize(module.weight.detach())
+            module.weight.data = dequantize(steps, scale, low)
+    path = tmp_path_factory.mktemp("four_bit_llama")
+    model.save_pretrained(path)
+    AutoTokenizer.from_pretrained(llama_model).save_pretrained(path)
+    return str(path)
+
+
+def test_auto_on_cpu_is_int4_only_for_weights_that_already_are_4bit(llama_model, four_bit_llama):
+    assert load_model(EngineConfig(model=four_bit_llama, device="cpu")).info.dtype == "int4"
+    assert load_model(EngineConfig(model=llama_model, device="cpu")).info.dtype == "float32"
+    forced = load_model(EngineConfig(model=llama_model, device="cpu", dtype="int4"))
+    assert forced.info.dtype == "int4"
+    assert forced.model.config._attn_implementation == "row_sdpa"
+
+
+def test_int4_is_refused_where_it_cannot_run(gpt2_model):
+    with pytest.raises(ValueError, match="^dtype: int4 runs on CPU only"):
+        pick_dtype("int4", torch.device("cuda"))
+    with pytest.raises(ValueError, match="^dtype: int4 needs Linear layers"):
+        load_model(EngineConfig(model=gpt2_model, device="cpu", dtype="int4"))  # GPT-2: Conv1D
+    with pytest.raises(ValueError, match="^dtype: unknown 'int3'; choose auto, int4"):
+        pick_dtype("int3", torch.device("cpu"))
+    assert not quantize(nn.Sequential(nn.Linear(30, 8)))  # 30 inputs: not whole groups
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("sample", [False, True], ids=["greedy", "seeded"])
+async def test_int4_batched_output_equals_output_alone(four_bit_llama, make_engine, sample, seed):  # noqa: F811
+    """24 concurrent requests, prompts chunked (16-token budget) or padded: same tokens as alone."""
+    engine = make_engine(four_bit_llama, max_prefill_tokens=16)
+    assert engine.core.loaded.info.dtype == "int4"
+    await _assert_batched_equals_alone(engine, seed, sample)
+
+
+async def _assert_batched_equals_alone(engine, seed: int, sample: bool) -> None:
+    requests = mixed_requests(24, seed=seed, sample=sample)
+    alone = [await collect(engine, p, params) for p, params in requests]
+    together = await asyncio.gather(*(collect(engine, p, params) for p, params in requests))
+    assert together == alone
+
+
+async def test_int4_batched_output_equals_output_alone_without_the_c_kernels(four_bit_llama, make_engine,  # noqa: F811
+                                                                             monkeypatch):
+    """Where no C compiler builds native.py's kernels: PyTorch's int4 kernel and one SDPA call per row."""
+    monkeypatch.setattr(native, "library", lambda: None)
+    engine = make_engine(four_bit_llama, max_prefill_tokens=16)
+    assert not any(getattr(m, "c_kernel", False) for m in engine.core.loaded.model.modules())
+    await _assert_batched_equals_alone(engine, 0, False)
+
+
+def test_int4_prefill_and_decode_steps_run_the_c_attention(four_bit_llama, monkeypatch):
+    if native.library() is None:
+        pytest.skip("no C compiler on this machine")
+    results = []
+
+    def spy(*args):
+        results.append(native.row_attention(*args))
+        return results[-1]
+
+    monkeypatch.setattr(attention, "row_attention", spy)
+    loaded = load_model(EngineConfig(model=four_bit_llama, device="cpu"))
+    ids = torch.tensor([[5, 6, 7, 8]])
+    loaded.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False)
+    layers = loaded.model.config.num_hidden_layers
+    assert len(results) == 4 * layers and all(r is not None for r in results)  # the prefill, 3 decode steps
+
+
+def test_a_c_int4_layer_follows_its_buffers_and_refuses_what_it_cannot_run():
+    """The layer hands the C kernel its buffers' addresses: a move must point it again, and a
+    move off CPU or to fp16 scales must be refused rather than read as garbage."""
+    torch.manual_seed(0)
+    layer = _int4(nn.Linear(64, 48), "c")
+    x = torch.randn(3, 64)
+    before = layer(x)
+    old = layer.weights
+    layer._apply(lambda t: t.clone())  # as a move does: new tensors at new addresses
+    assert layer.weights != old and torch.equal(layer(x), before)
+    with pytest.raises(ValueError, match="^dtype: int4 layers run on CPU with fp32 scales"):
+        layer.half()
