@@ -29,7 +29,7 @@ def error_doc(message: str, kind: ErrorKind = ErrorKind.GENERATION,
 
 
 @dataclass
-class Completion:
+class CollectedAnswer:
     """A whole generation collected from a stream (non-streaming routes)."""
 
     docs: list[ModelOutputDocument] = field(default_factory=list)
@@ -85,8 +85,8 @@ class Backend:
         first = await it.__anext__()
         return first, it
 
-    async def complete(self, doc: PromptDocument) -> Completion:
-        result = Completion()
+    async def complete(self, doc: PromptDocument) -> CollectedAnswer:
+        result = CollectedAnswer()
         async with aclosing(self.stream(doc)) as it:
             async for out in it:
                 result.last = out

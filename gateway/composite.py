@@ -20,7 +20,7 @@ from jina.serve.runtimes.gateway.http import HTTPGateway
 from jina.serve.runtimes.servers import BaseServer
 from jina.serve.runtimes.servers.composite import CompositeBaseServer
 
-from gateway import upstream
+from gateway import jina_call_ends
 from gateway.backend import Backend
 from gateway.grpc_edge import StatusGRPCGateway
 from gateway.http_guard import DEBUG_PATHS, ApiKey, BodyLimit, cors_origins, debug_enabled
@@ -36,7 +36,7 @@ warnings.filterwarnings("ignore", message="Valid config keys have changed in V2"
 # environment and internal addresses (TGI's /health says what a caller needs): (path, method)
 REPLACED_JINA_ROUTES = {("/generate", "POST"), ("/stream", "GET"), ("/status", "GET")}
 
-upstream.install()  # the executor's generation ends with the request that asked for it
+jina_call_ends.install()  # the executor's generation ends with the request that asked for it
 
 
 class LLMHTTPGateway(HTTPGateway):

@@ -30,9 +30,9 @@ from gateway.inputs import LIMITS, LimitError, bad_request
 from schemas import PromptDocument, Seed
 
 # the NodeProto kinds each Python type accepts; subclasses first (Seed is an int, bool too)
-KINDS = ((Seed, {"integer", "text"}), (bool, {"boolean"}), (int, {"integer"}), (float, {"float", "integer"}),
+NODE_KINDS_OF_TYPE = ((Seed, {"integer", "text"}), (bool, {"boolean"}), (int, {"integer"}), (float, {"float", "integer"}),
          (str, {"text"}), (list, {"list"}))
-WORDS = {"text": "a string (text)", "boolean": "a boolean (boolean)", "integer": "an integer (integer)",
+NODE_KIND_WORDS = {"text": "a string (text)", "boolean": "a boolean (boolean)", "integer": "an integer (integer)",
          "float": "a number (float)", "list": "a list of strings (list of text)"}
 REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
 
@@ -45,24 +45,24 @@ def _kinds(annotation: Any) -> tuple[set[str], bool]:
     if typing.get_origin(annotation) is typing.Annotated:
         annotation = typing.get_args(annotation)[0]
     base = typing.get_origin(annotation) or annotation
-    return next(kinds for cls, kinds in KINDS if issubclass(base, cls)), optional
+    return next(kinds for cls, kinds in NODE_KINDS_OF_TYPE if issubclass(base, cls)), optional
 
 
-FIELDS = {name: _kinds(info.annotation) for name, info in PromptDocument.model_fields.items()}
+PROMPT_FIELD_KINDS = {name: _kinds(info.annotation) for name, info in PromptDocument.model_fields.items()}
 
 
 def wrong_field(document: Any) -> Optional[str]:
     """The first field a caller got wrong, as a message naming it; None when all are right."""
     for name, node in document.data.items():
-        if name not in FIELDS:
-            return f"{name}: unknown field; PromptDocument has {', '.join(sorted(FIELDS))}"
-        kinds, optional = FIELDS[name]
+        if name not in PROMPT_FIELD_KINDS:
+            return f"{name}: unknown field; PromptDocument has {', '.join(sorted(PROMPT_FIELD_KINDS))}"
+        kinds, optional = PROMPT_FIELD_KINDS[name]
         kind = node.WhichOneof("content")
         if kind is None:
             if not optional:
                 return f"{name}: null; leave the field out for its default"
         elif kind not in kinds:
-            return f"{name}: expected {' or '.join(WORDS[k] for k in sorted(kinds))}, got {kind}"
+            return f"{name}: expected {' or '.join(NODE_KIND_WORDS[k] for k in sorted(kinds))}, got {kind}"
         elif kind == "list" and any(item.WhichOneof("content") != "text" for item in node.list.data):
             return f"{name}: expected a list of strings (list of text)"
     try:
@@ -122,7 +122,7 @@ def error_status(response: Any) -> Optional[tuple[grpc.StatusCode, str]]:
     return (grpc.StatusCode[code], fields["error"].text) if code is not None else None
 
 
-def guarded(stream_doc: Callable[..., AsyncIterator], streaming: Callable[[], dict[str, bool]]
+def checked_at_the_edge(stream_doc: Callable[..., AsyncIterator], streaming: Callable[[], dict[str, bool]]
             ) -> Callable[..., AsyncIterator]:
     async def stream_doc_at_the_edge(request: Any, context: Any) -> AsyncIterator:
         refused = refusal(request, streaming())
@@ -175,7 +175,7 @@ class StatusGRPCGateway(GRPCGateway):
 
     async def setup_server(self) -> None:
         handler = self._request_handler
-        handler.stream_doc = guarded(handler.stream_doc, lambda: _streaming(handler))  # the servicer grpc registers
+        handler.stream_doc = checked_at_the_edge(handler.stream_doc, lambda: _streaming(handler))  # the servicer grpc registers
         handler._status = no_status  # Jina's answers with the environment and internal addresses
         # a message past the body limit is refused by gRPC itself (RESOURCE_EXHAUSTED)
         self.grpc_server_options = {**(self.grpc_server_options or {}),

@@ -17,14 +17,14 @@ from pydantic import BaseModel, ConfigDict, create_model
 
 from contract import ErrorKind, ServerInfo
 from contract.transport import OPENAI_ERROR_TYPE, OPENAI_STATUS
-from gateway.backend import Completion, now
+from gateway.backend import CollectedAnswer, now
 from gateway.inputs import BadRequest, Bool, Int, Stop, option_fields, parse_body, prompt_document, set_options
 from gateway.protocol import Parsed, Protocol, Upstream, kind, serve, sse
 from schemas import ModelOutputDocument
 
 FINISH = {"length": "length", "eos_token": "stop", "stop_sequence": "stop"}
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-OWN = ("max_tokens", "stop", "do_sample")  # OpenAI's own spelling of these, or none (do_sample)
+SPELLED_BY_OPENAI = ("max_tokens", "stop", "do_sample")  # OpenAI's own spelling of these, or none (do_sample)
 
 
 class StreamOptions(BaseModel):
@@ -42,7 +42,7 @@ class _OpenAIRequest(BaseModel):
 
 
 # temperature, top_p, seed (OpenAI's names too) and the engine's other request fields
-_Common = create_model("_Common", __base__=_OpenAIRequest, **option_fields(exclude=OWN))
+_Common = create_model("_Common", __base__=_OpenAIRequest, **option_fields(exclude=SPELLED_BY_OPENAI))
 
 
 class CompletionRequest(_Common):  # type: ignore[misc, valid-type]
@@ -73,7 +73,7 @@ def error_body(message: str, error_kind: ErrorKind, param: Optional[str]) -> dic
 def to_fields(req: Any, max_tokens: int) -> dict:
     """OpenAI always samples at its temperature (default 1); temperature 0 means greedy."""
     stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
-    return {**set_options(req, exclude=OWN), "max_tokens": max_tokens, "do_sample": True,
+    return {**set_options(req, exclude=SPELLED_BY_OPENAI), "max_tokens": max_tokens, "do_sample": True,
             "stop": [s for s in stop if s]}  # OpenAI clients send "" for "no stop"
 
 
@@ -132,7 +132,7 @@ class OpenAI(Protocol):
                 yield sse(self.envelope(parsed, self.chunk_obj, [], info, usage=_usage(out)))
         yield sse("[DONE]")
 
-    def whole(self, parsed: Parsed, result: Completion, info: Optional[ServerInfo]) -> Response:
+    def answer(self, parsed: Parsed, result: CollectedAnswer, info: Optional[ServerInfo]) -> Response:
         last = result.last
         choice = self.message(self.prefix(parsed) + result.text, FINISH.get(last.finish_reason or ""))
         return JSONResponse(self.envelope(parsed, self.obj, [choice], info, usage=_usage(last), **_seed(last.seed)))
@@ -143,7 +143,7 @@ class OpenAI(Protocol):
             raise BadRequest("n: only n=1 is supported", "n")
 
 
-class Completions(OpenAI):
+class OpenAICompletions(OpenAI):
     async def parse(self, request: Request, backend: Upstream) -> Parsed:
         req = await parse_body(request, CompletionRequest)
         self._check_n(req)
@@ -158,7 +158,7 @@ class Completions(OpenAI):
         return parsed.request.prefix
 
 
-class Chat(OpenAI):
+class OpenAIChat(OpenAI):
     chat = True
     obj, chunk_obj = "chat.completion", "chat.completion.chunk"
 
@@ -188,11 +188,11 @@ def openai_router(backend: Upstream) -> APIRouter:
 
     @router.post("/completions", summary="OpenAI completions (streaming with stream=true)")
     async def completions(request: Request) -> Response:
-        return await serve(Completions(), backend, request)
+        return await serve(OpenAICompletions(), backend, request)
 
     @router.post("/chat/completions", summary="OpenAI chat completions (streaming with stream=true)")
     async def chat_completions(request: Request) -> Response:
-        return await serve(Chat(), backend, request)
+        return await serve(OpenAIChat(), backend, request)
 
     @router.get("/models", summary="OpenAI: the one model served")
     async def models() -> dict:

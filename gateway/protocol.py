@@ -4,7 +4,7 @@
 the field), open the stream, refuse with a status if the first document is an error,
 then stream the events or collect the whole answer, 499 when the client left first. A
 protocol supplies only its request mapping (`parse`) and its encoders (`refusal`,
-`events`, `whole`). Handlers take any backend with `open`, `complete` and `info`, so
+`events`, `answer`). Handlers take any backend with `open`, `complete` and `info`, so
 a fake one tests every protocol in milliseconds.
 """
 import json
@@ -18,7 +18,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from contract import ErrorKind, ServerInfo
 from contract.transport import error_kind
-from gateway.backend import Completion, cancel_on_disconnect, close_quietly, error_doc
+from gateway.backend import CollectedAnswer, cancel_on_disconnect, close_quietly, error_doc
 from gateway.inputs import BadRequest
 from schemas import ModelOutputDocument, PromptDocument
 
@@ -51,7 +51,7 @@ class Upstream(Interface):
 
     async def open(self, doc: PromptDocument) -> tuple[ModelOutputDocument, AsyncIterator[ModelOutputDocument]]: ...
 
-    async def complete(self, doc: PromptDocument) -> Completion: ...
+    async def complete(self, doc: PromptDocument) -> CollectedAnswer: ...
 
     async def info(self) -> ServerInfo: ...
 
@@ -78,7 +78,7 @@ class Protocol:
         """The stream's frames; `docs` ends with a finished or an error document."""
         raise NotImplementedError
 
-    def whole(self, parsed: Parsed, result: Completion, info: Optional[ServerInfo]) -> Response:
+    def answer(self, parsed: Parsed, result: CollectedAnswer, info: Optional[ServerInfo]) -> Response:
         raise NotImplementedError
 
 
@@ -92,7 +92,7 @@ async def serve(protocol: Protocol, backend: Upstream, request: Request) -> Resp
         result = await cancel_on_disconnect(request.receive, backend.complete(parsed.doc))
         if result is None:
             return Response(status_code=499)  # the client left; nobody reads this
-        return protocol.refusal(result.error) if result.error is not None else protocol.whole(parsed, result, info)
+        return protocol.refusal(result.error) if result.error is not None else protocol.answer(parsed, result, info)
     first, rest = await backend.open(parsed.doc)
     if first.error is not None:
         await close_quietly(rest)

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, create_model
 
 from contract import ServerInfo
 from contract.transport import HTTP_STATUS
-from gateway.backend import Completion
+from gateway.backend import CollectedAnswer
 from gateway.inputs import (
     BadRequest,
     Bool,
@@ -32,8 +32,8 @@ from gateway.protocol import Parsed, Protocol, Upstream, kind, serve, sse
 from schemas import ModelOutputDocument
 
 DEFAULT_MAX_NEW_TOKENS = 20  # TGI's documented default
-OWN = ("max_tokens", "stop")  # TGI's spelling: max_new_tokens, and stop as a string or a list
-NAMES = {"prompt": "inputs", "max_tokens": "max_new_tokens"}  # the engine's field -> TGI's
+SPELLED_BY_TGI = ("max_tokens", "stop")  # TGI's spelling: max_new_tokens, and stop as a string or a list
+TGI_FIELD_NAMES = {"prompt": "inputs", "max_tokens": "max_new_tokens"}  # the engine's field -> TGI's
 
 
 class _TGIParameters(BaseModel):
@@ -47,7 +47,7 @@ class _TGIParameters(BaseModel):
     best_of: Int = None
 
 
-TGIParameters = create_model("TGIParameters", __base__=_TGIParameters, **option_fields(exclude=OWN))
+TGIParameters = create_model("TGIParameters", __base__=_TGIParameters, **option_fields(exclude=SPELLED_BY_TGI))
 
 
 class TGIRequest(BaseModel):
@@ -60,7 +60,7 @@ class TGIRequest(BaseModel):
 def to_fields(p: BaseModel) -> dict:
     """TGI samples when asked to, or when any warper is set (like TGI's NextTokenChooser)."""
     stop = [p.stop] if isinstance(p.stop, str) else (p.stop or [])
-    return {**set_options(p, exclude=OWN), "do_sample": bool(p.do_sample) or bool(sampling_options(p)),
+    return {**set_options(p, exclude=SPELLED_BY_TGI), "do_sample": bool(p.do_sample) or bool(sampling_options(p)),
             "stop": stop, "max_tokens": p.max_new_tokens if p.max_new_tokens is not None else DEFAULT_MAX_NEW_TOKENS}
 
 
@@ -98,8 +98,8 @@ class TGI(Protocol):
     def refusal(self, error: ModelOutputDocument) -> Response:
         """Errors name the field as TGI's clients know it (inputs, max_new_tokens)."""
         message = error.error or ""
-        if error.error_field in NAMES:
-            message = NAMES[error.error_field] + message.removeprefix(error.error_field)
+        if error.error_field in TGI_FIELD_NAMES:
+            message = TGI_FIELD_NAMES[error.error_field] + message.removeprefix(error.error_field)
         return JSONResponse({"error": message, "error_type": error.error_type}, status_code=HTTP_STATUS[kind(error)])
 
     async def events(self, parsed: Parsed, docs: AsyncIterator[ModelOutputDocument],
@@ -118,7 +118,7 @@ class TGI(Protocol):
             for event in events:
                 yield sse(event)
 
-    def whole(self, parsed: Parsed, result: Completion, info: Optional[ServerInfo]) -> Response:
+    def answer(self, parsed: Parsed, result: CollectedAnswer, info: Optional[ServerInfo]) -> Response:
         req = parsed.request
         body: dict = {"generated_text": (req.inputs if req.parameters.return_full_text else "") + result.text}
         if req.parameters.details:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any, Optional, TypeVar
 
 import torch
+from transformers import DynamicCache
 
 from contract import EngineConfig, FinishReason
 
@@ -105,7 +106,7 @@ class EngineCore:
         for req in gone:
             self.aborted += 1
             self.observer.finished(FinishReason.ABORTED, time.perf_counter() - req.arrival)
-        self._sync_batch()
+        self._drop_finished_rows()
 
     def _decode(self) -> None:
         rows = [self.scheduler.running[r] for r in self.batch.rows]
@@ -120,11 +121,13 @@ class EngineCore:
         for req, choice in zip(rows, choices, strict=True):
             if choice is not None and self._advance(req, choice):
                 next_tokens.append(choice.token_id)
-        self._sync_batch()
+        self._drop_finished_rows()
         if len(self.batch):
             self.batch.set_next_tokens(next_tokens)
 
     def _choose(self, rows: list[Request], logits: torch.Tensor) -> list[Choice | None]:
+        """logits: [len(rows), vocab] float32, row i for rows[i]'s next token. Plain greedy
+        rows share one argmax; the others choose alone (None: that request failed)."""
         choices: list[Choice | None] = [None] * len(rows)
         plain = [i for i, r in enumerate(rows) if r.chooser.plain_greedy]
         if plain:
@@ -132,10 +135,10 @@ class EngineCore:
                 choices[i] = c
         for i, req in enumerate(rows):
             if choices[i] is None:
-                choices[i] = self._guarded(req, req.chooser.choose, req.history(), logits[i:i + 1])
+                choices[i] = self._or_fail_request(req, req.chooser.choose, req.history(), logits[i:i + 1])
         return choices
 
-    def _guarded(self, req: Request, fn: Callable[..., T], *args: Any) -> Optional[T]:
+    def _or_fail_request(self, req: Request, fn: Callable[..., T], *args: Any) -> Optional[T]:
         """fn(*args), or None when it failed: that fails this request only."""
         try:
             return fn(*args)
@@ -157,7 +160,7 @@ class EngineCore:
         rest = [r for r in self.scheduler.prefilling if r.request_id not in planned]
         if rest:  # the oldest long prompt advances every step: short ones cannot starve it
             req = rest[0]
-            self._guarded(req, self._prefill_chunk, req, budget)
+            self._or_fail_request(req, self._prefill_chunk, req, budget)
 
     def _prefill_group(self, group: list[Request]) -> None:
         cache = new_cache()
@@ -182,8 +185,12 @@ class EngineCore:
             cache, req.cache = req.cache, None
             self._start_running([req], logits, cache, mask)
 
-    def _start_running(self, group: list[Request], logits, cache, mask) -> None:
-        """First tokens out, then the rows that go on join the decode batch."""
+    def _start_running(self, group: list[Request], logits: torch.Tensor, cache: DynamicCache,
+                       mask: torch.Tensor) -> None:
+        """First tokens out, then the rows that go on join the decode batch. logits:
+        [len(group), vocab] float32, each prompt's last position; cache: len(group) rows of
+        [heads, width, head_dim] per layer, left-padded; mask: [len(group), width], 1 where
+        a row has a token."""
         for req in group:
             self.scheduler.start_running(req)
             self.observer.prefilled(len(req.prompt_ids))
@@ -206,7 +213,7 @@ class EngineCore:
             if not self.batch.consistent():  # half-merged: the batch itself is lost
                 self._fail_batch(f"batch merge failed: {exc}")
             else:
-                self._sync_batch()
+                self._drop_finished_rows()
 
     def _advance(self, req: Request, choice: Choice) -> bool:
         """Record a token and emit it; return whether the request goes on."""
@@ -257,7 +264,7 @@ class EngineCore:
                 self._finish_with_error(self.scheduler.running[row], message)
         self.batch = KVBatch(self.loaded.model, self.loaded.device)
 
-    def _sync_batch(self) -> None:
+    def _drop_finished_rows(self) -> None:
         """Drop rows whose request is no longer running."""
         live = [r for r in self.batch.rows if r in self.scheduler.running]
         self.batch.keep(live)

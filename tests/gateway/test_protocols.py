@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from contract import ErrorKind, RequestLimits, ServerInfo, field_type, request_fields
-from gateway.backend import Completion, error_doc
+from gateway.backend import CollectedAnswer, error_doc
 from gateway.jina_sse import jina_sse_router
 from gateway.openai_routes import openai_router
 from gateway.tgi_routes import tgi_router
@@ -51,7 +51,7 @@ class FakeUpstream:
     async def complete(self, doc):
         self.sent.append(doc)
         done = [d for d in self.script if d.error is None]
-        return Completion(done, self.script[-1])
+        return CollectedAnswer(done, self.script[-1])
 
     async def info(self):
         return INFO
