@@ -63,7 +63,7 @@ class SamplingParams:
         [], "stop sequences: the text ends before the first one, which is never streamed")
     stream_interval: Optional[int] = request_field(
         None, "tokens per streamed document, at least (the last may have fewer); null: the server's", ge=1)
-    ignore_eos: bool = field(default=False, metadata={"internal": True})  # benchmarks and tests
+    ignore_eos: bool = request_field(False, "go on past the end-of-sequence token, to max_tokens (benchmarks)")
 
     def validate(self, max_tokens_limit: int, limits: RequestLimits = DEFAULT_LIMITS) -> "SamplingParams":
         for f in request_fields():
