@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import sys
 from dataclasses import Field
+from pathlib import Path
 
 from contract import field_type, request_fields
 
@@ -15,12 +16,21 @@ from . import StreamError, stream
 def add_option(parser: argparse.ArgumentParser, f: Field) -> None:
     flag, (kind, _) = "--" + f.name.replace("_", "-"), field_type(f)
     help_text = f.metadata["help"]
-    if kind is bool:
+    if f.metadata.get("cli_file"):  # a JSON schema, say: the option names a file that holds it
+        parser.add_argument(flag, type=read_text, metavar="FILE", default=f.default, help=help_text + ", from FILE")
+    elif kind is bool:
         parser.add_argument(flag, action="store_true", help=help_text)
     elif kind is list:
         parser.add_argument(flag, action="append", default=[], help=help_text + " (repeatable)")
     else:
         parser.add_argument(flag, type=kind, default=f.default, help=f"{help_text} (default {f.default})")
+
+
+def read_text(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot read {path}: {exc.strerror}") from None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -19,6 +19,8 @@ class ServerInfo:
     max_messages: int
     max_stop_sequences: int
     max_stop_chars: int
+    max_grammar_bytes: int
+    max_grammar_compile_ms: int
     device: str
     dtype: str
     chat_template: bool  # whether the model has its own chat template

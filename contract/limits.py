@@ -4,7 +4,7 @@ The gateway checks them while it parses a request, before anything is sent on; t
 checks them again before any work (gRPC callers reach it without the gateway's checks). Both
 read the same values, so a deployment overrides them with environment variables that every
 process sees: LLM_MAX_BODY_BYTES, LLM_MAX_PROMPT_CHARS, LLM_MAX_MESSAGES,
-LLM_MAX_STOP_SEQUENCES, LLM_MAX_STOP_CHARS.
+LLM_MAX_STOP_SEQUENCES, LLM_MAX_STOP_CHARS, LLM_MAX_GRAMMAR_BYTES, LLM_MAX_GRAMMAR_COMPILE_MS.
 """
 import os
 from collections.abc import Mapping
@@ -23,6 +23,8 @@ class RequestLimits:
     max_messages: int = 512  # chat messages in one request
     max_stop_sequences: int = 16
     max_stop_chars: int = 256  # characters of one stop sequence
+    max_grammar_bytes: int = 64 * 1024  # a JSON schema, regex, choice list or grammar, as UTF-8
+    max_grammar_compile_ms: int = 200  # the compiler's work bound (llguidance's lexer fuel, ~50k/ms)
 
     @classmethod
     def from_env(cls, env: Optional[Mapping[str, str]] = None) -> "RequestLimits":
@@ -54,6 +56,12 @@ class RequestLimits:
                   f"at most {self.max_stop_sequences} stop sequences, got {len(stop)}")
             check(all(not isinstance(s, str) or len(s) <= self.max_stop_chars for s in stop), "stop",
                   f"a stop sequence may have at most {self.max_stop_chars} characters")
+
+    def check_grammar(self, field_name: str, text: str) -> None:
+        """Before compiling: a grammar past the limit is refused without being read."""
+        size = len(text.encode("utf-8", "surrogatepass"))
+        check(size <= self.max_grammar_bytes, field_name,
+              f"{size} bytes; at most {self.max_grammar_bytes} (LLM_MAX_GRAMMAR_BYTES)")
 
     def check_messages(self, messages: Any) -> None:
         """Count and size before any rendering or tokenizing."""

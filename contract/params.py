@@ -4,6 +4,7 @@ validated before any work starts.
 Errors name the offending field so every transport can report it as-is.
 """
 import enum
+import json
 import math
 import operator
 import random
@@ -64,6 +65,15 @@ class SamplingParams:
     stream_interval: Optional[int] = request_field(
         None, "tokens per streamed document, at least (the last may have fewer); null: the server's", ge=1)
     ignore_eos: bool = request_field(False, "go on past the end-of-sequence token, to max_tokens (benchmarks)")
+    # structured output, enforced while decoding; at most one of them (constraint=True)
+    json_schema: Optional[str] = request_field(
+        None, "structured output: JSON valid against this JSON schema (JSON text)", constraint=True, cli_file=True)
+    json_object: bool = request_field(False, "structured output: any JSON object", constraint=True)
+    regex: Optional[str] = request_field(
+        None, "structured output: text matching this regular expression (Rust regex syntax)", constraint=True)
+    choice: list[str] = request_field([], "structured output: exactly one of these strings", constraint=True)
+    grammar: Optional[str] = request_field(
+        None, "structured output: text in this grammar (Lark, as llguidance reads it, or GBNF)", constraint=True)
 
     def validate(self, max_tokens_limit: int, limits: RequestLimits = DEFAULT_LIMITS) -> "SamplingParams":
         for f in request_fields():
@@ -73,7 +83,28 @@ class SamplingParams:
         limits.check_stop(self.stop)
         check(all(isinstance(s, str) and s for s in self.stop), "stop",
               "stop sequences must be non-empty strings")
+        self._check_constraint(limits)
         return self
+
+    def _check_constraint(self, limits: RequestLimits) -> None:
+        chosen = [f.name for f in constraint_fields() if getattr(self, f.name) not in (None, False, [])]
+        check(len(chosen) <= 1, chosen[-1] if chosen else "", f"only one structured-output field may be set, "
+              f"got {', '.join(chosen)}")
+        check(all(isinstance(c, str) and c for c in self.choice), "choice", "choices must be non-empty strings")
+        if chosen:
+            limits.check_grammar(chosen[0], self.constraint()[1])  # type: ignore[index]
+
+    def constraint(self) -> Optional[tuple[str, str]]:
+        """(field, text) of the structured-output field set, if any: json_object is the JSON
+        schema of any object, and choice its strings as a JSON list."""
+        for f in constraint_fields():
+            value = getattr(self, f.name)
+            if value in (None, False, []):
+                continue
+            if f.name == "json_object":
+                return f.name, '{"type": "object"}'
+            return f.name, json.dumps(value) if f.name == "choice" else value
+        return None
 
     def _check(self, f: Field) -> None:
         """The declared type (strictly: true is not 1) and bounds of one field."""
@@ -105,7 +136,7 @@ class SamplingParams:
         return self.seed if self.seed is not None else random.getrandbits(64)
 
 
-_KIND_NAMES = {int: "an integer", bool: "true or false", list: "a list of strings"}
+_KIND_NAMES = {int: "an integer", bool: "true or false", list: "a list of strings", str: "a string"}
 _BOUNDS: dict[str, tuple[Callable[[Any, Any], bool], str]] = {
     "ge": (operator.ge, ">="), "gt": (operator.gt, ">"), "le": (operator.le, "<="), "lt": (operator.lt, "<")}
 
@@ -115,8 +146,13 @@ def request_fields() -> list[Field]:
     return [f for f in fields(SamplingParams) if not f.metadata.get("internal")]
 
 
+def constraint_fields() -> list[Field]:
+    """The structured-output request fields, of which a request sets at most one."""
+    return [f for f in request_fields() if f.metadata.get("constraint")]
+
+
 def field_type(f: Field) -> tuple[type, bool]:
-    """(int | float | bool | list, whether null is allowed) of a request field."""
+    """(int | float | bool | str | list, whether null is allowed) of a request field."""
     annotation: Any = f.type
     optional = typing.get_origin(annotation) is typing.Union
     if optional:

@@ -11,7 +11,7 @@ from dataclasses import Field
 from typing import Any, Optional, TypeVar, Union
 
 from fastapi import Request
-from pydantic import BaseModel, StrictBool, StrictFloat, StrictInt, ValidationError
+from pydantic import BaseModel, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 from pydantic import Field as ModelField
 
 from contract import RequestLimits, field_type, request_fields
@@ -26,7 +26,8 @@ Int = Optional[StrictInt]
 Number = Optional[Union[StrictInt, StrictFloat]]
 Bool = Optional[StrictBool]
 Stop = Optional[Union[str, list[str]]]  # a string or a list, as OpenAI and TGI accept
-_STRICT = {int: Int, float: Number, bool: Bool, list: Stop}
+Text = Optional[StrictStr]
+_STRICT = {int: Int, float: Number, bool: Bool, list: Stop, str: Text}
 
 
 class BadRequest(ValueError):
@@ -101,6 +102,16 @@ def prompt_document(**fields: Any) -> PromptDocument:
         return PromptDocument(**fields)
     except ValidationError as exc:
         raise bad_request(exc) from None
+
+
+def refuse_unsupported(model: BaseModel, unsupported: dict[str, tuple]) -> None:
+    """Never ignore a field that would change the answer: one this server does not serve is
+    refused naming it, unless it holds a neutral value (null, or one of `unsupported[name]`)."""
+    extra = model.model_extra or {}
+    for name, neutral in unsupported.items():
+        value = extra.get(name)
+        if value is not None and not any(value == n and type(value) is type(n) for n in neutral):
+            raise BadRequest(f"{name}: not supported by this server", name)
 
 
 def option_fields(exclude: Collection[str] = ()) -> dict[str, Any]:

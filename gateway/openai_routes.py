@@ -18,21 +18,37 @@ from pydantic import BaseModel, ConfigDict, create_model
 from contract import ErrorKind, ServerInfo
 from contract.transport import OPENAI_ERROR_TYPE, OPENAI_STATUS
 from gateway.backend import CollectedAnswer, now
-from gateway.inputs import BadRequest, Bool, Int, Stop, option_fields, parse_body, prompt_document, set_options
+from gateway.inputs import (
+    BadRequest,
+    Bool,
+    Int,
+    Stop,
+    option_fields,
+    parse_body,
+    prompt_document,
+    refuse_unsupported,
+    set_options,
+)
 from gateway.protocol import Parsed, Protocol, Upstream, kind, serve, sse
+from gateway.structured_output import OpenAIStructured, openai_constraint
 from schemas import ModelOutputDocument
 
 FINISH = {"length": "length", "eos_token": "stop", "stop_sequence": "stop"}
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 SPELLED_BY_OPENAI = ("max_tokens", "stop", "do_sample")  # OpenAI's own spelling of these, or none (do_sample)
+# fields that change the answer and that this server does not serve: refused unless neutral
+UNSUPPORTED = {"tools": ([],), "tool_choice": ("none", "auto"), "functions": ([],), "function_call": ("none", "auto"),
+               "parallel_tool_calls": (True, False), "logprobs": (False, 0), "top_logprobs": (0,),
+               "logit_bias": ({},), "best_of": (1,), "suffix": ("",), "prediction": (),
+               "modalities": (["text"],), "audio": ()}
 
 
 class StreamOptions(BaseModel):
     include_usage: Optional[bool] = False
 
 
-class _OpenAIRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class _OpenAIRequest(OpenAIStructured):
+    model_config = ConfigDict(extra="allow")  # unknown fields are let through, but see UNSUPPORTED
     model: Optional[str] = None
     max_tokens: Int = None
     n: Int = 1
@@ -70,11 +86,14 @@ def error_body(message: str, error_kind: ErrorKind, param: Optional[str]) -> dic
                       "param": param, "code": error_kind.value}}
 
 
-def to_fields(req: Any, max_tokens: int) -> dict:
-    """OpenAI always samples at its temperature (default 1); temperature 0 means greedy."""
+def to_fields(req: Any, max_tokens: int) -> tuple[dict, dict[str, str]]:
+    """(the document's fields, the names the request used for them where they differ).
+    OpenAI always samples at its temperature (default 1); temperature 0 means greedy."""
+    refuse_unsupported(req, UNSUPPORTED)
     stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
-    return {**set_options(req, exclude=SPELLED_BY_OPENAI), "max_tokens": max_tokens, "do_sample": True,
-            "stop": [s for s in stop if s]}  # OpenAI clients send "" for "no stop"
+    constraint, sent_as = openai_constraint(req)
+    return {**set_options(req, exclude=SPELLED_BY_OPENAI), **constraint, "max_tokens": max_tokens,
+            "do_sample": True, "stop": [s for s in stop if s]}, sent_as  # OpenAI clients send "" for "no stop"
 
 
 def _seed(seed: Optional[int]) -> dict:
@@ -152,7 +171,8 @@ class OpenAICompletions(OpenAI):
         prompt = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
         max_tokens = req.max_tokens if req.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
         context = OpenAIContext(req, "cmpl-" + uuid.uuid4().hex, prefix=prompt if req.echo else "")
-        return Parsed(prompt_document(prompt=prompt, **to_fields(req, max_tokens)), bool(req.stream), context)
+        fields, sent_as = to_fields(req, max_tokens)
+        return Parsed(prompt_document(prompt=prompt, **fields), bool(req.stream), context, sent_as)
 
     def prefix(self, parsed: Parsed) -> str:
         return parsed.request.prefix
@@ -170,7 +190,8 @@ class OpenAIChat(OpenAI):
         if max_tokens is None:  # OpenAI: up to the context; here half of it, within the limit
             info = await backend.info()
             max_tokens = min(info.max_tokens_limit, info.max_context // 2)
-        return Parsed(prompt_document(messages=req.messages, **to_fields(req, max_tokens)), bool(req.stream), context)
+        fields, sent_as = to_fields(req, max_tokens)
+        return Parsed(prompt_document(messages=req.messages, **fields), bool(req.stream), context, sent_as)
 
     def choice(self, text: Optional[str], finish: Optional[str], first: bool = False) -> dict:
         delta: dict = {"role": "assistant", "content": ""} if first else {}

@@ -9,7 +9,7 @@ a fake one tests every protocol in milliseconds.
 """
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 from typing import Protocol as Interface
 
@@ -44,6 +44,18 @@ class Parsed:
     doc: PromptDocument
     stream: bool
     request: Any = None
+    sent_as: dict[str, str] = field(default_factory=dict)  # an engine field -> the name this request used
+
+    def as_sent(self, error: ModelOutputDocument) -> ModelOutputDocument:
+        """The executor's refusal, naming the field as the client sent it (response_format
+        rather than json_schema, say)."""
+        name = self.sent_as.get(error.error_field or "")
+        if name is None:
+            return error
+        message = error.error or ""
+        if message.startswith(f"{error.error_field}:"):
+            message = name + message[len(error.error_field or ""):]
+        return error.model_copy(update={"error_field": name, "error": message})
 
 
 class Upstream(Interface):
@@ -92,11 +104,13 @@ async def serve(protocol: Protocol, backend: Upstream, request: Request) -> Resp
         result = await cancel_on_disconnect(request.receive, backend.complete(parsed.doc))
         if result is None:
             return Response(status_code=499)  # the client left; nobody reads this
-        return protocol.refusal(result.error) if result.error is not None else protocol.answer(parsed, result, info)
+        if result.error is not None:
+            return protocol.refusal(parsed.as_sent(result.error))
+        return protocol.answer(parsed, result, info)
     first, rest = await backend.open(parsed.doc)
     if first.error is not None:
         await close_quietly(rest)
-        return protocol.refusal(first)
+        return protocol.refusal(parsed.as_sent(first))
     return StreamingResponse(_frames(protocol, parsed, first, rest, info), media_type=protocol.media_type,
                              headers=SSE_HEADERS)
 

@@ -25,26 +25,32 @@ from gateway.inputs import (
     option_fields,
     parse_body,
     prompt_document,
+    refuse_unsupported,
     sampling_options,
     set_options,
 )
 from gateway.protocol import Parsed, Protocol, Upstream, kind, serve, sse
+from gateway.structured_output import TGIGrammar, tgi_constraint
 from schemas import ModelOutputDocument
 
 DEFAULT_MAX_NEW_TOKENS = 20  # TGI's documented default
-SPELLED_BY_TGI = ("max_tokens", "stop")  # TGI's spelling: max_new_tokens, and stop as a string or a list
+SPELLED_BY_TGI = ("max_tokens", "stop", "grammar")  # TGI's: max_new_tokens, stop as a string or a list, grammar
+# fields that change the answer and that this server does not serve: refused unless neutral
+UNSUPPORTED = {"top_n_tokens": (0,), "decoder_input_details": (False,), "watermark": (False,),
+               "truncate": (), "adapter_id": ()}
 TGI_FIELD_NAMES = {"prompt": "inputs", "max_tokens": "max_new_tokens"}  # the engine's field -> TGI's
 
 
 class _TGIParameters(BaseModel):
-    """Unknown and null options are ignored, as TGI clients send many."""
+    """Null options are the defaults, as TGI clients send many; see UNSUPPORTED."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")
     max_new_tokens: Int = None
     stop: Stop = None
     details: Bool = False
     return_full_text: Bool = False
     best_of: Int = None
+    grammar: Optional[TGIGrammar] = None
 
 
 TGIParameters = create_model("TGIParameters", __base__=_TGIParameters, **option_fields(exclude=SPELLED_BY_TGI))
@@ -59,8 +65,10 @@ class TGIRequest(BaseModel):
 
 def to_fields(p: BaseModel) -> dict:
     """TGI samples when asked to, or when any warper is set (like TGI's NextTokenChooser)."""
+    refuse_unsupported(p, UNSUPPORTED)
     stop = [p.stop] if isinstance(p.stop, str) else (p.stop or [])
-    return {**set_options(p, exclude=SPELLED_BY_TGI), "do_sample": bool(p.do_sample) or bool(sampling_options(p)),
+    return {**set_options(p, exclude=SPELLED_BY_TGI), **tgi_constraint(p.grammar),
+            "do_sample": bool(p.do_sample) or bool(sampling_options(p)),
             "stop": stop, "max_tokens": p.max_new_tokens if p.max_new_tokens is not None else DEFAULT_MAX_NEW_TOKENS}
 
 
@@ -93,7 +101,8 @@ class TGI(Protocol):
         if req.parameters.best_of not in (None, 1):
             raise BadRequest("best_of: only 1 is supported", "best_of")
         doc = prompt_document(prompt=req.inputs, **to_fields(req.parameters))
-        return Parsed(doc, req.stream if self.stream is None else self.stream, req)
+        sent_as = {name: "grammar" for name in tgi_constraint(req.parameters.grammar)}
+        return Parsed(doc, req.stream if self.stream is None else self.stream, req, sent_as)
 
     def refusal(self, error: ModelOutputDocument) -> Response:
         """Errors name the field as TGI's clients know it (inputs, max_new_tokens)."""

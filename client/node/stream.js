@@ -3,11 +3,13 @@
 // PromptDocument, over the protos in ../../proto. Tokens go to stdout as they arrive, a
 // summary line to stderr.
 //
-//   node stream.js [--host H] [--port P] [--max-tokens N] [--seed S] [--chat] [--api-key K] "prompt"
+//   node stream.js [--host H] [--port P] [--max-tokens N] [--seed S] [--chat] [--api-key K]
+//                  [--json-schema FILE | --regex R | --choice C (repeatable)] "prompt"
 //   node stream.js --document '{"prompt": {"text": "hi"}}' [--endpoint /stream]  # any NodeProto map
 //
 // Exit status: 0 done, 2 refused with a gRPC status (printed as CODE: details), 3 failed mid-stream.
 "use strict";
+const fs = require("fs");
 const path = require("path");
 const grpc = require("@grpc/grpc-js");
 const protoLoader = require("@grpc/proto-loader");
@@ -30,6 +32,13 @@ function parseArgs(argv) {
     else if (arg === "--max-tokens") args.fields.max_tokens = { integer: Number(next()) };
     else if (arg === "--seed") args.fields.seed = { text: next() }; // 64-bit: decimal text
     else if (arg === "--do-sample") args.fields.do_sample = { boolean: true };
+    // structured output: text fields, and the choices a list of text
+    else if (arg === "--json-schema") args.fields.json_schema = { text: fs.readFileSync(next(), "utf8") };
+    else if (arg === "--regex") args.fields.regex = { text: next() };
+    else if (arg === "--choice") {
+      args.fields.choice = args.fields.choice || { list: { data: [] } };
+      args.fields.choice.list.data.push({ text: next() });
+    }
     else if (arg === "--chat") args.chat = true;
     else if (arg === "--api-key") args.apiKey = next();
     else args.prompt = arg;

@@ -119,7 +119,7 @@ class AsyncEngine(EngineClient):
         self._thread.start()
         self.core = started.result()  # raises what loading raised
         self.info = self.core.loaded.info
-        self.preparer = Preparer(self.core.tokenizer, self.config, self.info.max_context)
+        self.preparer = Preparer(self.core.tokenizer, self.config, self.info.max_context, self.core.grammars)
         if observer is not None:
             self.core.observer = observer
 
@@ -180,6 +180,7 @@ class AsyncEngine(EngineClient):
             if not self._stopping:
                 core.safe_step()
         core.fail_all("the engine is shutting down", close=True)
+        core.close()
 
     def shutdown(self, timeout: float = 10.0) -> None:
         self._stopping = True

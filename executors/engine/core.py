@@ -24,6 +24,7 @@ from .request import Request
 from .sampling import Choice, TokenChooser, greedy_choices
 from .scheduler import Scheduler, plan_prefill
 from .stopping import StopSequenceFilter, stop_reason
+from .structured import GrammarCompiler, MaskFiller, constrained, grammar_complete
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -38,6 +39,8 @@ class EngineCore:
         self.batch = KVBatch(loaded.model, loaded.device)
         self.special_ids = frozenset(self.tokenizer.all_special_ids)
         self.byte_ids = byte_fallback_ids(self.tokenizer)
+        self.grammars = GrammarCompiler(self.tokenizer, config.limits)
+        self.masks = MaskFiller(self.grammars.tokenizer.vocab_size if self.grammars.tokenizer else 0)
         self._aborts: set[str] = set()
         self._abort_lock = threading.Lock()
         self.steps = 0
@@ -52,7 +55,7 @@ class EngineCore:
         ids, params, seed = prepared.prompt_ids, prepared.params, prepared.seed
         request = Request(request_id, ids, params, seed, TokenChooser(params, seed, self.loaded.device, len(ids)),
                           IncrementalDetokenizer(self.tokenizer, self.byte_ids), StopSequenceFilter(params.stop),
-                          sink)
+                          sink, matcher=prepared.matcher or self.grammars.matcher(params))
         self.scheduler.submit(request)
         return request
 
@@ -110,12 +113,15 @@ class EngineCore:
 
     def _decode(self) -> None:
         rows = [self.scheduler.running[r] for r in self.batch.rows]
+        masks = self.masks.start(constrained(rows))  # filled while the forward pass runs
         try:
             logits = self.batch.decode_step()
         except Exception as exc:  # a failed forward cannot be pinned on one row
             log.exception("decode step failed")
             self._fail_batch(f"decode step failed: {exc}")
             return
+        if masks is not None:
+            self.masks.apply(masks.result(), logits)
         choices = self._choose(rows, logits)
         next_tokens = []
         for req, choice in zip(rows, choices, strict=True):
@@ -194,6 +200,9 @@ class EngineCore:
         for req in group:
             self.scheduler.start_running(req)
             self.observer.prefilled(len(req.prompt_ids))
+        rows = constrained(group)
+        if rows:
+            self.masks.apply(self.masks.fill(rows), logits)
         choices = self._choose(group, logits)
         going_on = [i for i, (req, c) in enumerate(zip(group, choices, strict=True))
                     if c is not None and self._advance(req, c)]
@@ -242,6 +251,8 @@ class EngineCore:
         req.generated.append(token)
         delta = req.detokenizer.add(token)
         finish = stop_reason(token, len(req.generated), req.params, self.loaded.eos_token_ids)
+        if req.matcher is not None and grammar_complete(req.matcher, token):
+            finish = finish or FinishReason.EOS
         if finish is not None:
             delta += req.detokenizer.flush()
         text, hit_stop = req.stops.add(delta)
@@ -276,6 +287,9 @@ class EngineCore:
         for req in waiting + list(self.scheduler.prefilling) + list(self.scheduler.running.values()):
             self._finish_with_error(req, message)
         self.batch = KVBatch(self.loaded.model, self.loaded.device)
+
+    def close(self) -> None:
+        self.masks.shutdown()
 
     @property
     def num_running(self) -> int:

@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Optional
 
@@ -24,6 +25,7 @@ from .outputs import RequestOutput
 from .prepare import Prepared
 
 log = logging.getLogger(__name__)
+COMPILE_POLL_S = 0.001  # while a grammar compiles and nothing else runs: how often to look
 
 
 class CoreLoop:
@@ -32,6 +34,9 @@ class CoreLoop:
         self.recorder = Recorder()
         core.observer = self.recorder
         self.step = StepOutputs()
+        # grammars this process has not compiled yet compile here, off the step loop
+        self.compiling: list[tuple[str, Prepared, Future]] = []
+        self._compiler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llm-grammar-compile")
 
     def run(self) -> None:
         try:
@@ -44,18 +49,40 @@ class CoreLoop:
 
     def _take_commands(self, block: bool) -> bool:
         """Everything sent so far (waiting for the first when idle); False on `stop`."""
-        while self.commands.poll(None if block else 0):
+        while self.commands.poll(COMPILE_POLL_S if block and self.compiling else None if block else 0):
             block = False
             match self.commands.recv():
+                case AddRequest(request_id, prepared) if not self.core.grammars.cached(prepared.params):
+                    future = self._compiler.submit(self.core.grammars.matcher, prepared.params)
+                    self.compiling.append((request_id, prepared, future))
                 case AddRequest(request_id, prepared):
                     self._add(request_id, prepared)
                 case AbortRequest(request_id):
-                    self.core.abort(request_id)
+                    self._abort(request_id)
                 case Shutdown():
                     self.core.fail_all("the engine is shutting down", close=True)
                     self._flush()
                     return False
+        self._add_compiled()
         return True
+
+    def _add_compiled(self) -> None:
+        """Queue the requests whose grammar has compiled (or refuse them, naming the field)."""
+        done = [c for c in self.compiling if c[2].done()]
+        self.compiling = [c for c in self.compiling if not c[2].done()]
+        for request_id, prepared, future in done:
+            try:
+                prepared.matcher = future.result()
+            except ValidationError as exc:
+                self.step.acks.append(Ack(request_id, exc))
+                continue
+            self._add(request_id, prepared)
+
+    def _abort(self, request_id: str) -> None:
+        if any(c[0] == request_id for c in self.compiling):  # never queued: settle its ack
+            self.compiling = [c for c in self.compiling if c[0] != request_id]
+            self.step.acks.append(Ack(request_id))
+        self.core.abort(request_id)
 
     def _add(self, request_id: str, prepared: Prepared) -> None:
         try:

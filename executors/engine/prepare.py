@@ -12,30 +12,39 @@ from transformers import PreTrainedTokenizerBase
 from contract import EngineConfig, SamplingParams, ValidationError
 
 from .chat import render_chat_ids
+from .structured import GrammarCompiler
 
 
 @dataclass
 class Prepared:
-    """What the decode loop needs to run a request; plain data, so it pickles."""
+    """What the decode loop needs to run a request; plain data, so it pickles (the matcher
+    stays behind: the engine process compiles the grammar again, from its own cache)."""
 
     prompt_ids: list[int]
     params: SamplingParams
     seed: Optional[int]  # drawn here when sampling without one, so that it is reported
+    matcher: Any = None  # a structured-output request's grammar matcher (llguidance.LLMatcher)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "matcher": None}
 
 
 class Preparer:
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, config: EngineConfig, max_context: int):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, config: EngineConfig, max_context: int,
+                 grammars: Optional[GrammarCompiler] = None):
         self.tokenizer = tokenizer
         self.config = config
         self.max_context = max_context
+        self.grammars = grammars or GrammarCompiler(tokenizer, config.limits)
 
     def prepare(self, prompt: Any, params: SamplingParams, messages: Any = None) -> Prepared:
-        """Validate, render chat messages (when given, they replace `prompt`) and tokenize,
-        once each and cheapest first; raises ValidationError naming the field before any work."""
+        """Validate, render chat messages (when given, they replace `prompt`), tokenize and
+        compile the grammar, once each and cheapest first; raises ValidationError naming the
+        field before any work."""
         params.validate(self.config.max_tokens_limit, self.config.limits)
         ids = self._chat_ids(messages, params) if messages else self._prompt_ids(prompt)
         self._check_length(len(ids), params.max_tokens)  # the batch budget: Scheduler.submit
-        return Prepared(ids, params, params.resolved_seed())
+        return Prepared(ids, params, params.resolved_seed(), self.grammars.matcher(params))
 
     def _prompt_ids(self, prompt: Any) -> list[int]:
         if not isinstance(prompt, str) or not prompt.strip():

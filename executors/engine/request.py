@@ -3,7 +3,7 @@ import enum
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from transformers import DynamicCache
 
@@ -38,6 +38,7 @@ class Request:
     generated: list[int] = field(default_factory=list)
     arrival: float = field(default_factory=time.perf_counter)  # for queue, TTFT and e2e times
     last_token_at: float = 0.0
+    matcher: Any = None  # structured output: the grammar's state (llguidance.LLMatcher)
 
     @property
     def reserved_tokens(self) -> int:

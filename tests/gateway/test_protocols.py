@@ -2,76 +2,14 @@
 model, milliseconds. The routes are the real ones (gateway/*_routes.py on the skeleton in
 gateway/protocol.py); only the upstream is scripted."""
 import json
-from collections.abc import AsyncIterator
 
 import pytest
-from fastapi import FastAPI
-from fastapi.testclient import TestClient
 
-from contract import ErrorKind, RequestLimits, ServerInfo, field_type, request_fields
-from gateway.backend import CollectedAnswer, error_doc
-from gateway.jina_sse import jina_sse_router
-from gateway.openai_routes import openai_router
-from gateway.tgi_routes import tgi_router
-from schemas import ModelOutputDocument, PromptDocument
+from contract import ErrorKind, field_type, request_fields
+from gateway.backend import error_doc
+from schemas import PromptDocument
+from tests.gateway.conftest import INFO, tokens
 from tests.gateway_helpers import sse_data
-
-INFO = ServerInfo(model_id="fake-model", max_context=512, max_tokens_limit=100, max_running=2, max_waiting=2,
-                  max_batch_tokens=1024, max_prefill_tokens=512, **RequestLimits().as_dict(), dtype="float32",
-                  device="cpu", chat_template=True)
-
-
-def tokens(*texts: str, finish: str = "length", seed=None) -> list[ModelOutputDocument]:
-    out, text = [], ""
-    for i, t in enumerate(texts):
-        text += t
-        last = i == len(texts) - 1
-        out.append(ModelOutputDocument(token_id=i, token_ids=[i], text=t, generated_text=text, index=i,
-                                       logprobs=[-0.5], specials=[False], texts=[t], finish_reason=finish if last else None,
-                                       generated_tokens=len(texts) if last else None,
-                                       prompt_tokens=3 if last else None, seed=seed if last else None))
-    return out
-
-
-class FakeUpstream:
-    """Answers every request with `script`, and keeps the documents it was sent."""
-
-    def __init__(self) -> None:
-        self.script = tokens("Hello", " world")
-        self.sent: list[PromptDocument] = []
-
-    async def _docs(self) -> AsyncIterator[ModelOutputDocument]:
-        for d in self.script[1:]:
-            yield d
-
-    async def open(self, doc):
-        self.sent.append(doc)
-        return self.script[0], self._docs()
-
-    async def complete(self, doc):
-        self.sent.append(doc)
-        done = [d for d in self.script if d.error is None]
-        return CollectedAnswer(done, self.script[-1])
-
-    async def info(self):
-        return INFO
-
-    async def stats(self):
-        return {"healthy": True}
-
-
-@pytest.fixture
-def fake():
-    return FakeUpstream()
-
-
-@pytest.fixture
-def http(fake):
-    app = FastAPI()
-    for router in (openai_router(fake), tgi_router(fake), jina_sse_router(fake)):
-        app.include_router(router)
-    return TestClient(app)
-
 
 # ----- each protocol's minimal request maps to the document its defaults imply -----
 
@@ -92,7 +30,7 @@ def test_minimal_requests_map_to_their_protocols_defaults(http, fake):
 
 def _non_default(f):
     kind, _ = field_type(f)
-    return {int: 7, float: 0.5, bool: True, list: ["zz"]}[kind] if f.name != "temperature" else 0.75
+    return {int: 7, float: 0.5, bool: True, list: ["zz"], str: "[0-9]+"}[kind] if f.name != "temperature" else 0.75
 
 
 @pytest.mark.parametrize("f", request_fields(), ids=lambda f: f.name)
@@ -104,7 +42,10 @@ def test_every_engine_request_field_reaches_the_document_on_every_protocol(http,
     if openai_name:
         http.post("/v1/completions", json={"model": "m", "prompt": "hi", openai_name: value})
     tgi_name = {"max_tokens": "max_new_tokens"}.get(f.name, f.name)
+    if f.name == "grammar":  # TGI's grammar is an object; a Lark or GBNF grammar is its type "grammar"
+        value = {"type": "grammar", "value": value}
     http.post("/generate", json={"inputs": "hi", "parameters": {tgi_name: value}})
+    value = value["value"] if f.name == "grammar" else value
     http.request("GET", "/stream", content=json.dumps({"prompt": "hi", f.name: value}))
     assert fake.sent and all(getattr(d, f.name) == value for d in fake.sent), (f.name, fake.sent)
     assert len(fake.sent) == 3 if openai_name else 2

@@ -45,18 +45,6 @@ async def settled(engine: AsyncEngine) -> dict:
     return engine.stats()
 
 
-@pytest.fixture
-async def make_engine():
-    made = []
-
-    def factory(model: str, **kw) -> AsyncEngine:
-        made.append(AsyncEngine(EngineConfig(model=model, **kw)))
-        return made[-1]
-    yield factory
-    for engine in made:
-        engine.shutdown()
-
-
 @pytest.mark.parametrize("sample", [False, True], ids=["greedy", "seeded"])
 async def test_batched_output_equals_output_alone(any_model, make_engine, sample):
     """20 concurrent requests, mixed prompt lengths, max_tokens and stops: same tokens as alone."""

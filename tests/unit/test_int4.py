@@ -11,7 +11,7 @@ from contract import EngineConfig
 from executors.engine import attention, native
 from executors.engine.int4 import Int4Linear, Int8Linear, _quantize, dequantize, quantize
 from executors.engine.loader import load_model, pick_dtype
-from tests.unit.test_batching import collect, make_engine, mixed_requests  # noqa: F401
+from tests.unit.test_batching import collect, mixed_requests
 
 
 def _int4(linear: nn.Linear, kernel: str = "c") -> Int4Linear:
