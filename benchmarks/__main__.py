@@ -15,7 +15,7 @@ from typing import Optional
 from testing.procs import cpu_seconds, settle, stop_all
 
 from .load import Transport, closed_loop, default_requests, make_prompts, poisson
-from .metrics import summarize
+from .metrics import cpu_per_token, summarize
 from .models import DEFAULT_CACHE, MODELS, ensure_model
 from .report import machine_info, ratios, write_all
 from .systems import SYSTEMS, starters
@@ -69,7 +69,16 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--stream-interval-ms", type=int, default=None,
                    help="this: the server's stream_interval_ms (at least this long between a stream's documents)")
     p.add_argument("--models-dir", type=Path, default=DEFAULT_CACHE)
+    p.add_argument("--structured", action="store_true",
+                   help="the structured-output benchmark instead (structured.py): JSON-schema vs unconstrained "
+                        "tok/s (default C=16, 48 requests per arm and round), TTFT of cached and new schemas, "
+                        "compile times of a schema corpus; on smollm2 unless --models names another")
+    p.add_argument("--rounds", type=int, default=2, help="--structured: alternating rounds of both arms")
+    p.add_argument("--ttft-repeats", type=int, default=10, help="--structured: TTFT requests of each kind")
     args = p.parse_args(argv)
+    if args.structured:
+        args.models = args.models or ["smollm2"]
+        args.concurrency = args.concurrency or [16]
     args.quick_extra = args.quick and args.models is None
     args.models = args.models or (["tiny"] if args.quick else ["tiny", "gpt2-small", "smollm2"])
     args.concurrency = args.concurrency or ([1, 16] if args.quick else [1, 4, 16, 64])
@@ -87,12 +96,6 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[str], list[int], Opti
             steps.append((extra["model"], systems, list(extra["concurrency"]),
                           args.num_requests or extra["requests"]))
     return steps
-
-
-def cpu_per_token(before: dict[str, float], after: dict[str, float], tokens: int) -> dict[str, float]:
-    """Where the CPU went: milliseconds of each role's CPU time per output token."""
-    return {role: round(1000 * (after[role] - before.get(role, 0.0)) / tokens, 3)
-            for role in after if tokens and role != "gone"}
 
 
 async def warm_up(send: Transport, prompts: list[str]) -> None:
@@ -163,15 +166,23 @@ async def run(args: argparse.Namespace, rows: list[dict], notes: list[str]) -> N
                 print(f"  FAILED: {str(exc)[:2000]}", flush=True)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    args = parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    rows: list[dict] = []
-    notes: list[str] = []
+def _machine_checked() -> dict:
+    """machine_info(), warning when the machine is already busy."""
     machine = machine_info()
     if machine["loadavg_at_start"][0] > 0.5 * machine["cpus_usable"]:
         print(f"warning: the machine is busy (load average {machine['loadavg_at_start']}): "
               "timings will be noisy; the benchmark assumes it has the machine to itself", flush=True)
+    return machine
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    if args.structured:
+        return structured_main(args)
+    rows: list[dict] = []
+    notes: list[str] = []
+    machine = _machine_checked()
     settings = {k: v for k, v in vars(args).items() if k not in ("out", "models_dir", "quick_extra")}
     t0 = time.perf_counter()
     interrupted = False
@@ -189,6 +200,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         print("note:", note)
     print("\n".join(["", "Ratios (same run):"] + [f"  {r}" for r in ratios(rows)]))
     return 130 if interrupted else 0
+
+
+def structured_main(args: argparse.Namespace) -> int:
+    """--structured: one model (the first of --models), the service only."""
+    from .structured import main as run_structured
+    machine = _machine_checked()
+    try:
+        return run_structured(args, ensure_model(args.models[0], args.models_dir), machine)
+    finally:
+        stop_all()
 
 
 if __name__ == "__main__":

@@ -92,3 +92,9 @@ def summarize(records: list[RequestRecord], duration: float) -> dict:
         "tokens_per_document": round(tokens / documents, 2) if documents else None,
         "duration_s": round(duration, 2),
     }
+
+
+def cpu_per_token(before: dict[str, float], after: dict[str, float], tokens: int) -> dict[str, float]:
+    """Where the CPU went: milliseconds of each role's CPU time per output token."""
+    return {role: round(1000 * (after[role] - before.get(role, 0.0)) / tokens, 3)
+            for role in after if tokens and role != "gone"}

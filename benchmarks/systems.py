@@ -10,7 +10,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
@@ -140,14 +140,7 @@ async def this_service(model: Path, logs: Path, notes: list[str], extra: Optiona
     extra = extra or {}
     if uses_with:
         flow = _flow_variant(logs, name, uses_with=uses_with)
-    grpc_port, http_port = free_port(), free_port()
-    env = _env(LLM_MODEL=str(model), LLM_GRPC_PORT=str(grpc_port), LLM_HTTP_PORT=str(http_port),
-               JINA_LOG_LEVEL="INFO")
-    server = ServerProcess([_jina(), "flow", "--uses", flow], logs / f"{name}.log", env)
-    server.public_ports = {grpc_port, http_port}
-    try:
-        _wait_jina_ready(grpc_port, server)
-        server.wait_http(f"http://127.0.0.1:{http_port}/")
+    with flow_server(model, logs, flow, name) as (grpc_port, http_port):
         from client import connect
         async with _session() as session, connect("127.0.0.1", grpc_port) as channel:
             transports = {"grpc": _this_grpc(channel, extra), "http-sse": _this_sse(session, http_port, extra)}
@@ -158,6 +151,21 @@ async def this_service(model: Path, logs: Path, notes: list[str], extra: Optiona
             else:
                 notes.append(f"{name}/openai skipped: POST /v1/completions (stream) failed: {why}")
             yield transports
+
+
+@contextlib.contextmanager
+def flow_server(model: Path, logs: Path, flow: str = "flows/llm.yml",
+                name: str = "this") -> Iterator[tuple[int, int]]:
+    """`jina flow --uses flow` on free ports, ready to answer: (gRPC port, HTTP port)."""
+    grpc_port, http_port = free_port(), free_port()
+    env = _env(LLM_MODEL=str(model), LLM_GRPC_PORT=str(grpc_port), LLM_HTTP_PORT=str(http_port),
+               JINA_LOG_LEVEL="INFO")
+    server = ServerProcess([_jina(), "flow", "--uses", flow], logs / f"{name}.log", env)
+    server.public_ports = {grpc_port, http_port}
+    try:
+        _wait_jina_ready(grpc_port, server)
+        server.wait_http(f"http://127.0.0.1:{http_port}/")
+        yield grpc_port, http_port
     finally:
         server.stop()
 

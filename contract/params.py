@@ -26,6 +26,7 @@ class FinishReason(enum.StrEnum):
     STOP = "stop_sequence"
     ABORTED = "aborted"
     ERROR = "error"
+    TOOL_CALLS = "tool_calls"  # the answer ends in tool calls
 
 
 def request_field(default: Any, help: str, **rules: Any) -> Any:
@@ -74,6 +75,13 @@ class SamplingParams:
     choice: list[str] = request_field([], "structured output: exactly one of these strings", constraint=True)
     grammar: Optional[str] = request_field(
         None, "structured output: text in this grammar (Lark, as llguidance reads it, or GBNF)", constraint=True)
+    # tool calls: OpenAI's tools (a JSON list), enforced by a grammar of their calls
+    tools: Optional[str] = request_field(
+        None, "tool calls: OpenAI's tools, as a JSON list of {type: function, function: {name, description, "
+              "parameters}}", constraint=True, cli_file=True)
+    tool_choice: Optional[str] = request_field(
+        None, "none, auto (the default with tools), required, or the name of the function to call")
+    parallel_tool_calls: bool = request_field(True, "whether an answer may make several calls")
 
     def validate(self, max_tokens_limit: int, limits: RequestLimits = DEFAULT_LIMITS) -> "SamplingParams":
         for f in request_fields():
@@ -87,7 +95,8 @@ class SamplingParams:
         return self
 
     def _check_constraint(self, limits: RequestLimits) -> None:
-        chosen = [f.name for f in constraint_fields() if getattr(self, f.name) not in (None, False, [])]
+        chosen = [f.name for f in constraint_fields() if getattr(self, f.name) not in (None, False, [])
+                  and not (f.name == "tools" and self.tool_choice == "none")]
         check(len(chosen) <= 1, chosen[-1] if chosen else "", f"only one structured-output field may be set, "
               f"got {', '.join(chosen)}")
         check(all(isinstance(c, str) and c for c in self.choice), "choice", "choices must be non-empty strings")
@@ -103,6 +112,11 @@ class SamplingParams:
                 continue
             if f.name == "json_object":
                 return f.name, '{"type": "object"}'
+            if f.name == "tools":
+                if self.tool_choice == "none":
+                    continue
+                return f.name, json.dumps({"tools": value, "tool_choice": self.tool_choice,
+                                           "parallel_tool_calls": self.parallel_tool_calls})
             return f.name, json.dumps(value) if f.name == "choice" else value
         return None
 

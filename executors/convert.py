@@ -24,7 +24,9 @@ def to_document(out: RequestOutput, generated_text: str) -> ModelOutputDocument:
         finish_reason=out.finish_reason.value if final else None,
         generated_tokens=out.generated_tokens if final else None,
         prompt_tokens=out.prompt_tokens if final else None,
-        seed=out.seed if final else None)
+        seed=out.seed if final else None,
+        tool_call_indexes=[c.index for c in out.tool_calls], tool_call_ids=[c.id for c in out.tool_calls],
+        tool_call_names=[c.name for c in out.tool_calls], tool_call_arguments=[c.arguments for c in out.tool_calls])
 
 
 def error_document(exc: BaseException, generated_text: str = "") -> ModelOutputDocument:

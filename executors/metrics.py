@@ -19,7 +19,7 @@ ITL = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 
 REQUEST = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0)
 # vLLM's finished_reason values: stop, length, abort (an error counts as an abort there too)
 FINISHED = {FinishReason.EOS: "stop", FinishReason.STOP: "stop", FinishReason.LENGTH: "length",
-            FinishReason.ABORTED: "abort", FinishReason.ERROR: "abort"}
+            FinishReason.ABORTED: "abort", FinishReason.ERROR: "abort", FinishReason.TOOL_CALLS: "stop"}
 
 
 class Metrics(EngineObserver):

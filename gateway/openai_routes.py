@@ -31,14 +31,16 @@ from gateway.inputs import (
 )
 from gateway.protocol import Parsed, Protocol, Upstream, kind, serve, sse
 from gateway.structured_output import OpenAIStructured, openai_constraint
+from gateway.tool_calls import parts, tool_fields, whole_calls
 from schemas import ModelOutputDocument
 
-FINISH = {"length": "length", "eos_token": "stop", "stop_sequence": "stop"}
+FINISH = {"length": "length", "eos_token": "stop", "stop_sequence": "stop", "tool_calls": "tool_calls"}
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-SPELLED_BY_OPENAI = ("max_tokens", "stop", "do_sample")  # OpenAI's own spelling of these, or none (do_sample)
+# OpenAI's own spelling of these (tools as a list, tool_choice also an object), or none (do_sample)
+SPELLED_BY_OPENAI = ("max_tokens", "stop", "do_sample", "tools", "tool_choice")
 # fields that change the answer and that this server does not serve: refused unless neutral
 UNSUPPORTED = {"tools": ([],), "tool_choice": ("none", "auto"), "functions": ([],), "function_call": ("none", "auto"),
-               "parallel_tool_calls": (True, False), "logprobs": (False, 0), "top_logprobs": (0,),
+               "logprobs": (False, 0), "top_logprobs": (0,),
                "logit_bias": ({},), "best_of": (1,), "suffix": ("",), "prediction": (),
                "modalities": (["text"],), "audio": ()}
 
@@ -69,6 +71,8 @@ class CompletionRequest(_Common):  # type: ignore[misc, valid-type]
 class ChatRequest(_Common):  # type: ignore[misc, valid-type]
     messages: list[dict[str, Any]]
     max_completion_tokens: Int = None
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Optional[Union[str, dict[str, Any]]] = None
 
 
 @dataclass
@@ -92,7 +96,8 @@ def to_fields(req: Any, max_tokens: int) -> tuple[dict, dict[str, str]]:
     refuse_unsupported(req, UNSUPPORTED)
     stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
     constraint, sent_as = openai_constraint(req)
-    return {**set_options(req, exclude=SPELLED_BY_OPENAI), **constraint, "max_tokens": max_tokens,
+    tools = tool_fields(getattr(req, "tools", None), getattr(req, "tool_choice", None))
+    return {**set_options(req, exclude=SPELLED_BY_OPENAI), **constraint, **tools, "max_tokens": max_tokens,
             "do_sample": True, "stop": [s for s in stop if s]}, sent_as  # OpenAI clients send "" for "no stop"
 
 
@@ -124,10 +129,11 @@ class OpenAI(Protocol):
         return {"id": context.id, "object": obj, "created": context.created,
                 "model": info.model_id, "choices": choices, **extra}
 
-    def choice(self, text: Optional[str], finish: Optional[str], first: bool = False) -> dict:
+    def choice(self, text: Optional[str], finish: Optional[str], first: bool = False,
+               calls: Optional[list[dict]] = None) -> dict:
         return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
 
-    def message(self, text: str, finish: Optional[str]) -> dict:
+    def message(self, text: str, finish: Optional[str], calls: list[dict]) -> dict:
         return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
 
     def prefix(self, parsed: Parsed) -> str:
@@ -145,15 +151,16 @@ class OpenAI(Protocol):
                 yield sse(error_body(out.error, kind(out), out.error_field))
                 break
             finish = FINISH.get(out.finish_reason or "")
-            yield sse({**self.envelope(parsed, self.chunk_obj, [self.choice(out.text, finish)], info), **usage,
-                       **_seed(out.seed)})
+            choice = self.choice(out.text, finish, calls=parts(out))
+            yield sse({**self.envelope(parsed, self.chunk_obj, [choice], info), **usage, **_seed(out.seed)})
             if out.finish_reason is not None and usage:
                 yield sse(self.envelope(parsed, self.chunk_obj, [], info, usage=_usage(out)))
         yield sse("[DONE]")
 
     def answer(self, parsed: Parsed, result: CollectedAnswer, info: Optional[ServerInfo]) -> Response:
         last = result.last
-        choice = self.message(self.prefix(parsed) + result.text, FINISH.get(last.finish_reason or ""))
+        choice = self.message(self.prefix(parsed) + result.text, FINISH.get(last.finish_reason or ""),
+                              whole_calls(result.docs))
         return JSONResponse(self.envelope(parsed, self.obj, [choice], info, usage=_usage(last), **_seed(last.seed)))
 
     @staticmethod
@@ -193,15 +200,20 @@ class OpenAIChat(OpenAI):
         fields, sent_as = to_fields(req, max_tokens)
         return Parsed(prompt_document(messages=req.messages, **fields), bool(req.stream), context, sent_as)
 
-    def choice(self, text: Optional[str], finish: Optional[str], first: bool = False) -> dict:
+    def choice(self, text: Optional[str], finish: Optional[str], first: bool = False,
+               calls: Optional[list[dict]] = None) -> dict:
         delta: dict = {"role": "assistant", "content": ""} if first else {}
-        if text is not None:
+        if text is not None and (text or not calls):
             delta["content"] = text
+        if calls:
+            delta["tool_calls"] = calls
         return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
 
-    def message(self, text: str, finish: Optional[str]) -> dict:
-        return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                "finish_reason": finish}
+    def message(self, text: str, finish: Optional[str], calls: list[dict]) -> dict:
+        message: dict = {"role": "assistant", "content": text if text or not calls else None}
+        if calls:
+            message["tool_calls"] = calls
+        return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
 
 
 def openai_router(backend: Upstream) -> APIRouter:

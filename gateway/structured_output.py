@@ -107,8 +107,8 @@ def openai_constraint(req: Any) -> tuple[dict[str, Any], dict[str, str]]:
         if value is not None:
             text = schema_text(value, "guided_json") if name == "json_schema" else value
             asked.append(("guided_" + ("json" if name == "json_schema" else name), {name: text}))
-    for f in constraint_fields():  # the contract's own names, as extensions
-        if getattr(req, f.name, None) not in (None, False, []):
+    for f in constraint_fields():  # the contract's own names, as extensions (tools: OpenAI's own)
+        if f.name != "tools" and getattr(req, f.name, None) not in (None, False, []):
             asked.append((f.name, {f.name: getattr(req, f.name)}))
     asked = [(where, fields) for where, fields in asked if fields]
     if len(asked) > 1:

@@ -99,7 +99,13 @@ class ModelOutputDocument(FlatDoc):
     special: bool = False  # whether token_id is a special token
     specials: list[bool] = []  # the same for each of token_ids
     texts: list[str] = []  # each token's new text, for each of token_ids: they join to `text`
-    finish_reason: Optional[str] = None  # last document only: length | eos_token | stop_sequence | error
+    # parts of tool calls, one entry per part across the four lists: a call's first part has its
+    # id and name, the next ones pieces of its arguments (JSON text, joined in order)
+    tool_call_indexes: list[Int32] = []
+    tool_call_ids: list[str] = []
+    tool_call_names: list[str] = []
+    tool_call_arguments: list[str] = []
+    finish_reason: Optional[str] = None  # last: length | eos_token | stop_sequence | tool_calls | error
     generated_tokens: Optional[Int32] = None  # last document only
     prompt_tokens: Optional[Int32] = None  # last document only
     seed: Optional[Seed] = None  # last document only, when sampling

@@ -18,6 +18,7 @@ model continues as the assistant.
 """
 import bisect
 import json
+import re
 from collections.abc import Callable
 from typing import Any, Optional, cast
 
@@ -26,8 +27,10 @@ from transformers import PreTrainedTokenizerBase
 
 from contract import DEFAULT_LIMITS, RequestLimits, ValidationError, check
 
-ROLES = ("system", "user", "assistant")
-Message = dict[str, str]
+from .tools import ToolSpec, openai_tools, render_messages
+
+ROLES = ("system", "user", "assistant", "tool")
+Message = dict[str, Any]  # role, content; an assistant's tool_calls, a tool's tool_call_id
 
 
 def parse_messages(raw: str | list[Any], limits: RequestLimits = DEFAULT_LIMITS) -> list[Message]:
@@ -51,12 +54,34 @@ def parse_messages(raw: str | list[Any], limits: RequestLimits = DEFAULT_LIMITS)
         if isinstance(content, list):  # OpenAI content parts: keep the text parts
             content = "".join(p.get("text", "") for p in content
                               if isinstance(p, dict) and p.get("type") == "text")
+        if content is None and m["role"] == "assistant" and m.get("tool_calls"):
+            content = ""  # OpenAI's assistant turn that only calls tools
         if not isinstance(content, str):
             raise ValidationError("messages", f"message {i}: content must be a string")
-        messages.append({"role": m["role"], "content": content})
+        message: Message = {"role": m["role"], "content": content}
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            message["tool_calls"] = [_call(c, i) for c in m["tool_calls"]]
+        if m["role"] == "tool":
+            message["tool_call_id"] = str(m.get("tool_call_id") or "")
+        messages.append(message)
     if messages[-1]["role"] == "assistant":
         raise ValidationError("messages", "the last message must not be the assistant's")
     return messages
+
+
+def _call(call: Any, i: int) -> dict[str, Any]:
+    """An assistant's earlier call, as templates and the generic format read it: its name and
+    its arguments as an object (OpenAI sends them as JSON text)."""
+    function = call.get("function") if isinstance(call, dict) else None
+    check(isinstance(function, dict) and isinstance(function.get("name"), str), "messages",
+          f"message {i}: each tool_calls entry must be {{\"function\": {{\"name\", \"arguments\"}}}}")
+    arguments = function.get("arguments") or {}  # type: ignore[union-attr]
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            raise ValidationError("messages", f"message {i}: tool call arguments are not valid JSON") from None
+    return {"name": function["name"], "arguments": arguments}  # type: ignore[index]
 
 
 def plain_format(messages: list[Message]) -> str:
@@ -64,8 +89,10 @@ def plain_format(messages: list[Message]) -> str:
     return "\n".join(lines + ["Assistant:"])
 
 
-def _template(tokenizer: PreTrainedTokenizerBase, messages: list[Message]) -> str:
-    text = cast(str, tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+def _template(tokenizer: PreTrainedTokenizerBase, messages: list[Message],
+              tools: Optional[list[dict[str, Any]]] = None) -> str:
+    text = cast(str, tokenizer.apply_chat_template(messages, tools=tools,  # type: ignore[arg-type]
+                                                   tokenize=False, add_generation_prompt=True))
     # The engine tokenizes with special tokens; a template that writes BOS itself would double it.
     bos = tokenizer.bos_token
     if bos and text.startswith(bos) and _adds_bos(tokenizer):
@@ -78,11 +105,22 @@ def _adds_bos(tokenizer: PreTrainedTokenizerBase) -> bool:
     return bool(ids) and ids[0] == tokenizer.bos_token_id
 
 
-def render(tokenizer: PreTrainedTokenizerBase, messages: list[Message]) -> str:
+def knows_tools(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether the chat template renders tools itself (it reads a `tools` variable)."""
+    template = getattr(tokenizer, "chat_template", None)
+    return isinstance(template, str) and re.search(r"\btools\b", template) is not None
+
+
+def render(tokenizer: PreTrainedTokenizerBase, messages: list[Message], spec: Optional[ToolSpec] = None) -> str:
+    """The prompt: the model's template (its own tools format when it has one), else the
+    plain format; tools and calls in the generic format where the template knows none."""
+    own_tools = knows_tools(tokenizer)
+    if not own_tools:
+        messages = render_messages(messages, spec)
     if not getattr(tokenizer, "chat_template", None):
         return plain_format(messages)
     try:
-        return _template(tokenizer, messages)
+        return _template(tokenizer, messages, openai_tools(spec) if own_tools and spec else None)
     except (TemplateError, ValueError, TypeError) as exc:  # e.g. "roles must alternate"
         raise ValidationError("messages", f"the model's chat template rejects them: {exc}") from None
 
@@ -96,7 +134,8 @@ def render_chat(tokenizer: PreTrainedTokenizerBase, messages: str | list[Any], m
 
 
 def render_chat_ids(tokenizer: PreTrainedTokenizerBase, messages: str | list[Any], max_prompt_tokens: int,
-                    limits: RequestLimits = DEFAULT_LIMITS) -> tuple[str, list[int], int]:
+                    limits: RequestLimits = DEFAULT_LIMITS,
+                    spec: Optional[ToolSpec] = None) -> tuple[str, list[int], int]:
     """(prompt, its token ids, dropped messages): the oldest turns are dropped until it fits.
 
     Near-linear in the conversation's size: each message is tokenized once to estimate where
@@ -106,12 +145,12 @@ def render_chat_ids(tokenizer: PreTrainedTokenizerBase, messages: str | list[Any
     system = [m for m in msgs if m["role"] == "system"]
     turns = [m for m in msgs if m["role"] != "system"]
     # where the kept part may start: a user message (never an assistant one), or the last
-    starts = [i for i, m in enumerate(turns) if m["role"] != "assistant" or i == len(turns) - 1]
+    starts = [i for i, m in enumerate(turns) if m["role"] == "user" or i == len(turns) - 1]
     rendered: dict[int, tuple[str, list[int]]] = {}
 
     def fits(k: int) -> bool:
         if k not in rendered:
-            prompt = render(tokenizer, system + turns[starts[k]:])
+            prompt = render(tokenizer, system + turns[starts[k]:], spec)
             rendered[k] = prompt, tokenizer(prompt)["input_ids"]
         return len(rendered[k][1]) <= max_prompt_tokens
 

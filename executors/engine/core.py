@@ -25,6 +25,7 @@ from .sampling import Choice, TokenChooser, greedy_choices
 from .scheduler import Scheduler, plan_prefill
 from .stopping import StopSequenceFilter, stop_reason
 from .structured import GrammarCompiler, MaskFiller, constrained, grammar_complete
+from .tools import ToolCallDelta, tool_parser
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -55,7 +56,8 @@ class EngineCore:
         ids, params, seed = prepared.prompt_ids, prepared.params, prepared.seed
         request = Request(request_id, ids, params, seed, TokenChooser(params, seed, self.loaded.device, len(ids)),
                           IncrementalDetokenizer(self.tokenizer, self.byte_ids), StopSequenceFilter(params.stop),
-                          sink, matcher=prepared.matcher or self.grammars.matcher(params))
+                          sink, matcher=prepared.matcher or self.grammars.matcher(params),
+                          tool_parser=tool_parser(params))
         self.scheduler.submit(request)
         return request
 
@@ -260,9 +262,16 @@ class EngineCore:
             finish = FinishReason.STOP
         elif finish is not None:
             text += req.stops.flush()
+        calls: list[ToolCallDelta] = []
+        if req.tool_parser is not None:
+            text, calls = req.tool_parser.feed(text)
+            if finish is not None:
+                text += req.tool_parser.finish()
+                if finish == FinishReason.EOS and req.tool_parser.called:
+                    finish = FinishReason.TOOL_CALLS
         return RequestOutput(req.request_id, [token], [text], [choice.logprob], [token in self.special_ids],
                              len(req.generated) - 1, finish, prompt_tokens=len(req.prompt_ids),
-                             generated_tokens=len(req.generated), seed=req.seed)
+                             generated_tokens=len(req.generated), seed=req.seed, tool_calls=calls)
 
     def _finish_with_error(self, req: Request, message: str) -> None:
         self.scheduler.release(req)

@@ -9,6 +9,8 @@ from typing import Optional
 
 from contract import FinishReason
 
+from .tools import ToolCallDelta, merged
+
 
 @dataclass
 class RequestOutput:
@@ -23,6 +25,7 @@ class RequestOutput:
     prompt_tokens: int = 0
     generated_tokens: int = 0
     seed: Optional[int] = None
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)  # parts of calls, in order
 
     @classmethod
     def failure(cls, request_id: str, message: str, index: int = -1, prompt_tokens: int = 0,
@@ -44,11 +47,13 @@ class RequestOutput:
     def merge(cls, outputs: list["RequestOutput"]) -> "RequestOutput":
         """Consecutive outputs of one request as one: the lists joined, the rest the last's."""
         last = outputs[-1]
-        merged = cls(last.request_id, [], [], [], [], last.index, last.finish_reason, last.error,
-                     last.prompt_tokens, last.generated_tokens, last.seed)
+        whole = cls(last.request_id, [], [], [], [], last.index, last.finish_reason, last.error,
+                    last.prompt_tokens, last.generated_tokens, last.seed)
         for out in outputs:
-            merged.token_ids += out.token_ids
-            merged.texts += out.texts
-            merged.logprobs += out.logprobs
-            merged.special += out.special
-        return merged
+            whole.token_ids += out.token_ids
+            whole.texts += out.texts
+            whole.logprobs += out.logprobs
+            whole.special += out.special
+            whole.tool_calls += out.tool_calls
+        whole.tool_calls = merged(whole.tool_calls)
+        return whole

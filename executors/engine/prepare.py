@@ -13,6 +13,7 @@ from contract import EngineConfig, SamplingParams, ValidationError
 
 from .chat import render_chat_ids
 from .structured import GrammarCompiler
+from .tools import ToolSpec, tool_spec
 
 
 @dataclass
@@ -42,7 +43,8 @@ class Preparer:
         compile the grammar, once each and cheapest first; raises ValidationError naming the
         field before any work."""
         params.validate(self.config.max_tokens_limit, self.config.limits)
-        ids = self._chat_ids(messages, params) if messages else self._prompt_ids(prompt)
+        spec = tool_spec(params)
+        ids = self._chat_ids(messages, params, spec) if messages else self._prompt_ids(prompt)
         self._check_length(len(ids), params.max_tokens)  # the batch budget: Scheduler.submit
         return Prepared(ids, params, params.resolved_seed(), self.grammars.matcher(params))
 
@@ -52,12 +54,12 @@ class Preparer:
         self.config.limits.check_prompt(prompt)  # never tokenize 20 MB to find it is too long
         return self.tokenizer(prompt)["input_ids"]
 
-    def _chat_ids(self, messages: Any, params: SamplingParams) -> list[int]:
+    def _chat_ids(self, messages: Any, params: SamplingParams, spec: Optional[ToolSpec]) -> list[int]:
         room = self.max_context - params.max_tokens
         if room < 1:
             raise ValidationError("max_tokens", f"leaves no room for the messages in the model's "
                                                 f"context of {self.max_context} tokens")
-        _, ids, _ = render_chat_ids(self.tokenizer, messages, room, self.config.limits)
+        _, ids, _ = render_chat_ids(self.tokenizer, messages, room, self.config.limits, spec)
         return ids
 
     def _check_length(self, prompt_tokens: int, max_tokens: int) -> None:

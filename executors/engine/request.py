@@ -13,6 +13,7 @@ from .detokenizer import IncrementalDetokenizer
 from .outputs import RequestOutput
 from .sampling import TokenChooser
 from .stopping import StopSequenceFilter
+from .tools import ToolCallParser
 
 
 class RequestState(enum.Enum):
@@ -39,6 +40,7 @@ class Request:
     arrival: float = field(default_factory=time.perf_counter)  # for queue, TTFT and e2e times
     last_token_at: float = 0.0
     matcher: Any = None  # structured output: the grammar's state (llguidance.LLMatcher)
+    tool_parser: Optional[ToolCallParser] = None  # tool calls: reads them off the text
 
     @property
     def reserved_tokens(self) -> int:

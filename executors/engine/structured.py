@@ -6,6 +6,7 @@ and the matcher then consumes the chosen token; when the grammar is complete the
 ends. vLLM's structured-output manager is the model: compile off the decode loop, cache by
 the grammar's text, fill the batch's masks in parallel while the forward pass runs.
 """
+import json
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -18,9 +19,11 @@ from llguidance import LLExecutor, LLMatcher, LLParserLimits
 
 from contract import RequestLimits, SamplingParams, ValidationError
 
+from .tools import ToolSpec
+
 # llguidance's input format for each structured-output request field
 FORMATS = {"json_schema": "json_schema", "json_object": "json_schema", "regex": "regex", "choice": "choice",
-           "grammar": "grammar"}
+           "grammar": "grammar"}  # tools: a Lark grammar of their calls (tools.py)
 CACHED_GRAMMARS = 256  # compiled grammars kept, least recently used out first
 LEXER_FUEL_PER_MS = 50_000  # llguidance's own estimate of its compile speed
 JSON_DEFAULTS = {"whitespace_flexible": False}  # compact JSON: fewer tokens, no runaway whitespace
@@ -71,6 +74,9 @@ class GrammarCompiler:
         try:
             if field == "json_schema" or field == "json_object":
                 grammar = LLMatcher.grammar_from_json_schema(text, defaults=JSON_DEFAULTS)  # type: ignore[arg-type]
+            elif field == "tools":
+                spec = ToolSpec.parse(**json.loads(text))
+                grammar = LLMatcher.grammar_from_lark(spec.grammar()) if spec else ""
             else:
                 grammar = llguidance.grammar_from(FORMATS[field], text)  # type: ignore[arg-type]
         except (ValueError, TypeError) as exc:

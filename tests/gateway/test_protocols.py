@@ -38,7 +38,8 @@ def test_every_engine_request_field_reaches_the_document_on_every_protocol(http,
     """Declared once in SamplingParams, a field is accepted by every protocol: under the
     protocol's own name (max_new_tokens, max_tokens) or as an extension under its own."""
     value = _non_default(f)
-    openai_name = {"do_sample": None}.get(f.name, f.name)  # OpenAI always samples
+    # OpenAI always samples; its tools are a list and tool_choice may be an object (see test_tool_mapping)
+    openai_name = {"do_sample": None, "tools": None, "tool_choice": None}.get(f.name, f.name)
     if openai_name:
         http.post("/v1/completions", json={"model": "m", "prompt": "hi", openai_name: value})
     tgi_name = {"max_tokens": "max_new_tokens"}.get(f.name, f.name)

@@ -46,7 +46,7 @@ def test_response_format_text_is_no_constraint(http, fake):
     ({"response_format": {"type": "json_schema", "json_schema": {"schema": "{not json"}}}, "response_format"),
     ({"response_format": {"type": "json_object"}, "guided_regex": "a"}, "guided_regex"),
     ({"structured_outputs": {"xml": "<a/>"}}, "structured_outputs"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"functions": [{"name": "f"}]}, "functions"),
     ({"logit_bias": {"50256": -100}}, "logit_bias"),
 ])
 def test_openai_refuses_what_it_would_not_enforce_naming_the_field(http, fake, extra, param):

@@ -100,3 +100,8 @@ def test_validation_errors_name_their_field_and_pickle():
     assert err.value.field == "top_p"
     again = pickle.loads(pickle.dumps(err.value))
     assert (again.field, str(again)) == ("top_p", str(err.value))
+
+
+def test_every_finish_reason_has_a_metrics_label():
+    from executors.metrics import FINISHED
+    assert set(FINISHED) == set(FinishReason)

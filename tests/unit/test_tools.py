@@ -1,0 +1,114 @@
+"""Tool calls in the engine: every call parses, names a declared tool and has valid arguments;
+the calls a slow reader gets coalesced are the same; bad tools are refused naming the field."""
+import asyncio
+import json
+
+import jsonschema
+import pytest
+
+from contract import FinishReason, SamplingParams, ValidationError
+from executors.engine.tools import TAG, ToolCallParser, ToolSpec, merged, render_messages
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"]}}}
+ADD = {"type": "function", "function": {"name": "add", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}
+TOOLS = json.dumps([WEATHER, ADD])
+SCHEMAS = {"get_weather": WEATHER["function"]["parameters"], "add": ADD["function"]["parameters"]}
+
+
+async def run(engine, params: SamplingParams, delay: float = 0.0):
+    outs = []
+    async for out in engine.generate("what is the weather", params):
+        outs.append(out)
+        if delay:
+            await asyncio.sleep(delay)
+    return outs
+
+
+def calls_of(outs) -> list[tuple[str, str]]:
+    return [(c.name, c.arguments) for c in merged([c for o in outs for c in o.tool_calls])]
+
+
+@pytest.mark.parametrize("choice", ["required", "add", "auto"])
+async def test_every_finished_call_is_valid(any_model, make_engine, choice):
+    engine = make_engine(any_model)
+    for seed in range(3):
+        outs = await run(engine, SamplingParams(max_tokens=60, tools=TOOLS, tool_choice=choice, do_sample=seed > 0,
+                                                seed=seed, parallel_tool_calls=False))
+        if outs[-1].finish_reason != FinishReason.TOOL_CALLS:
+            assert choice == "auto" or outs[-1].finish_reason == FinishReason.LENGTH
+            continue
+        calls = calls_of(outs)
+        assert len(calls) == 1 and "".join(o.text for o in outs) == ""
+        name, arguments = calls[0]
+        assert name == choice if choice not in ("required", "auto") else name in SCHEMAS
+        jsonschema.validate(json.loads(arguments), SCHEMAS[name])
+
+
+async def test_a_slow_reader_gets_the_same_calls(gpt2_model, make_engine):
+    engine = make_engine(gpt2_model)
+    params = SamplingParams(max_tokens=80, tools=TOOLS, tool_choice="required")
+    fast = await run(engine, params)
+    slow = await run(engine, params, delay=0.03)
+    assert any(len(o.token_ids) > 1 for o in slow)
+    assert calls_of(slow) == calls_of(fast) and calls_of(fast)
+    assert [o.finish_reason for o in slow][-1] == fast[-1].finish_reason
+
+
+async def test_tool_rows_batched_equal_alone(gpt2_model, make_engine):
+    engine = make_engine(gpt2_model)
+    requests = [SamplingParams(max_tokens=40, tools=TOOLS, tool_choice=c, do_sample=s, seed=i)
+                for i, (c, s) in enumerate([("required", False), ("add", True), ("auto", False), ("required", True)])]
+    requests += [SamplingParams(max_tokens=30, ignore_eos=True), SamplingParams(max_tokens=20, do_sample=True, seed=9)]
+    alone = [calls_of(await run(engine, p)) for p in requests]
+    together = await asyncio.gather(*(run(engine, p) for p in requests))
+    assert [calls_of(t) for t in together] == alone
+
+
+@pytest.mark.parametrize(("fields", "field"), [
+    ({"tools": "not json"}, "tools"),
+    ({"tools": "[]"}, "tools"),
+    ({"tools": json.dumps([{"type": "function", "function": {"name": "bad name!"}}])}, "tools"),
+    ({"tools": json.dumps([WEATHER, WEATHER])}, "tools"),
+    ({"tools": json.dumps([{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}])},
+     "tools"),
+    ({"tools": json.dumps([{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}}}])}, "tools"),
+    ({"tools": TOOLS, "tool_choice": "multiply"}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": TOOLS, "regex": "a"}, "tools"),
+])
+async def test_bad_tools_are_refused_naming_the_field(gpt2_model, make_engine, fields, field):
+    engine = make_engine(gpt2_model)
+    with pytest.raises(ValidationError) as err:
+        await engine.open("", SamplingParams(max_tokens=8, **fields), json.dumps([{"role": "user", "content": "hi"}]))
+    assert err.value.field == field, str(err.value)
+
+
+def test_the_parser_reads_calls_however_the_text_is_cut():
+    text = (f'{TAG}\n{{"name":"add","arguments":{{"a":1,"b":{{"s":"x}}\\"{{"}}}}}}\n</tool_call>\n'
+            f'{TAG}\n{{"name":"get_weather","arguments":{{"city":"Rome"}}}}\n</tool_call>')
+    for step in (1, 2, 5, len(text)):
+        parser, plain, deltas = ToolCallParser(auto=True), "", []
+        for i in range(0, len(text), step):
+            got, parts = parser.feed(text[i:i + step])
+            plain, deltas = plain + got, deltas + parts
+        assert plain == "" and [(c.index, c.name, c.arguments) for c in merged(deltas)] == [
+            (0, "add", '{"a":1,"b":{"s":"x}\\"{"}}'), (1, "get_weather", '{"city":"Rome"}')]
+    parser = ToolCallParser(auto=True)
+    assert parser.feed("<tool") == ("", []) and parser.feed("s are") == ("<tools are", [])
+    parser = ToolCallParser(auto=True)
+    assert parser.feed("<to") == ("", []) and parser.finish() == "<to"  # held, then plain text after all
+
+
+def test_the_generic_rendering_of_tools_calls_and_results():
+    spec = ToolSpec.parse(json.dumps([WEATHER]), "auto", True)
+    messages = render_messages([
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo"}}]},
+        {"role": "tool", "content": "sunny", "tool_call_id": "call_1"}], spec)
+    assert messages[0]["role"] == "system" and '"name": "get_weather"' in messages[0]["content"]
+    assert messages[2] == {"role": "assistant", "content": f'{TAG}\n{{"name": "get_weather", "arguments": '
+                                                           f'{{"city": "Oslo"}}}}\n</tool_call>'}
+    assert messages[3] == {"role": "user", "content": "<tool_response>\nsunny\n</tool_response>"}
