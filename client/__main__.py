@@ -18,8 +18,9 @@ def add_option(parser: argparse.ArgumentParser, f: Field) -> None:
     help_text = f.metadata["help"]
     if f.metadata.get("cli_file"):  # a JSON schema, say: the option names a file that holds it
         parser.add_argument(flag, type=read_text, metavar="FILE", default=f.default, help=help_text + ", from FILE")
-    elif kind is bool:
-        parser.add_argument(flag, action="store_true", help=help_text)
+    elif kind is bool:  # --flag, or --flag/--no-flag when it is on by default
+        action = argparse.BooleanOptionalAction if f.default else "store_true"
+        parser.add_argument(flag, action=action, default=f.default, help=help_text)
     elif kind is list:
         parser.add_argument(flag, action="append", default=[], help=help_text + " (repeatable)")
     else:

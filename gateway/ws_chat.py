@@ -4,9 +4,10 @@ Protocol (JSON text frames):
   client -> {"prompt": "...", <any PromptDocument sampling field>} or plain text (the prompt);
             {"type": "stop"} cancels the answer in progress; {"type": "reset"} forgets the
             conversation.
-  server -> {"type": "token", "text": ..., "token_id": ..., "token_ids": [...]} per step,
+  server -> {"type": "token", "text": ..., "token_id": ..., "token_ids": [...]} per step (and
+            "tool_calls": [...], OpenAI's delta parts, when the step carries calls),
             then {"type": "end", "finish_reason": ..., "prompt_tokens": ..., "generated_tokens": ...,
-            "seed": ... (the seed used when sampling, else null)};
+            "seed": ... (the seed used when sampling, else null), "tool_calls": [...] (OpenAI's)};
             a stopped answer ends with finish_reason "cancelled";
             {"type": "error", "error": ..., "error_type": ...} on failure (the socket stays open).
 The connection keeps the conversation: each prompt goes to the executor as chat messages
@@ -25,6 +26,7 @@ from contract import RequestLimits, request_fields
 from gateway.backend import Backend, close_quietly
 from gateway.http_guard import api_key, key_matches, origin_allowed
 from gateway.inputs import BadRequest, check_text, prompt_document
+from gateway.tool_calls import parts, whole_calls
 from schemas import PromptDocument
 
 SAMPLING_FIELDS = tuple(f.name for f in request_fields())
@@ -36,7 +38,7 @@ class ChatSession:
 
     def __init__(self, ws: WebSocket, backend: Backend):
         self.ws, self.backend = ws, backend
-        self.history: list[dict[str, str]] = []
+        self.history: list[dict[str, Any]] = []
         self.limits = RequestLimits.from_env()
         self.task: Optional[asyncio.Task] = None
         self._send_lock = asyncio.Lock()
@@ -97,7 +99,7 @@ class ChatSession:
         self.task = asyncio.create_task(self.answer(doc, turn))
 
     async def answer(self, doc: PromptDocument, turn: dict[str, str]) -> None:
-        text, generated = "", 0
+        text, generated, docs = "", 0, []
         final: dict[str, Any] = {"type": "end", "finish_reason": "cancelled", "prompt_tokens": None}
         stream = self.backend.stream(doc)
         try:
@@ -106,12 +108,13 @@ class ChatSession:
                     final = {"type": "error", "error": out.error, "error_type": out.error_type or "generation"}
                     break
                 text, generated = out.generated_text, out.index + 1
-                await self.send({"type": "token", "text": out.text, "token_id": out.token_id,
-                                 "token_ids": list(out.token_ids)})
+                docs.append(out)
+                event = {"type": "token", "text": out.text, "token_id": out.token_id, "token_ids": list(out.token_ids)}
+                await self.send({**event, **({"tool_calls": calls} if (calls := parts(out)) else {})})
                 if out.finish_reason is not None:
                     final = {"type": "end", "finish_reason": out.finish_reason,
                              "prompt_tokens": out.prompt_tokens, "generated_tokens": out.generated_tokens,
-                             "seed": out.seed}
+                             "seed": out.seed, "tool_calls": whole_calls(docs)}
                     break
         except asyncio.CancelledError:  # stop button, or the socket closed
             final["generated_tokens"] = generated
@@ -126,15 +129,15 @@ class ChatSession:
         the last event: a stop or prompt sent after it is about the next answer."""
         await close_quietly(stream)
         if final["type"] == "end":
-            self.remember(turn, text)
+            self.remember(turn, text, final.get("tool_calls"))
         self.task = None
         try:
             await asyncio.shield(self.send(final))
         except Exception:  # noqa: BLE001 - the socket is gone
             pass
 
-    def remember(self, turn: dict[str, str], answer: str) -> None:
-        self.history += [turn, {"role": "assistant", "content": answer}]
+    def remember(self, turn: dict[str, str], answer: str, calls: Optional[list[dict]] = None) -> None:
+        self.history += [turn, {"role": "assistant", "content": answer, **({"tool_calls": calls} if calls else {})}]
         del self.history[:-MAX_HISTORY_MESSAGES]
 
     async def run(self) -> None:

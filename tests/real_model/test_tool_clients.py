@@ -121,3 +121,18 @@ def test_instructor_tools_mode(real_flow):
                           f"http://127.0.0.1:{real_flow[1]}/v1"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     assert Person.model_validate_json(run.stdout.strip().splitlines()[-1])
+
+
+async def test_the_websocket_chat_passes_tools(real_flow):
+    import websockets
+    async with websockets.connect(f"ws://127.0.0.1:{real_flow[1]}/chat") as ws:
+        await ws.send(json.dumps({"prompt": QUESTION, "tools": json.dumps([WEATHER]), "tool_choice": "required",
+                                  "parallel_tool_calls": False, "max_tokens": 60}))
+        parts = []
+        while (event := json.loads(await ws.recv()))["type"] == "token":
+            parts += event.get("tool_calls", [])
+    assert event["finish_reason"] == "tool_calls", event
+    (call,) = event["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    assert "".join(p["function"]["arguments"] for p in parts) == call["function"]["arguments"]
+    jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER["function"]["parameters"])

@@ -65,3 +65,18 @@ async def test_two_constraints_are_refused(flow, two):
     base = f"http://127.0.0.1:{flow[1]}"
     r = requests.get(f"{base}/stream", timeout=60, data=json.dumps({"prompt": "hi", **two}))
     assert r.status_code == 422 and "only one structured-output field" in list(sse_data(r.text.splitlines()))[0]["error"]
+
+
+
+def test_the_cli_passes_tools(flow, tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["x"]}}}]
+    (tmp_path / "tools.json").write_text(json.dumps(tools))
+    run = subprocess.run([sys.executable, "-m", "client", "call f", "--port", str(flow[0]), "--max-tokens", "120",
+                          "--tools", str(tmp_path / "tools.json"), "--tool-choice", "f", "--no-parallel-tool-calls"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert run.returncode == 0 and "finish_reason=tool_calls" in run.stderr, run.stderr
