@@ -40,7 +40,7 @@ class Compiled:
     compile_ms: Optional[float] = None  # GrammarCompiler._compile, median of the repeats
     first_mask_ms: Optional[float] = None  # the fresh matcher's first token mask
     error: Optional[str] = None
-    lenient_ok: Optional[bool] = None  # refused: compiles once the client adds x-guidance lenient
+    lenient: Optional[str] = None  # refused: "compiles", or why not, with x-guidance lenient added
 
 
 # ----- the corpus -----
@@ -149,13 +149,13 @@ def time_one(compiler: Any, schema: Schema, repeats: int) -> Compiled:
             result.error = f"first mask: {matcher.get_error()[:300]}"
     except ValidationError as exc:
         result.error = str(exc)[:300]
-        result.lenient_ok = _compiles_lenient(compiler, schema.text)
+        result.lenient = _lenient(compiler, schema.text)
     except Exception as exc:  # noqa: BLE001 - anything else is a finding, not a crash
         result.error = f"{type(exc).__name__}: {exc}"[:300]
     return result
 
 
-def _compiles_lenient(compiler: Any, text: str) -> Optional[bool]:
+def _lenient(compiler: Any, text: str) -> Optional[str]:
     """Whether a refused schema compiles with `"x-guidance": {"lenient": true}` in it, which a
     client may send (llguidance then ignores keywords and formats it does not implement)."""
     schema = json.loads(text)
@@ -163,9 +163,9 @@ def _compiles_lenient(compiler: Any, text: str) -> Optional[bool]:
         return None
     try:
         compiler._compile("json_schema", json.dumps({**schema, "x-guidance": {"lenient": True}}))
-        return True
-    except Exception:  # noqa: BLE001 - still refused
-        return False
+        return "compiles"
+    except Exception as exc:  # noqa: BLE001 - still refused
+        return str(exc)[:200]
 
 
 def summarize(results: list[Compiled]) -> dict:
@@ -185,9 +185,8 @@ def summarize(results: list[Compiled]) -> dict:
             "slowest": [f"{r.source}/{r.name}: {r.compile_ms} + {r.first_mask_ms} ms"
                         for r in sorted(ok, key=lambda r: -(r.compile_ms or 0))[:5]],
             "by_source": {k: f"{v[0]}/{v[1]}" for k, v in by_source.items()},
-            "refused_but_lenient_ok": sum(bool(r.lenient_ok) for r in results),
-            "failures": [f"{r.source}/{r.name}: {r.error}{' (lenient: compiles)' if r.lenient_ok else ''}"
-                         for r in results if r.error]}
+            "refused_but_lenient_ok": sum(r.lenient == "compiles" for r in results),
+            "failures": [f"{r.source}/{r.name}: {r.error} (lenient: {r.lenient})" for r in results if r.error]}
 
 
 def _pct(values: list[float], q: float) -> Optional[float]:

@@ -13,6 +13,7 @@
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import time
 from collections.abc import AsyncIterator
@@ -97,8 +98,9 @@ async def throughput(arms: dict[str, Transport], args: argparse.Namespace) -> li
                 records, duration, cut = await closed_loop(send, prompts(), concurrency, n, args.max_tokens,
                                                            args.time_limit)
                 row = {"arm": arm, "concurrency": concurrency, "round": round_, "max_tokens": args.max_tokens,
-                       **summarize(records, duration), "cut_short": cut}
-                row["cpu_ms_per_token"] = cpu_per_token(before, cpu_seconds(), sum(r.tokens for r in records))
+                       **summarize(records, duration), "cut_short": cut, "loadavg_1m": round(os.getloadavg()[0], 2)}
+                row["output_tokens"] = sum(r.tokens for r in records)
+                row["cpu_ms_per_token"] = cpu_per_token(before, cpu_seconds(), row["output_tokens"])
                 rows.append(row)
                 print(f"  {arm} C={concurrency} round {round_}: {row['completed']}/{row['requests']} ok, "
                       f"{row['output_tok_s']} tok/s, {row['tokens_per_request']} tok/request, "
@@ -113,8 +115,7 @@ def throughput_summary(rows: list[dict]) -> list[dict]:
         level = {"concurrency": concurrency}
         for arm in ("unconstrained", "json_schema"):
             mine = [r for r in rows if r["concurrency"] == concurrency and r["arm"] == arm]
-            tokens = sum(r["output_tok_s"] * r["duration_s"] for r in mine)
-            level[f"{arm}_tok_s"] = round(tokens / sum(r["duration_s"] for r in mine), 1)
+            level[f"{arm}_tok_s"] = round(sum(r["output_tokens"] for r in mine) / sum(r["duration_s"] for r in mine), 1)
             level[f"{arm}_rounds_tok_s"] = [r["output_tok_s"] for r in mine]
             level[f"{arm}_tok_per_request"] = [r["tokens_per_request"] for r in mine]
             level[f"{arm}_errors"] = sum(r["errors"] for r in mine)
@@ -140,7 +141,8 @@ async def ttft(session: aiohttp.ClientSession, port: int, model_id: str, repeats
             times[kind].append(1000 * records[0].ttft)
             await asyncio.sleep(0.2)  # the next request meets an idle engine
     med = {k: round(statistics.median(v), 2) for k, v in times.items()}
-    return {"repeats": repeats, **{f"{k}_ttft_p50_ms": v for k, v in med.items()},
+    return {"repeats": repeats, "loadavg_1m": round(os.getloadavg()[0], 2),
+            **{f"{k}_ttft_p50_ms": v for k, v in med.items()},
             "cached_extra_ms": round(med["cached"] - med["unconstrained"], 2),
             "first_compile_extra_ms": round(med["first_compile"] - med["unconstrained"], 2),
             "ttft_ms": {k: [round(t, 2) for t in v] for k, v in times.items()}}
@@ -177,24 +179,28 @@ def run(args: argparse.Namespace, model: Path, notes: list[str], result: dict) -
     result.update(asyncio.run(serve_and_measure(model, args)))
 
 
+def _met(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
 def goals(result: dict) -> list[str]:
     """The structured-output issue's goals, against this run's figures."""
     lines = []
     for level in result.get("throughput", []):
         lines.append(f"C={level['concurrency']}: json_schema {level['json_schema_tok_s']} vs unconstrained "
-                     f"{level['unconstrained_tok_s']} output tok/s = {level['ratio']:.2f}x (goal >= 0.9x: "
-                     f"{'met' if level['ratio'] >= 0.9 else 'NOT met'})")
+                     f"{level['unconstrained_tok_s']} output tok/s = {level['ratio']:.2f}x "
+                     f"(goal >= 0.9x: {_met(level['ratio'] >= 0.9)})")
     if "ttft" in result:
         t = result["ttft"]
+        cached, first = t["cached_extra_ms"], t["first_compile_extra_ms"]
         lines.append(f"TTFT at C=1, medians of {t['repeats']}: unconstrained {t['unconstrained_ttft_p50_ms']} ms, "
-                     f"cached schema +{t['cached_extra_ms']} ms (goal < 5: {'met' if t['cached_extra_ms'] < 5 else 'NOT met'}), "
-                     f"first compile +{t['first_compile_extra_ms']} ms "
-                     f"(goal < 50: {'met' if t['first_compile_extra_ms'] < 50 else 'NOT met'})")
+                     f"cached schema {cached:+.2f} ms (goal < 5: {_met(cached < 5)}), "
+                     f"first compile {first:+.2f} ms (goal < 50: {_met(first < 50)})")
     if "corpus" in result:
         c = result["corpus"]
         lines.append(f"schema corpus: {c['compiled']}/{c['tried']} compiled ({100 * c['coverage']:.1f}%; "
-                     f"{c['refused_but_lenient_ok']} of the refused compile with x-guidance lenient); "
-                     f"compile p50 {c['compile_p50_ms']} ms, p99 {c['compile_p99_ms']} ms, max {c['compile_max_ms']} ms")
+                     f"{c['refused_but_lenient_ok']} of the refused compile with x-guidance lenient); compile "
+                     f"p50 {c['compile_p50_ms']} ms, p99 {c['compile_p99_ms']} ms, max {c['compile_max_ms']} ms")
     return lines
 
 
@@ -204,14 +210,14 @@ def markdown(result: dict, machine: dict, settings: dict, notes: list[str]) -> s
              f"git {machine['git']}, {machine['time']}. Load average at start: {machine['loadavg_at_start']}.",
              f"Settings: {json.dumps(settings)}", "", "## Summary", ""] + [f"- {g}" for g in goals(result)]
     lines += ["", "## Throughput rounds", "", "| arm | C | round | ok/n | out tok/s | tok/request | TTFT p50 | "
-              "TPOT p50 | TPOT p99 | CPU ms/token |", "|---|---|---|---|---|---|---|---|---|---|"]
+              "TPOT p50 | TPOT p99 | CPU ms/token | load 1m |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result.get("throughput_rows", []):
         cpu = ", ".join(f"{k} {v}" for k, v in r["cpu_ms_per_token"].items())
         lines.append(f"| {r['arm']} | {r['concurrency']} | {r['round']} | {r['completed']}/{r['requests']} | "
                      f"{r['output_tok_s']} | {r['tokens_per_request']} | {r['ttft_p50_ms']} | {r['tpot_p50_ms']} | "
-                     f"{r['tpot_p99_ms']} | {cpu} |")
+                     f"{r['tpot_p99_ms']} | {cpu} | {r['loadavg_1m']} |")
     if "ttft" in result:
-        lines += ["", "## TTFT at C=1 (ms, in order)", ""] + \
+        lines += ["", f"## TTFT at C=1 (ms, in order; load 1m after: {result['ttft']['loadavg_1m']})", ""] + \
             [f"- {k}: {v}" for k, v in result["ttft"]["ttft_ms"].items()]
     if "corpus" in result:
         c = result["corpus"]

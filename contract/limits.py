@@ -14,6 +14,7 @@ from typing import Any, Optional
 from .errors import check
 
 SEED_MAX = 2**64 - 1  # TGI's u64 range; torch.Generator.manual_seed takes all of it
+MAX_TOP_LOGPROBS = 20  # alternatives per token a request may ask for (OpenAI's bound)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from dataclasses import Field, dataclass, field, fields
 from typing import Any, Optional
 
 from .errors import EngineDeadError, OverloadedError, ValidationError, check
-from .limits import DEFAULT_LIMITS, SEED_MAX, RequestLimits
+from .limits import DEFAULT_LIMITS, MAX_TOP_LOGPROBS, SEED_MAX, RequestLimits
 
 __all__ = ["EngineConfig", "EngineDeadError", "FinishReason", "OverloadedError", "SamplingParams",
            "ValidationError", "field_type", "request_fields"]
@@ -66,6 +66,11 @@ class SamplingParams:
     stream_interval: Optional[int] = request_field(
         None, "tokens per streamed document, at least (the last may have fewer); null: the server's", ge=1)
     ignore_eos: bool = request_field(False, "go on past the end-of-sequence token, to max_tokens (benchmarks)")
+    logprobs: bool = request_field(False, "report each generated token's own text with its log probability "
+                                          "(OpenAI's logprobs); the log probabilities come always")
+    top_logprobs: int = request_field(
+        0, "the likeliest alternatives reported with each generated token, with their log probabilities "
+           "(the model's own distribution)", ge=0, le=MAX_TOP_LOGPROBS)
     # structured output, enforced while decoding; at most one of them (constraint=True)
     json_schema: Optional[str] = request_field(
         None, "structured output: JSON valid against this JSON schema (JSON text)", constraint=True, cli_file=True)

@@ -25,6 +25,10 @@ def to_document(out: RequestOutput, generated_text: str) -> ModelOutputDocument:
         generated_tokens=out.generated_tokens if final else None,
         prompt_tokens=out.prompt_tokens if final else None,
         seed=out.seed if final else None,
+        tokens=out.token_strs, alternative_counts=[len(a) for a in out.alternatives],
+        alternative_ids=[i for a in out.alternatives for i, _, _ in a],
+        alternative_texts=[t for a in out.alternatives for _, t, _ in a],
+        alternative_logprobs=[lp for a in out.alternatives for _, _, lp in a],
         tool_call_indexes=[c.index for c in out.tool_calls], tool_call_ids=[c.id for c in out.tool_calls],
         tool_call_names=[c.name for c in out.tool_calls], tool_call_arguments=[c.arguments for c in out.tool_calls])
 

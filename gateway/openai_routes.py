@@ -29,6 +29,7 @@ from gateway.inputs import (
     refuse_unsupported,
     set_options,
 )
+from gateway.logprobs import chat_logprobs, completion_logprobs
 from gateway.protocol import Parsed, Protocol, Upstream, kind, serve, sse
 from gateway.structured_output import OpenAIStructured, openai_constraint
 from gateway.tool_calls import parts, tool_fields, whole_calls
@@ -37,10 +38,10 @@ from schemas import ModelOutputDocument
 FINISH = {"length": "length", "eos_token": "stop", "stop_sequence": "stop", "tool_calls": "tool_calls"}
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 # OpenAI's own spelling of these (tools as a list, tool_choice also an object), or none (do_sample)
-SPELLED_BY_OPENAI = ("max_tokens", "stop", "do_sample", "tools", "tool_choice")
+# and logprobs: a number on completions, true or false on chat
+SPELLED_BY_OPENAI = ("max_tokens", "stop", "do_sample", "tools", "tool_choice", "logprobs")
 # fields that change the answer and that this server does not serve: refused unless neutral
 UNSUPPORTED = {"tools": ([],), "tool_choice": ("none", "auto"), "functions": ([],), "function_call": ("none", "auto"),
-               "logprobs": (False, 0), "top_logprobs": (0,),
                "logit_bias": ({},), "best_of": (1,), "suffix": ("",), "prediction": (),
                "modalities": (["text"],), "audio": ()}
 
@@ -66,6 +67,7 @@ _Common = create_model("_Common", __base__=_OpenAIRequest, **option_fields(exclu
 class CompletionRequest(_Common):  # type: ignore[misc, valid-type]
     prompt: Union[str, list[str]]
     echo: Bool = False
+    logprobs: Int = None  # the alternatives per token, 0 to 20; null: no log probabilities
 
 
 class ChatRequest(_Common):  # type: ignore[misc, valid-type]
@@ -73,6 +75,7 @@ class ChatRequest(_Common):  # type: ignore[misc, valid-type]
     max_completion_tokens: Int = None
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[Union[str, dict[str, Any]]] = None
+    logprobs: Bool = None
 
 
 @dataclass
@@ -83,6 +86,7 @@ class OpenAIContext:
     id: str
     created: int = field(default_factory=now)
     prefix: str = ""  # echo: the prompt, before the completion
+    offset: int = 0  # completions' logprobs: where the next token's text starts in the choice's text
 
 
 def error_body(message: str, error_kind: ErrorKind, param: Optional[str]) -> dict:
@@ -130,11 +134,20 @@ class OpenAI(Protocol):
                 "model": info.model_id, "choices": choices, **extra}
 
     def choice(self, text: Optional[str], finish: Optional[str], first: bool = False,
-               calls: Optional[list[dict]] = None) -> dict:
-        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+               calls: Optional[list[dict]] = None, logprobs: Optional[dict] = None) -> dict:
+        return {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
 
-    def message(self, text: str, finish: Optional[str], calls: list[dict]) -> dict:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    def message(self, text: str, finish: Optional[str], calls: list[dict], logprobs: Optional[dict] = None) -> dict:
+        return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
+
+    def logprobs(self, parsed: Parsed, docs: list[ModelOutputDocument]) -> Optional[dict]:
+        """OpenAI's logprobs of these documents' tokens, when the request asked for them."""
+        if parsed.request.req.logprobs is None:
+            return None
+        context: OpenAIContext = parsed.request
+        out = completion_logprobs(docs, context.offset)
+        context.offset += sum(len(t) for d in docs for t in d.texts)
+        return out
 
     def prefix(self, parsed: Parsed) -> str:
         return ""
@@ -151,7 +164,7 @@ class OpenAI(Protocol):
                 yield sse(error_body(out.error, kind(out), out.error_field))
                 break
             finish = FINISH.get(out.finish_reason or "")
-            choice = self.choice(out.text, finish, calls=parts(out))
+            choice = self.choice(out.text, finish, calls=parts(out), logprobs=self.logprobs(parsed, [out]))
             yield sse({**self.envelope(parsed, self.chunk_obj, [choice], info), **usage, **_seed(out.seed)})
             if out.finish_reason is not None and usage:
                 yield sse(self.envelope(parsed, self.chunk_obj, [], info, usage=_usage(out)))
@@ -160,7 +173,7 @@ class OpenAI(Protocol):
     def answer(self, parsed: Parsed, result: CollectedAnswer, info: Optional[ServerInfo]) -> Response:
         last = result.last
         choice = self.message(self.prefix(parsed) + result.text, FINISH.get(last.finish_reason or ""),
-                              whole_calls(result.docs))
+                              whole_calls(result.docs), self.logprobs(parsed, result.docs))
         return JSONResponse(self.envelope(parsed, self.obj, [choice], info, usage=_usage(last), **_seed(last.seed)))
 
     @staticmethod
@@ -179,6 +192,11 @@ class OpenAICompletions(OpenAI):
         max_tokens = req.max_tokens if req.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
         context = OpenAIContext(req, "cmpl-" + uuid.uuid4().hex, prefix=prompt if req.echo else "")
         fields, sent_as = to_fields(req, max_tokens)
+        if req.logprobs is not None:
+            if req.echo:
+                raise BadRequest("echo: the prompt's log probabilities (echo with logprobs) are not served", "echo")
+            fields.update(logprobs=True, top_logprobs=req.logprobs)
+            sent_as["top_logprobs"] = "logprobs"
         return Parsed(prompt_document(prompt=prompt, **fields), bool(req.stream), context, sent_as)
 
     def prefix(self, parsed: Parsed) -> str:
@@ -198,22 +216,28 @@ class OpenAIChat(OpenAI):
             info = await backend.info()
             max_tokens = min(info.max_tokens_limit, info.max_context // 2)
         fields, sent_as = to_fields(req, max_tokens)
+        if req.top_logprobs and not req.logprobs:
+            raise BadRequest("top_logprobs: needs logprobs: true", "top_logprobs")
+        fields["logprobs"] = bool(req.logprobs)
         return Parsed(prompt_document(messages=req.messages, **fields), bool(req.stream), context, sent_as)
 
     def choice(self, text: Optional[str], finish: Optional[str], first: bool = False,
-               calls: Optional[list[dict]] = None) -> dict:
+               calls: Optional[list[dict]] = None, logprobs: Optional[dict] = None) -> dict:
         delta: dict = {"role": "assistant", "content": ""} if first else {}
         if text is not None and (text or not calls):
             delta["content"] = text
         if calls:
             delta["tool_calls"] = calls
-        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
 
-    def message(self, text: str, finish: Optional[str], calls: list[dict]) -> dict:
+    def message(self, text: str, finish: Optional[str], calls: list[dict], logprobs: Optional[dict] = None) -> dict:
         message: dict = {"role": "assistant", "content": text if text or not calls else None}
         if calls:
             message["tool_calls"] = calls
-        return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+        return {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
+
+    def logprobs(self, parsed: Parsed, docs: list[ModelOutputDocument]) -> Optional[dict]:
+        return chat_logprobs(docs) if parsed.request.req.logprobs else None
 
 
 def openai_router(backend: Upstream) -> APIRouter:

@@ -29,16 +29,17 @@ from gateway.inputs import (
     sampling_options,
     set_options,
 )
+from gateway.logprobs import alternatives
 from gateway.protocol import Parsed, Protocol, Upstream, kind, serve, sse
 from gateway.structured_output import TGIGrammar, tgi_constraint
 from schemas import ModelOutputDocument
 
 DEFAULT_MAX_NEW_TOKENS = 20  # TGI's documented default
-SPELLED_BY_TGI = ("max_tokens", "stop", "grammar")  # TGI's: max_new_tokens, stop as a string or a list, grammar
+SPELLED_BY_TGI = ("max_tokens", "stop", "grammar", "top_logprobs")  # TGI's: max_new_tokens, stop as a string or a list, grammar
 # fields that change the answer and that this server does not serve: refused unless neutral
-UNSUPPORTED = {"top_n_tokens": (0,), "decoder_input_details": (False,), "watermark": (False,),
+UNSUPPORTED = {"decoder_input_details": (False,), "watermark": (False,),
                "truncate": (), "adapter_id": ()}
-TGI_FIELD_NAMES = {"prompt": "inputs", "max_tokens": "max_new_tokens"}  # the engine's field -> TGI's
+TGI_FIELD_NAMES = {"prompt": "inputs", "max_tokens": "max_new_tokens", "top_logprobs": "top_n_tokens"}  # the engine's field -> TGI's
 
 
 class _TGIParameters(BaseModel):
@@ -50,6 +51,7 @@ class _TGIParameters(BaseModel):
     details: Bool = False
     return_full_text: Bool = False
     best_of: Int = None
+    top_n_tokens: Int = None  # the engine's top_logprobs
     grammar: Optional[TGIGrammar] = None
 
 
@@ -69,7 +71,8 @@ def to_fields(p: BaseModel) -> dict:
     stop = [p.stop] if isinstance(p.stop, str) else (p.stop or [])
     return {**set_options(p, exclude=SPELLED_BY_TGI), **tgi_constraint(p.grammar),
             "do_sample": bool(p.do_sample) or bool(sampling_options(p)),
-            "stop": stop, "max_tokens": p.max_new_tokens if p.max_new_tokens is not None else DEFAULT_MAX_NEW_TOKENS}
+            "stop": stop, "max_tokens": p.max_new_tokens if p.max_new_tokens is not None else DEFAULT_MAX_NEW_TOKENS,
+            **({"top_logprobs": p.top_n_tokens} if p.top_n_tokens else {})}
 
 
 def _details(last: ModelOutputDocument, stream: bool, input_length: int) -> dict:
@@ -84,10 +87,14 @@ def token_events(out: ModelOutputDocument) -> list[dict]:
     """One TGI event per token, from the document's per-token lists: a document covering
     several tokens (the reader fell behind) gives the same events as one per token."""
     first_index = out.index - len(out.token_ids) + 1
-    return [{"index": first_index + i + 1, "token": {"id": tid, "text": text, "logprob": logprob, "special": special},
-             "generated_text": None, "details": None}
-            for i, (tid, text, logprob, special)
-            in enumerate(zip(out.token_ids, out.texts, out.logprobs, out.specials, strict=True))]
+    events = [{"index": first_index + i + 1, "token": {"id": tid, "text": text, "logprob": logprob, "special": special},
+               "generated_text": None, "details": None}
+              for i, (tid, text, logprob, special)
+              in enumerate(zip(out.token_ids, out.texts, out.logprobs, out.specials, strict=True))]
+    if out.alternative_counts:  # top_n_tokens
+        for event, alts in zip(events, alternatives(out), strict=True):
+            event["top_tokens"] = [{"id": i, "text": t, "logprob": lp, "special": False} for i, t, lp in alts]
+    return events
 
 
 class TGI(Protocol):
@@ -131,8 +138,10 @@ class TGI(Protocol):
         req = parsed.request
         body: dict = {"generated_text": (req.inputs if req.parameters.return_full_text else "") + result.text}
         if req.parameters.details:
-            body["details"] = {**_details(result.last, False, 0), "prefill": [], "tokens": [
-                e["token"] for d in result.docs for e in token_events(d)]}
+            events = [e for d in result.docs for e in token_events(d)]
+            body["details"] = {**_details(result.last, False, 0), "prefill": [], "tokens": [e["token"] for e in events]}
+            if req.parameters.top_n_tokens:
+                body["details"]["top_tokens"] = [e.get("top_tokens", []) for e in events]
         return JSONResponse([body] if self.listed else body)
 
 

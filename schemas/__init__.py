@@ -99,6 +99,13 @@ class ModelOutputDocument(FlatDoc):
     special: bool = False  # whether token_id is a special token
     specials: list[bool] = []  # the same for each of token_ids
     texts: list[str] = []  # each token's new text, for each of token_ids: they join to `text`
+    # logprobs/top_logprobs: each token's text alone (tokens), and its likeliest alternatives,
+    # flat: alternative_counts[i] of them for token i, in order (ids, texts, log probabilities)
+    tokens: list[str] = []
+    alternative_counts: list[Int32] = []
+    alternative_ids: list[Int32] = []
+    alternative_texts: list[str] = []
+    alternative_logprobs: list[float] = []
     # parts of tool calls, one entry per part across the four lists: a call's first part has its
     # id and name, the next ones pieces of its arguments (JSON text, joined in order)
     tool_call_indexes: list[Int32] = []

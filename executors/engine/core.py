@@ -17,6 +17,7 @@ from contract import EngineConfig, FinishReason
 from .detokenizer import IncrementalDetokenizer, byte_fallback_ids
 from .kv_batch import KVBatch, new_cache, prefill_chunk, prefill_group, select_rows
 from .loader import LoadedModel
+from .logprobs import TokenTexts, raw_logprob
 from .observer import EngineObserver
 from .outputs import RequestOutput
 from .prepare import Prepared
@@ -41,6 +42,7 @@ class EngineCore:
         self.special_ids = frozenset(self.tokenizer.all_special_ids)
         self.byte_ids = byte_fallback_ids(self.tokenizer)
         self.grammars = GrammarCompiler(self.tokenizer, config.limits)
+        self.token_texts = TokenTexts(self.tokenizer)
         self.masks = MaskFiller(self.grammars.tokenizer.vocab_size if self.grammars.tokenizer else 0)
         self._aborts: set[str] = set()
         self._abort_lock = threading.Lock()
@@ -137,13 +139,18 @@ class EngineCore:
         """logits: [len(rows), vocab] float32, row i for rows[i]'s next token. Plain greedy
         rows share one argmax; the others choose alone (None: that request failed)."""
         choices: list[Choice | None] = [None] * len(rows)
-        plain = [i for i, r in enumerate(rows) if r.chooser.plain_greedy]
+        plain = {i for i, r in enumerate(rows) if r.chooser.plain_greedy}
         if plain:
-            for i, c in zip(plain, greedy_choices(logits[plain] if len(plain) < len(rows) else logits), strict=True):
+            index = sorted(plain)
+            for i, c in zip(index, greedy_choices(logits[index] if len(index) < len(rows) else logits), strict=True):
                 choices[i] = c
         for i, req in enumerate(rows):
             if choices[i] is None:
                 choices[i] = self._or_fail_request(req, req.chooser.choose, req.history(), logits[i:i + 1])
+            choice = choices[i]
+            if choice is not None and (i not in plain or req.params.top_logprobs):  # the model's own, per row
+                choice.logprob, choice.alternatives = raw_logprob(logits[i], choice.token_id, req.params.top_logprobs,
+                                                                  self.token_texts)
         return choices
 
     def _or_fail_request(self, req: Request, fn: Callable[..., T], *args: Any) -> Optional[T]:
@@ -269,9 +276,12 @@ class EngineCore:
                 text += req.tool_parser.finish()
                 if finish == FinishReason.EOS and req.tool_parser.called:
                     finish = FinishReason.TOOL_CALLS
+        asked = req.params.logprobs or req.params.top_logprobs > 0
         return RequestOutput(req.request_id, [token], [text], [choice.logprob], [token in self.special_ids],
                              len(req.generated) - 1, finish, prompt_tokens=len(req.prompt_ids),
-                             generated_tokens=len(req.generated), seed=req.seed, tool_calls=calls)
+                             generated_tokens=len(req.generated), seed=req.seed, tool_calls=calls,
+                             alternatives=[choice.alternatives] if asked else [],
+                             token_strs=[self.token_texts(token)] if asked else [])
 
     def _finish_with_error(self, req: Request, message: str) -> None:
         self.scheduler.release(req)

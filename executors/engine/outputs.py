@@ -26,6 +26,9 @@ class RequestOutput:
     generated_tokens: int = 0
     seed: Optional[int] = None
     tool_calls: list[ToolCallDelta] = field(default_factory=list)  # parts of calls, in order
+    # top_logprobs: each token's likeliest alternatives, (id, its text alone, log probability)
+    alternatives: list[list[tuple[int, str, float]]] = field(default_factory=list)
+    token_strs: list[str] = field(default_factory=list)  # top_logprobs: each token's text alone
 
     @classmethod
     def failure(cls, request_id: str, message: str, index: int = -1, prompt_tokens: int = 0,
@@ -55,5 +58,7 @@ class RequestOutput:
             whole.logprobs += out.logprobs
             whole.special += out.special
             whole.tool_calls += out.tool_calls
+            whole.alternatives += out.alternatives
+            whole.token_strs += out.token_strs
         whole.tool_calls = merged(whole.tool_calls)
         return whole

@@ -4,7 +4,7 @@ Plain greedy rows are chosen together with one argmax; rows with penalties or
 sampling run their own transformers logits processors and their own seeded
 generator, so a request's tokens never depend on its neighbours in the batch.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import cast
 
 import torch
@@ -25,7 +25,8 @@ from contract import SamplingParams
 @dataclass
 class Choice:
     token_id: int
-    logprob: float
+    logprob: float  # the model's own (logprobs.py), once the engine has filled it in
+    alternatives: list[tuple[int, str, float]] = field(default_factory=list)  # top_logprobs
 
 
 class OutputPenalties(LogitsProcessor):

@@ -39,10 +39,10 @@ def test_every_engine_request_field_reaches_the_document_on_every_protocol(http,
     protocol's own name (max_new_tokens, max_tokens) or as an extension under its own."""
     value = _non_default(f)
     # OpenAI always samples; its tools are a list and tool_choice may be an object (see test_tool_mapping)
-    openai_name = {"do_sample": None, "tools": None, "tool_choice": None}.get(f.name, f.name)
+    openai_name = {"do_sample": None, "tools": None, "tool_choice": None, "logprobs": None}.get(f.name, f.name)
     if openai_name:
         http.post("/v1/completions", json={"model": "m", "prompt": "hi", openai_name: value})
-    tgi_name = {"max_tokens": "max_new_tokens"}.get(f.name, f.name)
+    tgi_name = {"max_tokens": "max_new_tokens", "top_logprobs": "top_n_tokens"}.get(f.name, f.name)
     if f.name == "grammar":  # TGI's grammar is an object; a Lark or GBNF grammar is its type "grammar"
         value = {"type": "grammar", "value": value}
     http.post("/generate", json={"inputs": "hi", "parameters": {tgi_name: value}})

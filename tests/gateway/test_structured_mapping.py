@@ -72,7 +72,7 @@ def test_tgi_grammar_reaches_the_document(http, fake, grammar, field, value):
 @pytest.mark.parametrize("parameters", [
     {"grammar": {"type": "xml", "value": "<a/>"}},
     {"grammar": {"type": "regex", "value": 5}},
-    {"top_n_tokens": 5},
+    {"watermark": True},
     {"decoder_input_details": True},
 ])
 def test_tgi_refuses_what_it_would_not_enforce(http, fake, parameters):

@@ -1,0 +1,40 @@
+"""Log probabilities as clients see them: each generated token's, and its likeliest
+alternatives when asked (top_logprobs).
+
+They describe the model's own distribution, vLLM's default ("raw"): the log-softmax of the
+logits, restricted to what a structured-output constraint allows, before penalties,
+temperature and top-k/top-p/min-p/typical warpers. So they are the same whatever a request
+samples with, and they are computed row by row: a token's numbers do not depend on the batch.
+"""
+from typing import Any
+
+import torch
+
+Alternative = tuple[int, str, float]  # token id, its text alone, log probability
+
+
+class TokenTexts:
+    """Each token's text decoded alone (what OpenAI calls a logprob's `token`), cached."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        self._cache: dict[int, str] = {}
+
+    def __call__(self, token_id: int) -> str:
+        text = self._cache.get(token_id)
+        if text is None:
+            text = self._cache[token_id] = self.tokenizer.decode([token_id])
+        return text
+
+
+@torch.inference_mode()
+def raw_logprob(logits: torch.Tensor, token: int, top_n: int, texts: TokenTexts) -> tuple[float, list[Alternative]]:
+    """(log probability of `token`, the top_n likeliest tokens). logits: [vocab] of one row,
+    -inf where a constraint forbids; forbidden tokens are never alternatives."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    alternatives: list[Alternative] = []
+    if top_n:
+        values, ids = logprobs.topk(top_n)
+        alternatives = [(i, texts(i), v) for i, v in zip(ids.tolist(), values.tolist(), strict=True)
+                        if v != float("-inf")]
+    return float(logprobs[token]), alternatives

@@ -1,0 +1,79 @@
+"""Log probabilities: the model's own distribution, each token's alternatives its own whatever
+the batch or the reader's pace, and equal to a direct forward pass of the model."""
+import asyncio
+
+import pytest
+import torch
+
+from contract import SamplingParams, ValidationError
+from tests.unit.test_int4 import four_bit_llama  # noqa: F401 - the fixture
+
+PROMPT = "the quick brown fox"
+
+
+async def run(engine, params: SamplingParams, delay: float = 0.0, prompt: str = PROMPT):
+    outs = []
+    async for out in engine.generate(prompt, params):
+        outs.append(out)
+        if delay:
+            await asyncio.sleep(delay)
+    return outs
+
+
+def flat(outs) -> tuple:
+    return ([t for o in outs for t in o.token_ids], [lp for o in outs for lp in o.logprobs],
+            [a for o in outs for a in o.alternatives], [s for o in outs for s in o.token_strs])
+
+
+@pytest.mark.parametrize("sample", [False, True], ids=["greedy", "sampled"])
+async def test_alternatives_equal_a_direct_forward_pass(any_model, make_engine, sample):
+    engine = make_engine(any_model)
+    params = SamplingParams(max_tokens=12, top_logprobs=5, logprobs=True, do_sample=sample, seed=3, temperature=0.7,
+                            top_k=20, repetition_penalty=1.3, ignore_eos=True)
+    ids, logprobs, alternatives, strs = flat(await run(engine, params))
+    model, tok = engine.core.loaded.model, engine.tokenizer
+    prompt = tok(PROMPT)["input_ids"]
+    with torch.no_grad():
+        full = torch.log_softmax(model(torch.tensor([prompt + ids])).logits[0].float(), -1)
+    for k, token in enumerate(ids):
+        row = full[len(prompt) - 1 + k]
+        assert logprobs[k] == pytest.approx(float(row[token]), abs=1e-4)  # raw: before penalties and warpers
+        values, top = row.topk(5)
+        assert [i for i, _, _ in alternatives[k]] == top.tolist()
+        assert [lp for _, _, lp in alternatives[k]] == pytest.approx(values.tolist(), abs=1e-4)
+        assert strs[k] == tok.decode([token]) and alternatives[k][0][1] == tok.decode([top[0].item()])
+
+
+@pytest.mark.parametrize("weights", ["int4", "fp32"])
+async def test_batched_and_slow_readers_get_each_tokens_own_numbers(four_bit_llama, gpt2_model, make_engine,  # noqa: F811
+                                                                    weights):
+    """On int4 weights (the C kernels, as the default model runs) bit for bit; on the fp32
+    fallback the same tokens, and numbers within float rounding (batched matmuls round differently)."""
+    engine = make_engine(four_bit_llama if weights == "int4" else gpt2_model)
+    requests = [SamplingParams(max_tokens=20, top_logprobs=k, logprobs=True, do_sample=k % 2 == 1, seed=k,
+                               ignore_eos=True) for k in range(1, 7)]
+    requests += [SamplingParams(max_tokens=20, regex="[a-z ]{5,30}", top_logprobs=3)]
+    alone = [flat(await run(engine, p)) for p in requests]
+    together = [flat(t) for t in await asyncio.gather(*(run(engine, p) for p in requests))]
+    if weights == "int4":
+        assert engine.core.loaded.info.dtype == "int4" and together == alone
+    else:
+        assert [t[0] for t in together] == [a[0] for a in alone]
+        assert [lp for t in together for lp in t[1]] == pytest.approx([lp for a in alone for lp in a[1]], abs=1e-5)
+    slow = await run(engine, requests[0], delay=0.03)
+    assert any(len(o.token_ids) > 1 for o in slow) and flat(slow) == alone[0]
+    assert all(len(o.alternatives) == len(o.token_ids) for o in slow)
+
+
+async def test_a_constraint_leaves_no_forbidden_alternative(gpt2_model, make_engine):
+    engine = make_engine(gpt2_model)
+    _, _, alternatives, _ = flat(await run(engine, SamplingParams(max_tokens=6, choice=["ab", "cd"], top_logprobs=20)))
+    assert all(lp > float("-inf") for alts in alternatives for _, _, lp in alts)
+    assert len(alternatives[0]) < 20  # only what the choice allows
+
+
+async def test_top_logprobs_is_bounded(gpt2_model, make_engine):
+    engine = make_engine(gpt2_model)
+    with pytest.raises(ValidationError) as err:
+        await engine.open(PROMPT, SamplingParams(top_logprobs=21))
+    assert err.value.field == "top_logprobs"
