@@ -1,4 +1,4 @@
-"""python -m benchmarks.engine_bench: same-run micro-benchmarks of the engine (issues 2 and 3).
+"""python -m benchmarks.engine_bench: same-run micro-benchmarks of the engine.
 
 (a) ms per token, 16-token prompt, 64 tokens, one stream, gpt2-small: the engine alone,
     the executor over gRPC (flow subprocess + client), the seed-style generate(max_new_tokens=1) loop.
