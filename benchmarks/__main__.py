@@ -73,8 +73,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                    help="the structured-output benchmark instead (structured.py): JSON-schema vs unconstrained "
                         "tok/s (default C=16, 48 requests per arm and round), TTFT of cached and new schemas, "
                         "compile times of a schema corpus; on smollm2 unless --models names another")
-    p.add_argument("--rounds", type=int, default=2, help="--structured: alternating rounds of both arms")
-    p.add_argument("--ttft-repeats", type=int, default=15, help="--structured: TTFT requests of each kind")
+    p.add_argument("--rounds", type=int, default=3, help="--structured: alternating rounds of both arms")
+    p.add_argument("--ttft-repeats", type=int, default=30, help="--structured: TTFT requests of each kind")
     args = p.parse_args(argv)
     if args.structured:
         args.models = args.models or ["smollm2"]

@@ -171,7 +171,7 @@ def _lenient(compiler: Any, text: str) -> Optional[str]:
 def summarize(results: list[Compiled]) -> dict:
     """Coverage and compile-time percentiles (compile, and compile plus first mask)."""
     ok = [r for r in results if r.error is None]
-    both = sorted(r.compile_ms + r.first_mask_ms for r in ok)  # type: ignore[operator]
+    both = sorted(round(r.compile_ms + r.first_mask_ms, 2) for r in ok)  # type: ignore[operator]
     compile_ms = sorted(r.compile_ms for r in ok)  # type: ignore[type-var]
     by_source: dict[str, list[int]] = {}
     for r in results:

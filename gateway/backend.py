@@ -129,20 +129,27 @@ def now() -> int:
 async def cancel_on_disconnect(receive: Any, coro: Awaitable[T]) -> Optional[T]:
     """Run a non-streaming request, cancelling it (and so its generation) when the client
     goes away; returns None then. `receive` is the ASGI receive of a request whose body
-    was read already, so its next message can only be the disconnect."""
+    was read already, so its next message can only be the disconnect.
+
+    The task is cancelled however the watcher ends before it: the disconnect, but also
+    `receive` raising or the watcher being cancelled (even before it ran), since then
+    nothing would notice the client leave and the generation would run on to max_tokens
+    for nobody. The watcher is stopped only once the task is done, so no disconnect goes
+    unseen while the task runs. A cancellation of the caller itself is passed on."""
     task = asyncio.ensure_future(coro)
 
     async def watch() -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
-        task.cancel()
 
     watcher = asyncio.ensure_future(watch())
+    watcher.add_done_callback(lambda _: task.cancel())  # a no-op once the task is done
     try:
         return await task
     except asyncio.CancelledError:
-        if watcher.done():  # the client left: nobody reads the answer
-            return None
+        current = asyncio.current_task()
+        if watcher.done() and not (current and current.cancelling()):
+            return None  # the client left (or can no longer be heard): nobody reads the answer
         raise
     finally:
         watcher.cancel()

@@ -7,7 +7,8 @@ Protocol (JSON text frames):
   server -> {"type": "token", "text": ..., "token_id": ..., "token_ids": [...]} per step (and
             "tool_calls": [...], OpenAI's delta parts, when the step carries calls),
             then {"type": "end", "finish_reason": ..., "prompt_tokens": ..., "generated_tokens": ...,
-            "seed": ... (the seed used when sampling, else null), "tool_calls": [...] (OpenAI's)};
+            "seed": ... (the seed used when sampling, else null), and "tool_calls": [...] (OpenAI's) when
+            the answer called tools};
             a stopped answer ends with finish_reason "cancelled";
             {"type": "error", "error": ..., "error_type": ...} on failure (the socket stays open).
 The connection keeps the conversation: each prompt goes to the executor as chat messages
@@ -114,7 +115,7 @@ class ChatSession:
                 if out.finish_reason is not None:
                     final = {"type": "end", "finish_reason": out.finish_reason,
                              "prompt_tokens": out.prompt_tokens, "generated_tokens": out.generated_tokens,
-                             "seed": out.seed, "tool_calls": whole_calls(docs)}
+                             "seed": out.seed, **({"tool_calls": calls} if (calls := whole_calls(docs)) else {})}
                     break
         except asyncio.CancelledError:  # stop button, or the socket closed
             final["generated_tokens"] = generated
