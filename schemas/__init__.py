@@ -11,7 +11,7 @@ names the field, not a serialization failure mid-stream), and the 64-bit `seed`
 travels as decimal text (see `Seed`).
 """
 import re
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, ClassVar, Optional
 
 from docarray.base_doc.base_node import BaseNode
 from pydantic import Field, GetCoreSchemaHandler, GetJsonSchemaHandler, ValidationError, create_model
@@ -88,6 +88,11 @@ PromptDocument = create_model(
 
 class ModelOutputDocument(FlatDoc):
     """One streamed step: a token (several when the reader fell behind), or an error."""
+
+    # what only some requests ask for stays off the wire when empty (a missing field reads as [])
+    sparse_lists: ClassVar[frozenset[str]] = frozenset({
+        "tokens", "alternative_counts", "alternative_ids", "alternative_texts", "alternative_logprobs",
+        "tool_call_indexes", "tool_call_ids", "tool_call_names", "tool_call_arguments"})
 
     token_id: Int32 = -1  # the last token of this document
     token_ids: list[Int32] = []  # every token this document covers

@@ -11,7 +11,7 @@ The same goes for `model_dump`, which the SSE route calls per token: DocArray's 
 field's annotation for DocList fields on each call (44 µs), and a document without any gives
 pydantic's own result (2.4 µs).
 """
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from docarray import BaseDoc
 from docarray.base_doc.mixins.io import _type_to_protobuf
@@ -43,10 +43,17 @@ def _fill(node: NodeProto, value: Any) -> None:
 class FlatDoc(BaseDoc):
     """A BaseDoc whose protobuf (de)serialization and model_dump take the short way for plain values."""
 
+    sparse_lists: ClassVar[frozenset[str]] = frozenset()  # list fields left out of the wire when empty
+
     def to_protobuf(self) -> DocProto:
+        """DocArray's message, less the list fields left empty (`sparse_lists`): a reader
+        takes a missing field as its default, and a token's document then does not carry
+        a dozen empty lists for the options it did not use (tool calls, alternatives)."""
         message = DocProto()
+        sparse = type(self).sparse_lists
         for name, value in self:  # as DocArray iterates: the fields, then any extras
-            _fill(message.data[name], value)
+            if not (name in sparse and type(value) is list and not value):
+                _fill(message.data[name], value)
         return message
 
     def model_dump(self, **kwargs: Any) -> dict[str, Any]:
