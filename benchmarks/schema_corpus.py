@@ -60,8 +60,7 @@ def package_files() -> Iterator[Schema]:
     schema in jsonschema's benchmarks."""
     for path in sorted((_package_dir("setuptools") / "config").glob("*.schema.json")):
         yield Schema("setuptools", path.name, path.read_text())
-    swagger = _package_dir("jsonschema") / "benchmarks" / "issue232" / "issue.json"
-    if swagger.exists():
+    for swagger in sorted((_package_dir("jsonschema") / "benchmarks").glob("*/issue.json"))[:1]:  # Swagger 2.0's
         yield Schema("jsonschema", "swagger-2.0", json.dumps(json.loads(swagger.read_text())[0]["schema"]))
 
 

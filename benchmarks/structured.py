@@ -194,7 +194,7 @@ def _met(ok: bool) -> str:
 
 
 def goals(result: dict) -> list[str]:
-    """The structured-output issue's goals, against this run's figures."""
+    """The structured-output goals, against this run's figures."""
     lines = []
     for level in result.get("throughput", []):
         lines.append(f"C={level['concurrency']}: json_schema {level['json_schema_tok_s']} vs unconstrained "
