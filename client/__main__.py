@@ -53,12 +53,16 @@ async def run(args: argparse.Namespace) -> int:
     sampling = {f.name: getattr(args, f.name) for f in request_fields()}
     if args.chat:
         sampling["messages"] = [{"role": "user", "content": args.prompt}]
+    several = (args.n or 1) > 1  # answers arrive interleaved: each is printed whole when it ends
     try:
         async for doc in stream(args.prompt, host=args.host, port=port, protocol=args.protocol,
                                 api_key=args.api_key, **sampling):
-            sys.stdout.write(doc.text)
-            sys.stdout.flush()
+            if not several:
+                sys.stdout.write(doc.text)
+                sys.stdout.flush()
             if doc.finish_reason:
+                if several:
+                    print(f"[answer {doc.choice_index}]\n{doc.generated_text}", end="")
                 print()
                 print(f"[finish_reason={doc.finish_reason} prompt_tokens={doc.prompt_tokens} "
                       f"generated_tokens={doc.generated_tokens} seed={doc.seed}]", file=sys.stderr)

@@ -14,7 +14,7 @@ from dataclasses import Field, dataclass, field, fields
 from typing import Any, Optional
 
 from .errors import EngineDeadError, OverloadedError, ValidationError, check
-from .limits import DEFAULT_LIMITS, MAX_TOP_LOGPROBS, SEED_MAX, RequestLimits
+from .limits import DEFAULT_LIMITS, MAX_CHOICES, MAX_TOP_LOGPROBS, SEED_MAX, RequestLimits
 
 __all__ = ["EngineConfig", "EngineDeadError", "FinishReason", "OverloadedError", "SamplingParams",
            "ValidationError", "field_type", "request_fields"]
@@ -44,7 +44,11 @@ def request_field(default: Any, help: str, **rules: Any) -> Any:
 class SamplingParams:
     """A request's options, declared once (see `request_field`)."""
 
-    max_tokens: int = request_field(64, "tokens to generate: 1 to the server's max_tokens_limit", ge=1)
+    max_tokens: int = request_field(
+        64, "tokens to generate: 1 to the server's max_tokens_limit; 0 scores the prompt without generating "
+            "(with prompt_logprobs)", ge=0)
+    n: int = request_field(1, f"choices: independent answers to one prompt, prefilled once and decoded together "
+                              f"(1 to {MAX_CHOICES}; each takes a batch row)", ge=1, le=MAX_CHOICES)
     do_sample: bool = request_field(False, "sample; false decodes greedily (so does temperature 0)")
     # warper=True: a sampling-only option (TGI samples when one is moved off its default)
     temperature: float = request_field(1.0, "sampling temperature", ge=0, warper=True)
@@ -71,6 +75,9 @@ class SamplingParams:
     top_logprobs: int = request_field(
         0, "the likeliest alternatives reported with each generated token, with their log probabilities "
            "(the model's own distribution)", ge=0, le=MAX_TOP_LOGPROBS)
+    prompt_logprobs: bool = request_field(
+        False, "report each prompt token's log probability given the tokens before it (the first has none), "
+               "with top_logprobs alternatives: scoring a text")
     # structured output, enforced while decoding; at most one of them (constraint=True)
     json_schema: Optional[str] = request_field(
         None, "structured output: JSON valid against this JSON schema (JSON text)", constraint=True, cli_file=True)
@@ -93,6 +100,8 @@ class SamplingParams:
             self._check(f)
         check(self.max_tokens <= max_tokens_limit, "max_tokens",
               f"must be between 1 and {max_tokens_limit}, got {self.max_tokens}")
+        check(self.max_tokens > 0 or self.prompt_logprobs, "max_tokens",
+              "0 only scores a prompt: it needs prompt_logprobs (echo with logprobs)")
         limits.check_stop(self.stop)
         check(all(isinstance(s, str) and s for s in self.stop), "stop",
               "stop sequences must be non-empty strings")

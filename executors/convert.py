@@ -4,6 +4,7 @@ from typing import Optional
 
 from contract import SamplingParams, ServerInfo, kind_of, request_fields
 from executors.engine import EngineClient, RequestOutput
+from executors.engine.prompt_logprobs import PromptScores
 from schemas import ModelOutputDocument, PromptDocument
 
 
@@ -17,10 +18,12 @@ def to_request(doc: PromptDocument) -> tuple[str, SamplingParams, Optional[str]]
 def to_document(out: RequestOutput, generated_text: str) -> ModelOutputDocument:
     """One streamed document (or a whole answer): `generated_text` is all text so far."""
     final = out.finish_reason is not None
+    prompt = out.prompt
     return ModelOutputDocument(
-        token_id=out.token_ids[-1], token_ids=out.token_ids, text=out.text, texts=out.texts,
-        generated_text=generated_text, index=out.index, logprob=out.logprobs[-1],
-        logprobs=out.logprobs, special=out.special[-1], specials=out.special,
+        token_id=out.token_ids[-1] if out.token_ids else -1, token_ids=out.token_ids, text=out.text,
+        texts=out.texts, generated_text=generated_text, index=out.index, choice_index=out.choice,
+        logprob=out.logprobs[-1] if out.logprobs else 0.0, logprobs=out.logprobs,
+        special=out.special[-1] if out.special else False, specials=out.special,
         finish_reason=out.finish_reason.value if final else None,
         generated_tokens=out.generated_tokens if final else None,
         prompt_tokens=out.prompt_tokens if final else None,
@@ -30,7 +33,17 @@ def to_document(out: RequestOutput, generated_text: str) -> ModelOutputDocument:
         alternative_texts=[t for a in out.alternatives for _, t, _ in a],
         alternative_logprobs=[lp for a in out.alternatives for _, _, lp in a],
         tool_call_indexes=[c.index for c in out.tool_calls], tool_call_ids=[c.id for c in out.tool_calls],
-        tool_call_names=[c.name for c in out.tool_calls], tool_call_arguments=[c.arguments for c in out.tool_calls])
+        tool_call_names=[c.name for c in out.tool_calls], tool_call_arguments=[c.arguments for c in out.tool_calls],
+        **(_prompt_fields(prompt) if prompt is not None else {}))
+
+
+def _prompt_fields(prompt: PromptScores) -> dict:
+    alternatives = prompt.alternatives
+    return dict(prompt_token_ids=prompt.token_ids, prompt_token_texts=prompt.texts, prompt_logprobs=prompt.logprobs,
+                prompt_alternative_counts=[len(a) for a in alternatives],
+                prompt_alternative_ids=[i for a in alternatives for i, _, _ in a],
+                prompt_alternative_texts=[t for a in alternatives for _, t, _ in a],
+                prompt_alternative_logprobs=[lp for a in alternatives for _, _, lp in a])
 
 
 def error_document(exc: BaseException, generated_text: str = "") -> ModelOutputDocument:

@@ -49,25 +49,27 @@ class LLMExecutor(Executor):
     @requests(on="/stream")
     async def stream(self, doc: PromptDocument, **kwargs) -> ModelOutputDocument:
         """Yields one document per token; closing the stream aborts the generation."""
-        text = ""
+        texts: dict[int, str] = {}  # each answer's text so far (n > 1: interleaved)
         try:
             async for out in await self.engine.open(*self._request(doc)):
-                text += out.text
-                yield to_document(out, text)
+                texts[out.choice] = texts.get(out.choice, "") + out.text
+                yield to_document(out, texts[out.choice])
         except Exception as exc:  # noqa: BLE001 - every failure becomes a final error document
-            yield error_document(exc, text)
+            yield error_document(exc, "".join(texts.values()) if len(texts) < 2 else "")
 
     @requests(on="/generate")
     async def generate(self, docs: DocList[PromptDocument], **kwargs) -> DocList[ModelOutputDocument]:
-        """Unary: one document per prompt with the whole text; prompts share the batch."""
-        return DocList[ModelOutputDocument](await asyncio.gather(*(self._complete(d) for d in docs)))
+        """Unary: per prompt, one document with the whole text (n of them, in choice order,
+        for n answers); prompts share the batch."""
+        answers = await asyncio.gather(*(self._complete(d) for d in docs))
+        return DocList[ModelOutputDocument]([doc for prompt in answers for doc in prompt])
 
-    async def _complete(self, doc: PromptDocument) -> ModelOutputDocument:
+    async def _complete(self, doc: PromptDocument) -> list[ModelOutputDocument]:
         try:
-            out = await self.engine.complete(*self._request(doc))
+            outs = await self.engine.complete(*self._request(doc))
         except Exception as exc:  # noqa: BLE001
-            return error_document(exc)
-        return to_document(out, out.text)
+            return [error_document(exc)]
+        return [to_document(out, out.text) for out in outs]
 
     def _request(self, doc: PromptDocument) -> tuple[str, SamplingParams, Optional[str], str]:
         """The engine's request, whose generation ends with the task serving it: when the

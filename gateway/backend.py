@@ -29,6 +29,20 @@ def error_doc(message: str, kind: ErrorKind = ErrorKind.GENERATION,
 
 
 @dataclass
+class Ends:
+    """Whether a stream's document is its last: an error, or the end of its last answer (a
+    request with n answers interleaves them, each ending with a finish_reason)."""
+
+    n: int = 1
+    ended: set[int] = field(default_factory=set)
+
+    def last(self, out: ModelOutputDocument) -> bool:
+        if out.finish_reason is not None:
+            self.ended.add(out.choice_index)
+        return out.error is not None or len(self.ended) >= self.n
+
+
+@dataclass
 class CollectedAnswer:
     """A whole generation collected from a stream (non-streaming routes)."""
 
@@ -42,6 +56,13 @@ class CollectedAnswer:
     @property
     def error(self) -> Optional[ModelOutputDocument]:
         return self.last if self.last is not None and self.last.error is not None else None
+
+    def answers(self) -> list[list[ModelOutputDocument]]:
+        """Each answer's documents, in choice order (the last of each has its finish_reason)."""
+        by_choice: dict[int, list[ModelOutputDocument]] = {}
+        for doc in self.docs:
+            by_choice.setdefault(doc.choice_index, []).append(doc)
+        return [by_choice[c] for c in sorted(by_choice)]
 
 
 class Backend:
@@ -57,6 +78,7 @@ class Backend:
 
         Closing this generator (client gone, stop button) closes the upstream call.
         """
+        ends = Ends(doc.n if isinstance(doc.n, int) and doc.n > 0 else 1)
         try:
             async with aclosing(self.streamer.stream_doc(doc=doc, exec_endpoint=self.endpoint,
                                                           return_results=True)) as it:
@@ -69,7 +91,7 @@ class Backend:
                     result.document_cls = ModelOutputDocument
                     out = result.data.doc
                     yield out
-                    if out.error is not None or out.finish_reason is not None:
+                    if ends.last(out):
                         return
         except (asyncio.CancelledError, GeneratorExit):
             raise

@@ -37,13 +37,14 @@ from schemas import ModelOutputDocument
 
 FINISH = {"length": "length", "eos_token": "stop", "stop_sequence": "stop", "tool_calls": "tool_calls"}
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-# OpenAI's own spelling of these (tools as a list, tool_choice also an object), or none (do_sample)
-# and logprobs: a number on completions, true or false on chat
-SPELLED_BY_OPENAI = ("max_tokens", "stop", "do_sample", "tools", "tool_choice", "logprobs")
+# OpenAI's own spelling of these (tools as a list, tool_choice also an object), or none (do_sample),
+# logprobs: a number on completions, true or false on chat; prompt_logprobs: completions' echo
+# with logprobs (vLLM's own prompt_logprobs, a number, is refused unless 0)
+SPELLED_BY_OPENAI = ("max_tokens", "stop", "do_sample", "tools", "tool_choice", "logprobs", "prompt_logprobs")
 # fields that change the answer and that this server does not serve: refused unless neutral
-UNSUPPORTED = {"tools": ([],), "tool_choice": ("none", "auto"), "functions": ([],), "function_call": ("none", "auto"),
+UNSUPPORTED: dict[str, tuple] = {"tools": ([],), "tool_choice": ("none", "auto"), "functions": ([],), "function_call": ("none", "auto"),
                "logit_bias": ({},), "best_of": (1,), "suffix": ("",), "prediction": (),
-               "modalities": (["text"],), "audio": ()}
+               "modalities": (["text"],), "audio": (), "prompt_logprobs": (0, False)}
 
 
 class StreamOptions(BaseModel):
@@ -54,7 +55,6 @@ class _OpenAIRequest(OpenAIStructured):
     model_config = ConfigDict(extra="allow")  # unknown fields are let through, but see UNSUPPORTED
     model: Optional[str] = None
     max_tokens: Int = None
-    n: Int = 1
     stop: Stop = None
     stream: Bool = False
     stream_options: Optional[StreamOptions] = None
@@ -85,8 +85,10 @@ class OpenAIContext:
     req: Any  # CompletionRequest | ChatRequest
     id: str
     created: int = field(default_factory=now)
-    prefix: str = ""  # echo: the prompt, before the completion
-    offset: int = 0  # completions' logprobs: where the next token's text starts in the choice's text
+    prefix: str = ""  # echo: the prompt, before each completion
+    # completions' logprobs: where each answer's next token's text starts in its choice's text
+    offsets: dict[int, int] = field(default_factory=dict)
+    started: set[int] = field(default_factory=set)  # answers whose first chunk went out
 
 
 def error_body(message: str, error_kind: ErrorKind, param: Optional[str]) -> dict:
@@ -110,8 +112,10 @@ def _seed(seed: Optional[int]) -> dict:
     return {} if seed is None else {"seed": seed}
 
 
-def _usage(last: ModelOutputDocument) -> dict:
-    p, c = last.prompt_tokens or 0, last.generated_tokens or 0
+def _usage(finals: list[ModelOutputDocument]) -> dict:
+    """The prompt once, and every answer's tokens."""
+    p = finals[0].prompt_tokens or 0 if finals else 0
+    c = sum(d.generated_tokens or 0 for d in finals)
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
@@ -133,59 +137,76 @@ class OpenAI(Protocol):
         return {"id": context.id, "object": obj, "created": context.created,
                 "model": info.model_id, "choices": choices, **extra}
 
-    def choice(self, text: Optional[str], finish: Optional[str], first: bool = False,
+    def choice(self, index: int, text: Optional[str], finish: Optional[str], first: bool = False,
                calls: Optional[list[dict]] = None, logprobs: Optional[dict] = None) -> dict:
-        return {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
+        return {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
 
-    def message(self, text: str, finish: Optional[str], calls: list[dict], logprobs: Optional[dict] = None) -> dict:
-        return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
+    def message(self, index: int, text: str, finish: Optional[str], calls: list[dict],
+                logprobs: Optional[dict] = None) -> dict:
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
     def logprobs(self, parsed: Parsed, docs: list[ModelOutputDocument]) -> Optional[dict]:
-        """OpenAI's logprobs of these documents' tokens, when the request asked for them."""
+        """OpenAI's logprobs of these documents' tokens (one answer's), when the request asked;
+        the prompt's too with echo, in the answer's first chunk."""
         if parsed.request.req.logprobs is None:
             return None
         context: OpenAIContext = parsed.request
-        out = completion_logprobs(docs, context.offset)
-        context.offset += sum(len(t) for d in docs for t in d.texts)
+        choice = docs[0].choice_index
+        offset = context.offsets.setdefault(choice, len(context.prefix))  # tokens come after the echo
+        out = completion_logprobs(docs, offset)
+        context.offsets[choice] = offset + sum(len(t) for d in docs for t in d.texts)
         return out
 
+    def opening(self, parsed: Parsed) -> Optional[str]:
+        """The chunk each answer's stream starts with, before its first token (None: none)."""
+        return None
+
     def prefix(self, parsed: Parsed) -> str:
+        """What each answer's text starts with (completions' echo: the prompt)."""
         return ""
 
     async def events(self, parsed: Parsed, docs: AsyncIterator[ModelOutputDocument],
                      info: Optional[ServerInfo]) -> AsyncIterator[str]:
-        req = parsed.request.req
+        context: OpenAIContext = parsed.request
+        req = context.req
         usage = {"usage": None} if req.stream_options and req.stream_options.include_usage else {}
-        if self.chat or self.prefix(parsed):
-            yield sse({**self.envelope(parsed, self.chunk_obj, [self.choice(self.prefix(parsed) or None, None, True)],
-                                       info), **usage})
+        finals: list[ModelOutputDocument] = []
         async for out in docs:
             if out.error is not None:
                 yield sse(error_body(out.error, kind(out), out.error_field))
                 break
+            index, text = out.choice_index, out.text
+            if index not in context.started:
+                context.started.add(index)
+                text = self.prefix(parsed) + text
+                opening = self.opening(parsed)
+                if opening is not None:
+                    yield sse({**self.envelope(parsed, self.chunk_obj, [self.choice(index, opening, None, True)],
+                                               info), **usage})
             finish = FINISH.get(out.finish_reason or "")
-            choice = self.choice(out.text, finish, calls=parts(out), logprobs=self.logprobs(parsed, [out]))
+            choice = self.choice(index, text, finish, calls=parts(out), logprobs=self.logprobs(parsed, [out]))
             yield sse({**self.envelope(parsed, self.chunk_obj, [choice], info), **usage, **_seed(out.seed)})
-            if out.finish_reason is not None and usage:
-                yield sse(self.envelope(parsed, self.chunk_obj, [], info, usage=_usage(out)))
+            if out.finish_reason is not None:
+                finals.append(out)
+        if usage and len(finals) == parsed.doc.n:
+            yield sse(self.envelope(parsed, self.chunk_obj, [], info, usage=_usage(finals)))
         yield sse("[DONE]")
 
     def answer(self, parsed: Parsed, result: CollectedAnswer, info: Optional[ServerInfo]) -> Response:
-        last = result.last
-        choice = self.message(self.prefix(parsed) + result.text, FINISH.get(last.finish_reason or ""),
-                              whole_calls(result.docs), self.logprobs(parsed, result.docs))
-        return JSONResponse(self.envelope(parsed, self.obj, [choice], info, usage=_usage(last), **_seed(last.seed)))
-
-    @staticmethod
-    def _check_n(req: Any) -> None:
-        if req.n not in (None, 1):
-            raise BadRequest("n: only n=1 is supported", "n")
+        choices, finals = [], []
+        for docs in result.answers():
+            last = docs[-1]
+            finals.append(last)
+            text = self.prefix(parsed) + "".join(d.text for d in docs)
+            choices.append(self.message(last.choice_index, text, FINISH.get(last.finish_reason or ""),
+                                        whole_calls(docs), self.logprobs(parsed, docs)))
+        seed = _seed(finals[0].seed) if len(finals) == 1 else {}
+        return JSONResponse(self.envelope(parsed, self.obj, choices, info, usage=_usage(finals), **seed))
 
 
 class OpenAICompletions(OpenAI):
     async def parse(self, request: Request, backend: Upstream) -> Parsed:
         req = await parse_body(request, CompletionRequest)
-        self._check_n(req)
         if isinstance(req.prompt, list) and len(req.prompt) != 1:
             raise BadRequest("prompt: one prompt per request", "prompt")
         prompt = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
@@ -193,14 +214,15 @@ class OpenAICompletions(OpenAI):
         context = OpenAIContext(req, "cmpl-" + uuid.uuid4().hex, prefix=prompt if req.echo else "")
         fields, sent_as = to_fields(req, max_tokens)
         if req.logprobs is not None:
-            if req.echo:
-                raise BadRequest("echo: the prompt's log probabilities (echo with logprobs) are not served", "echo")
             fields.update(logprobs=True, top_logprobs=req.logprobs)
             sent_as["top_logprobs"] = "logprobs"
+        if req.echo and (req.logprobs is not None or max_tokens == 0):  # the prompt's own numbers, as vLLM
+            fields["prompt_logprobs"] = True
         return Parsed(prompt_document(prompt=prompt, **fields), bool(req.stream), context, sent_as)
 
     def prefix(self, parsed: Parsed) -> str:
         return parsed.request.prefix
+
 
 
 class OpenAIChat(OpenAI):
@@ -209,7 +231,6 @@ class OpenAIChat(OpenAI):
 
     async def parse(self, request: Request, backend: Upstream) -> Parsed:
         req = await parse_body(request, ChatRequest)
-        self._check_n(req)
         context = OpenAIContext(req, "chatcmpl-" + uuid.uuid4().hex)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         if max_tokens is None:  # OpenAI: up to the context; here half of it, within the limit
@@ -221,20 +242,24 @@ class OpenAIChat(OpenAI):
         fields["logprobs"] = bool(req.logprobs)
         return Parsed(prompt_document(messages=req.messages, **fields), bool(req.stream), context, sent_as)
 
-    def choice(self, text: Optional[str], finish: Optional[str], first: bool = False,
+    def opening(self, parsed: Parsed) -> Optional[str]:
+        return ""  # the role, in a chunk of its own
+
+    def choice(self, index: int, text: Optional[str], finish: Optional[str], first: bool = False,
                calls: Optional[list[dict]] = None, logprobs: Optional[dict] = None) -> dict:
         delta: dict = {"role": "assistant", "content": ""} if first else {}
         if text is not None and (text or not calls):
             delta["content"] = text
         if calls:
             delta["tool_calls"] = calls
-        return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
 
-    def message(self, text: str, finish: Optional[str], calls: list[dict], logprobs: Optional[dict] = None) -> dict:
+    def message(self, index: int, text: str, finish: Optional[str], calls: list[dict],
+                logprobs: Optional[dict] = None) -> dict:
         message: dict = {"role": "assistant", "content": text if text or not calls else None}
         if calls:
             message["tool_calls"] = calls
-        return {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
+        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish}
 
     def logprobs(self, parsed: Parsed, docs: list[ModelOutputDocument]) -> Optional[dict]:
         return chat_logprobs(docs) if parsed.request.req.logprobs else None

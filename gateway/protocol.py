@@ -18,7 +18,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from contract import ErrorKind, ServerInfo
 from contract.transport import error_kind
-from gateway.backend import CollectedAnswer, cancel_on_disconnect, close_quietly, error_doc
+from gateway.backend import CollectedAnswer, Ends, cancel_on_disconnect, close_quietly, error_doc
 from gateway.inputs import BadRequest
 from schemas import ModelOutputDocument, PromptDocument
 
@@ -115,19 +115,22 @@ async def serve(protocol: Protocol, backend: Upstream, request: Request) -> Resp
                              headers=SSE_HEADERS)
 
 
+async def _documents(first: ModelOutputDocument, rest: AsyncIterator[ModelOutputDocument],
+                     n: int) -> AsyncIterator[ModelOutputDocument]:
+    """The stream's documents, to the last answer's final one (or an error)."""
+    ends = Ends(n)
+    yield first
+    if not ends.last(first):
+        async for out in rest:
+            yield out
+            if ends.last(out):
+                return
+
+
 async def _frames(protocol: Protocol, parsed: Parsed, first: ModelOutputDocument,
                   rest: AsyncIterator[ModelOutputDocument], info: Optional[ServerInfo]) -> AsyncIterator[str]:
     try:
-        async for frame in protocol.events(parsed, _documents(first, rest), info):
+        async for frame in protocol.events(parsed, _documents(first, rest, parsed.doc.n), info):
             yield frame
     finally:
         await close_quietly(rest)
-
-
-async def _documents(first: ModelOutputDocument,
-                     rest: AsyncIterator[ModelOutputDocument]) -> AsyncIterator[ModelOutputDocument]:
-    """The stream's documents: Backend.stream ends with the finished or error one."""
-    yield first
-    if first.error is None and first.finish_reason is None:
-        async for out in rest:
-            yield out

@@ -8,13 +8,13 @@ TGI's names (DJL Serving's too) and every other request field of the engine unde
 own name.
 """
 from collections.abc import AsyncIterator
-from typing import Optional
+from typing import Any, Optional
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, create_model
 
-from contract import ServerInfo
+from contract import MAX_CHOICES, ServerInfo
 from contract.transport import HTTP_STATUS
 from gateway.backend import CollectedAnswer
 from gateway.inputs import (
@@ -35,11 +35,13 @@ from gateway.structured_output import TGIGrammar, tgi_constraint
 from schemas import ModelOutputDocument
 
 DEFAULT_MAX_NEW_TOKENS = 20  # TGI's documented default
-SPELLED_BY_TGI = ("max_tokens", "stop", "grammar", "top_logprobs")  # TGI's: max_new_tokens, stop as a string or a list, grammar
+# TGI's: max_new_tokens, stop as a string or a list, grammar, top_n_tokens, best_of, decoder_input_details
+SPELLED_BY_TGI = ("max_tokens", "stop", "grammar", "top_logprobs", "n", "prompt_logprobs")
 # fields that change the answer and that this server does not serve: refused unless neutral
-UNSUPPORTED = {"decoder_input_details": (False,), "watermark": (False,),
-               "truncate": (), "adapter_id": ()}
-TGI_FIELD_NAMES = {"prompt": "inputs", "max_tokens": "max_new_tokens", "top_logprobs": "top_n_tokens"}  # the engine's field -> TGI's
+UNSUPPORTED = {"watermark": (False,), "truncate": (), "adapter_id": ()}
+SPELLED_OTHERWISE = {"n": (1,), "prompt_logprobs": (False,)}  # the engine's names, refused under them here
+TGI_FIELD_NAMES = {"prompt": "inputs", "max_tokens": "max_new_tokens", "top_logprobs": "top_n_tokens",  # ours -> TGI's
+                   "n": "best_of", "prompt_logprobs": "decoder_input_details"}
 
 
 class _TGIParameters(BaseModel):
@@ -50,7 +52,8 @@ class _TGIParameters(BaseModel):
     stop: Stop = None
     details: Bool = False
     return_full_text: Bool = False
-    best_of: Int = None
+    best_of: Int = None  # the engine's n; the likeliest answer is returned
+    decoder_input_details: Bool = False  # the engine's prompt_logprobs
     top_n_tokens: Int = None  # the engine's top_logprobs
     grammar: Optional[TGIGrammar] = None
 
@@ -68,11 +71,17 @@ class TGIRequest(BaseModel):
 def to_fields(p: BaseModel) -> dict:
     """TGI samples when asked to, or when any warper is set (like TGI's NextTokenChooser)."""
     refuse_unsupported(p, UNSUPPORTED)
+    try:
+        refuse_unsupported(p, SPELLED_OTHERWISE)
+    except BadRequest as exc:  # param left out: the message names the field as it was sent
+        raise BadRequest(f"{exc}; TGI's name for it is {TGI_FIELD_NAMES[exc.param or '']}") from None
     stop = [p.stop] if isinstance(p.stop, str) else (p.stop or [])
     return {**set_options(p, exclude=SPELLED_BY_TGI), **tgi_constraint(p.grammar),
             "do_sample": bool(p.do_sample) or bool(sampling_options(p)),
             "stop": stop, "max_tokens": p.max_new_tokens if p.max_new_tokens is not None else DEFAULT_MAX_NEW_TOKENS,
-            **({"top_logprobs": p.top_n_tokens} if p.top_n_tokens else {})}
+            **({"top_logprobs": p.top_n_tokens} if p.top_n_tokens else {}),
+            **({"n": p.best_of} if p.best_of is not None else {}),
+            **({"prompt_logprobs": True} if p.decoder_input_details else {})}
 
 
 def _details(last: ModelOutputDocument, stream: bool, input_length: int) -> dict:
@@ -81,6 +90,29 @@ def _details(last: ModelOutputDocument, stream: bool, input_length: int) -> dict
     if stream:
         details["input_length"] = input_length
     return details
+
+
+def _prefill(first: ModelOutputDocument) -> list[dict]:
+    """decoder_input_details: the prompt's tokens, each with its log probability (the
+    first has none), from the answer's first document."""
+    logprobs = [None, *first.prompt_logprobs] if first.prompt_token_ids else []
+    return [{"id": i, "text": t, "logprob": lp}
+            for i, t, lp in zip(first.prompt_token_ids, first.prompt_token_texts, logprobs, strict=True)]
+
+
+def _sequence(docs: list[ModelOutputDocument], prefix: str, top_n: bool) -> dict[str, Any]:
+    """One answer as TGI's details describe it: text, finish, prefill and tokens."""
+    events = [e for d in docs for e in token_events(d)]
+    body = {"generated_text": prefix + "".join(d.text for d in docs),
+            **_details(docs[-1], False, 0), "prefill": _prefill(docs[0]), "tokens": [e["token"] for e in events]}
+    if top_n:
+        body["top_tokens"] = [e.get("top_tokens", []) for e in events]
+    return body
+
+
+def _likelihood(docs: list[ModelOutputDocument]) -> float:
+    """best_of picks the answer whose tokens are likeliest together, as TGI does."""
+    return sum(lp for d in docs for lp in d.logprobs)
 
 
 def token_events(out: ModelOutputDocument) -> list[dict]:
@@ -105,11 +137,21 @@ class TGI(Protocol):
 
     async def parse(self, request: Request, backend: Upstream) -> Parsed:
         req = await parse_body(request, TGIRequest)
-        if req.parameters.best_of not in (None, 1):
-            raise BadRequest("best_of: only 1 is supported", "best_of")
-        doc = prompt_document(prompt=req.inputs, **to_fields(req.parameters))
-        sent_as = {name: "grammar" for name in tgi_constraint(req.parameters.grammar)}
-        return Parsed(doc, req.stream if self.stream is None else self.stream, req, sent_as)
+        stream = req.stream if self.stream is None else self.stream
+        p = req.parameters
+        if stream and p.best_of not in (None, 1):
+            raise BadRequest("best_of: != 1 is not supported when streaming tokens", "best_of")
+        if stream and p.decoder_input_details:
+            raise BadRequest("decoder_input_details: == true is not supported when streaming tokens",
+                             "decoder_input_details")
+        fields = to_fields(p)
+        if p.best_of not in (None, 1) and not fields["do_sample"]:
+            raise BadRequest("best_of: you must use sampling when `best_of` is > 1", "best_of")
+        if p.best_of not in (None, 1) and p.seed is not None:
+            raise BadRequest("seed: must not be set when `best_of` > 1", "seed")
+        doc = prompt_document(prompt=req.inputs, **fields)
+        sent_as = {name: "grammar" for name in tgi_constraint(p.grammar)}
+        return Parsed(doc, stream, req, sent_as)
 
     def refusal(self, error: ModelOutputDocument) -> Response:
         """Errors name the field as TGI's clients know it (inputs, max_new_tokens)."""
@@ -135,13 +177,16 @@ class TGI(Protocol):
                 yield sse(event)
 
     def answer(self, parsed: Parsed, result: CollectedAnswer, info: Optional[ServerInfo]) -> Response:
-        req = parsed.request
-        body: dict = {"generated_text": (req.inputs if req.parameters.return_full_text else "") + result.text}
-        if req.parameters.details:
-            events = [e for d in result.docs for e in token_events(d)]
-            body["details"] = {**_details(result.last, False, 0), "prefill": [], "tokens": [e["token"] for e in events]}
-            if req.parameters.top_n_tokens:
-                body["details"]["top_tokens"] = [e.get("top_tokens", []) for e in events]
+        p = parsed.request.parameters
+        prefix = parsed.request.inputs if p.return_full_text else ""
+        answers = sorted(result.answers(), key=_likelihood, reverse=True)  # best_of: the likeliest first
+        best = _sequence(answers[0], prefix, bool(p.top_n_tokens))
+        body: dict = {"generated_text": best.pop("generated_text")}
+        if p.details:
+            body["details"] = best
+            if len(answers) > 1:
+                body["details"]["best_of_sequences"] = [_sequence(a, prefix, bool(p.top_n_tokens))
+                                                        for a in answers[1:]]
         return JSONResponse([body] if self.listed else body)
 
 
@@ -182,7 +227,7 @@ def tgi_router(backend: Upstream) -> APIRouter:
 def tgi_info(info: ServerInfo) -> dict:
     return {"model_id": info.model_id, "model_sha": None, "model_dtype": info.dtype,
             "model_device_type": info.device.split(":")[0], "model_pipeline_tag": "text-generation",
-            "max_concurrent_requests": info.max_concurrent, "max_best_of": 1,
+            "max_concurrent_requests": info.max_concurrent, "max_best_of": MAX_CHOICES,
             "max_stop_sequences": info.max_stop_sequences, "max_input_tokens": info.max_context - 1,
             "max_total_tokens": info.max_context, "max_batch_total_tokens": info.max_batch_tokens,
             "max_client_batch_size": 1, "validation_workers": 1, "waiting_served_ratio": 0,

@@ -5,7 +5,8 @@ Protocol (JSON text frames):
             {"type": "stop"} cancels the answer in progress; {"type": "reset"} forgets the
             conversation.
   server -> {"type": "token", "text": ..., "token_id": ..., "token_ids": [...]} per step (and
-            "tool_calls": [...], OpenAI's delta parts, when the step carries calls),
+            "tool_calls": [...], OpenAI's delta parts, when the step carries calls; "logprobs":
+            [...], OpenAI chat's logprobs.content, when logprobs or top_logprobs was asked),
             then {"type": "end", "finish_reason": ..., "prompt_tokens": ..., "generated_tokens": ...,
             "seed": ... (the seed used when sampling, else null), and "tool_calls": [...] (OpenAI's) when
             the answer called tools};
@@ -27,10 +28,13 @@ from contract import RequestLimits, request_fields
 from gateway.backend import Backend, close_quietly
 from gateway.http_guard import api_key, key_matches, origin_allowed
 from gateway.inputs import BadRequest, check_text, prompt_document
+from gateway.logprobs import chat_logprobs
 from gateway.tool_calls import parts, whole_calls
 from schemas import PromptDocument
 
 SAMPLING_FIELDS = tuple(f.name for f in request_fields())
+# a chat turn is one answer to the conversation: fields the chat cannot show are refused
+ONE_ANSWER = {"n": 1, "prompt_logprobs": False}
 MAX_HISTORY_MESSAGES = 200  # the gateway's own bound; the engine trims to the context
 
 
@@ -68,6 +72,10 @@ class ChatSession:
             raise ValueError(f"{unknown[0]}: unknown field; send prompt and any of {', '.join(SAMPLING_FIELDS)}")
         if not isinstance(data.get("prompt"), str):
             raise ValueError("prompt: must be a string")
+        for name, only in ONE_ANSWER.items():
+            if data.get(name, only) != only:
+                raise ValueError(f"{name}: the chat answers each turn once, without prompt scores; "
+                                 f"use the OpenAI or gRPC routes")
         return None, {k: v for k, v in data.items() if k != "type"}
 
     async def handle(self, raw: str) -> None:
@@ -110,8 +118,11 @@ class ChatSession:
                     break
                 text, generated = out.generated_text, out.index + 1
                 docs.append(out)
-                event = {"type": "token", "text": out.text, "token_id": out.token_id, "token_ids": list(out.token_ids)}
-                await self.send({**event, **({"tool_calls": calls} if (calls := parts(out)) else {})})
+                event = {"type": "token", "text": out.text, "token_id": out.token_id, "token_ids": list(out.token_ids),
+                         **({"tool_calls": calls} if (calls := parts(out)) else {})}
+                if doc.logprobs or doc.top_logprobs:
+                    event["logprobs"] = chat_logprobs([out])["content"]
+                await self.send(event)
                 if out.finish_reason is not None:
                     final = {"type": "end", "finish_reason": out.finish_reason,
                              "prompt_tokens": out.prompt_tokens, "generated_tokens": out.generated_tokens,

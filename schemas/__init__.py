@@ -92,13 +92,16 @@ class ModelOutputDocument(FlatDoc):
     # what only some requests ask for stays off the wire when empty (a missing field reads as [])
     sparse_lists: ClassVar[frozenset[str]] = frozenset({
         "tokens", "alternative_counts", "alternative_ids", "alternative_texts", "alternative_logprobs",
-        "tool_call_indexes", "tool_call_ids", "tool_call_names", "tool_call_arguments"})
+        "tool_call_indexes", "tool_call_ids", "tool_call_names", "tool_call_arguments",
+        "prompt_token_ids", "prompt_token_texts", "prompt_logprobs", "prompt_alternative_counts",
+        "prompt_alternative_ids", "prompt_alternative_texts", "prompt_alternative_logprobs"})
 
     token_id: Int32 = -1  # the last token of this document
     token_ids: list[Int32] = []  # every token this document covers
     text: str = ""  # only this document's new text
     generated_text: str = ""  # all text so far
     index: Int32 = 0  # position of token_id in the generation
+    choice_index: Int32 = 0  # which of the request's n answers this document belongs to
     logprob: float = 0.0
     logprobs: list[float] = []
     special: bool = False  # whether token_id is a special token
@@ -117,8 +120,17 @@ class ModelOutputDocument(FlatDoc):
     tool_call_ids: list[str] = []
     tool_call_names: list[str] = []
     tool_call_arguments: list[str] = []
-    finish_reason: Optional[str] = None  # last: length | eos_token | stop_sequence | tool_calls | error
-    generated_tokens: Optional[Int32] = None  # last document only
+    # prompt_logprobs, on each answer's first document: the prompt's tokens (ids, each one's text
+    # alone), the log probability of each from the second on, and their alternatives (flat, as above)
+    prompt_token_ids: list[Int32] = []
+    prompt_token_texts: list[str] = []
+    prompt_logprobs: list[float] = []
+    prompt_alternative_counts: list[Int32] = []
+    prompt_alternative_ids: list[Int32] = []
+    prompt_alternative_texts: list[str] = []
+    prompt_alternative_logprobs: list[float] = []
+    finish_reason: Optional[str] = None  # each answer's last: length | eos_token | stop_sequence | tool_calls | error
+    generated_tokens: Optional[Int32] = None  # each answer's last document only
     prompt_tokens: Optional[Int32] = None  # last document only
     seed: Optional[Seed] = None  # last document only, when sampling
     error: Optional[str] = None  # set on a final error document

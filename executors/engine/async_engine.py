@@ -21,7 +21,7 @@ from contract import EngineConfig, EngineDeadError, SamplingParams
 from .core import EngineCore
 from .loader import LoadedModel, ModelInfo, load_model
 from .observer import EngineObserver
-from .outputs import RequestOutput
+from .outputs import RequestOutput, by_choice
 from .prepare import Prepared, Preparer
 from .streams import RequestStream
 
@@ -73,18 +73,19 @@ class EngineClient(ABC):
         return self._iterator(stream)
 
     async def complete(self, prompt: str, params: SamplingParams, messages: Any = None,
-                       request_id: Optional[str] = None) -> RequestOutput:
-        """The whole answer as one output (unary calls); raises as `open` does, or
-        GenerationError when it fails midway. Cancelling the caller aborts it at once."""
+                       request_id: Optional[str] = None) -> list[RequestOutput]:
+        """The whole answers, one output each in choice order (unary calls); raises as `open`
+        does, or GenerationError when it fails midway. Cancelling the caller aborts it at once."""
         async with aclosing(await self.open(prompt, params, messages, request_id)) as stream:
-            return RequestOutput.merge([out async for out in stream])
+            return by_choice([out async for out in stream])
 
     def _new_stream(self, request_id: Optional[str], params: SamplingParams) -> RequestStream:
         if not self.healthy:
             raise EngineDeadError("the decode loop is not running")
         interval = params.stream_interval if isinstance(params.stream_interval, int) else self.config.stream_interval
         return RequestStream(request_id or uuid.uuid4().hex, asyncio.get_running_loop(),
-                             interval=max(1, interval), interval_s=self.config.stream_interval_ms / 1000)
+                             interval=max(1, interval), interval_s=self.config.stream_interval_ms / 1000,
+                             choices=params.n if isinstance(params.n, int) and params.n > 0 else 1)
 
     def _iterator(self, stream: RequestStream) -> AsyncGenerator[RequestOutput, None]:
         iterator = self._iterate(stream)

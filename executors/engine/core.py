@@ -12,7 +12,7 @@ from typing import Any, Optional, TypeVar
 import torch
 from transformers import DynamicCache
 
-from contract import EngineConfig, FinishReason
+from contract import SEED_MAX, EngineConfig, FinishReason, SamplingParams
 
 from .detokenizer import IncrementalDetokenizer, byte_fallback_ids
 from .kv_batch import KVBatch, new_cache, prefill_chunk, prefill_group, select_rows
@@ -21,6 +21,7 @@ from .logprobs import TokenTexts, raw_logprob
 from .observer import EngineObserver
 from .outputs import RequestOutput
 from .prepare import Prepared
+from .prompt_logprobs import PromptScores, final_hidden_states, score
 from .request import Request
 from .sampling import Choice, TokenChooser, greedy_choices
 from .scheduler import Scheduler, plan_prefill
@@ -55,13 +56,29 @@ class EngineCore:
     def add(self, request_id: str, prepared: Prepared, sink: Callable[[RequestOutput], None]) -> Request:
         """Queue a prepared request (see prepare.py); raises when it cannot be served:
         overloaded, or beyond the batch budget."""
-        ids, params, seed = prepared.prompt_ids, prepared.params, prepared.seed
-        request = Request(request_id, ids, params, seed, TokenChooser(params, seed, self.loaded.device, len(ids)),
-                          IncrementalDetokenizer(self.tokenizer, self.byte_ids), StopSequenceFilter(params.stop),
-                          sink, matcher=prepared.matcher or self.grammars.matcher(params),
-                          tool_parser=tool_parser(params))
+        request = self._request(request_id, prepared.prompt_ids, prepared.params, prepared.seed, sink,
+                                prepared.matcher)
+        request.rows = prepared.params.n
+        if prepared.params.prompt_logprobs:
+            request.prompt_scores = PromptScores(list(request.prompt_ids),
+                                                 [self.token_texts(t) for t in request.prompt_ids])
         self.scheduler.submit(request)
         return request
+
+    def _request(self, request_id: str, ids: list[int], params: SamplingParams, seed: Optional[int],
+                 sink: Callable[[RequestOutput], None], matcher: Any = None, choice: int = 0) -> Request:
+        """One answer's state: its own chooser (seeded), detokenizer, stop filter, grammar."""
+        return Request(request_id, ids, params, seed, TokenChooser(params, seed, self.loaded.device, len(ids)),
+                       IncrementalDetokenizer(self.tokenizer, self.byte_ids), StopSequenceFilter(params.stop),
+                       sink, matcher=matcher or self.grammars.matcher(params), tool_parser=tool_parser(params),
+                       choice=choice)
+
+    def _answers(self, req: Request) -> list[Request]:
+        """The other n - 1 answers of a request whose prompt was just prefilled: answer i is
+        seeded with seed + i, so the answers differ from each other and each is reproducible."""
+        return [self._request(req.request_id, req.prompt_ids, req.params,
+                              None if req.seed is None else (req.seed + i) % (SEED_MAX + 1), req.sink, choice=i)
+                for i in range(1, req.rows)]
 
     def abort(self, request_id: str) -> None:
         """Thread-safe; the request leaves before the next forward pass."""
@@ -107,7 +124,7 @@ class EngineCore:
             return
         gone = [req for rid in aborts if (req := self.scheduler.remove_waiting(rid)) is not None]
         for req in list(self.scheduler.prefilling) + list(self.scheduler.running.values()):
-            if req.request_id in aborts:
+            if req.request_id in aborts:  # every answer of the request
                 self.scheduler.release(req)
                 gone.append(req)
         for req in gone:
@@ -179,9 +196,15 @@ class EngineCore:
 
     def _prefill_group(self, group: list[Request]) -> None:
         cache = new_cache()
+        model = self.loaded.model
         try:
-            logits, mask = prefill_group(self.loaded.model, cache, [r.prompt_ids for r in group],
-                                         self.loaded.device)
+            with final_hidden_states(model, any(r.prompt_scores for r in group)) as hidden:
+                logits, mask = prefill_group(model, cache, [r.prompt_ids for r in group], self.loaded.device)
+            for row, req in enumerate(group):
+                if req.prompt_scores is not None:  # row `row` is left-padded to the group's width
+                    width, length = mask.shape[1], len(req.prompt_ids)
+                    score(model, hidden[0][row, width - length:width - 1], req.prompt_ids[1:],
+                          req.params.top_logprobs, self.token_texts, req.prompt_scores)
         except Exception as exc:
             log.exception("prefill failed")
             for req in group:
@@ -192,38 +215,55 @@ class EngineCore:
     def _prefill_chunk(self, req: Request, budget: int) -> None:
         if req.cache is None:
             req.cache = new_cache()
-        chunk = req.prompt_ids[req.prefilled:req.prefilled + budget]
-        logits = prefill_chunk(self.loaded.model, req.cache, chunk, req.prefilled, self.loaded.device)
+        start, model = req.prefilled, self.loaded.model
+        chunk = req.prompt_ids[start:start + budget]
+        with final_hidden_states(model, req.prompt_scores is not None) as hidden:
+            logits = prefill_chunk(model, req.cache, chunk, start, self.loaded.device)
+        if req.prompt_scores is not None:  # position j predicts prompt token j + 1
+            following = req.prompt_ids[start + 1:start + len(chunk) + 1]
+            score(model, hidden[0][0, :len(following)], following, req.params.top_logprobs, self.token_texts,
+                  req.prompt_scores)
         req.prefilled += len(chunk)
         if req.prefilled == len(req.prompt_ids):
             mask = torch.ones((1, len(req.prompt_ids)), dtype=torch.long)
             cache, req.cache = req.cache, None
             self._start_running([req], logits, cache, mask)
 
-    def _start_running(self, group: list[Request], logits: torch.Tensor, cache: DynamicCache,
+    def _start_running(self, prefilled: list[Request], logits: torch.Tensor, cache: DynamicCache,
                        mask: torch.Tensor) -> None:
         """First tokens out, then the rows that go on join the decode batch. logits:
-        [len(group), vocab] float32, each prompt's last position; cache: len(group) rows of
-        [heads, width, head_dim] per layer, left-padded; mask: [len(group), width], 1 where
-        a row has a token."""
-        for req in group:
-            self.scheduler.start_running(req)
+        [len(prefilled), vocab] float32, each prompt's last position; cache: len(prefilled)
+        rows of [heads, width, head_dim] per layer, left-padded; mask: [len(prefilled), width],
+        1 where a row has a token. A request with n answers becomes n rows here, each a copy
+        of its prompt's row."""
+        group: list[Request] = []
+        source: list[int] = []  # the prefilled row that each of group's rows copies
+        for row, req in enumerate(prefilled):
+            answers = self._answers(req)
+            self.scheduler.start_running(req, answers)
             self.observer.prefilled(len(req.prompt_ids))
+            for answer in answers:
+                answer.prompt_scores = req.prompt_scores
+            group += [req, *answers]
+            source += [row] * (1 + len(answers))
+        if len(group) > len(prefilled):
+            logits = logits[source]
         rows = constrained(group)
         if rows:
             self.masks.apply(self.masks.fill(rows), logits)
         choices = self._choose(group, logits)
         going_on = [i for i, (req, c) in enumerate(zip(group, choices, strict=True))
-                    if c is not None and self._advance(req, c)]
+                    if c is not None and self._first(req, c)]
         if not going_on:
             return
         joining = [group[i] for i in going_on]
         tokens = [c.token_id for c in (choices[i] for i in going_on) if c is not None]
         try:
-            if len(going_on) < len(group):
-                select_rows(cache, going_on)
-                mask = mask[going_on]
-            self.batch.add([r.request_id for r in joining], cache, mask, tokens)
+            kept = [source[i] for i in going_on]
+            if kept != list(range(len(prefilled))):
+                select_rows(cache, kept)
+                mask = mask[kept]
+            self.batch.add([r.row_id for r in joining], cache, mask, tokens)
         except Exception as exc:  # e.g. out of memory while merging: these rows only
             log.exception("could not add rows to the batch")
             for req in joining:
@@ -232,6 +272,17 @@ class EngineCore:
                 self._fail_batch(f"batch merge failed: {exc}")
             else:
                 self._drop_finished_rows()
+
+    def _first(self, req: Request, choice: Choice) -> bool:
+        """The first token out (or, for max_tokens 0, the prompt's scores alone); whether the
+        answer goes on."""
+        if req.params.max_tokens > 0:
+            return self._advance(req, choice)
+        self.scheduler.release(req)
+        self.observer.finished(FinishReason.LENGTH, time.perf_counter() - req.arrival)
+        req.sink(RequestOutput(req.request_id, finish_reason=FinishReason.LENGTH, prompt_tokens=len(req.prompt_ids),
+                               seed=req.seed, choice=req.choice, prompt=req.prompt_scores))
+        return False
 
     def _advance(self, req: Request, choice: Choice) -> bool:
         """Record a token and emit it; return whether the request goes on."""
@@ -281,7 +332,8 @@ class EngineCore:
                              len(req.generated) - 1, finish, prompt_tokens=len(req.prompt_ids),
                              generated_tokens=len(req.generated), seed=req.seed, tool_calls=calls,
                              alternatives=[choice.alternatives] if asked else [],
-                             token_strs=[self.token_texts(token)] if asked else [])
+                             token_strs=[self.token_texts(token)] if asked else [], choice=req.choice,
+                             prompt=req.prompt_scores if len(req.generated) == 1 else None)
 
     def _finish_with_error(self, req: Request, message: str) -> None:
         self.scheduler.release(req)

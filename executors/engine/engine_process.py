@@ -142,9 +142,9 @@ class EngineProcess(EngineClient):
         for out in step.outputs:
             stream = self._streams.get(out.request_id)
             if stream is not None:
-                if out.ends:
-                    self._streams.pop(out.request_id, None)
                 stream.push(out)
+                if stream.ended:
+                    self._streams.pop(out.request_id, None)
         for event in step.events:
             replay(event, self.observer)
         self._stats = step.stats

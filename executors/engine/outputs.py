@@ -9,6 +9,7 @@ from typing import Optional
 
 from contract import FinishReason
 
+from .prompt_logprobs import PromptScores
 from .tools import ToolCallDelta, merged
 
 
@@ -29,13 +30,15 @@ class RequestOutput:
     # top_logprobs: each token's likeliest alternatives, (id, its text alone, log probability)
     alternatives: list[list[tuple[int, str, float]]] = field(default_factory=list)
     token_strs: list[str] = field(default_factory=list)  # top_logprobs: each token's text alone
+    choice: int = 0  # which of the request's n answers
+    prompt: Optional[PromptScores] = None  # prompt_logprobs: on each answer's first output
 
     @classmethod
     def failure(cls, request_id: str, message: str, index: int = -1, prompt_tokens: int = 0,
-                generated_tokens: int = 0, seed: Optional[int] = None) -> "RequestOutput":
+                generated_tokens: int = 0, seed: Optional[int] = None, choice: int = 0) -> "RequestOutput":
         """The output that ends a request with an error."""
         return cls(request_id, index=index, finish_reason=FinishReason.ERROR, error=message,
-                   prompt_tokens=prompt_tokens, generated_tokens=generated_tokens, seed=seed)
+                   prompt_tokens=prompt_tokens, generated_tokens=generated_tokens, seed=seed, choice=choice)
 
     @property
     def text(self) -> str:
@@ -48,10 +51,11 @@ class RequestOutput:
 
     @classmethod
     def merge(cls, outputs: list["RequestOutput"]) -> "RequestOutput":
-        """Consecutive outputs of one request as one: the lists joined, the rest the last's."""
+        """Consecutive outputs of one answer as one: the lists joined, the rest the last's."""
         last = outputs[-1]
         whole = cls(last.request_id, [], [], [], [], last.index, last.finish_reason, last.error,
-                    last.prompt_tokens, last.generated_tokens, last.seed)
+                    last.prompt_tokens, last.generated_tokens, last.seed, choice=last.choice,
+                    prompt=next((o.prompt for o in outputs if o.prompt is not None), None))
         for out in outputs:
             whole.token_ids += out.token_ids
             whole.texts += out.texts
@@ -62,3 +66,12 @@ class RequestOutput:
             whole.token_strs += out.token_strs
         whole.tool_calls = merged(whole.tool_calls)
         return whole
+
+
+def by_choice(outputs: list[RequestOutput]) -> list[RequestOutput]:
+    """A whole request's outputs as one per answer, in choice order (a request with n > 1
+    interleaves its answers' outputs)."""
+    choices: dict[int, list[RequestOutput]] = {}
+    for out in outputs:
+        choices.setdefault(out.choice, []).append(out)
+    return [RequestOutput.merge(choices[c]) for c in sorted(choices)]

@@ -11,6 +11,7 @@ from contract import SamplingParams
 
 from .detokenizer import IncrementalDetokenizer
 from .outputs import RequestOutput
+from .prompt_logprobs import PromptScores
 from .sampling import TokenChooser
 from .stopping import StopSequenceFilter
 from .tools import ToolCallParser
@@ -41,11 +42,24 @@ class Request:
     last_token_at: float = 0.0
     matcher: Any = None  # structured output: the grammar's state (llguidance.LLMatcher)
     tool_parser: Optional[ToolCallParser] = None  # tool calls: reads them off the text
+    choice: int = 0  # which of the request's n answers this is (each is a batch row)
+    rows: int = 1  # batch rows it stands for: n until its prompt is prefilled and shared
+    prompt_scores: Optional[PromptScores] = None  # prompt_logprobs: filled while prefilling
+
+    @property
+    def row_id(self) -> str:
+        """Its key in the running batch: one per answer."""
+        return self.request_id if self.choice == 0 else f"{self.request_id}#{self.choice}"
+
+    @property
+    def row_tokens(self) -> int:
+        """KV length one of its rows may come to hold."""
+        return len(self.prompt_ids) + self.params.max_tokens
 
     @property
     def reserved_tokens(self) -> int:
         """KV rows this request may come to hold: what admission reserves."""
-        return len(self.prompt_ids) + self.params.max_tokens
+        return self.rows * self.row_tokens
 
     def history(self) -> list[int]:
         return self.prompt_ids + self.generated
@@ -53,4 +67,4 @@ class Request:
     def emit_error(self, message: str) -> None:
         """The request's last output: the error that ended it (the scheduler released it)."""
         self.sink(RequestOutput.failure(self.request_id, message, len(self.generated), len(self.prompt_ids),
-                                      len(self.generated), self.seed))
+                                      len(self.generated), self.seed, self.choice))

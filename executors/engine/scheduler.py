@@ -3,10 +3,12 @@
 Requests reserve their worst-case KV length (prompt + max_tokens) on admission, as
 TGI's max_batch_total_tokens does, so a running request can never run out of room. The
 batch is left-padded to its longest row, so what is admitted is bounded by
-rows x the longest reservation, not by the sum.
+rows x the longest reservation, not by the sum. A request with n answers counts n rows
+from admission on: its prompt is prefilled once, then each answer decodes in a row.
 """
 import collections
 import threading
+from collections.abc import Sequence
 
 from contract import EngineConfig, EngineDeadError, OverloadedError, ValidationError
 
@@ -31,15 +33,23 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self._waiting or self.prefilling or self.running)
 
-    def check_fits(self, reserved_tokens: int) -> None:
-        if reserved_tokens > self.config.max_batch_tokens:
+    def check_fits(self, row_tokens: int, rows: int = 1) -> None:
+        """A request that could never be admitted, even alone, is refused naming the field."""
+        budget = self.config.max_batch_tokens
+        if row_tokens > budget:
             raise ValidationError("max_tokens", (
-                f"prompt + max_tokens = {reserved_tokens} tokens exceeds the server's "
-                f"batch token budget of {self.config.max_batch_tokens}"))
+                f"prompt + max_tokens = {row_tokens} tokens exceeds the server's "
+                f"batch token budget of {budget}"))
+        if rows > self.config.max_running:
+            raise ValidationError("n", f"{rows} answers need {rows} batch rows; the server runs at most "
+                                       f"{self.config.max_running} together")
+        if rows * row_tokens > budget:
+            raise ValidationError("n", f"{rows} answers x (prompt + max_tokens = {row_tokens} tokens) exceeds "
+                                       f"the server's batch token budget of {budget}")
 
     def submit(self, request: Request) -> None:
         """Called from any thread; fails at once instead of queueing without bound."""
-        self.check_fits(request.reserved_tokens)
+        self.check_fits(request.row_tokens, request.rows)
         with self._lock:
             if self.closed:
                 raise EngineDeadError("the engine is shutting down")
@@ -63,8 +73,8 @@ class Scheduler:
         with self._lock:
             while self._waiting:
                 head = self._waiting[0]
-                active = len(self.running) + len(self.prefilling)
-                if active >= self.config.max_running:
+                active = len(self.running) + sum(r.rows for r in self.prefilling)
+                if active + head.rows > self.config.max_running:
                     break
                 if not self._fits(head):
                     break
@@ -78,23 +88,27 @@ class Scheduler:
     def _fits(self, head: Request) -> bool:
         """The padded batch with `head` in it stays within the KV budget."""
         active = self.prefilling + list(self.running.values()) + [head]
-        return len(active) * max(r.reserved_tokens for r in active) <= self.config.max_batch_tokens
+        return sum(r.rows for r in active) * max(r.row_tokens for r in active) <= self.config.max_batch_tokens
 
-    def start_running(self, request: Request) -> None:
-        """Its prompt is in the cache: it decodes with the batch from now on."""
+    def start_running(self, request: Request, answers: Sequence[Request] = ()) -> None:
+        """Its prompt is in the cache: it decodes with the batch from now on, and so do its
+        other answers (n > 1), which take over the rows it reserved for them."""
         request.prefilled = len(request.prompt_ids)
         self.prefilling.remove(request)
-        self.running[request.request_id] = request
-        request.state = RequestState.RUNNING
+        request.rows = 1
+        for req in [request, *answers]:
+            self.running[req.row_id] = req
+            req.state = RequestState.RUNNING
 
     def release(self, request: Request) -> None:
         """Forget a finished request, wherever it was, and free its reservation."""
-        admitted = request in self.prefilling or request.request_id in self.running
+        admitted = request in self.prefilling or self.running.get(request.row_id) is request
         if admitted:
             self.reserved -= request.reserved_tokens
         if request in self.prefilling:
             self.prefilling.remove(request)
-        self.running.pop(request.request_id, None)
+        if admitted:
+            self.running.pop(request.row_id, None)
         request.state = RequestState.FINISHED
         request.cache = None
 

@@ -3,7 +3,8 @@
 The decode thread (AsyncEngine), or the event loop that reads the engine process's
 messages, pushes tokens without ever blocking, and a slow reader receives everything
 pending as one coalesced chunk, so memory stays bounded by max_tokens and a slow client
-never slows the batch.
+never slows the batch. A request with n answers gets each answer's tokens in chunks of their
+own, and ends when every answer has ended.
 """
 import asyncio
 import threading
@@ -29,11 +30,20 @@ class RequestStream:
     interval_s: float = 0.0  # and at least this long since the previous chunk: stream_interval_ms
     _signalled: bool = False  # the reader was woken and has not taken the pending tokens yet
     _sent_at: float = 0.0
+    choices: int = 1  # the request's n
+    _ended: int = 0  # answers whose last output was pushed
+    _read: int = 0  # answers whose last output was read
+
+    @property
+    def ended(self) -> bool:
+        """Its last output was pushed: every answer ended, or one failed (which ends them all)."""
+        return self._ended >= self.choices
 
     def push(self, out: RequestOutput) -> None:
         """Engine thread: never blocks, wakes the reader once a chunk is due (or the request
         ended), at most once per chunk."""
         with self._lock:
+            self._ended = self.choices if out.error is not None else self._ended + out.ends
             self._pending.append(out)
             wake = not self._signalled and (out.ends or self._due())
             self._signalled |= wake
@@ -63,13 +73,16 @@ class RequestStream:
         if errors and not tokens:
             self.done = True
             raise GenerationError(errors[0].error)
-        if errors:  # deliver the tokens first, the error on the next read
+        mine = [o for o in tokens if o.choice == tokens[0].choice]
+        later = [o for o in tokens if o.choice != tokens[0].choice] + errors
+        if later:  # other answers' tokens, then the error, on the next reads
             with self._lock:
-                self._pending = errors + self._pending
+                self._pending = later + self._pending
                 self._signalled = True
                 self._wakeup.set()
-        merged = RequestOutput.merge(tokens)
-        self.done = merged.finish_reason is not None
+        merged = RequestOutput.merge(mine)
+        self._read += merged.finish_reason is not None
+        self.done = self._read >= self.choices
         return merged
 
 

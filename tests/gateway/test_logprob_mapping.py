@@ -51,7 +51,8 @@ def test_completions_logprobs_with_offsets(http, fake):
 
 @pytest.mark.parametrize(("route", "body", "param"), [
     ("/v1/chat/completions", {**CHAT, "top_logprobs": 3}, "top_logprobs"),
-    ("/v1/completions", {"model": "m", "prompt": "hi", "logprobs": 2, "echo": True}, "echo"),
+    ("/v1/completions", {"model": "m", "prompt": "hi", "prompt_logprobs": 2}, "prompt_logprobs"),
+    ("/v1/chat/completions", {**CHAT, "prompt_logprobs": True}, "prompt_logprobs"),
 ])
 def test_what_cannot_be_served_is_refused(http, fake, route, body, param):
     r = http.post(route, json=body)

@@ -7,6 +7,7 @@ import pytest
 
 from contract import ErrorKind, field_type, request_fields
 from gateway.backend import error_doc
+from gateway.tgi_routes import TGI_FIELD_NAMES
 from schemas import PromptDocument
 from tests.gateway.conftest import INFO, tokens
 from tests.gateway_helpers import sse_data
@@ -39,13 +40,16 @@ def test_every_engine_request_field_reaches_the_document_on_every_protocol(http,
     protocol's own name (max_new_tokens, max_tokens) or as an extension under its own."""
     value = _non_default(f)
     # OpenAI always samples; its tools are a list and tool_choice may be an object (see test_tool_mapping)
-    openai_name = {"do_sample": None, "tools": None, "tool_choice": None, "logprobs": None}.get(f.name, f.name)
+    # and prompt_logprobs is completions' echo with logprobs (see test_choices_mapping)
+    openai_name = {"do_sample": None, "tools": None, "tool_choice": None, "logprobs": None,
+                   "prompt_logprobs": None}.get(f.name, f.name)
     if openai_name:
         http.post("/v1/completions", json={"model": "m", "prompt": "hi", openai_name: value})
-    tgi_name = {"max_tokens": "max_new_tokens", "top_logprobs": "top_n_tokens"}.get(f.name, f.name)
+    tgi_name = TGI_FIELD_NAMES.get(f.name, f.name)
     if f.name == "grammar":  # TGI's grammar is an object; a Lark or GBNF grammar is its type "grammar"
         value = {"type": "grammar", "value": value}
-    http.post("/generate", json={"inputs": "hi", "parameters": {tgi_name: value}})
+    sampled = {"do_sample": True} if f.name == "n" else {}  # TGI's best_of samples
+    http.post("/generate", json={"inputs": "hi", "parameters": {tgi_name: value, **sampled}})
     value = value["value"] if f.name == "grammar" else value
     http.request("GET", "/stream", content=json.dumps({"prompt": "hi", f.name: value}))
     assert fake.sent and all(getattr(d, f.name) == value for d in fake.sent), (f.name, fake.sent)

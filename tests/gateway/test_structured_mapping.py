@@ -73,7 +73,8 @@ def test_tgi_grammar_reaches_the_document(http, fake, grammar, field, value):
     {"grammar": {"type": "xml", "value": "<a/>"}},
     {"grammar": {"type": "regex", "value": 5}},
     {"watermark": True},
-    {"decoder_input_details": True},
+    {"n": 2},
+    {"prompt_logprobs": True},
 ])
 def test_tgi_refuses_what_it_would_not_enforce(http, fake, parameters):
     r = http.post("/generate", json={"inputs": "hi", "parameters": parameters})

@@ -74,7 +74,7 @@ def test_stop_sequence_and_seeded_sampling(oai):
     assert a.choices[0].text == b
 
 
-@pytest.mark.parametrize("kwargs,param", [({"n": 2}, "n"), ({"max_tokens": 0}, "max_tokens"),
+@pytest.mark.parametrize("kwargs,param", [({"n": 17}, "n"), ({"max_tokens": 0}, "max_tokens"),
                                           ({"top_p": 1.5}, "top_p"), ({"temperature": -1}, "temperature")])
 def test_invalid_requests_are_400_with_an_openai_error(oai, kwargs, param):
     for stream in (False, True):

@@ -44,6 +44,14 @@ async def test_conversation_keeps_context(flow, ws):
     assert end2["prompt_tokens"] == ref2.prompt_tokens > end["prompt_tokens"] + 6
 
 
+async def test_token_events_carry_logprobs_when_asked(ws):
+    _, tokens, end = await ask(ws, {"prompt": "hello there", "max_tokens": 4, "top_logprobs": 2})
+    entries = [e for t in tokens for e in t["logprobs"]]
+    assert len(entries) == 4 and all(len(e["top_logprobs"]) == 2 and e["logprob"] <= 0 for e in entries)
+    _, tokens, _ = await ask(ws, {"prompt": "hello there", "max_tokens": 2})
+    assert all("logprobs" not in t for t in tokens)
+
+
 async def test_errors_keep_the_connection_usable(ws):
     _, _, err = await ask(ws, {"prompt": "hi", "top_p": 5})
     assert err["type"] == "error" and err["error_type"] == "validation" and "top_p" in err["error"]
@@ -53,6 +61,9 @@ async def test_errors_keep_the_connection_usable(ws):
     assert err["type"] == "error" and "max_tokens" in err["error"]
     _, _, err = await ask(ws, {"prompt": "  "})
     assert err["type"] == "error" and "prompt" in err["error"]
+    for field in ({"n": 2}, {"prompt_logprobs": True}):  # one answer per turn, and no prompt scores
+        _, _, err = await ask(ws, {"prompt": "hi", **field})
+        assert err["type"] == "error" and err["error"].startswith(next(iter(field)))
     text, _, end = await ask(ws, {"prompt": "still there?", "max_tokens": 3})
     assert end["type"] == "end" and end["generated_tokens"] == 3
     # the failed turns were not remembered: one user turn in the prompt

@@ -17,6 +17,7 @@ from jina.proto import jina_pb2_grpc
 from jina.proto.docarray_v2.pb import jina_pb2 as installed_jina_pb2
 from jina.types.request.data import SingleDocumentRequest
 
+from client import stream
 from tests.conftest import ROOT
 
 NODE = ROOT / "client" / "node"
@@ -175,3 +176,24 @@ def test_the_api_docs_give_the_encoding_of_every_field():
         table = section.split(f"| {schema.__name__} field |")[1].split("\n\n")[0]
         documented = {name.strip() for line in table.splitlines()[2:] for name in line.split("|")[1].split(",")}
         assert set(schema.model_fields) <= documented, set(schema.model_fields) - documented
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+async def test_n_answers_and_prompt_scores_over_grpc_and_sse(flow, protocol):
+    """Interleaved answers, each with its choice_index and its own end; the stream ends after
+    the last. The prompt's scores ride on each answer's first document."""
+    port = flow[0] if protocol == "grpc" else flow[1]
+    docs = [d async for d in stream("hello there", port=port, protocol=protocol, n=2, max_tokens=5, do_sample=True,
+                                    seed=11, ignore_eos=True, prompt_logprobs=True, top_logprobs=2)]
+    answers = {i: [d for d in docs if d.choice_index == i] for i in (0, 1)}
+    assert sorted({d.choice_index for d in docs}) == [0, 1]
+    for i, mine in answers.items():
+        assert sum(len(d.token_ids) for d in mine) == 5 and mine[-1].finish_reason == "length"
+        assert mine[-1].seed == 11 + i and all(d.finish_reason is None for d in mine[:-1])
+        assert len(mine[0].prompt_logprobs) == len(mine[0].prompt_token_ids) - 1 > 0
+        assert mine[0].prompt_alternative_counts == [2] * len(mine[0].prompt_logprobs)
+        assert all(not d.prompt_token_ids for d in mine[1:])
+    assert answers[0][0].prompt_logprobs == answers[1][0].prompt_logprobs
+    alone = [d async for d in stream("hello there", port=port, protocol=protocol, max_tokens=5, do_sample=True,
+                                     seed=12, ignore_eos=True)]
+    assert [t for d in alone for t in d.token_ids] == [t for d in answers[1] for t in d.token_ids]
