@@ -24,6 +24,8 @@ class ServerInfo:
     device: str
     dtype: str
     chat_template: bool  # whether the model has its own chat template
+    prefix_cache_tokens: int = 0  # the prefix cache's room, in tokens (0: off)
+    prefix_block_size: int = 0  # its blocks' size, in tokens
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -31,7 +33,7 @@ class ServerInfo:
     @classmethod
     def from_json(cls, text: str) -> "ServerInfo":
         data: dict[str, Any] = json.loads(text)
-        return cls(**{f.name: data[f.name] for f in fields(cls)})
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
     @property
     def max_concurrent(self) -> int:

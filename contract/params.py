@@ -206,11 +206,13 @@ class EngineConfig:
     stream_interval: int = 1  # tokens per streamed document, unless a request sets its own
     stream_interval_ms: int = 0  # and at least this long between a stream's documents (0: off)
     core_process: bool = True  # the decode loop in its own process (False: a thread of the executor)
+    prefix_caching: bool = True  # reuse the KV of prompts already seen (LLM_PREFIX_CACHING=0: off)
+    prefix_cache_tokens: int = 8192  # tokens of KV the prefix cache keeps, beside max_batch_tokens
     limits: RequestLimits = field(default_factory=RequestLimits.from_env)  # request sizes
 
     def validate(self) -> "EngineConfig":
         for name in ("max_tokens_limit", "max_running", "max_waiting",
-                     "max_batch_tokens", "max_prefill_tokens"):
+                     "max_batch_tokens", "max_prefill_tokens", "prefix_cache_tokens"):
             if getattr(self, name) < 1:
                 raise ValidationError(name, f"must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.stream_interval_ms < 60_000:

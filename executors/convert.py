@@ -4,6 +4,7 @@ from typing import Optional
 
 from contract import SamplingParams, ServerInfo, kind_of, request_fields
 from executors.engine import EngineClient, RequestOutput
+from executors.engine.prefix_cache import BLOCK_SIZE as PREFIX_BLOCK_SIZE
 from executors.engine.prompt_logprobs import PromptScores
 from schemas import ModelOutputDocument, PromptDocument
 
@@ -27,6 +28,7 @@ def to_document(out: RequestOutput, generated_text: str) -> ModelOutputDocument:
         finish_reason=out.finish_reason.value if final else None,
         generated_tokens=out.generated_tokens if final else None,
         prompt_tokens=out.prompt_tokens if final else None,
+        cached_tokens=out.cached_tokens if final else None,
         seed=out.seed if final else None,
         tokens=out.token_strs, alternative_counts=[len(a) for a in out.alternatives],
         alternative_ids=[i for a in out.alternatives for i, _, _ in a],
@@ -63,4 +65,6 @@ def server_info(engine: EngineClient, name: str) -> ServerInfo:
     limits = {f.name: getattr(config, f.name) for f in fields(config) if f.name.startswith("max_")}
     return ServerInfo(model_id=name, max_context=info.max_context, **limits, **config.limits.as_dict(),
                       device=info.device, dtype=info.dtype,
-                      chat_template=bool(getattr(engine.tokenizer, "chat_template", None)))
+                      chat_template=bool(getattr(engine.tokenizer, "chat_template", None)),
+                      prefix_cache_tokens=config.prefix_cache_tokens if config.prefix_caching else 0,
+                      prefix_block_size=PREFIX_BLOCK_SIZE)

@@ -30,6 +30,8 @@ class LLMExecutor(Executor):
         super().__init__(**kwargs)
         options["model"] = options.get("model") or os.environ.get("LLM_MODEL", "")
         options.setdefault("dtype", os.environ.get("LLM_DTYPE") or "auto")
+        if os.environ.get("LLM_PREFIX_CACHING", "").lower() in ("0", "false", "off"):
+            options.setdefault("prefix_caching", False)
         if not options["model"]:
             raise ValueError("no model given: set LLM_MODEL to a local folder, a .gguf file or a hub id, "
                              "or pass `model` under `with:` in jina.yml (`make model` builds the default)")

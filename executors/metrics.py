@@ -38,6 +38,10 @@ class Metrics(EngineObserver):
                                      registry=r).labels(**labels)
         self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated.", ["model_name"],
                                          registry=r).labels(**labels)
+        self.prefix_queries = Counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                                      ["model_name"], registry=r).labels(**labels)
+        self.prefix_hits = Counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+                                   ["model_name"], registry=r).labels(**labels)
         self.success = Counter("vllm:request_success", "Finished requests, by finish reason.",
                                ["model_name", "finished_reason"], registry=r)
         self.model_name = model_name
@@ -53,8 +57,11 @@ class Metrics(EngineObserver):
     def admitted(self, queued_seconds: float) -> None:
         self.queue.observe(queued_seconds)
 
-    def prefilled(self, prompt_tokens: int) -> None:
+    def prefilled(self, prompt_tokens: int, cached_tokens: Optional[int] = None) -> None:
         self.prompt_tokens.inc(prompt_tokens)
+        if cached_tokens is not None:
+            self.prefix_queries.inc(prompt_tokens)
+            self.prefix_hits.inc(cached_tokens)
 
     def token(self, first: bool, since_previous_seconds: float) -> None:
         self.generation_tokens.inc()

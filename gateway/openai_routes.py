@@ -113,10 +113,12 @@ def _seed(seed: Optional[int]) -> dict:
 
 
 def _usage(finals: list[ModelOutputDocument]) -> dict:
-    """The prompt once, and every answer's tokens."""
+    """The prompt once, and every answer's tokens; how much of the prompt the prefix cache held."""
     p = finals[0].prompt_tokens or 0 if finals else 0
     c = sum(d.generated_tokens or 0 for d in finals)
-    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+    cached = finals[0].cached_tokens or 0 if finals else 0
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 class OpenAI(Protocol):

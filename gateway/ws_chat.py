@@ -7,7 +7,8 @@ Protocol (JSON text frames):
   server -> {"type": "token", "text": ..., "token_id": ..., "token_ids": [...]} per step (and
             "tool_calls": [...], OpenAI's delta parts, when the step carries calls; "logprobs":
             [...], OpenAI chat's logprobs.content, when logprobs or top_logprobs was asked),
-            then {"type": "end", "finish_reason": ..., "prompt_tokens": ..., "generated_tokens": ...,
+            then {"type": "end", "finish_reason": ..., "prompt_tokens": ..., "cached_tokens": ...
+            (of the prompt, reused from the prefix cache), "generated_tokens": ...,
             "seed": ... (the seed used when sampling, else null), and "tool_calls": [...] (OpenAI's) when
             the answer called tools};
             a stopped answer ends with finish_reason "cancelled";
@@ -125,7 +126,8 @@ class ChatSession:
                 await self.send(event)
                 if out.finish_reason is not None:
                     final = {"type": "end", "finish_reason": out.finish_reason,
-                             "prompt_tokens": out.prompt_tokens, "generated_tokens": out.generated_tokens,
+                             "prompt_tokens": out.prompt_tokens, "cached_tokens": out.cached_tokens,
+                             "generated_tokens": out.generated_tokens,
                              "seed": out.seed, **({"tool_calls": calls} if (calls := whole_calls(docs)) else {})}
                     break
         except asyncio.CancelledError:  # stop button, or the socket closed

@@ -131,7 +131,8 @@ class ModelOutputDocument(FlatDoc):
     prompt_alternative_logprobs: list[float] = []
     finish_reason: Optional[str] = None  # each answer's last: length | eos_token | stop_sequence | tool_calls | error
     generated_tokens: Optional[Int32] = None  # each answer's last document only
-    prompt_tokens: Optional[Int32] = None  # last document only
+    prompt_tokens: Optional[Int32] = None  # each answer's last document only
+    cached_tokens: Optional[Int32] = None  # each answer's last: prompt tokens reused from the prefix cache
     seed: Optional[Seed] = None  # last document only, when sampling
     error: Optional[str] = None  # set on a final error document
     error_type: Optional[str] = None  # validation | overloaded | generation

@@ -5,8 +5,10 @@ depends on how long its neighbours are. In fp32 that stays below a token's worth
 matmuls take bf16 inputs, and one fp32 rounding can tip a bf16 one: 4 of 6 batched runs then
 changed a request. With this attention, and int4's row-invariant matmuls, a row comes out bit
 for bit as it does alone. native.py's C kernel (row_attention.c) does this for all rows in one
-call per layer; where it is not built, or a row's mask is not plain (a chunk after its cached
-keys), one SDPA call per row does it, at about 20 us of overhead per call.
+call per layer, for decode steps, prefills, and chunks after their cached keys (a long
+prompt's, or one after a cached prefix), which it computes as the whole prompt's prefill would,
+query by query. Where it is not built, one SDPA call per row does it, at about 20 us of overhead
+per call.
 """
 from typing import Any, Optional
 
@@ -26,9 +28,8 @@ def row_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, va
     """query [rows, heads, q, dim], key/value [rows, kv_heads, k, dim], attention_mask boolean
     [rows, 1, q, k] (True: attend) or None; returns [rows, q, heads, dim], as transformers' SDPA."""
     plan = _plan(attention_mask, query.shape[0], query.shape[2])
-    q_len, k_len = query.shape[2], key.shape[2]
-    if all(mask is None and (q_len == 1 or (causal and q_len - q_start == k_len - start))
-           for q_start, start, mask, causal in plan):  # what the kernel computes: see row_attention.c
+    if all(causal or (mask is None and query.shape[2] == 1)
+           for _, _, mask, causal in plan):  # what the kernel computes: see row_attention.c
         scale = query.shape[-1] ** -0.5 if scaling is None else scaling
         out = row_attention(query, key, value, [p[1] for p in plan], [p[0] for p in plan], scale)
         if out is not None:
@@ -38,7 +39,7 @@ def row_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, va
     for row, (q_start, start, mask, causal) in enumerate(plan):
         out[row:row + 1, :, q_start:] = F.scaled_dot_product_attention(
             query[row:row + 1, :, q_start:], key[row:row + 1, :, start:], value[row:row + 1, :, start:],
-            attn_mask=mask, is_causal=causal, scale=scaling, enable_gqa=gqa)
+            attn_mask=mask, is_causal=causal and mask is None, scale=scaling, enable_gqa=gqa)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -65,13 +66,14 @@ def _plan(mask: Optional[torch.Tensor], rows: int, q_len: int) -> Plan:
 
 
 def _plain(mask: Optional[torch.Tensor], q: int, k: int) -> tuple[Optional[torch.Tensor], bool]:
-    """The same SDPA call for a row whatever its batch: no mask where it only says 'every
-    key' or 'causal', as transformers passes for a request alone."""
+    """(mask, causal): the same SDPA call for a row whatever its batch: no mask where it only
+    says 'every key' or 'causal', as transformers passes for a request alone. A chunk after its
+    cached keys (each query over the keys up to its own position) is causal too, for the
+    kernel, and keeps its mask for SDPA (whose is_causal aligns queries to the first key)."""
     if mask is None or bool(mask.all()):
         return None, mask is None and q > 1
-    if q == k and torch.equal(mask[0, 0], torch.ones(q, k, dtype=torch.bool, device=mask.device).tril()):
-        return None, True
-    return mask, False
+    causal = torch.equal(mask[0, 0], torch.ones(q, k, dtype=torch.bool, device=mask.device).tril(k - q))
+    return (None if q == k and causal else mask), causal
 
 
 AttentionInterface.register(NAME, row_sdpa)

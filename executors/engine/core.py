@@ -15,11 +15,12 @@ from transformers import DynamicCache
 from contract import SEED_MAX, EngineConfig, FinishReason, SamplingParams
 
 from .detokenizer import IncrementalDetokenizer, byte_fallback_ids
-from .kv_batch import KVBatch, new_cache, prefill_chunk, prefill_group, select_rows
+from .kv_batch import KVBatch, new_cache, prefill_chunk, prefill_group, select_rows, slabs
 from .loader import LoadedModel
 from .logprobs import TokenTexts, raw_logprob
 from .observer import EngineObserver
 from .outputs import RequestOutput
+from .prefix_cache import BlockKV, PrefixCache
 from .prepare import Prepared
 from .prompt_logprobs import PromptScores, final_hidden_states, score
 from .request import Request
@@ -45,6 +46,7 @@ class EngineCore:
         self.grammars = GrammarCompiler(self.tokenizer, config.limits)
         self.token_texts = TokenTexts(self.tokenizer)
         self.masks = MaskFiller(self.grammars.tokenizer.vocab_size if self.grammars.tokenizer else 0)
+        self.prefix = PrefixCache(config.prefix_cache_tokens) if config.prefix_caching else None
         self._aborts: set[str] = set()
         self._abort_lock = threading.Lock()
         self.steps = 0
@@ -76,9 +78,12 @@ class EngineCore:
     def _answers(self, req: Request) -> list[Request]:
         """The other n - 1 answers of a request whose prompt was just prefilled: answer i is
         seeded with seed + i, so the answers differ from each other and each is reproducible."""
-        return [self._request(req.request_id, req.prompt_ids, req.params,
-                              None if req.seed is None else (req.seed + i) % (SEED_MAX + 1), req.sink, choice=i)
-                for i in range(1, req.rows)]
+        answers = [self._request(req.request_id, req.prompt_ids, req.params,
+                                 None if req.seed is None else (req.seed + i) % (SEED_MAX + 1), req.sink, choice=i)
+                   for i in range(1, req.rows)]
+        for answer in answers:
+            answer.prompt_scores, answer.cached_tokens = req.prompt_scores, req.cached_tokens
+        return answers
 
     def abort(self, request_id: str) -> None:
         """Thread-safe; the request leaves before the next forward pass."""
@@ -94,7 +99,10 @@ class EngineCore:
         return {"running": len(sched.running), "prefilling": len(sched.prefilling),
                 "waiting": sched.num_waiting, "reserved_tokens": sched.reserved,
                 "batch_rows": len(self.batch), "steps": self.steps, "aborted": self.aborted,
-                "loop_restarts": self.loop_restarts}
+                "loop_restarts": self.loop_restarts,
+                "prefix_cache_blocks": len(self.prefix) if self.prefix else 0,
+                "prefix_cache_queries": self.prefix.queries if self.prefix else 0,
+                "prefix_cache_hits": self.prefix.hits if self.prefix else 0}
 
     # ----- one step -----
     def safe_step(self) -> None:
@@ -113,6 +121,7 @@ class EngineCore:
         now = time.perf_counter()
         for req in self.scheduler.admit():
             self.observer.admitted(now - req.arrival)
+            self._reuse_prefix(req)
         if len(self.batch):
             self._decode()
         self._prefill_some()
@@ -132,6 +141,30 @@ class EngineCore:
             self.observer.finished(FinishReason.ABORTED, time.perf_counter() - req.arrival)
         self._drop_finished_rows()
 
+    def _reuse_prefix(self, req: Request) -> None:
+        """Start from the longest cached prefix of the prompt: the rest is prefilled as a chunk
+        after it. (Prompt scores need the whole prompt's prefill.)"""
+        if self.prefix is None or req.prompt_scores is not None:
+            return
+        hit = self.prefix.lookup(req.prompt_ids)
+        if hit is None:
+            return
+        cache = new_cache()
+        for layer, (keys, values) in enumerate(zip(hit.keys, hit.values, strict=True)):
+            cache.update(keys, values, layer)
+        req.cache, req.prefilled, req.cached_tokens = cache, hit.tokens, hit.tokens
+
+    def _remember(self, ids: list[int], computed: int, cache: DynamicCache, row: int, offset: int) -> None:
+        """Offer the prefix cache what a cache row holds: ids[:computed], from column `offset`."""
+        if self.prefix is None:
+            return
+
+        def read(start: int, end: int) -> BlockKV:
+            layers = slabs(cache)
+            return ([layer.keys[row, :, offset + start:offset + end].clone() for layer in layers],
+                    [layer.values[row, :, offset + start:offset + end].clone() for layer in layers])
+        self.prefix.insert(ids, computed, read)
+
     def _decode(self) -> None:
         rows = [self.scheduler.running[r] for r in self.batch.rows]
         masks = self.masks.start(constrained(rows))  # filled while the forward pass runs
@@ -145,9 +178,13 @@ class EngineCore:
             self.masks.apply(masks.result(), logits)
         choices = self._choose(rows, logits)
         next_tokens = []
-        for req, choice in zip(rows, choices, strict=True):
+        for row, (req, choice) in enumerate(zip(rows, choices, strict=True)):
             if choice is not None and self._advance(req, choice):
                 next_tokens.append(choice.token_id)
+            elif choice is not None and self.batch.cache is not None:  # finished: its answer's KV too
+                held = int(self.batch.mask[row].sum())  # the history but its last token
+                if held == len(req.history()) - 1:
+                    self._remember(req.history(), held, self.batch.cache, row, self.batch.mask.shape[1] - held)
         self._drop_finished_rows()
         if len(self.batch):
             self.batch.set_next_tokens(next_tokens)
@@ -190,8 +227,12 @@ class EngineCore:
             self._prefill_group(group)
         planned = {r.request_id for g in groups for r in g}
         rest = [r for r in self.scheduler.prefilling if r.request_id not in planned]
-        if rest:  # the oldest long prompt advances every step: short ones cannot starve it
-            req = rest[0]
+        left = budget - sum(max(len(r.prompt_ids) for r in g) * len(g) for g in groups)
+        for i, req in enumerate(rest):  # the oldest long prompt advances every step: none starves it
+            size = min(budget, len(req.prompt_ids) - req.prefilled)
+            if i and size > left:  # the others (a prompt after its cached prefix, say) while room is left
+                break
+            left -= size
             self._or_fail_request(req, self._prefill_chunk, req, budget)
 
     def _prefill_group(self, group: list[Request]) -> None:
@@ -239,11 +280,11 @@ class EngineCore:
         group: list[Request] = []
         source: list[int] = []  # the prefilled row that each of group's rows copies
         for row, req in enumerate(prefilled):
+            length = len(req.prompt_ids)
+            self._remember(req.prompt_ids, length, cache, row, mask.shape[1] - length)
             answers = self._answers(req)
             self.scheduler.start_running(req, answers)
-            self.observer.prefilled(len(req.prompt_ids))
-            for answer in answers:
-                answer.prompt_scores = req.prompt_scores
+            self.observer.prefilled(length, req.cached_tokens if self.prefix is not None else None)
             group += [req, *answers]
             source += [row] * (1 + len(answers))
         if len(group) > len(prefilled):
@@ -281,7 +322,8 @@ class EngineCore:
         self.scheduler.release(req)
         self.observer.finished(FinishReason.LENGTH, time.perf_counter() - req.arrival)
         req.sink(RequestOutput(req.request_id, finish_reason=FinishReason.LENGTH, prompt_tokens=len(req.prompt_ids),
-                               seed=req.seed, choice=req.choice, prompt=req.prompt_scores))
+                               seed=req.seed, choice=req.choice, prompt=req.prompt_scores,
+                               cached_tokens=req.cached_tokens))
         return False
 
     def _advance(self, req: Request, choice: Choice) -> bool:
@@ -333,7 +375,8 @@ class EngineCore:
                              generated_tokens=len(req.generated), seed=req.seed, tool_calls=calls,
                              alternatives=[choice.alternatives] if asked else [],
                              token_strs=[self.token_texts(token)] if asked else [], choice=req.choice,
-                             prompt=req.prompt_scores if len(req.generated) == 1 else None)
+                             prompt=req.prompt_scores if len(req.generated) == 1 else None,
+                             cached_tokens=req.cached_tokens)
 
     def _finish_with_error(self, req: Request, message: str) -> None:
         self.scheduler.release(req)

@@ -43,6 +43,7 @@ class Admitted:
 @dataclass
 class Prefilled:
     prompt_tokens: int
+    cached_tokens: Optional[int]  # None: no prefix cache looked at
 
 
 @dataclass
@@ -64,8 +65,8 @@ def replay(event: ObserverEvent, observer: EngineObserver) -> None:
     match event:
         case Admitted(queued):
             observer.admitted(queued)
-        case Prefilled(tokens):
-            observer.prefilled(tokens)
+        case Prefilled(tokens, cached):
+            observer.prefilled(tokens, cached)
         case TokenTimed(first, since):
             observer.token(first, since)
         case Finished(reason, e2e):
@@ -81,8 +82,8 @@ class Recorder(EngineObserver):
     def admitted(self, queued_seconds: float) -> None:
         self.events.append(Admitted(queued_seconds))
 
-    def prefilled(self, prompt_tokens: int) -> None:
-        self.events.append(Prefilled(prompt_tokens))
+    def prefilled(self, prompt_tokens: int, cached_tokens: Optional[int] = None) -> None:
+        self.events.append(Prefilled(prompt_tokens, cached_tokens))
 
     def token(self, first: bool, since_previous_seconds: float) -> None:
         self.events.append(TokenTimed(first, since_previous_seconds))

@@ -13,8 +13,9 @@ class EngineObserver:
     def admitted(self, queued_seconds: float) -> None:
         """A request left the waiting queue for the batch."""
 
-    def prefilled(self, prompt_tokens: int) -> None:
-        """A request's prompt is in the cache."""
+    def prefilled(self, prompt_tokens: int, cached_tokens: Optional[int] = None) -> None:
+        """A request's prompt is in the cache, `cached_tokens` of it from the prefix cache
+        (None where no prefix cache was looked at)."""
 
     def token(self, first: bool, since_previous_seconds: float) -> None:
         """A token was generated: the first (since arrival: time to first token) or a next

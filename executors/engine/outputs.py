@@ -32,6 +32,7 @@ class RequestOutput:
     token_strs: list[str] = field(default_factory=list)  # top_logprobs: each token's text alone
     choice: int = 0  # which of the request's n answers
     prompt: Optional[PromptScores] = None  # prompt_logprobs: on each answer's first output
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
     @classmethod
     def failure(cls, request_id: str, message: str, index: int = -1, prompt_tokens: int = 0,
@@ -55,6 +56,7 @@ class RequestOutput:
         last = outputs[-1]
         whole = cls(last.request_id, [], [], [], [], last.index, last.finish_reason, last.error,
                     last.prompt_tokens, last.generated_tokens, last.seed, choice=last.choice,
+                    cached_tokens=last.cached_tokens,
                     prompt=next((o.prompt for o in outputs if o.prompt is not None), None))
         for out in outputs:
             whole.token_ids += out.token_ids

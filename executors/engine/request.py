@@ -45,6 +45,7 @@ class Request:
     choice: int = 0  # which of the request's n answers this is (each is a batch row)
     rows: int = 1  # batch rows it stands for: n until its prompt is prefilled and shared
     prompt_scores: Optional[PromptScores] = None  # prompt_logprobs: filled while prefilling
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
 
     @property
     def row_id(self) -> str:

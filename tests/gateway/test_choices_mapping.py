@@ -36,7 +36,8 @@ def test_n_answers_each_with_its_index_and_usage_counts_the_prompt_once(http, fa
     whole = http.post(route, json=body).json()
     texts = [c["message"]["content"] if "chat" in route else c["text"] for c in whole["choices"]]
     assert texts == [" blue.", " grey!"] and [c["index"] for c in whole["choices"]] == [0, 1]
-    assert whole["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+    assert whole["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7,
+                              "prompt_tokens_details": {"cached_tokens": 0}}
     assert fake.sent[-1].n == 2
     stream = {**body, "stream": True, "stream_options": {"include_usage": True}}
     events = [e for e in sse_data(http.post(route, json=stream).text.splitlines()) if e != "[DONE]"]

@@ -74,7 +74,7 @@ def test_engine_messages_cross_the_pipe_and_replay_on_the_observer():
     add = AddRequest("r1", Prepared([1, 2, 3], SamplingParams(max_tokens=4), None))
     assert pickle.loads(pickle.dumps(add)) == add
     step = StepOutputs([Ack("r1"), Ack("r2", OverloadedError())], [RequestOutput("r1", [5], ["a"], [-0.1], [False], 0)],
-                       [Admitted(0.1), Prefilled(3), TokenTimed(True, 0.2), Finished(FinishReason.LENGTH, 0.3)], {})
+                       [Admitted(0.1), Prefilled(3, 2), TokenTimed(True, 0.2), Finished(FinishReason.LENGTH, 0.3)], {})
     back = pickle.loads(pickle.dumps(step))
     assert back.outputs == step.outputs and isinstance(back.acks[1].error, OverloadedError)
 
@@ -82,13 +82,13 @@ def test_engine_messages_cross_the_pipe_and_replay_on_the_observer():
 
     class Seen(EngineObserver):
         def admitted(self, q): calls.append(("admitted", q))
-        def prefilled(self, n): calls.append(("prefilled", n))
+        def prefilled(self, n, cached=None): calls.append(("prefilled", n, cached))
         def token(self, first, since): calls.append(("token", first, since))
         def finished(self, reason, e2e): calls.append(("finished", reason, e2e))
 
     for event in back.events:
         replay(event, Seen())
-    assert calls == [("admitted", 0.1), ("prefilled", 3), ("token", True, 0.2),
+    assert calls == [("admitted", 0.1), ("prefilled", 3, 2), ("token", True, 0.2),
                      ("finished", FinishReason.LENGTH, 0.3)]
 
 
