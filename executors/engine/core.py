@@ -23,7 +23,7 @@ from .outputs import RequestOutput
 from .prefix_cache import BlockKV, PrefixCache
 from .prepare import Prepared
 from .prompt_logprobs import PromptScores, final_hidden_states, score
-from .request import Request
+from .request import Request, RequestState
 from .sampling import Choice, TokenChooser, greedy_choices
 from .scheduler import Scheduler, plan_prefill
 from .stopping import StopSequenceFilter, stop_reason
@@ -121,7 +121,6 @@ class EngineCore:
         now = time.perf_counter()
         for req in self.scheduler.admit():
             self.observer.admitted(now - req.arrival)
-            self._reuse_prefix(req)
         if len(self.batch):
             self._decode()
         self._prefill_some()
@@ -140,6 +139,23 @@ class EngineCore:
             self.aborted += 1
             self.observer.finished(FinishReason.ABORTED, time.perf_counter() - req.arrival)
         self._drop_finished_rows()
+
+    def _ready_to_prefill(self) -> list[Request]:
+        """The prefilling requests, each started from its longest cached prefix when it first
+        comes up, but those whose first block an earlier prompt is computing right now: they
+        wait for it, so users who send one system prompt at once compute it once."""
+        ready, computing = [], set()
+        for req in self.scheduler.prefilling:
+            first = self.prefix.first_block(req.prompt_ids) if self.prefix is not None else None
+            if not req.looked_up:
+                if first is not None and first in computing:
+                    continue
+                req.looked_up = True
+                self._reuse_prefix(req)
+            if first is not None and req.cached_tokens == 0:
+                computing.add(first)
+            ready.append(req)
+        return ready
 
     def _reuse_prefix(self, req: Request) -> None:
         """Start from the longest cached prefix of the prompt: the rest is prefilled as a chunk
@@ -222,11 +238,12 @@ class EngineCore:
         chunks are always `budget` long, whatever else runs: chunk boundaries change a
         prompt's rounding, and a request must come out as it does alone."""
         budget = self.config.max_prefill_tokens
-        groups = plan_prefill(self.scheduler.prefilling, budget)
+        ready = self._ready_to_prefill()
+        groups = plan_prefill(ready, budget)
         for group in groups:
             self._prefill_group(group)
         planned = {r.request_id for g in groups for r in g}
-        rest = [r for r in self.scheduler.prefilling if r.request_id not in planned]
+        rest = [r for r in ready if r.request_id not in planned and r.state == RequestState.PREFILLING]
         left = budget - sum(max(len(r.prompt_ids) for r in g) * len(g) for g in groups)
         for i, req in enumerate(rest):  # the oldest long prompt advances every step: none starves it
             size = min(budget, len(req.prompt_ids) - req.prefilled)

@@ -58,6 +58,11 @@ class PrefixCache:
             chain.append((parent, tokens))
         return chain
 
+    def first_block(self, ids: list[int]) -> int | None:
+        """The key of the prompt's first block, where it has one to reuse."""
+        chain = self._chain(ids, min(1, (len(ids) - 1) // self.block_size))
+        return chain[0][0] if chain else None
+
     def lookup(self, ids: list[int]) -> Hit | None:
         """The longest cached prefix of ids that leaves at least one token to compute (the
         next token's logits come from it); counted in the hit rate."""

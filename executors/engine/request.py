@@ -46,6 +46,7 @@ class Request:
     rows: int = 1  # batch rows it stands for: n until its prompt is prefilled and shared
     prompt_scores: Optional[PromptScores] = None  # prompt_logprobs: filled while prefilling
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    looked_up: bool = False  # whether the prefix cache was asked for its prompt yet
 
     @property
     def row_id(self) -> str:

@@ -31,7 +31,7 @@ async def test_conversation_keeps_context(flow, ws):
     grpc_port, _ = flow
     first, tokens, end = await ask(ws, {"prompt": "hello there", "max_tokens": 6})
     assert end == {"type": "end", "finish_reason": "length", "prompt_tokens": end["prompt_tokens"],
-                   "generated_tokens": 6, "seed": None}
+                   "cached_tokens": end["cached_tokens"], "generated_tokens": 6, "seed": None}
     assert sum(len(t["token_ids"]) for t in tokens) == 6
     ref1 = await generate("User: hello there\nAssistant:", port=grpc_port, max_tokens=6)
     assert first == ref1.generated_text
@@ -42,6 +42,8 @@ async def test_conversation_keeps_context(flow, ws):
     ref2 = await generate("", port=grpc_port, max_tokens=64, messages=json.dumps(history))
     assert second == ref2.generated_text
     assert end2["prompt_tokens"] == ref2.prompt_tokens > end["prompt_tokens"] + 6
+    # the second turn resends the first, whose blocks the prefix cache kept (answer included)
+    assert end2["cached_tokens"] >= 16 * ((end["prompt_tokens"] + 5) // 16)
 
 
 async def test_token_events_carry_logprobs_when_asked(ws):
