@@ -15,12 +15,13 @@ from transformers import DynamicCache
 from contract import SEED_MAX, EngineConfig, FinishReason, SamplingParams
 
 from .detokenizer import IncrementalDetokenizer, byte_fallback_ids
-from .kv_batch import KVBatch, new_cache, prefill_chunk, prefill_group, select_rows, slabs
+from .kv_batch import KVBatch, new_cache, prefill_chunk, prefill_group, select_rows
 from .loader import LoadedModel
 from .logprobs import TokenTexts, raw_logprob
 from .observer import EngineObserver
 from .outputs import RequestOutput
-from .prefix_cache import BlockKV, PrefixCache
+from .prefix_cache import PrefixCache
+from .prefix_reuse import PrefixReuse
 from .prepare import Prepared
 from .prompt_logprobs import PromptScores, final_hidden_states, score
 from .request import Request, RequestState
@@ -46,7 +47,7 @@ class EngineCore:
         self.grammars = GrammarCompiler(self.tokenizer, config.limits)
         self.token_texts = TokenTexts(self.tokenizer)
         self.masks = MaskFiller(self.grammars.tokenizer.vocab_size if self.grammars.tokenizer else 0)
-        self.prefix = PrefixCache(config.prefix_cache_tokens) if config.prefix_caching else None
+        self.prefix = PrefixReuse(PrefixCache(config.prefix_cache_tokens) if config.prefix_caching else None)
         self._aborts: set[str] = set()
         self._abort_lock = threading.Lock()
         self.steps = 0
@@ -99,10 +100,7 @@ class EngineCore:
         return {"running": len(sched.running), "prefilling": len(sched.prefilling),
                 "waiting": sched.num_waiting, "reserved_tokens": sched.reserved,
                 "batch_rows": len(self.batch), "steps": self.steps, "aborted": self.aborted,
-                "loop_restarts": self.loop_restarts,
-                "prefix_cache_blocks": len(self.prefix) if self.prefix else 0,
-                "prefix_cache_queries": self.prefix.queries if self.prefix else 0,
-                "prefix_cache_hits": self.prefix.hits if self.prefix else 0}
+                "loop_restarts": self.loop_restarts, **self.prefix.stats()}
 
     # ----- one step -----
     def safe_step(self) -> None:
@@ -140,47 +138,6 @@ class EngineCore:
             self.observer.finished(FinishReason.ABORTED, time.perf_counter() - req.arrival)
         self._drop_finished_rows()
 
-    def _ready_to_prefill(self) -> list[Request]:
-        """The prefilling requests, each started from its longest cached prefix when it first
-        comes up, but those whose first block an earlier prompt is computing right now: they
-        wait for it, so users who send one system prompt at once compute it once."""
-        ready, computing = [], set()
-        for req in self.scheduler.prefilling:
-            first = self.prefix.first_block(req.prompt_ids) if self.prefix is not None else None
-            if not req.looked_up:
-                if first is not None and first in computing:
-                    continue
-                req.looked_up = True
-                self._reuse_prefix(req)
-            if first is not None and req.cached_tokens == 0:
-                computing.add(first)
-            ready.append(req)
-        return ready
-
-    def _reuse_prefix(self, req: Request) -> None:
-        """Start from the longest cached prefix of the prompt: the rest is prefilled as a chunk
-        after it. (Prompt scores need the whole prompt's prefill.)"""
-        if self.prefix is None or req.prompt_scores is not None:
-            return
-        hit = self.prefix.lookup(req.prompt_ids)
-        if hit is None:
-            return
-        cache = new_cache()
-        for layer, (keys, values) in enumerate(zip(hit.keys, hit.values, strict=True)):
-            cache.update(keys, values, layer)
-        req.cache, req.prefilled, req.cached_tokens = cache, hit.tokens, hit.tokens
-
-    def _remember(self, ids: list[int], computed: int, cache: DynamicCache, row: int, offset: int) -> None:
-        """Offer the prefix cache what a cache row holds: ids[:computed], from column `offset`."""
-        if self.prefix is None:
-            return
-
-        def read(start: int, end: int) -> BlockKV:
-            layers = slabs(cache)
-            return ([layer.keys[row, :, offset + start:offset + end].clone() for layer in layers],
-                    [layer.values[row, :, offset + start:offset + end].clone() for layer in layers])
-        self.prefix.insert(ids, computed, read)
-
     def _decode(self) -> None:
         rows = [self.scheduler.running[r] for r in self.batch.rows]
         masks = self.masks.start(constrained(rows))  # filled while the forward pass runs
@@ -200,7 +157,7 @@ class EngineCore:
             elif choice is not None and self.batch.cache is not None:  # finished: its answer's KV too
                 held = int(self.batch.mask[row].sum())  # the history but its last token
                 if held == len(req.history()) - 1:
-                    self._remember(req.history(), held, self.batch.cache, row, self.batch.mask.shape[1] - held)
+                    self.prefix.remember(req.history(), held, self.batch.cache, row, self.batch.mask.shape[1] - held)
         self._drop_finished_rows()
         if len(self.batch):
             self.batch.set_next_tokens(next_tokens)
@@ -238,7 +195,7 @@ class EngineCore:
         chunks are always `budget` long, whatever else runs: chunk boundaries change a
         prompt's rounding, and a request must come out as it does alone."""
         budget = self.config.max_prefill_tokens
-        ready = self._ready_to_prefill()
+        ready = self.prefix.ready(self.scheduler.prefilling)
         groups = plan_prefill(ready, budget)
         for group in groups:
             self._prefill_group(group)
@@ -298,10 +255,10 @@ class EngineCore:
         source: list[int] = []  # the prefilled row that each of group's rows copies
         for row, req in enumerate(prefilled):
             length = len(req.prompt_ids)
-            self._remember(req.prompt_ids, length, cache, row, mask.shape[1] - length)
+            self.prefix.remember(req.prompt_ids, length, cache, row, mask.shape[1] - length)
             answers = self._answers(req)
             self.scheduler.start_running(req, answers)
-            self.observer.prefilled(length, req.cached_tokens if self.prefix is not None else None)
+            self.observer.prefilled(length, req.cached_tokens if self.prefix.on else None)
             group += [req, *answers]
             source += [row] * (1 + len(answers))
         if len(group) > len(prefilled):

@@ -99,3 +99,11 @@ def test_blocks_are_keyed_by_their_whole_prefix_and_evicted_least_recent_first()
     cache.insert([7] * 9, 9, lambda s, e: kv)  # 2 new blocks: the least recent goes, a chain's tail first
     assert len(cache) == 4 and cache.lookup(list(range(13))).tokens == 8
     assert cache.queries == 13 + 12 + 13 + 13 and cache.hits == 12 + 8 + 8
+
+
+async def test_prompts_sent_together_compute_their_shared_prefix_once(four_bit_llama, make_engine):  # noqa: F811
+    cached, plain = make_engine(four_bit_llama), make_engine(four_bit_llama, prefix_caching=False)
+    prompts = [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}] for q in QUESTIONS]
+    together = await asyncio.gather(*(answer(cached, p) for p in prompts))
+    assert [t[:2] for t in together] == [(await answer(plain, p))[:2] for p in prompts]
+    assert together[0][2].cached_tokens == 0 and all(t[2].cached_tokens >= 32 for t in together[1:])
