@@ -192,8 +192,8 @@ class EngineCore:
     def _prefill_some(self) -> None:
         """Whole short prompts go in padded groups of similar length; a prompt longer than
         the budget is prefilled a chunk per step, so running streams keep their pace. Its
-        chunks are always `budget` long, whatever else runs: chunk boundaries change a
-        prompt's rounding, and a request must come out as it does alone."""
+        chunks are always `budget` long, whatever else runs: on the fallbacks, chunk
+        boundaries change a prompt's rounding, and a request must come out as it does alone."""
         budget = self.config.max_prefill_tokens
         ready = self.prefix.ready(self.scheduler.prefilling)
         groups = plan_prefill(ready, budget)
@@ -239,7 +239,7 @@ class EngineCore:
             score(model, hidden[0][0, :len(following)], following, req.params.top_logprobs, self.token_texts,
                   req.prompt_scores)
         req.prefilled += len(chunk)
-        if req.prefilled == len(req.prompt_ids):
+        if req.prefilled == len(req.prompt_ids):  # joins the batch at once: its first token goes out now
             mask = torch.ones((1, len(req.prompt_ids)), dtype=torch.long)
             cache, req.cache = req.cache, None
             self._start_running([req], logits, cache, mask)

@@ -44,6 +44,23 @@ class SlabLayer(DynamicLayer):
             new_v[..., :self._len, :] = self.values
         self._slab_k, self._slab_v = new_k, new_v
 
+    @classmethod
+    def from_blocks(cls, keys: list[torch.Tensor], values: list[torch.Tensor]) -> "SlabLayer":
+        """One row of the blocks [kv_heads, block, dim] laid end to end, copied once into a slab
+        with room for what follows (a prompt after its cached prefix)."""
+        layer = cls()
+        length = sum(k.shape[-2] for k in keys)
+        shape = (1, keys[0].shape[0], _capacity(length), keys[0].shape[-1])
+        layer._slab_k, layer._slab_v = keys[0].new_empty(shape), values[0].new_empty(shape)
+        at = 0
+        for k, v in zip(keys, values, strict=True):
+            layer._slab_k[0, :, at:at + k.shape[-2]] = k
+            layer._slab_v[0, :, at:at + k.shape[-2]] = v
+            at += k.shape[-2]
+        layer._len, layer.keys, layer.values = length, layer._slab_k[..., :length, :], layer._slab_v[..., :length, :]
+        layer.dtype, layer.device, layer.is_initialized = keys[0].dtype, keys[0].device, True
+        return layer
+
     def stack(self, keys: list[torch.Tensor], values: list[torch.Tensor], width: int) -> None:
         """Install row blocks, right-aligned to `width` columns (left pad zero, never garbage:
         masked columns still enter attention as 0 x value), copied once into a fresh slab."""

@@ -31,11 +31,11 @@ class Block:
 
 @dataclass
 class Hit:
-    """A prompt's cached prefix: its length, and per layer its keys and values [1, kv_heads, length, dim]."""
+    """A prompt's cached prefix: its length, and per layer its blocks' keys and values, in order."""
 
     tokens: int
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
+    keys: list[list[torch.Tensor]]
+    values: list[list[torch.Tensor]]
 
 
 class PrefixCache:
@@ -78,9 +78,8 @@ class PrefixCache:
         self._touch([key for key, _ in found])
         self.hits += len(found) * self.block_size
         layers = range(len(found[0][1].keys))
-        return Hit(len(found) * self.block_size,
-                   [torch.cat([b.keys[i] for _, b in found], dim=1)[None] for i in layers],
-                   [torch.cat([b.values[i] for _, b in found], dim=1)[None] for i in layers])
+        return Hit(len(found) * self.block_size, [[b.keys[i] for _, b in found] for i in layers],
+                   [[b.values[i] for _, b in found] for i in layers])
 
     def insert(self, ids: list[int], computed: int, read: Callable[[int, int], BlockKV]) -> None:
         """Keep the full blocks among ids' first `computed` tokens (those whose keys and values

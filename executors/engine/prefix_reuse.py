@@ -5,7 +5,7 @@ from typing import Optional
 
 from transformers import DynamicCache
 
-from .kv_batch import new_cache, slabs
+from .kv_batch import SlabLayer, new_cache, slabs
 from .prefix_cache import BlockKV, PrefixCache
 from .request import Request
 
@@ -49,8 +49,7 @@ class PrefixReuse:
         if hit is None:
             return
         kv = new_cache()
-        for layer, (keys, values) in enumerate(zip(hit.keys, hit.values, strict=True)):
-            kv.update(keys, values, layer)
+        kv.layers = [SlabLayer.from_blocks(keys, values) for keys, values in zip(hit.keys, hit.values, strict=True)]
         req.cache, req.prefilled, req.cached_tokens = kv, hit.tokens, hit.tokens
 
     def remember(self, ids: list[int], computed: int, kv: DynamicCache, row: int, offset: int) -> None:
