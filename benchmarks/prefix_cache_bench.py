@@ -135,7 +135,7 @@ def pct(values: list[float], q: float) -> float:
 
 async def run_system(name: str, tokenizer, args: argparse.Namespace, tmp: Path) -> dict:
     talk, crowd = system_prompt(tokenizer, "city museum"), system_prompt(tokenizer, "harbour library")
-    context = llama_cpp(tmp) if name == "llama.cpp" else this_service(name == "this, cache on", tmp)
+    context = llama_cpp(tmp) if name == "llama.cpp" else this_service(name == "this-cache-on", tmp)
     async with context as port:
         turns = await conversation(port, talk, args.tokens)
         answers, wall = await shared(port, crowd, args.tokens, args.users)
@@ -158,7 +158,7 @@ def table(results: dict, users: int) -> str:
 
 
 def goals(results: dict) -> dict:
-    on, off, llama = (results.get(k) for k in ("this, cache on", "this, cache off", "llama.cpp"))
+    on, off, llama = (results.get(k) for k in ("this-cache-on", "this-cache-off", "llama.cpp"))
     out = {}
     if on and off:
         out["conversation: off / on (goal >= 5)"] = off["turns2_8_median_ttft"] / on["turns2_8_median_ttft"]
@@ -186,7 +186,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "prefix-cache")
     parser.add_argument("--systems", type=lambda s: s.split(","),
-                        default=["this, cache on", "this, cache off", "llama.cpp"])
+                        default=["this-cache-on", "this-cache-off", "llama.cpp"])
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--users", type=int, default=16)
     options = parser.parse_args()
