@@ -37,11 +37,11 @@ $(CLIENTS_VENV)/.installed: tests/clients/requirements.txt tests/clients/constra
 	$(CLIENTS_VENV)/bin/uv pip install --python $(CLIENTS_VENV)/bin/python -r tests/clients/requirements.txt -c tests/clients/constraints.txt
 	touch $@
 
-# lm-evaluation-harness, for `python -m benchmarks.harness_compare` (its pins are its own)
+# lm-evaluation-harness, for `python -m benchmarks.lm_eval_compare` (its pins are its own)
 EVAL_VENV := .venv-eval
-$(EVAL_VENV)/.installed: benchmarks/harness/requirements.txt
+$(EVAL_VENV)/.installed: benchmarks/lm_eval_task/requirements.txt
 	test -x $(EVAL_VENV)/bin/python || $(PYTHON) -m venv $(EVAL_VENV)
-	$(EVAL_VENV)/bin/python -m pip install -q --disable-pip-version-check -r benchmarks/harness/requirements.txt
+	$(EVAL_VENV)/bin/python -m pip install -q --disable-pip-version-check -r benchmarks/lm_eval_task/requirements.txt
 	touch $@
 
 eval-venv: $(EVAL_VENV)/.installed
