@@ -18,7 +18,7 @@ from .load import Transport, closed_loop, default_requests, make_prompts, poisso
 from .metrics import cpu_per_token, summarize
 from .models import DEFAULT_CACHE, MODELS, ensure_model
 from .report import machine_info, ratios, write_all
-from .systems import SYSTEMS, starters
+from .systems import NAMED_ONLY, SYSTEMS, starters
 
 HERE = Path(__file__).resolve().parent
 # --quick: every system on the tiny model at C=1 and 16, plus this vs raw-engine on gpt2-small at
@@ -48,12 +48,15 @@ def _names(allowed) -> Callable[[str], list[str]]:
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=HERE / "results", help="where results.* go")
+    p.add_argument("--out", type=Path, default=None,
+                   help="where results.* go (default benchmarks/results/; --prefix: benchmarks/results/prefix/)")
     p.add_argument("--quick", action="store_true",
                    help="tiny model, C=1,16, fewer requests (plus this vs raw-engine on gpt2-small at C=1 "
                         "and on smollm2 at C=1,16)")
     p.add_argument("--models", type=_names(MODELS), default=None, help=f"of {','.join(MODELS)}")
-    p.add_argument("--systems", type=_names(SYSTEMS), default=list(SYSTEMS), help=f"of {','.join(SYSTEMS)}")
+    p.add_argument("--systems", type=_names(SYSTEMS + NAMED_ONLY), default=None,
+                   help=f"of {','.join(SYSTEMS + NAMED_ONLY)} (default all but {','.join(NAMED_ONLY)}; "
+                        "--prefix: this,this-nocache,llama-cpp)")
     p.add_argument("--concurrency", type=_ints, default=None, help="closed-loop levels (default 1,4,16,64)")
     p.add_argument("--rate", type=_floats, default=[], help="open-loop Poisson rates in requests/s")
     p.add_argument("--num-requests", type=int, default=None,
@@ -75,14 +78,28 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                         "compile times of a schema corpus; on smollm2 unless --models names another")
     p.add_argument("--rounds", type=int, default=3, help="--structured: alternating rounds of both arms")
     p.add_argument("--ttft-repeats", type=int, default=30, help="--structured: TTFT requests of each kind")
+    p.add_argument("--prefix", action="store_true",
+                   help="the prefix-caching benchmark instead (prefix_bench.py): a resent conversation and "
+                        "--concurrency (16) users sharing a system prompt, OpenAI streaming chat, this with the "
+                        "cache on and off and llama-cpp; on smollm2 unless --models names another")
+    p.add_argument("--turns", type=int, default=8, help="--prefix: user turns of the conversation")
+    p.add_argument("--system-tokens", type=int, default=1000, help="--prefix: tokens of each system prompt")
     args = p.parse_args(argv)
+    if args.prefix:
+        from .prefix_bench import PREFIX_SYSTEMS
+        args.models = args.models or ["smollm2"]
+        args.concurrency = args.concurrency or [16]
+        args.systems = args.systems or list(PREFIX_SYSTEMS)
+        args.out = args.out or HERE / "results" / "prefix"
+    args.out = args.out or HERE / "results"
+    args.systems = args.systems or list(SYSTEMS)
     if args.structured:
         args.models = args.models or ["smollm2"]
         args.concurrency = args.concurrency or [16]
     args.quick_extra = args.quick and args.models is None
     args.models = args.models or (["tiny"] if args.quick else ["tiny", "gpt2-small", "smollm2"])
     args.concurrency = args.concurrency or ([1, 16] if args.quick else [1, 4, 16, 64])
-    args.max_tokens = args.max_tokens or (32 if args.quick else 64)
+    args.max_tokens = args.max_tokens or (32 if args.quick or args.prefix else 64)
     args.time_limit = args.time_limit or (40.0 if args.quick else 300.0)
     return args
 
@@ -180,6 +197,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     if args.structured:
         return structured_main(args)
+    if args.prefix:
+        return prefix_main(args, argv)
     rows: list[dict] = []
     notes: list[str] = []
     machine = _machine_checked()
@@ -208,6 +227,16 @@ def structured_main(args: argparse.Namespace) -> int:
     machine = _machine_checked()
     try:
         return run_structured(args, ensure_model(args.models[0], args.models_dir), machine)
+    finally:
+        stop_all()
+
+
+def prefix_main(args: argparse.Namespace, argv: Optional[list[str]]) -> int:
+    """--prefix: one model (the first of --models); this, this-nocache and llama-cpp by default."""
+    from .prefix_bench import main as run_prefix
+    machine = _machine_checked()
+    try:
+        return run_prefix(args, ensure_model(args.models[0], args.models_dir), machine, argv)
     finally:
         stop_all()
 

@@ -95,7 +95,7 @@ def record_steps(engine: AsyncEngine) -> list[tuple[float, int, bool]]:
     inner = core.step
 
     def step() -> None:
-        rows, quiet = len(core.batch), not core.scheduler.prefilling and not core.scheduler.num_waiting
+        rows, quiet = len(core.scheduler.running), not core.scheduler.prefilling and not core.scheduler.num_waiting
         t0 = time.perf_counter()
         inner()
         log.append((time.perf_counter() - t0, rows, quiet))

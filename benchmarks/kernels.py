@@ -5,8 +5,9 @@
 (A published run: docs/benchmarks/2026-11-kernels/by-kernel/results.md.)
 
 int4 matmul: `int4_matmul.c` against `_weight_int4pack_mm_for_cpu`, on SmolLM2-135M's layer
-shapes at 1, 16 and 512 rows. Attention: `row_attention.c` against one SDPA call per row, for a
-16-row decode step and a 16-prompt prefill, left-padded as the engine runs them. Each pair is
+shapes at 1, 16 and 512 rows. Attention: `paged_attention.c` against one SDPA call per sequence
+over keys gathered from the pool (its fallback), for a 16-row decode step and a 16-prompt
+prefill, packed and paged as the engine runs them. Each pair is
 timed in alternation, `--repeats` times; the table gives microseconds per call (median) and the
 error of each int4 kernel against float64 on the same bf16 inputs.
 """
@@ -22,8 +23,9 @@ from typing import Optional
 import torch
 from torch import nn
 
-from executors.engine import attention, native
+from executors.engine import native, paged_attention
 from executors.engine.int4 import Int4Linear, _quantize, dequantize
+from executors.engine.kv_pool import KVPool, KVShape
 
 SHAPES = [(576, 576), (576, 192), (576, 1536), (1536, 576)]  # (in, out): q/o, k/v, gate/up, down
 ROWS = [1, 16, 512]
@@ -76,28 +78,41 @@ def int4_rows(repeats: int) -> list[str]:
 
 
 def attention_rows(repeats: int) -> list[str]:
+    """SmolLM2-135M's attention (9 heads, 3 kv heads, dim 64) over 16 sequences of 110 to 200 keys."""
     lines = []
-    for step, q_len in (("decode", 1), ("prefill", 0)):
-        width = 200 if step == "decode" else 110
-        lengths = [width - 6 * r for r in range(16)]
-        query = torch.randn(16, 9, q_len or width, 64)
-        key, value = torch.randn(2, 16, 3, width, 64)
-        keys, queries = torch.arange(width), torch.arange(width - query.shape[2], width)[:, None]
-        mask = torch.stack([(keys >= width - n) & (keys <= queries) for n in lengths])[:, None]
-        args = (nn.Module(), query, key, value, mask)
+    for step, decode in (("decode", True), ("prefill", False)):
+        width = 200 if decode else 110
+        ctx = [width - 6 * r for r in range(16)]
+        q_lens = [1] * 16 if decode else ctx
+        pool = KVPool(KVShape(1, 3, 64, torch.float32), sum(-(-n // 16) for n in ctx), torch.device("cpu"))
+        pool.kv.normal_()
+        tables, at = [], 1
+        for n in ctx:
+            tables.append(list(range(at, at + -(-n // 16))))
+            at += len(tables[-1])
+        slots = torch.tensor([t[p // 16] * 16 + p % 16 for t, q, n in zip(tables, q_lens, ctx, strict=True)
+                              for p in range(n - q, n)])
+        query = torch.randn(1, len(slots), 9, 64).transpose(1, 2)
+        key, value = torch.randn(2, 1, 3, len(slots), 64)
+        paged = paged_attention.PagedStep(pool, slots, q_lens, ctx, tables)
+        args = (query, key, value, paged)
         times = alternate([partial(attend, *args), partial(attend, *args, kernel=False)], repeats)
-        lines.append(f"| attention, {step}, 16 rows of {width - 90} to {width} keys | 16 | {times[0]:.1f} | "
+        lines.append(f"| attention, {step}, 16 sequences of {width - 90} to {width} keys | 16 | {times[0]:.1f} | "
                      f"{times[1]:.1f} | {times[1] / times[0]:.2f}x | | |")
     return lines
 
 
-def attend(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
+class _Layer(nn.Module):
+    layer_idx = 0
+
+
+def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, paged: paged_attention.PagedStep,
            kernel: bool = True) -> None:
     if kernel:
-        attention.row_sdpa(module, query, key, value, mask, scaling=0.125)
+        paged_attention.paged_attention(_Layer(), query, key, value, None, scaling=0.125, paged=paged)
         return
     with pytorch_ops():
-        attention.row_sdpa(module, query, key, value, mask, scaling=0.125)
+        paged_attention.paged_attention(_Layer(), query, key, value, None, scaling=0.125, paged=paged)
 
 
 def alternate(fns: list[Callable[[], object]], repeats: int) -> list[float]:

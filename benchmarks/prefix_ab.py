@@ -3,7 +3,8 @@
 Greedy streams of 64 tokens on the default model at C=1 and C=16, every prompt starting
 differently (so no block is ever reused), with the prefix cache on and off in alternating
 rounds of one run on one engine, so that a noisy machine hurts both arms alike. The cost looked
-for: the lookups, and copying each prompt's and answer's blocks into the cache.
+for: each block's key (a hash of its tokens and its parent's), the lookups, and keeping the
+blocks' keys in the pool.
 """
 import argparse
 import asyncio
@@ -13,8 +14,6 @@ import statistics
 
 from contract import EngineConfig
 from executors.engine import AsyncEngine
-from executors.engine.prefix_cache import PrefixCache
-from executors.engine.prefix_reuse import PrefixReuse
 
 from .engine_bench import prompt_of
 from .logprobs_bench import round_tok_s
@@ -22,7 +21,7 @@ from .logprobs_bench import round_tok_s
 
 async def main(args: argparse.Namespace) -> dict:
     engine = AsyncEngine(EngineConfig(model=args.model))
-    arms = {"cache on": PrefixReuse(PrefixCache(engine.config.prefix_cache_tokens)), "cache off": PrefixReuse(None)}
+    arms = {"cache on": True, "cache off": False}
     fresh = itertools.count()
     try:
         base = [prompt_of(engine.tokenizer, 16 + i) for i in range(max(args.concurrency))]
@@ -30,8 +29,8 @@ async def main(args: argparse.Namespace) -> dict:
         for c in args.concurrency:
             results[f"C={c}"] = {arm: [] for arm in arms}
             for r in range(args.rounds + 1):  # the first round warms up
-                for arm, reuse in arms.items():
-                    engine.core.prefix = reuse  # between rounds: the engine is idle
+                for arm, caching in arms.items():
+                    engine.core.kv.caching = caching  # between rounds: the engine is idle
                     prompts = [f"Note {next(fresh)}. {p}" for p in base[:c]]  # no shared first block
                     tok_s = await round_tok_s(engine, prompts, args.tokens, {})
                     if r:
@@ -41,7 +40,7 @@ async def main(args: argparse.Namespace) -> dict:
     medians = {level: {arm: statistics.median(v) for arm, v in arms_.items()} for level, arms_ in results.items()}
     return {"model": args.model, "tokens": args.tokens, "rounds": args.rounds, "tok_s": results,
             "median_tok_s": medians, "on_over_off": {level: m["cache on"] / m["cache off"] for level, m in medians.items()},
-            "blocks_cached": len(arms["cache on"].cache or [])}
+            "blocks_cached": engine.core.kv.stats()["prefix_cache_blocks"]}
 
 
 if __name__ == "__main__":

@@ -26,6 +26,9 @@ if TYPE_CHECKING:
     import grpc
 
 SYSTEMS = ("this", "this-thread", "raw-engine", "jina-echo", "seed-jina", "hf-streamer", "hf-static-batch", "llama-cpp")
+# started only where named (--systems, --prefix): `this` with LLM_PREFIX_CACHING=0
+NAMED_ONLY = ("this-nocache",)
+NO_PREFIX_CACHE = {"LLM_PREFIX_CACHING": "0"}
 
 
 def _env(**extra: str) -> dict:
@@ -132,15 +135,16 @@ async def _probe_openai(send: Transport) -> str | None:
 
 @contextlib.asynccontextmanager
 async def this_service(model: Path, logs: Path, notes: list[str], extra: Optional[dict] = None,
-                       flow: str = "flows/llm.yml", name: str = "this",
-                       uses_with: Optional[dict] = None) -> AsyncIterator[dict[str, Transport]]:
+                       flow: str = "flows/llm.yml", name: str = "this", uses_with: Optional[dict] = None,
+                       env: Optional[dict] = None) -> AsyncIterator[dict[str, Transport]]:
     """`jina flow --uses flows/llm.yml` with env vars, as `make serve` runs it; `extra`
     request fields go with every request (--stream-interval), `uses_with` engine options
-    to the executor (--stream-interval-ms)."""
+    to the executor (--stream-interval-ms), `env` more variables for the server
+    (`this-nocache`: LLM_PREFIX_CACHING=0)."""
     extra = extra or {}
     if uses_with:
         flow = _flow_variant(logs, name, uses_with=uses_with)
-    with flow_server(model, logs, flow, name) as (grpc_port, http_port):
+    with flow_server(model, logs, flow, name, env) as (grpc_port, http_port):
         from client import connect
         async with _session() as session, connect("127.0.0.1", grpc_port) as channel:
             transports = {"grpc": _this_grpc(channel, extra), "http-sse": _this_sse(session, http_port, extra)}
@@ -154,13 +158,14 @@ async def this_service(model: Path, logs: Path, notes: list[str], extra: Optiona
 
 
 @contextlib.contextmanager
-def flow_server(model: Path, logs: Path, flow: str = "flows/llm.yml",
-                name: str = "this") -> Iterator[tuple[int, int]]:
-    """`jina flow --uses flow` on free ports, ready to answer: (gRPC port, HTTP port)."""
+def flow_server(model: Path, logs: Path, flow: str = "flows/llm.yml", name: str = "this",
+                env: Optional[dict] = None) -> Iterator[tuple[int, int]]:
+    """`jina flow --uses flow` on free ports, ready to answer: (gRPC port, HTTP port); `env`
+    adds to the server's environment."""
     grpc_port, http_port = free_port(), free_port()
-    env = _env(LLM_MODEL=str(model), LLM_GRPC_PORT=str(grpc_port), LLM_HTTP_PORT=str(http_port),
-               JINA_LOG_LEVEL="INFO")
-    server = ServerProcess([_jina(), "flow", "--uses", flow], logs / f"{name}.log", env)
+    variables = {**(env or {}), "LLM_MODEL": str(model), "LLM_GRPC_PORT": str(grpc_port),
+                 "LLM_HTTP_PORT": str(http_port), "JINA_LOG_LEVEL": "INFO"}
+    server = ServerProcess([_jina(), "flow", "--uses", flow], logs / f"{name}.log", _env(**variables))
     server.public_ports = {grpc_port, http_port}
     try:
         _wait_jina_ready(grpc_port, server)
@@ -262,16 +267,18 @@ LLAMA_SERVER = ROOT / "benchmarks" / ".llama.cpp" / "llama-server"
 
 
 @contextlib.asynccontextmanager
-async def llama_cpp(model: Path, logs: Path, notes: list[str]) -> AsyncIterator[dict[str, Transport]]:
+async def llama_server(model: Path, logs: Path, ctx_size: int = 16384,
+                       name: str = "llama-cpp") -> AsyncIterator[tuple[int, aiohttp.ClientSession]]:
     """llama.cpp's server (`make llama-cpp`) on the same GGUF the service's default model
-    comes from, 2 threads, 16 slots, continuous batching; OpenAI streaming completions."""
+    comes from, 2 threads, 16 slots sharing `ctx_size` tokens, continuous batching, ready to
+    answer: (HTTP port, an HTTP client that opens a connection per request)."""
     if not LLAMA_SERVER.exists():
         raise RuntimeError("not built: run `make llama-cpp` (about 10 minutes) to compare with it")
     gguf = gguf_of(model)
     port = free_port()
     cmd = [str(LLAMA_SERVER), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "--parallel", "16",
-           "--threads", "2", "--ctx-size", "16384", "--cont-batching"]
-    server = ServerProcess(cmd, logs / "llama-cpp.log", _env(LD_LIBRARY_PATH=str(LLAMA_SERVER.parent)))
+           "--threads", "2", "--ctx-size", str(ctx_size), "--cont-batching"]
+    server = ServerProcess(cmd, logs / f"{name}.log", _env(LD_LIBRARY_PATH=str(LLAMA_SERVER.parent)))
     try:
         server.wait_http(f"http://127.0.0.1:{port}/health")
         # a new connection per request: this llama-server exits when a kept-alive one is reused
@@ -283,9 +290,16 @@ async def llama_cpp(model: Path, logs: Path, notes: list[str]) -> AsyncIterator[
                         break
                 server.check_alive()
                 await asyncio.sleep(0.5)
-            yield {"openai": _this_openai(session, port, "smollm2", {})}
+            yield port, session
     finally:
         server.stop()
+
+
+@contextlib.asynccontextmanager
+async def llama_cpp(model: Path, logs: Path, notes: list[str]) -> AsyncIterator[dict[str, Transport]]:
+    """llama_server with 16 slots of 1,024 tokens; OpenAI streaming completions."""
+    async with llama_server(model, logs) as (port, client):
+        yield {"openai": _this_openai(client, port, "smollm2", {})}
 
 
 def gguf_of(model: Path) -> Path:
@@ -303,6 +317,8 @@ def starters(static_batch_size: int = 16, extra: Optional[dict] = None,
              uses_with: Optional[dict] = None) -> dict[str, Callable]:
     return {
         "this": functools.partial(this_service, extra=extra or {}, uses_with=uses_with),
+        "this-nocache": functools.partial(this_service, extra=extra or {}, uses_with=uses_with, env=NO_PREFIX_CACHE,
+                                          name="this-nocache"),
         "this-thread": functools.partial(this_thread, extra=extra or {}, uses_with=uses_with),
         "jina-echo": jina_echo,
         "raw-engine": raw_engine,

@@ -24,8 +24,9 @@ class ServerInfo:
     device: str
     dtype: str
     chat_template: bool  # whether the model has its own chat template
-    prefix_cache_tokens: int = 0  # the prefix cache's room, in tokens (0: off)
-    prefix_block_size: int = 0  # its blocks' size, in tokens
+    kv_cache_tokens: int = 0  # the KV cache's pool, in tokens: every row's blocks and the prefix cache's
+    kv_block_size: int = 0  # tokens per block of the pool (and per block of the prefix cache)
+    prefix_caching: bool = False  # whether prompts reuse the cached blocks of prefixes already seen
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -9,7 +9,7 @@ import math
 import operator
 import random
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import Field, dataclass, field, fields
 from typing import Any, Optional
 
@@ -188,33 +188,61 @@ def field_type(f: Field) -> tuple[type, bool]:
     return typing.get_origin(annotation) or annotation, optional
 
 
+def engine_option(default: Any, env: str) -> Any:
+    """An operator's option that an environment variable may also set (`with:` wins)."""
+    return field(default=default, metadata={"env": env})
+
+
 @dataclass
 class EngineConfig:
     """What the service operator chooses; everything has a CPU-friendly default."""
 
     model: str
     device: Optional[str] = None  # None: cuda when available, else cpu
-    dtype: str = "auto"  # auto: bf16 on GPU when supported; on CPU int4 for 4-bit weights, else fp32
+    # auto: bf16 on GPU when supported; on CPU int4 for 4-bit weights, else fp32
+    dtype: str = engine_option("auto", "LLM_DTYPE")
     trust_remote_code: bool = False
     max_tokens_limit: int = 1024  # upper bound of a request's max_tokens
     max_running: int = 32  # requests decoded together in one batch
     max_waiting: int = 128  # requests queued behind them; beyond: overloaded
-    max_batch_tokens: int = 32768  # KV budget: sum of prompt + max_tokens over running
+    # the KV cache, in tokens: every row's blocks, and the prefix cache's; or in bytes (0: by tokens)
+    max_batch_tokens: int = engine_option(32768, "LLM_MAX_BATCH_TOKENS")
+    kv_cache_bytes: int = engine_option(0, "LLM_KV_CACHE_BYTES")
     max_prefill_tokens: int = 512  # prompt tokens prefilled per step (chunked beyond)
     eos_token_ids: Optional[list[int]] = None  # None: from the model's generation config
     torch_threads: Optional[int] = None
     stream_interval: int = 1  # tokens per streamed document, unless a request sets its own
     stream_interval_ms: int = 0  # and at least this long between a stream's documents (0: off)
     core_process: bool = True  # the decode loop in its own process (False: a thread of the executor)
-    prefix_caching: bool = True  # reuse the KV of prompts already seen (LLM_PREFIX_CACHING=0: off)
-    prefix_cache_tokens: int = 8192  # tokens of KV the prefix cache keeps, beside max_batch_tokens
+    prefix_caching: bool = engine_option(True, "LLM_PREFIX_CACHING")  # reuse the KV of prompts already seen
     limits: RequestLimits = field(default_factory=RequestLimits.from_env)  # request sizes
 
     def validate(self) -> "EngineConfig":
         for name in ("max_tokens_limit", "max_running", "max_waiting",
-                     "max_batch_tokens", "max_prefill_tokens", "prefix_cache_tokens"):
+                     "max_batch_tokens", "max_prefill_tokens"):
             if getattr(self, name) < 1:
                 raise ValidationError(name, f"must be >= 1, got {getattr(self, name)}")
+        if self.kv_cache_bytes < 0:
+            raise ValidationError("kv_cache_bytes", f"must be >= 0, got {self.kv_cache_bytes}")
         if not 0 <= self.stream_interval_ms < 60_000:
             raise ValidationError("stream_interval_ms", f"must be from 0 to 60000, got {self.stream_interval_ms}")
         return self
+
+    @staticmethod
+    def from_env(environ: Mapping[str, str]) -> dict[str, Any]:
+        """The options that environment variables set (LLM_DTYPE, LLM_MAX_BATCH_TOKENS, ...), read
+        as their fields' types: a boolean is off for 0, false or off."""
+        options: dict[str, Any] = {}
+        for f in fields(EngineConfig):
+            name = f.metadata.get("env")
+            raw = environ.get(name, "").strip() if name else ""
+            if not raw:
+                continue
+            if isinstance(f.default, bool):
+                options[f.name] = raw.lower() not in ("0", "false", "off")
+            elif isinstance(f.default, int):
+                check(raw.isdigit(), f.name, f"${name} must be a whole number, got {raw!r}")
+                options[f.name] = int(raw)
+            else:
+                options[f.name] = raw
+        return options

@@ -4,7 +4,7 @@ from typing import Optional
 
 from contract import SamplingParams, ServerInfo, kind_of, request_fields
 from executors.engine import EngineClient, RequestOutput
-from executors.engine.prefix_cache import BLOCK_SIZE as PREFIX_BLOCK_SIZE
+from executors.engine.kv_pool import BLOCK_SIZE
 from executors.engine.prompt_logprobs import PromptScores
 from schemas import ModelOutputDocument, PromptDocument
 
@@ -66,5 +66,5 @@ def server_info(engine: EngineClient, name: str) -> ServerInfo:
     return ServerInfo(model_id=name, max_context=info.max_context, **limits, **config.limits.as_dict(),
                       device=info.device, dtype=info.dtype,
                       chat_template=bool(getattr(engine.tokenizer, "chat_template", None)),
-                      prefix_cache_tokens=config.prefix_cache_tokens if config.prefix_caching else 0,
-                      prefix_block_size=PREFIX_BLOCK_SIZE)
+                      kv_cache_tokens=engine.stats()["kv_blocks"] * BLOCK_SIZE, kv_block_size=BLOCK_SIZE,
+                      prefix_caching=config.prefix_caching)

@@ -26,19 +26,17 @@ class LLMExecutor(Executor):
     dtype, max_running, ...: see contract/params.py); the rest is Jina's."""
 
     def __init__(self, model_name: str = "", **kwargs: Any):
-        options = {f.name: kwargs.pop(f.name) for f in fields(EngineConfig) if f.name in kwargs}
+        options = {**EngineConfig.from_env(os.environ),
+                   **{f.name: kwargs.pop(f.name) for f in fields(EngineConfig) if f.name in kwargs}}
         super().__init__(**kwargs)
         options["model"] = options.get("model") or os.environ.get("LLM_MODEL", "")
-        options.setdefault("dtype", os.environ.get("LLM_DTYPE") or "auto")
-        if os.environ.get("LLM_PREFIX_CACHING", "").lower() in ("0", "false", "off"):
-            options.setdefault("prefix_caching", False)
         if not options["model"]:
             raise ValueError("no model given: set LLM_MODEL to a local folder, a .gguf file or a hub id, "
                              "or pass `model` under `with:` in jina.yml (`make model` builds the default)")
         config = EngineConfig(**options)
         self.engine: EngineClient = EngineProcess(config) if config.core_process else AsyncEngine(config)
         self.model_name = model_name or os.environ.get("LLM_MODEL_NAME") or served_name(options["model"])
-        self.metrics = Metrics(self.model_name, self.engine.stats, self.engine.config.max_batch_tokens)
+        self.metrics = Metrics(self.model_name, self.engine.stats)
         self.engine.observer = self.metrics
         if os.environ.get("LLM_METRICS_PORT"):  # a scraper reaches each executor (pod) directly
             self.metrics.serve(int(os.environ["LLM_METRICS_PORT"]))

@@ -23,7 +23,7 @@ FINISHED = {FinishReason.EOS: "stop", FinishReason.STOP: "stop", FinishReason.LE
 
 
 class Metrics(EngineObserver):
-    def __init__(self, model_name: str, stats: Callable[[], dict], max_batch_tokens: int):
+    def __init__(self, model_name: str, stats: Callable[[], dict]):
         self.registry = CollectorRegistry()
         labels, r = {"model_name": model_name}, self.registry
 
@@ -42,14 +42,16 @@ class Metrics(EngineObserver):
                                       ["model_name"], registry=r).labels(**labels)
         self.prefix_hits = Counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
                                    ["model_name"], registry=r).labels(**labels)
+        self.preemptions = Counter("vllm:num_preemptions", "Rows that gave their KV blocks back to be recomputed.",
+                                   ["model_name"], registry=r).labels(**labels)
         self.success = Counter("vllm:request_success", "Finished requests, by finish reason.",
                                ["model_name", "finished_reason"], registry=r)
         self.model_name = model_name
         gauges = {"vllm:num_requests_running": ("Requests in the batch (decoding or prefilling).",
-                                                lambda: _running(stats())),
+                                                lambda: stats()["running"]),
                   "vllm:num_requests_waiting": ("Requests queued for a batch slot.", lambda: stats()["waiting"]),
-                  "vllm:kv_cache_usage_perc": ("KV budget reserved by running requests, 0 to 1.",
-                                               lambda: stats()["reserved_tokens"] / max_batch_tokens)}
+                  "vllm:kv_cache_usage_perc": ("Share of the KV cache's blocks held by running rows, 0 to 1.",
+                                               lambda: _usage(stats()))}
         for name, (doc, read) in gauges.items():
             Gauge(name, doc, ["model_name"], registry=r).labels(**labels).set_function(read)
 
@@ -62,6 +64,9 @@ class Metrics(EngineObserver):
         if cached_tokens is not None:
             self.prefix_queries.inc(prompt_tokens)
             self.prefix_hits.inc(cached_tokens)
+
+    def preempted(self) -> None:
+        self.preemptions.inc()
 
     def token(self, first: bool, since_previous_seconds: float) -> None:
         self.generation_tokens.inc()
@@ -82,5 +87,5 @@ class Metrics(EngineObserver):
         start_http_server(port, registry=self.registry)
 
 
-def _running(stats: dict) -> int:
-    return stats["running"] + stats["prefilling"]
+def _usage(stats: dict) -> float:
+    return stats["kv_blocks_used"] / max(1, stats["kv_blocks"])

@@ -1,4 +1,5 @@
-"""One engine step: prefill newcomers (chunked), then one batched decode for all.
+"""One engine step: the scheduler's work for every row in one forward pass, then each row
+that reached the end of its history chooses its next token.
 
 Synchronous and single-threaded by design: the engine process (core_process.py) runs it,
 or AsyncEngine on a thread of its own. Errors inside one request end that request only.
@@ -10,23 +11,22 @@ from collections.abc import Callable
 from typing import Any, Optional, TypeVar
 
 import torch
-from transformers import DynamicCache
 
 from contract import SEED_MAX, EngineConfig, FinishReason, SamplingParams
 
 from .detokenizer import IncrementalDetokenizer, byte_fallback_ids
-from .kv_batch import KVBatch, new_cache, prefill_chunk, prefill_group, select_rows
+from .kv_manager import KVCacheManager
+from .kv_pool import KVPool, KVShape
 from .loader import LoadedModel
 from .logprobs import TokenTexts, raw_logprob
+from .model_runner import ModelRunner, StepResult
 from .observer import EngineObserver
 from .outputs import RequestOutput
-from .prefix_cache import PrefixCache
-from .prefix_reuse import PrefixReuse
 from .prepare import Prepared
-from .prompt_logprobs import PromptScores, final_hidden_states, score
+from .prompt_logprobs import PromptScores, score
 from .request import Request, RequestState
 from .sampling import Choice, TokenChooser, greedy_choices
-from .scheduler import Scheduler, plan_prefill
+from .scheduler import Scheduler, Work
 from .stopping import StopSequenceFilter, stop_reason
 from .structured import GrammarCompiler, MaskFiller, constrained, grammar_complete
 from .tools import ToolCallDelta, tool_parser
@@ -40,14 +40,17 @@ class EngineCore:
         self.loaded = loaded
         self.config = config
         self.tokenizer = loaded.tokenizer
-        self.scheduler = Scheduler(config)
-        self.batch = KVBatch(loaded.model, loaded.device)
+        shape = KVShape.of(loaded.model.config, loaded.model.dtype)
+        pool = KVPool(shape, shape.blocks_for(config.max_batch_tokens, config.kv_cache_bytes), loaded.device)
+        self.kv = KVCacheManager(pool, config.prefix_caching)
+        self.scheduler = Scheduler(config, self.kv, lambda: self.observer.preempted())
+        self.runner = ModelRunner(loaded, self.kv)
+        self.runner.probe()
         self.special_ids = frozenset(self.tokenizer.all_special_ids)
         self.byte_ids = byte_fallback_ids(self.tokenizer)
         self.grammars = GrammarCompiler(self.tokenizer, config.limits)
         self.token_texts = TokenTexts(self.tokenizer)
         self.masks = MaskFiller(self.grammars.tokenizer.vocab_size if self.grammars.tokenizer else 0)
-        self.prefix = PrefixReuse(PrefixCache(config.prefix_cache_tokens) if config.prefix_caching else None)
         self._aborts: set[str] = set()
         self._abort_lock = threading.Lock()
         self.steps = 0
@@ -58,7 +61,7 @@ class EngineCore:
     # ----- requests in -----
     def add(self, request_id: str, prepared: Prepared, sink: Callable[[RequestOutput], None]) -> Request:
         """Queue a prepared request (see prepare.py); raises when it cannot be served:
-        overloaded, or beyond the batch budget."""
+        overloaded, or beyond the KV cache."""
         request = self._request(request_id, prepared.prompt_ids, prepared.params, prepared.seed, sink,
                                 prepared.matcher)
         request.rows = prepared.params.n
@@ -76,16 +79,6 @@ class EngineCore:
                        sink, matcher=matcher or self.grammars.matcher(params), tool_parser=tool_parser(params),
                        choice=choice)
 
-    def _answers(self, req: Request) -> list[Request]:
-        """The other n - 1 answers of a request whose prompt was just prefilled: answer i is
-        seeded with seed + i, so the answers differ from each other and each is reproducible."""
-        answers = [self._request(req.request_id, req.prompt_ids, req.params,
-                                 None if req.seed is None else (req.seed + i) % (SEED_MAX + 1), req.sink, choice=i)
-                   for i in range(1, req.rows)]
-        for answer in answers:
-            answer.prompt_scores, answer.cached_tokens = req.prompt_scores, req.cached_tokens
-        return answers
-
     def abort(self, request_id: str) -> None:
         """Thread-safe; the request leaves before the next forward pass."""
         with self._abort_lock:
@@ -97,10 +90,9 @@ class EngineCore:
 
     def stats(self) -> dict:
         sched = self.scheduler
-        return {"running": len(sched.running), "prefilling": len(sched.prefilling),
-                "waiting": sched.num_waiting, "reserved_tokens": sched.reserved,
-                "batch_rows": len(self.batch), "steps": self.steps, "aborted": self.aborted,
-                "loop_restarts": self.loop_restarts, **self.prefix.stats()}
+        return {"running": len(sched.running), "prefilling": len(sched.prefilling), "waiting": sched.num_waiting,
+                "steps": self.steps, "aborted": self.aborted, "loop_restarts": self.loop_restarts,
+                "preemptions": sched.preemptions, **self.kv.stats()}
 
     # ----- one step -----
     def safe_step(self) -> None:
@@ -116,51 +108,100 @@ class EngineCore:
     def step(self) -> None:
         self.steps += 1
         self._apply_aborts()
+        plan = self.scheduler.schedule()
         now = time.perf_counter()
-        for req in self.scheduler.admit():
+        for req in plan.admitted:
             self.observer.admitted(now - req.arrival)
-        if len(self.batch):
-            self._decode()
-        self._prefill_some()
+        if plan.work:
+            self._run(plan.work)
 
     def _apply_aborts(self) -> None:
         with self._abort_lock:
             aborts, self._aborts = self._aborts, set()
         if not aborts:
             return
-        gone = [req for rid in aborts if (req := self.scheduler.remove_waiting(rid)) is not None]
-        for req in list(self.scheduler.prefilling) + list(self.scheduler.running.values()):
+        gone = [req for rid in aborts for req in self.scheduler.remove_waiting(rid)]
+        for req in list(self.scheduler.running):
             if req.request_id in aborts:  # every answer of the request
                 self.scheduler.release(req)
                 gone.append(req)
         for req in gone:
             self.aborted += 1
             self.observer.finished(FinishReason.ABORTED, time.perf_counter() - req.arrival)
-        self._drop_finished_rows()
 
-    def _decode(self) -> None:
-        rows = [self.scheduler.running[r] for r in self.batch.rows]
-        masks = self.masks.start(constrained(rows))  # filled while the forward pass runs
+    def _run(self, work: list[Work]) -> None:
+        choosing = [w.request for w in work if w.samples]
+        masks = self.masks.start(constrained(choosing))  # filled while the forward pass runs
         try:
-            logits = self.batch.decode_step()
+            result = self.runner.run(work, any(self._scores(w) for w in work))
         except Exception as exc:  # a failed forward cannot be pinned on one row
-            log.exception("decode step failed")
-            self._fail_batch(f"decode step failed: {exc}")
+            log.exception("forward pass failed")
+            for w in work:
+                self._finish_with_error(w.request, f"forward pass failed: {exc}")
             return
+        for i, w in enumerate(work):
+            self._computed(w)
+            if self._scores(w):
+                self._or_fail_request(w.request, self._score_prompt, w, result, i)
+        logits = result.logits
         if masks is not None:
             self.masks.apply(masks.result(), logits)
-        choices = self._choose(rows, logits)
-        next_tokens = []
-        for row, (req, choice) in enumerate(zip(rows, choices, strict=True)):
-            if choice is not None and self._advance(req, choice):
-                next_tokens.append(choice.token_id)
-            elif choice is not None and self.batch.cache is not None:  # finished: its answer's KV too
-                held = int(self.batch.mask[row].sum())  # the history but its last token
-                if held == len(req.history()) - 1:
-                    self.prefix.remember(req.history(), held, self.batch.cache, row, self.batch.mask.shape[1] - held)
-        self._drop_finished_rows()
-        if len(self.batch):
-            self.batch.set_next_tokens(next_tokens)
+        alive = [i for i, r in enumerate(choosing) if r.state is RequestState.RUNNING]  # scoring may fail one
+        choosing, logits = self._fork_answers([choosing[i] for i in alive], logits[alive])
+        for req, choice in zip(choosing, self._choose(choosing, logits), strict=True):
+            if choice is None:
+                continue
+            if req.params.max_tokens > 0:
+                self._advance(req, choice)
+            else:
+                self._scored_only(req)
+
+    def _computed(self, w: Work) -> None:
+        req = w.request
+        req.computed += w.count
+        self.kv.computed(req, w.start)
+        if w.samples and not req.generated and req.choice == 0:  # its prompt, the first time
+            self.observer.prefilled(len(req.prompt_ids), req.cached_tokens if self.kv.caching else None)
+
+    @staticmethod
+    def _scores(w: Work) -> bool:
+        """The row scores its prompt and this work holds prompt positions still to score."""
+        scores = w.request.prompt_scores
+        return scores is not None and not scores.complete and w.start < len(w.request.prompt_ids) - 1
+
+    def _score_prompt(self, w: Work, result: StepResult, i: int) -> None:
+        """Position j of the work predicts prompt token j + 1."""
+        req = w.request
+        following = req.prompt_ids[w.start + 1:min(w.start + w.count + 1, len(req.prompt_ids))]
+        assert result.hidden is not None and req.prompt_scores is not None
+        start = result.starts[i]
+        score(self.loaded.model, result.hidden[start:start + len(following)], following, req.params.top_logprobs,
+              self.token_texts, req.prompt_scores)
+
+    def _fork_answers(self, choosing: list[Request], logits: torch.Tensor) -> tuple[list[Request], torch.Tensor]:
+        """A request with n answers whose prompt was just computed becomes n rows: answer i is
+        seeded with seed + i, shares the prompt's blocks, and chooses from the same logits."""
+        if all(r.rows == 1 for r in choosing):
+            return choosing, logits
+        rows, source = [], []
+        for i, req in enumerate(choosing):
+            answers = self._answers(req) if req.rows > 1 else []
+            rows += [req, *answers]
+            source += [i] * (1 + len(answers))
+        return rows, logits[source]
+
+    def _answers(self, req: Request) -> list[Request]:
+        answers = []
+        for i in range(1, req.rows):
+            seed = None if req.seed is None else (req.seed + i) % (SEED_MAX + 1)
+            answer = self._request(req.request_id, req.prompt_ids, req.params, seed, req.sink, choice=i)
+            answer.prompt_scores, answer.cached_tokens = req.prompt_scores, req.cached_tokens
+            while not self.kv.fork(req, answer):  # room for its last block: the latest other rows wait
+                self.scheduler.preempt_latest(but=req)
+            self.scheduler.add_running(answer)
+            answers.append(answer)
+        req.rows = 1
+        return answers
 
     def _choose(self, rows: list[Request], logits: torch.Tensor) -> list[Choice | None]:
         """logits: [len(rows), vocab] float32, row i for rows[i]'s next token. Plain greedy
@@ -189,116 +230,13 @@ class EngineCore:
             self._finish_with_error(req, f"{type(exc).__name__}: {exc}")
             return None
 
-    def _prefill_some(self) -> None:
-        """Whole short prompts go in padded groups of similar length; a prompt longer than
-        the budget is prefilled a chunk per step, so running streams keep their pace. Its
-        chunks are always `budget` long, whatever else runs: on the fallbacks, chunk
-        boundaries change a prompt's rounding, and a request must come out as it does alone."""
-        budget = self.config.max_prefill_tokens
-        ready = self.prefix.ready(self.scheduler.prefilling)
-        groups = plan_prefill(ready, budget)
-        for group in groups:
-            self._prefill_group(group)
-        planned = {r.request_id for g in groups for r in g}
-        rest = [r for r in ready if r.request_id not in planned and r.state == RequestState.PREFILLING]
-        left = budget - sum(max(len(r.prompt_ids) for r in g) * len(g) for g in groups)
-        for i, req in enumerate(rest):  # the oldest long prompt advances every step: none starves it
-            size = min(budget, len(req.prompt_ids) - req.prefilled)
-            if i and size > left:  # the others (a prompt after its cached prefix, say) while room is left
-                break
-            left -= size
-            self._or_fail_request(req, self._prefill_chunk, req, budget)
-
-    def _prefill_group(self, group: list[Request]) -> None:
-        cache = new_cache()
-        model = self.loaded.model
-        try:
-            with final_hidden_states(model, any(r.prompt_scores for r in group)) as hidden:
-                logits, mask = prefill_group(model, cache, [r.prompt_ids for r in group], self.loaded.device)
-            for row, req in enumerate(group):
-                if req.prompt_scores is not None:  # row `row` is left-padded to the group's width
-                    width, length = mask.shape[1], len(req.prompt_ids)
-                    score(model, hidden[0][row, width - length:width - 1], req.prompt_ids[1:],
-                          req.params.top_logprobs, self.token_texts, req.prompt_scores)
-        except Exception as exc:
-            log.exception("prefill failed")
-            for req in group:
-                self._finish_with_error(req, f"prefill failed: {exc}")
-            return
-        self._start_running(group, logits, cache, mask)
-
-    def _prefill_chunk(self, req: Request, budget: int) -> None:
-        if req.cache is None:
-            req.cache = new_cache()
-        start, model = req.prefilled, self.loaded.model
-        chunk = req.prompt_ids[start:start + budget]
-        with final_hidden_states(model, req.prompt_scores is not None) as hidden:
-            logits = prefill_chunk(model, req.cache, chunk, start, self.loaded.device)
-        if req.prompt_scores is not None:  # position j predicts prompt token j + 1
-            following = req.prompt_ids[start + 1:start + len(chunk) + 1]
-            score(model, hidden[0][0, :len(following)], following, req.params.top_logprobs, self.token_texts,
-                  req.prompt_scores)
-        req.prefilled += len(chunk)
-        if req.prefilled == len(req.prompt_ids):  # joins the batch at once: its first token goes out now
-            mask = torch.ones((1, len(req.prompt_ids)), dtype=torch.long)
-            cache, req.cache = req.cache, None
-            self._start_running([req], logits, cache, mask)
-
-    def _start_running(self, prefilled: list[Request], logits: torch.Tensor, cache: DynamicCache,
-                       mask: torch.Tensor) -> None:
-        """First tokens out, then the rows that go on join the decode batch. logits:
-        [len(prefilled), vocab] float32, each prompt's last position; cache: len(prefilled)
-        rows of [heads, width, head_dim] per layer, left-padded; mask: [len(prefilled), width],
-        1 where a row has a token. A request with n answers becomes n rows here, each a copy
-        of its prompt's row."""
-        group: list[Request] = []
-        source: list[int] = []  # the prefilled row that each of group's rows copies
-        for row, req in enumerate(prefilled):
-            length = len(req.prompt_ids)
-            self.prefix.remember(req.prompt_ids, length, cache, row, mask.shape[1] - length)
-            answers = self._answers(req)
-            self.scheduler.start_running(req, answers)
-            self.observer.prefilled(length, req.cached_tokens if self.prefix.on else None)
-            group += [req, *answers]
-            source += [row] * (1 + len(answers))
-        if len(group) > len(prefilled):
-            logits = logits[source]
-        rows = constrained(group)
-        if rows:
-            self.masks.apply(self.masks.fill(rows), logits)
-        choices = self._choose(group, logits)
-        going_on = [i for i, (req, c) in enumerate(zip(group, choices, strict=True))
-                    if c is not None and self._first(req, c)]
-        if not going_on:
-            return
-        joining = [group[i] for i in going_on]
-        tokens = [c.token_id for c in (choices[i] for i in going_on) if c is not None]
-        try:
-            kept = [source[i] for i in going_on]
-            if kept != list(range(len(prefilled))):
-                select_rows(cache, kept)
-                mask = mask[kept]
-            self.batch.add([r.row_id for r in joining], cache, mask, tokens)
-        except Exception as exc:  # e.g. out of memory while merging: these rows only
-            log.exception("could not add rows to the batch")
-            for req in joining:
-                self._finish_with_error(req, f"could not join the batch: {exc}")
-            if not self.batch.consistent():  # half-merged: the batch itself is lost
-                self._fail_batch(f"batch merge failed: {exc}")
-            else:
-                self._drop_finished_rows()
-
-    def _first(self, req: Request, choice: Choice) -> bool:
-        """The first token out (or, for max_tokens 0, the prompt's scores alone); whether the
-        answer goes on."""
-        if req.params.max_tokens > 0:
-            return self._advance(req, choice)
+    def _scored_only(self, req: Request) -> None:
+        """max_tokens 0: the prompt's scores are the answer."""
         self.scheduler.release(req)
         self.observer.finished(FinishReason.LENGTH, time.perf_counter() - req.arrival)
         req.sink(RequestOutput(req.request_id, finish_reason=FinishReason.LENGTH, prompt_tokens=len(req.prompt_ids),
                                seed=req.seed, choice=req.choice, prompt=req.prompt_scores,
                                cached_tokens=req.cached_tokens))
-        return False
 
     def _advance(self, req: Request, choice: Choice) -> bool:
         """Record a token and emit it; return whether the request goes on."""
@@ -357,28 +295,13 @@ class EngineCore:
         self.observer.finished(FinishReason.ERROR, time.perf_counter() - req.arrival)
         req.emit_error(message)
 
-    def _fail_batch(self, message: str) -> None:
-        for row in list(self.batch.rows):
-            if row in self.scheduler.running:
-                self._finish_with_error(self.scheduler.running[row], message)
-        self.batch = KVBatch(self.loaded.model, self.loaded.device)
-
-    def _drop_finished_rows(self) -> None:
-        """Drop rows whose request is no longer running."""
-        live = [r for r in self.batch.rows if r in self.scheduler.running]
-        self.batch.keep(live)
-
     # ----- failure of the loop itself -----
     def fail_all(self, message: str, close: bool = False) -> None:
-        """Fail every request in flight and start from an empty batch (close: for good)."""
+        """Fail every request in flight and start again from an empty pool (close: for good)."""
         waiting = self.scheduler.drain_waiting(close)
-        for req in waiting + list(self.scheduler.prefilling) + list(self.scheduler.running.values()):
+        for req in waiting + list(self.scheduler.running):
             self._finish_with_error(req, message)
-        self.batch = KVBatch(self.loaded.model, self.loaded.device)
+        self.kv.reset()
 
     def close(self) -> None:
         self.masks.shutdown()
-
-    @property
-    def num_running(self) -> int:
-        return len(self.scheduler.running) + len(self.scheduler.prefilling)

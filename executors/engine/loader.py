@@ -11,9 +11,9 @@ from transformers.utils import logging as hf_logging
 
 from contract import EngineConfig
 
-from .attention import NAME as ROW_SDPA
 from .gguf import find_gguf, load_gguf
 from .int4 import quantize
+from .paged_attention import NAME as PAGED
 
 log = logging.getLogger(__name__)
 
@@ -71,17 +71,22 @@ def pick_dtype(requested: str, device: torch.device) -> torch.dtype:
 
 def pick_int4(requested: str, device: torch.device, model: PreTrainedModel) -> bool:
     """int4 when asked for; and by default on CPU when the weights already are 4-bit in
-    groups of 32 (a Q4_1 GGUF's, as the default model's): int4 then loses nothing. With it,
-    row-wise attention (attention.py), so that batched stays equal to alone."""
+    groups of 32 (a Q4_1 GGUF's, as the default model's): int4 then loses nothing."""
     if requested == "int4":
         if not quantize(model):
             raise ValueError("dtype: int4 needs Linear layers whose input width is a multiple of 32, "
                              "and this model's are not (GPT-2's are Conv1D); use fp32 or bf16")
     elif not (requested == "auto" and device.type == "cpu" and quantize(model, only_if_exact=True)):
         return False
-    if model.config._attn_implementation == "sdpa":  # else the model's own choice stays
-        model.set_attn_implementation(ROW_SDPA)
     return True
+
+
+def use_paged_attention(model: PreTrainedModel) -> None:
+    """Every attention layer reads and writes the engine's paged KV pool (paged_attention.py)."""
+    try:
+        model.set_attn_implementation(PAGED)
+    except (ValueError, ImportError) as exc:
+        raise RuntimeError(f"this model cannot use the engine's paged attention: {exc}") from exc
 
 
 def pick_attention_backends(device: torch.device) -> None:
@@ -118,6 +123,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
     model.to(device).eval()
     parameters = model.num_parameters()
     int4 = pick_int4(config.dtype, device, model)
+    use_paged_attention(model)
     return LoadedModel(model, tokenizer, device, _max_context(model, tokenizer),
                        _eos_ids(model, tokenizer, config), time.perf_counter() - started, int4, parameters)
 

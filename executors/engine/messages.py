@@ -47,6 +47,11 @@ class Prefilled:
 
 
 @dataclass
+class Preempted:
+    pass
+
+
+@dataclass
 class TokenTimed:
     first: bool
     since_previous_seconds: float
@@ -58,7 +63,7 @@ class Finished:
     e2e_seconds: float
 
 
-ObserverEvent = Union[Admitted, Prefilled, TokenTimed, Finished]
+ObserverEvent = Union[Admitted, Prefilled, Preempted, TokenTimed, Finished]
 
 
 def replay(event: ObserverEvent, observer: EngineObserver) -> None:
@@ -67,6 +72,8 @@ def replay(event: ObserverEvent, observer: EngineObserver) -> None:
             observer.admitted(queued)
         case Prefilled(tokens, cached):
             observer.prefilled(tokens, cached)
+        case Preempted():
+            observer.preempted()
         case TokenTimed(first, since):
             observer.token(first, since)
         case Finished(reason, e2e):
@@ -84,6 +91,9 @@ class Recorder(EngineObserver):
 
     def prefilled(self, prompt_tokens: int, cached_tokens: Optional[int] = None) -> None:
         self.events.append(Prefilled(prompt_tokens, cached_tokens))
+
+    def preempted(self) -> None:
+        self.events.append(Preempted())
 
     def token(self, first: bool, since_previous_seconds: float) -> None:
         self.events.append(TokenTimed(first, since_previous_seconds))

@@ -1,10 +1,10 @@
-"""The engine's C kernels (row_attention.c, int4_matmul.c), compiled when the engine loads.
+"""The engine's C kernels (paged_attention.c, int4_matmul.c), compiled when the engine loads.
 
 They are compiled on the machine that runs them, with its C compiler (`$CC`, else `cc`; `-O3
 -march=native`), into a temporary file. That takes under a second. Nothing is cached on disk, so
 a build never meets a CPU it was not made for. Where no compiler builds them, the wrappers return
-None and their callers keep PyTorch's ops: attention.py one SDPA call per row, int4.py PyTorch's
-int4 kernel. Both give the same guarantee (a row comes out as it does alone), only slower.
+None and their callers keep PyTorch's ops: paged_attention.py one SDPA call per sequence, int4.py
+PyTorch's int4 kernel. Both give the same guarantee (a row comes out as it does alone), only slower.
 """
 import ctypes
 import functools
@@ -22,7 +22,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("row_attention.c", "int4_matmul.c"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("paged_attention.c", "int4_matmul.c"))
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 INT4_CHANNELS = 16  # int4_matmul.c's outputs per group
@@ -41,8 +41,8 @@ def library() -> Optional[ctypes.CDLL]:
     except (OSError, subprocess.SubprocessError) as exc:
         log.warning("C kernels not built (%s); PyTorch's ops run instead", exc)
         return None
-    built.row_attention.restype = built.int4_matmul.restype = built.int4_matmul_ready.restype = ctypes.c_int
-    built.row_attention.argtypes = [_PTR] * 6 + [_I64] * 12 + [ctypes.c_float, ctypes.c_int]
+    built.paged_attention.restype = built.int4_matmul.restype = built.int4_matmul_ready.restype = ctypes.c_int
+    built.paged_attention.argtypes = [_PTR, _I64, _I64, *[_PTR] * 7, *[_I64] * 7, ctypes.c_float, ctypes.c_int]
     built.int4_matmul.argtypes = [_PTR] * 5 + [_I64] * 3 + [ctypes.c_int]
     log.info("C kernels built in %.2f s (int4 matmul: %s)", time.perf_counter() - started,
              "yes" if built.int4_matmul_ready() else "no, this CPU lacks AVX512-BF16")
@@ -59,26 +59,25 @@ def _build(compiler: str) -> ctypes.CDLL:
         return ctypes.CDLL(str(target))  # stays mapped once the file is gone
 
 
-def row_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, starts: list[int],
-                  q_starts: list[int], scale: float) -> Optional[torch.Tensor]:
-    """query [rows, heads, q, dim], key/value [rows, kv_heads, width, dim]: row r's queries from
-    q_starts[r] on attend causally over its keys from starts[r] on (the last query over all of
-    them); returns [rows, q, heads, dim], zero for the queries before q_starts, or None where the
-    kernels are missing or do not take these tensors."""
+def paged_attention(query: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                    step: tuple[torch.Tensor, ...], scale: float, window: int) -> Optional[torch.Tensor]:
+    """query [1, heads, tokens, dim] (any strides but a contiguous dim); k_pool/v_pool [blocks,
+    block_size, kv_heads, dim] contiguous; step: q_starts, q_lens, ctx_lens (int64) and the block
+    tables [sequences, width] (int32), as PagedStep.c_args makes them. Returns [tokens, heads,
+    dim], or None where the kernels are missing or do not take these tensors."""
     built = library()
-    if built is None or not _fits(query, key, value, starts, q_starts):
+    if built is None or not _fits(query, k_pool, v_pool):
         return None
-    rows, heads, q_len, dim = query.shape
-    query = query.contiguous()
-    shape = (rows, q_len, heads, dim)
-    out = torch.zeros(shape) if any(q_starts) else torch.empty(shape)
-    first_key, first_query = torch.tensor(starts), torch.tensor(q_starts)  # alive through the call
-    status = built.row_attention(query.data_ptr(), key.data_ptr(), value.data_ptr(), out.data_ptr(),
-                                 first_key.data_ptr(), first_query.data_ptr(), rows, heads,
-                                 key.shape[1], q_len, key.shape[2], dim, *key.stride()[:3], *value.stride()[:3],
-                                 scale, torch.get_num_threads())
+    _, heads, tokens, dim = query.shape
+    q_starts, q_lens, ctx_lens, tables = step
+    out = torch.empty((tokens, heads, dim))
+    blocks, block_size, kv_heads, _ = k_pool.shape
+    status = built.paged_attention(query.data_ptr(), query.stride(2), query.stride(1), k_pool.data_ptr(),
+                                   v_pool.data_ptr(), out.data_ptr(), q_starts.data_ptr(), q_lens.data_ptr(),
+                                   ctx_lens.data_ptr(), tables.data_ptr(), tables.shape[1], tables.shape[0], heads,
+                                   kv_heads, dim, block_size, window, scale, torch.get_num_threads())
     if status == -2:
-        raise MemoryError("row attention: out of memory for its scores")
+        raise MemoryError("paged attention: out of memory for its scores")
     return out if status == 0 else None
 
 
@@ -125,7 +124,7 @@ def int4_matmul(x: torch.Tensor, weights: Int4Weights) -> torch.Tensor:
     return y
 
 
-def _fits(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, starts: list[int], q_starts: list[int]) -> bool:
-    tensors = (query, key, value)
+def _fits(query: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> bool:
+    tensors = (query, k_pool, v_pool)
     return (all(t.device.type == "cpu" and t.dtype == torch.float32 and t.stride(-1) == 1 for t in tensors)
-            and key.shape == value.shape and len(starts) == len(q_starts) == query.shape[0])
+            and k_pool.is_contiguous() and v_pool.is_contiguous() and k_pool.shape == v_pool.shape)

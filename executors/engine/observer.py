@@ -17,6 +17,9 @@ class EngineObserver:
         """A request's prompt is in the cache, `cached_tokens` of it from the prefix cache
         (None where no prefix cache was looked at)."""
 
+    def preempted(self) -> None:
+        """A row gave its KV blocks back (the pool ran out); it computes its history again later."""
+
     def token(self, first: bool, since_previous_seconds: float) -> None:
         """A token was generated: the first (since arrival: time to first token) or a next
         one (since the previous: inter-token latency)."""

@@ -5,8 +5,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from transformers import DynamicCache
-
 from contract import SamplingParams
 
 from .detokenizer import IncrementalDetokenizer
@@ -20,11 +18,12 @@ from .tools import ToolCallParser
 class RequestState(enum.Enum):
     WAITING = "waiting"
     PREFILLING = "prefilling"
-    RUNNING = "running"
+    RUNNING = "running"  # holds blocks: computing its prompt, or decoding
+    PREEMPTED = "preempted"  # gave its blocks back; waits to compute its history again
     FINISHED = "finished"
 
 
-@dataclass
+@dataclass(eq=False)  # a row is itself: compared by identity
 class Request:
     request_id: str
     prompt_ids: list[int]
@@ -35,8 +34,8 @@ class Request:
     stops: StopSequenceFilter
     sink: Callable[[RequestOutput], None]
     state: RequestState = RequestState.WAITING
-    prefilled: int = 0  # prompt tokens already in `cache` (chunked prefill)
-    cache: Optional[DynamicCache] = None  # own cache until it joins the batch
+    computed: int = 0  # tokens of its history whose keys and values are in its blocks
+    block_keys: list[int] = field(default_factory=list)  # prefix-cache keys of its history's full blocks
     generated: list[int] = field(default_factory=list)
     arrival: float = field(default_factory=time.perf_counter)  # for queue, TTFT and e2e times
     last_token_at: float = 0.0
@@ -46,7 +45,6 @@ class Request:
     rows: int = 1  # batch rows it stands for: n until its prompt is prefilled and shared
     prompt_scores: Optional[PromptScores] = None  # prompt_logprobs: filled while prefilling
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
-    looked_up: bool = False  # whether the prefix cache was asked for its prompt yet
 
     @property
     def row_id(self) -> str:
@@ -58,13 +56,27 @@ class Request:
         """KV length one of its rows may come to hold."""
         return len(self.prompt_ids) + self.params.max_tokens
 
-    @property
-    def reserved_tokens(self) -> int:
-        """KV rows this request may come to hold: what admission reserves."""
-        return self.rows * self.row_tokens
-
     def history(self) -> list[int]:
         return self.prompt_ids + self.generated
+
+    @property
+    def length(self) -> int:
+        """Tokens in its history (without building it: the step loop asks often)."""
+        return len(self.prompt_ids) + len(self.generated)
+
+    @property
+    def todo(self) -> int:
+        """Tokens of its history whose keys and values are not computed yet."""
+        return len(self.prompt_ids) + len(self.generated) - self.computed
+
+    def tokens(self, start: int, end: int) -> list[int]:
+        """history()[start:end], without building the whole history."""
+        prompt = len(self.prompt_ids)
+        if end <= prompt:
+            return self.prompt_ids[start:end]
+        if start >= prompt:
+            return self.generated[start - prompt:end - prompt]
+        return self.prompt_ids[start:] + self.generated[:end - prompt]
 
     def emit_error(self, message: str) -> None:
         """The request's last output: the error that ended it (the scheduler released it)."""

@@ -113,7 +113,7 @@ async def test_every_disconnect_aborts_its_generation(slow_flow, case):
     after = await asyncio.to_thread(wait_until, http_port, lambda s: busy(s) == 0, 3.0)
     assert busy(after) == 0, f"{case}: generations still running after their clients left: {after}"
     assert after["aborted"] - before["aborted"] == N, (before, after)
-    assert after["reserved_tokens"] == 0 and after["batch_rows"] == 0
+    assert after["kv_blocks_used"] == 0 and after["running"] == 0
 
 
 # ----- one client at a time, leaving at a random moment before the answer -----
@@ -204,7 +204,7 @@ def test_each_client_that_leaves_before_the_answer_aborts_its_generation(slow_fl
     assert busy(last) == 0, f"{route}: still generating after the last client left: {last}"
     steps, aborted = last["steps"] - first["steps"], last["aborted"] - first["aborted"]
     assert N // 2 <= aborted <= N, f"{route}: {aborted} of {N} requests aborted in the engine ({steps} steps)"
-    assert last["reserved_tokens"] == 0 and last["batch_rows"] == 0, last
+    assert last["kv_blocks_used"] == 0 and last["running"] == 0, last
     assert last["loop_restarts"] == first["loop_restarts"], last
 
 

@@ -43,7 +43,7 @@ async def _text(engine, prompt: str, params: SamplingParams) -> tuple[str, list[
 async def _wait_idle(engine, timeout: float = 10.0) -> dict:
     for _ in range(int(timeout / 0.05)):
         stats = engine.stats()
-        if stats["running"] == stats["prefilling"] == stats["waiting"] == stats["reserved_tokens"] == 0:
+        if stats["running"] == stats["prefilling"] == stats["waiting"] == stats["kv_blocks_used"] == 0:
             return stats
         await asyncio.sleep(0.05)
     raise AssertionError(f"slots still held: {engine.stats()}")
@@ -79,7 +79,7 @@ async def test_refusals_cross_the_pipe_before_any_token(engines):
     process, _ = engines
     with pytest.raises(ValidationError) as err:  # the batch budget is checked in the engine process
         await process.open("hello", SamplingParams(max_tokens=505))
-    assert err.value.field == "max_tokens" and "batch token budget" in str(err.value)
+    assert err.value.field == "max_tokens" and "KV cache" in str(err.value)
     long = SamplingParams(max_tokens=100, ignore_eos=True)
     opened = await asyncio.gather(*(process.open("hi", long) for _ in range(14)), return_exceptions=True)
     refused = [o for o in opened if isinstance(o, BaseException)]

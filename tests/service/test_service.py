@@ -152,4 +152,4 @@ async def test_grpc_client_cancel_aborts_the_generation(slow_flow):
             break
         await asyncio.sleep(0.1)
     assert stats["aborted"] == before["aborted"] + 1, stats
-    assert stats["running"] == 0 and stats["batch_rows"] == 0 and stats["reserved_tokens"] == 0
+    assert stats["running"] == 0 and stats["running"] == 0 and stats["kv_blocks_used"] == 0

@@ -149,7 +149,7 @@ async def test_mixed_requests_with_cancellations_match_solo_runs(flow):
     async with aiohttp.ClientSession() as session:
         await asyncio.gather(*(worker(session) for _ in range(CONCURRENCY)))
     after = await asyncio.to_thread(wait_until, http_port, lambda s: busy(s) == 0, 10.0)
-    assert busy(after) == 0 and after["reserved_tokens"] == 0 and after["batch_rows"] == 0, after
+    assert busy(after) == 0 and after["kv_blocks_used"] == 0 and after["running"] == 0, after
     cancelled = 0
     for spec in specs:
         expected = await alone(spec, grpc_port)
@@ -161,4 +161,4 @@ async def test_mixed_requests_with_cancellations_match_solo_runs(flow):
             assert spec.text == expected, spec
     assert cancelled >= REQUESTS // 20  # the mix did cancel some
     final = await asyncio.to_thread(stats, http_port)
-    assert busy(final) == 0 and final["reserved_tokens"] == 0
+    assert busy(final) == 0 and final["kv_blocks_used"] == 0

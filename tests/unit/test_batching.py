@@ -39,7 +39,7 @@ async def settled(engine: AsyncEngine) -> dict:
     """Stats once the loop has finished its current step (outputs go out before cleanup)."""
     for _ in range(200):
         stats = engine.stats()
-        if stats["batch_rows"] == stats["running"] == stats["prefilling"] == 0:
+        if stats["running"] == stats["running"] == stats["prefilling"] == 0:
             break
         await asyncio.sleep(0.01)
     return engine.stats()
@@ -55,7 +55,7 @@ async def test_batched_output_equals_output_alone(any_model, make_engine, sample
     assert together == alone
     assert any(reason == FinishReason.STOP for _, _, reason in alone)
     stats = await settled(engine)
-    assert stats["running"] == stats["waiting"] == stats["reserved_tokens"] == stats["batch_rows"] == 0
+    assert stats["running"] == stats["waiting"] == stats["kv_blocks_used"] == stats["running"] == 0
 
 
 async def test_requests_share_decode_steps(slow_model, make_engine):
@@ -87,15 +87,20 @@ async def _drain(stream) -> list[int]:
     return [t async for c in stream for t in c.token_ids]
 
 
-async def test_kv_budget_admits_in_turn_and_rejects_what_never_fits(gpt2_model, make_engine):
+async def test_blocks_running_out_preempt_the_latest_row_which_resumes_unchanged(gpt2_model, make_engine):
+    """A pool of 7 blocks (112 tokens) and three answers of 50 tokens: admission counts real
+    tokens, so all three start; when blocks run out the latest row gives its blocks back, then
+    recomputes its history and goes on. Every stream is whole, and as it is alone."""
     engine = make_engine(gpt2_model, max_batch_tokens=120)
     with pytest.raises(ValidationError, match="max_tokens"):
         engine.generate("hello", SamplingParams(max_tokens=200))
-    params = SamplingParams(max_tokens=50, ignore_eos=True)
-    streams = [engine.generate("hello", params) for _ in range(3)]  # two fit at a time
-    await asyncio.sleep(0.05)
-    assert engine.stats()["running"] + engine.stats()["prefilling"] <= 2
-    assert [len(x) for x in await asyncio.gather(*(_drain(s) for s in streams))] == [50] * 3
+    requests = [(f"hello {word}", SamplingParams(max_tokens=50, ignore_eos=True)) for word in ("fox", "dog", "cat")]
+    alone = [await collect(engine, p, params) for p, params in requests]
+    assert engine.stats()["preemptions"] == 0
+    together = await asyncio.gather(*(collect(engine, p, params) for p, params in requests))
+    assert together == alone and all(len(ids) == 50 for ids, _, _ in together)
+    stats = await settled(engine)
+    assert stats["preemptions"] > 0 and stats["kv_blocks_used"] == 0
 
 
 async def test_cancel_leaves_batch_and_frees_slot(gpt2_model, make_engine):
@@ -109,7 +114,7 @@ async def test_cancel_leaves_batch_and_frees_slot(gpt2_model, make_engine):
     ids = await asyncio.wait_for(_drain(waiting), 30)
     assert len(ids) == 5  # the freed slot was reused
     stats = await settled(engine)
-    assert stats["running"] == stats["reserved_tokens"] == stats["batch_rows"] == 0
+    assert stats["running"] == stats["kv_blocks_used"] == stats["running"] == 0
 
 
 async def test_cancelled_task_aborts_request(gpt2_model, make_engine):
@@ -121,7 +126,7 @@ async def test_cancelled_task_aborts_request(gpt2_model, make_engine):
     with pytest.raises(asyncio.CancelledError):
         await task
     stats = await settled(engine)
-    assert stats["running"] == 0 and stats["batch_rows"] == 0 and stats["reserved_tokens"] == 0
+    assert stats["running"] == 0 and stats["running"] == 0 and stats["kv_blocks_used"] == 0
 
 
 async def test_one_failing_request_does_not_disturb_others(gpt2_model, make_engine):
@@ -148,23 +153,23 @@ async def test_one_failing_request_does_not_disturb_others(gpt2_model, make_engi
 
 async def test_loop_failure_fails_everyone_then_recovers(gpt2_model, make_engine):
     engine = make_engine(gpt2_model)
-    original = engine.core._decode
+    original = engine.core._run
     calls = {"n": 0}
 
-    def broken():  # once all three decode together: the engine may step before the last joins
-        if len(engine.core.batch) == 3:
+    def broken(work):  # once all three decode together: the engine may step before the last joins
+        if len(work) == 3 and all(w.count == 1 for w in work):
             calls["n"] += 1
             if calls["n"] == 2:
                 raise MemoryError("injected loop failure")
-        return original()
-    engine.core._decode = broken
+        return original(work)
+    engine.core._run = broken
     params = SamplingParams(max_tokens=20, ignore_eos=True)
     outcomes = await asyncio.gather(*(_drain(engine.generate("hi", params)) for _ in range(3)),
                                     return_exceptions=True)
     assert all(isinstance(o, GenerationError) and "injected loop failure" in str(o) for o in outcomes)
     assert engine.loop_restarts == 1 and engine.healthy
     assert len(await _drain(engine.generate("hi", params))) == 20
-    assert (await settled(engine))["reserved_tokens"] == 0
+    assert (await settled(engine))["kv_blocks_used"] == 0
 
 
 async def test_slow_reader_gets_coalesced_chunks_without_loss(gpt2_model, make_engine):
@@ -201,42 +206,25 @@ async def test_long_prefill_is_chunked_between_decode_steps(gpt2_model, make_eng
     assert during >= prompt_len // 8 - 2, "running stream must advance while a long prompt prefills"
 
 
-def test_prefill_plan_groups_similar_lengths_within_budget():
-    from types import SimpleNamespace
-
-    from executors.engine.scheduler import plan_prefill
-    reqs = [SimpleNamespace(request_id=str(n), prompt_ids=[0] * n, prefilled=0)
-            for n in (100, 5, 6, 90, 7, 600, 40)]
-    reqs.append(SimpleNamespace(request_id="half", prompt_ids=[0] * 30, prefilled=10))
-    groups = plan_prefill(reqs, 300)
-    widths = [[len(r.prompt_ids) for r in g] for g in groups]
-    assert widths == [[5, 6, 7], [40], [90, 100]]  # 600 is chunked; 'half' is mid-chunk
-    padded = sum(len(g) * max(len(r.prompt_ids) for r in g) for g in groups)
-    assert padded <= 300
-    for group in groups:
-        assert max(len(r.prompt_ids) for r in group) <= 1.25 * min(len(r.prompt_ids) for r in group) + 8
-
-
-async def test_kv_budget_counts_left_padding(gpt2_model, make_engine):
-    """Rows are padded to the longest: one long request limits how many short ones join."""
-    engine = make_engine(gpt2_model, max_batch_tokens=1000)
+async def test_a_long_prompt_does_not_shrink_the_batch(gpt2_model, make_engine):
+    """The pool counts real tokens, not rows x the longest: beside one long request, the short
+    ones all run (max_running), where a padded batch of 1,000 tokens held two rows."""
+    engine = make_engine(gpt2_model, max_batch_tokens=1000, max_running=16)
     long_prompt = " ".join(["quick brown fox"] * 40)
-    long_len = len(engine.tokenizer(long_prompt)["input_ids"]) + 100
     streams = [engine.generate(long_prompt, SamplingParams(max_tokens=100, ignore_eos=True))]
-    streams += [engine.generate("hi", SamplingParams(max_tokens=2, ignore_eos=True)) for _ in range(20)]
+    streams += [engine.generate("hi", SamplingParams(max_tokens=8, ignore_eos=True)) for _ in range(15)]
     peak = 0
 
     async def watch():
         nonlocal peak
         while True:
-            s = engine.stats()
-            peak = max(peak, s["running"] + s["prefilling"])
+            peak = max(peak, engine.stats()["running"])
             await asyncio.sleep(0.001)
     watcher = asyncio.create_task(watch())
     results = await asyncio.gather(*(_drain(s) for s in streams))
     watcher.cancel()
-    assert [len(r) for r in results] == [100] + [2] * 20
-    assert 1 < peak <= 1000 // long_len
+    assert [len(r) for r in results] == [100] + [8] * 15
+    assert peak == 16 and engine.stats()["preemptions"] == 0
 
 
 async def test_stream_dropped_before_reading_is_aborted(gpt2_model, make_engine):
@@ -246,7 +234,7 @@ async def test_stream_dropped_before_reading_is_aborted(gpt2_model, make_engine)
     del stream
     gc.collect()
     stats = await settled(engine)
-    assert stats["aborted"] == 1 and stats["reserved_tokens"] == 0
+    assert stats["aborted"] == 1 and stats["kv_blocks_used"] == 0
 
 
 async def test_stream_interval_groups_tokens_without_losing_any(slow_model):

@@ -65,10 +65,10 @@ async def test_cancelling_ends_every_answer(gpt2_model, make_engine):
     await stream.aclose()
     for _ in range(100):
         stats = engine.stats()
-        if stats["running"] == stats["batch_rows"] == stats["reserved_tokens"] == 0:
+        if stats["running"] == stats["running"] == stats["kv_blocks_used"] == 0:
             break
         await asyncio.sleep(0.02)
-    assert (stats["running"], stats["batch_rows"], stats["reserved_tokens"]) == (0, 0, 0)
+    assert (stats["running"], stats["running"], stats["kv_blocks_used"]) == (0, 0, 0)
     assert stats["steps"] < 100
 
 
@@ -119,7 +119,7 @@ async def test_max_tokens_zero_scores_the_prompt_only(gpt2_model, make_engine):
     assert out.token_ids == [] and out.finish_reason.value == "length" and out.generated_tokens == 0
     assert out.prompt is not None and out.prompt.logprobs == pytest.approx(direct_prompt_scores(engine, PROMPT, 1)[0],
                                                                            abs=1e-4)
-    assert engine.stats()["reserved_tokens"] == 0
+    assert engine.stats()["kv_blocks_used"] == 0
     with pytest.raises(ValidationError) as err:
         await engine.open(PROMPT, SamplingParams(max_tokens=0))
     assert err.value.field == "max_tokens"

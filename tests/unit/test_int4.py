@@ -7,8 +7,8 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from contract import EngineConfig
-from executors.engine import attention, native
+from contract import EngineConfig, SamplingParams
+from executors.engine import native, paged_attention
 from executors.engine.int4 import Int4Linear, Int8Linear, _quantize, dequantize, quantize
 from executors.engine.loader import load_model, pick_dtype
 from tests.unit.test_batching import collect, mixed_requests
@@ -92,7 +92,7 @@ def test_auto_on_cpu_is_int4_only_for_weights_that_already_are_4bit(llama_model,
     assert load_model(EngineConfig(model=llama_model, device="cpu")).info.dtype == "float32"
     forced = load_model(EngineConfig(model=llama_model, device="cpu", dtype="int4"))
     assert forced.info.dtype == "int4"
-    assert forced.model.config._attn_implementation == "row_sdpa"
+    assert forced.model.config._attn_implementation == "paged"
 
 
 def test_int4_is_refused_where_it_cannot_run(gpt2_model):
@@ -123,28 +123,28 @@ async def _assert_batched_equals_alone(engine, seed: int, sample: bool) -> None:
 
 async def test_int4_batched_output_equals_output_alone_without_the_c_kernels(four_bit_llama, make_engine,  # noqa: F811
                                                                              monkeypatch):
-    """Where no C compiler builds native.py's kernels: PyTorch's int4 kernel and one SDPA call per row."""
+    """Where no C compiler builds native.py's kernels: PyTorch's int4 kernel and one SDPA call per sequence."""
     monkeypatch.setattr(native, "library", lambda: None)
     engine = make_engine(four_bit_llama, max_prefill_tokens=16)
     assert not any(getattr(m, "c_kernel", False) for m in engine.core.loaded.model.modules())
     await _assert_batched_equals_alone(engine, 0, False)
 
 
-def test_int4_prefill_and_decode_steps_run_the_c_attention(four_bit_llama, monkeypatch):
+async def test_int4_prefill_and_decode_steps_run_the_c_attention(four_bit_llama, monkeypatch, make_engine):  # noqa: F811
     if native.library() is None:
         pytest.skip("no C compiler on this machine")
     results = []
 
     def spy(*args):
-        results.append(native.row_attention(*args))
+        results.append(native.paged_attention(*args))
         return results[-1]
 
-    monkeypatch.setattr(attention, "row_attention", spy)
-    loaded = load_model(EngineConfig(model=four_bit_llama, device="cpu"))
-    ids = torch.tensor([[5, 6, 7, 8]])
-    loaded.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False)
-    layers = loaded.model.config.num_hidden_layers
-    assert len(results) == 4 * layers and all(r is not None for r in results)  # the prefill, 3 decode steps
+    monkeypatch.setattr(paged_attention, "c_paged_attention", spy)
+    engine = make_engine(four_bit_llama)
+    ids, _, _ = await collect(engine, "the quick brown fox", SamplingParams(max_tokens=4, ignore_eos=True))
+    layers = engine.core.loaded.model.config.num_hidden_layers
+    assert len(ids) == 4 and len(results) == 5 * layers  # the start-up probe, the prefill, 3 decode steps
+    assert all(r is not None for r in results)
 
 
 def test_a_c_int4_layer_follows_its_buffers_and_refuses_what_it_cannot_run():

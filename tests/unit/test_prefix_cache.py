@@ -8,8 +8,7 @@ import json
 import pytest
 
 from contract import SamplingParams
-from executors.engine import attention
-from executors.engine.prefix_cache import PrefixCache
+from executors.engine import paged_attention
 from tests.unit.test_int4 import four_bit_llama  # noqa: F401 - the fixture
 
 SYSTEM = "the system prompt says: " + " ".join(f"rule {i} is to be kind." for i in range(12))
@@ -37,8 +36,8 @@ async def conversation(engine, **params) -> list[tuple]:
 @pytest.mark.parametrize("weights", ["int4", "fp32"])
 async def test_a_conversation_reuses_its_history_and_answers_as_without_the_cache(
         four_bit_llama, gpt2_model, make_engine, monkeypatch, weights, kernels):  # noqa: F811
-    if kernels == "fallback":  # one SDPA call per row, as where no C compiler is found
-        monkeypatch.setattr(attention, "row_attention", lambda *args: None)
+    if kernels == "fallback":  # one SDPA call per sequence, as where no C compiler is found
+        monkeypatch.setattr(paged_attention, "c_paged_attention", lambda *args: None)
     model = four_bit_llama if weights == "int4" else gpt2_model
     cached, plain = make_engine(model), make_engine(model, prefix_caching=False)
     for params in ({}, {"do_sample": True, "seed": 5}):
@@ -67,11 +66,11 @@ async def test_shared_prefix_under_any_batch_and_a_repeat(four_bit_llama, make_e
     assert again[2].prompt_tokens - 16 <= again[2].cached_tokens < again[2].prompt_tokens
     for _ in range(50):  # the last row leaves the batch right after its last token went out
         stats = cached.stats()
-        if stats["batch_rows"] == 0:
+        if stats["running"] == 0:
             break
         await asyncio.sleep(0.01)
     assert stats["prefix_cache_hits"] > 0 and stats["prefix_cache_blocks"] > 0
-    assert stats["running"] == stats["reserved_tokens"] == stats["batch_rows"] == 0
+    assert stats["running"] == stats["kv_blocks_used"] == stats["running"] == 0
 
 
 async def test_prompt_scores_cover_the_whole_prompt_cached_or_not(four_bit_llama, make_engine):  # noqa: F811
@@ -84,21 +83,6 @@ async def test_prompt_scores_cover_the_whole_prompt_cached_or_not(four_bit_llama
     first = [o async for o in await engine.open("", SamplingParams(max_tokens=1, prompt_logprobs=True),
                                                  messages=json.dumps(messages))][0]
     assert len(first.prompt.logprobs) == first.prompt_tokens - 1
-
-
-def test_blocks_are_keyed_by_their_whole_prefix_and_evicted_least_recent_first():
-    import torch
-    cache = PrefixCache(capacity_tokens=4 * 4, block_size=4)
-    kv = ([torch.zeros(1, 4, 2)], [torch.zeros(1, 4, 2)])
-    cache.insert(list(range(13)), 13, lambda s, e: kv)  # 3 full blocks
-    assert len(cache) == 3
-    hit = cache.lookup(list(range(13)))
-    assert hit is not None and hit.tokens == 12 and [k.shape for k in hit.keys[0]] == [(1, 4, 2)] * 3
-    assert cache.lookup(list(range(12))).tokens == 8  # at least one token is left to compute
-    assert cache.lookup([99] + list(range(1, 13))) is None  # the same blocks after another start: no hit
-    cache.insert([7] * 9, 9, lambda s, e: kv)  # 2 new blocks: the least recent goes, a chain's tail first
-    assert len(cache) == 4 and cache.lookup(list(range(13))).tokens == 8
-    assert cache.queries == 13 + 12 + 13 + 13 and cache.hits == 12 + 8 + 8
 
 
 async def test_prompts_sent_together_compute_their_shared_prefix_once(four_bit_llama, make_engine):  # noqa: F811

@@ -1,99 +1,135 @@
-"""The scheduler's admission and release, and the KV batch's rows, tested directly."""
+"""The block pool, the rows' block tables with prefix caching, and the scheduler's admission,
+chunking and preemption, tested directly (no model)."""
 import pytest
+import torch
 
 from contract import EngineConfig, OverloadedError, SamplingParams, ValidationError
-from executors.engine.kv_batch import KVBatch, new_cache, prefill_group
+from executors.engine.block_pool import BlockPool, chain_hashes
+from executors.engine.kv_manager import KVCacheManager
+from executors.engine.kv_pool import KVPool, KVShape
 from executors.engine.request import Request, RequestState
 from executors.engine.scheduler import Scheduler
 
+B = 4  # tokens per block in these tests
 
-def request(rid: str, prompt: int, max_tokens: int) -> Request:
-    return Request(rid, list(range(1, prompt + 1)), SamplingParams(max_tokens=max_tokens), None,
+
+def request(rid: str, prompt: list[int] | int, max_tokens: int = 4) -> Request:
+    ids = list(range(1, prompt + 1)) if isinstance(prompt, int) else prompt
+    return Request(rid, ids, SamplingParams(max_tokens=max_tokens), None,
                    None, None, None, lambda out: None)  # type: ignore[arg-type]
 
 
-def test_admission_stops_at_max_running_then_at_the_padded_budget():
-    sched = Scheduler(EngineConfig(model="x", max_running=2, max_waiting=8, max_batch_tokens=100))
-    for i in range(3):
-        sched.submit(request(f"r{i}", 10, 10))
-    assert [r.request_id for r in sched.admit()] == ["r0", "r1"] and sched.num_waiting == 1
-    assert sched.reserved == 40 and all(r.state is RequestState.PREFILLING for r in sched.prefilling)
-    sched.release(sched.prefilling[0])
-    assert sched.reserved == 20
-    assert [r.request_id for r in sched.admit()] == ["r2"]
-
-    budget = Scheduler(EngineConfig(model="x", max_running=8, max_batch_tokens=100))
-    budget.submit(request("long", 40, 10))  # 50 tokens
-    budget.submit(request("short", 2, 2))  # padded to the longest: 2 rows x 50
-    budget.submit(request("third", 2, 2))  # 3 x 50 > 100: waits
-    assert [r.request_id for r in budget.admit()] == ["long", "short"] and budget.num_waiting == 1
+def manager(blocks: int, caching: bool = True) -> KVCacheManager:
+    pool = KVPool(KVShape(layers=2, kv_heads=1, head_dim=2, dtype=torch.float32, block_size=B), blocks,
+                  torch.device("cpu"))
+    return KVCacheManager(pool, caching)
 
 
-def test_release_frees_every_trace_of_a_running_request():
-    sched = Scheduler(EngineConfig(model="x", max_batch_tokens=1000))
-    req = request("r", 5, 5)
-    sched.submit(req)
-    sched.admit()
-    sched.start_running(req)
-    assert sched.running == {"r": req} and not sched.prefilling
-    sched.release(req)
-    assert not sched.has_work and sched.reserved == 0 and req.state is RequestState.FINISHED
+def test_blocks_are_keyed_by_their_whole_prefix_and_the_least_recent_go_first():
+    pool = BlockPool(6)  # 5 blocks and the null one
+    keys = chain_hashes(list(range(12)), None, B)
+    assert len(keys) == 3 and chain_hashes(list(range(4, 12)), keys[0], B) == keys[1:]
+    held = pool.allocate(3)
+    for block, key, start in zip(held, keys, (0, 4, 8), strict=True):
+        pool.remember(block, key, list(range(start, start + 4)))
+    assert pool.lookup(keys[1], [4, 5, 6, 7]) == held[1] and pool.lookup(keys[1], [4, 5, 6, 9]) is None
+    pool.release(held)  # cached, free: the chain's tail is the least recent
+    assert pool.num_free == 5 and pool.num_used == 0 and len(pool.cached) == 3
+    partial = pool.allocate(1)
+    pool.release(partial)  # no key: handed out before any cached block
+    assert pool.allocate(2) == partial + [5] and len(pool.cached) == 3  # then blocks never used
+    assert pool.allocate(1) == [held[2]] and len(pool.cached) == 2  # then the tail of the chain
+    assert pool.allocate(5) is None  # not enough: nothing taken
+    pool.acquire([held[0]])
+    assert pool.refs[held[0]] == 1 and pool.num_free == 1
+
+
+def test_a_row_starts_from_the_longest_cached_prefix_and_leaves_a_token_to_compute():
+    kv = manager(blocks=10)
+    first = request("a", 10)
+    assert kv.cached_prefix(first) == [] and kv.start(first, [], 10)
+    assert len(kv.table(first)) == 3 and kv.slots(first, 3, 3) == [kv.table(first)[0] * B + 3,
+                                                                   kv.table(first)[1] * B, kv.table(first)[1] * B + 1]
+    first.computed = 10
+    kv.computed(first, 0)  # two full blocks keyed
+    again = request("b", 10)
+    prefix = kv.cached_prefix(again)
+    assert prefix == kv.table(first)[:2]
+    assert kv.start(again, prefix, 2) and again.computed == 8 and kv.table(again)[:2] == prefix
+    assert kv.blocks.refs[prefix[0]] == 2
+    exact = request("c", 8)  # a repeat of a whole cached prompt still computes its last token
+    assert kv.cached_prefix(exact) == prefix[:1]
+    kv.free(first)
+    kv.free(again)
+    assert kv.blocks.num_used == 0 and len(kv.blocks.cached) == 2
+
+
+def test_an_answer_forks_the_prompts_blocks_and_copies_only_the_last():
+    kv = manager(blocks=6)
+    parent = request("p", 6)
+    kv.start(parent, [], 6)
+    parent.computed = 6
+    kv.pool.kv[:, :, kv.table(parent)[1]] = 7.0
+    child = request("p#1", 6)
+    assert kv.fork(parent, child)
+    assert kv.table(child)[0] == kv.table(parent)[0] and kv.table(child)[1] != kv.table(parent)[1]
+    assert bool((kv.pool.kv[:, :, kv.table(child)[1]] == 7.0).all()) and child.computed == 6
+    assert kv.blocks.refs[kv.table(parent)[0]] == 2
 
 
 def test_submit_refuses_what_never_fits_and_what_overflows_the_queue():
-    sched = Scheduler(EngineConfig(model="x", max_waiting=1, max_batch_tokens=50))
+    sched = Scheduler(EngineConfig(model="x", max_waiting=1, max_running=2), manager(blocks=10))
     with pytest.raises(ValidationError) as err:
-        sched.submit(request("big", 40, 20))
+        sched.submit(request("big", 40, 20))  # 15 blocks of 10
     assert err.value.field == "max_tokens"
+    with pytest.raises(ValidationError) as err:
+        sched.submit(_rows(request("many", 8, 8), 3))  # 3 x 4 blocks
+    assert err.value.field == "n"
     sched.submit(request("a", 1, 1))
     with pytest.raises(OverloadedError):
         sched.submit(request("b", 1, 1))
-    assert sched.remove_waiting("a") is not None and not sched.has_work
+    assert [r.request_id for r in sched.remove_waiting("a")] == ["a"] and not sched.has_work
 
 
-@pytest.fixture(scope="module")
-def tiny(gpt2_model):
-    from contract import EngineConfig as Config
-    from executors.engine.loader import load_model
-    return load_model(Config(model=gpt2_model))
+def _rows(req: Request, n: int) -> Request:
+    req.rows = n
+    return req
 
 
-def test_rows_join_leave_and_decode_as_they_would_alone(tiny):
-    model, device = tiny.model, tiny.device
-    prompts = {"a": [5, 6, 7, 8, 9], "b": [10, 11], "c": [12, 13, 14]}
+def test_a_step_decodes_every_row_and_chunks_prompts_within_the_budget():
+    sched = Scheduler(EngineConfig(model="x", max_running=4, max_prefill_tokens=10), manager(blocks=40))
+    for rid, length in (("a", 3), ("b", 25), ("c", 6)):
+        sched.submit(request(rid, length))
+    plan = sched.schedule()
+    assert [(w.request.request_id, w.start, w.count, w.samples) for w in plan.work] == [
+        ("a", 0, 3, True), ("b", 0, 7, False)]  # c waits: no budget left this step
+    assert [r.request_id for r in plan.admitted] == ["a", "b"]
+    for w in plan.work:
+        w.request.computed += w.count
+    sched.running[0].generated.append(99)  # a chose its first token
+    plan = sched.schedule()
+    assert [(w.request.request_id, w.start, w.count) for w in plan.work] == [("a", 3, 1), ("b", 7, 10)]
 
-    def alone(ids: list[int], steps: int) -> list[int]:
-        batch = KVBatch(model, device)
-        cache = new_cache()
-        logits, mask = prefill_group(model, cache, [ids], device)
-        tokens = [int(logits.argmax(-1))]
-        batch.add(["x"], cache, mask, tokens)
-        for _ in range(steps):
-            tokens.append(int(batch.decode_step().argmax(-1)))
-            batch.set_next_tokens(tokens[-1:])
-        return tokens
 
-    batch = KVBatch(model, device)
-    got: dict[str, list[int]] = {}
-    for rid in ("a", "b"):  # joined one after the other: padded to each other's width
-        cache = new_cache()
-        logits, mask = prefill_group(model, cache, [prompts[rid]], device)
-        got[rid] = [int(logits.argmax(-1))]
-        batch.add([rid], cache, mask, got[rid][-1:])
-    for step in range(4):
-        if step == 2:
-            batch.keep(["b"])  # a leaves; its columns go, and c joins
-            cache = new_cache()
-            logits, mask = prefill_group(model, cache, [prompts["c"]], device)
-            got["c"] = [int(logits.argmax(-1))]
-            batch.add(["c"], cache, mask, got["c"][-1:])
-        logits = batch.decode_step()
-        for row, rid in enumerate(batch.rows):
-            got[rid].append(int(logits[row].argmax()))
-        batch.set_next_tokens([got[r][-1] for r in batch.rows])
-        assert batch.consistent()
-    assert got["a"] == alone(prompts["a"], 2)
-    assert got["b"] == alone(prompts["b"], 4)
-    assert got["c"] == alone(prompts["c"], 2)
-    batch.keep([])
-    assert len(batch) == 0 and batch.cache is None
+def test_rows_that_run_out_of_blocks_preempt_the_latest_admitted():
+    kv = manager(blocks=4)
+    sched = Scheduler(EngineConfig(model="x", max_running=4, max_prefill_tokens=64), kv)
+    old, new = request("old", [1, 2, 3, 4], 8), request("new", [5, 6, 7, 8], 8)
+    sched.submit(old)
+    sched.submit(new)
+    for w in sched.schedule().work:  # both prompts: two blocks of four
+        w.request.computed += w.count
+        w.request.generated.append(1)
+    assert kv.blocks.num_free == 2
+    sched.schedule()  # each grows into a second block: the pool is full
+    for _ in range(4):  # four decode steps fill it
+        for req in (old, new):
+            req.computed += 1
+            req.generated.append(1)
+    plan = sched.schedule()  # old needs a third block: new gives its blocks back
+    assert [w.request for w in plan.work] == [old] and new.state is RequestState.PREEMPTED
+    assert new.computed == 0 and sched.num_waiting == 1 and sched.preemptions == 1
+    sched.release(old)
+    plan = sched.schedule()  # new starts again and recomputes its whole history
+    assert [(w.request, w.start, w.count) for w in plan.work] == [(new, 0, len(new.history()))]
+    assert plan.admitted == []  # it was admitted once already

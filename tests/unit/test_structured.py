@@ -61,7 +61,7 @@ async def test_constrained_rows_batched_equal_alone(any_model, make_engine, samp
     together = await asyncio.gather(*(collect(engine, p, params) for p, params in requests))
     assert together == alone
     stats = await settled(engine)
-    assert stats["running"] == stats["batch_rows"] == stats["reserved_tokens"] == 0
+    assert stats["running"] == stats["running"] == stats["kv_blocks_used"] == 0
 
 
 async def test_a_slow_reader_gets_the_same_text_in_fewer_chunks(gpt2_model, make_engine):

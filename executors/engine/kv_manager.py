@@ -1,0 +1,150 @@
+"""Each row's block table, and automatic prefix caching over them (vLLM's KVCacheManager).
+
+A row (one answer of a request) holds the blocks its history's keys and values are in. Its full
+blocks are keyed as they fill (block_pool.py), prompt and answer alike, so a conversation's next
+turn finds the previous answer too. A new request starts from the longest run of cached blocks
+that its history begins with, holding them as its own first blocks: nothing is copied, and it
+computes only the rest. Requests that share a system prompt share its blocks.
+
+Reuse changes no number: the C kernels compute each token's keys and values, and each query's
+attention, the same way whatever else is in the forward pass (paged_attention.c, int4_matmul.c),
+so keys computed for one request, in a prefill or a decode step, are bit for bit those another
+request would compute. (On the fallbacks, PyTorch's matmuls round by shape: there, as for
+batching, the tokens are the same and the numbers within float rounding.)
+"""
+from .block_pool import BlockPool, chain_hashes
+from .kv_pool import KVPool
+from .request import Request
+
+
+class KVCacheManager:
+    def __init__(self, pool: KVPool, caching: bool):
+        self.pool = pool
+        self.blocks = BlockPool(pool.blocks)
+        self.block_size = pool.shape.block_size
+        self.caching = caching
+        self.tables: dict[str, list[int]] = {}
+        self.queries = 0  # prompt tokens looked up (vLLM's prefix_cache_queries)
+        self.hits = 0  # of them found (prefix_cache_hits)
+
+    @property
+    def capacity(self) -> int:
+        """Tokens the pool holds."""
+        return self.blocks.total * self.block_size
+
+    def table(self, req: Request) -> list[int]:
+        return self.tables[req.row_id]
+
+    def keys(self, req: Request) -> list[int]:
+        """The keys of the full blocks of the row's history, extended as it grows."""
+        size, have = self.block_size, len(req.block_keys)
+        if req.length // size > have:
+            req.block_keys += chain_hashes(req.tokens(have * size, req.length // size * size),
+                                           req.block_keys[-1] if have else None, size)
+        return req.block_keys
+
+    # ----- starting a row -----
+    def cached_prefix(self, req: Request) -> list[int]:
+        """The cached blocks that the row's history starts with, leaving at least one token to
+        compute (the next token's logits come from it). Prompt scores need the whole prompt."""
+        if not self.caching or (req.prompt_scores is not None and not req.prompt_scores.complete):
+            return []
+        tokens, size = req.history(), self.block_size
+        found: list[int] = []
+        for i, key in enumerate(self.keys(req)[:(len(tokens) - 1) // size]):
+            block = self.blocks.lookup(key, tokens[i * size:(i + 1) * size])
+            if block is None:
+                break
+            found.append(block)
+        return found
+
+    def waits_for(self, req: Request, prefix: list[int], computing: set[int]) -> bool:
+        """Whether the block after its cached prefix is one another row is computing right now:
+        then it is better to wait for it, so users sending one system prompt at once compute it once."""
+        keys = self.keys(req)
+        return len(prefix) < len(keys) and keys[len(prefix)] in computing
+
+    def computing(self, rows: list[Request]) -> set[int]:
+        """The keys of the full blocks that these rows are still to compute."""
+        size = self.block_size
+        return {key for req in rows if req.todo > 1
+                for key in self.keys(req)[req.computed // size:]}
+
+    def start(self, req: Request, prefix: list[int], tokens: int) -> bool:
+        """Give a row its cached prefix and room for `tokens` after it; False (nothing taken)
+        when the pool lacks the blocks."""
+        evictable = sum(1 for block in prefix if self.blocks.refs[block] == 0)  # free now, held once started
+        need = self._blocks_for(len(prefix) * self.block_size + tokens) - len(prefix)
+        if need > self.blocks.num_free - evictable:
+            return False
+        self.blocks.acquire(prefix)
+        self.tables[req.row_id] = prefix + (self.blocks.allocate(need) or [])
+        req.computed = len(prefix) * self.block_size
+        return True
+
+    def count_lookup(self, req: Request) -> None:
+        """A request's first start: its prompt counts in the hit rate."""
+        if self.caching:
+            self.queries += len(req.prompt_ids)
+            self.hits += req.computed
+
+    def fork(self, parent: Request, child: Request) -> bool:
+        """Another answer to the parent's prompt: its full blocks shared, its last one copied
+        (each answer writes its own tokens there); False when no block is free for that."""
+        table, full = self.table(parent), parent.computed // self.block_size
+        own: list[int] = []
+        if parent.computed % self.block_size:
+            own = self.blocks.allocate(1) or []
+            if not own:
+                return False
+            self.pool.copy_block(table[full], own[0])
+        self.blocks.acquire(table[:full])
+        self.tables[child.row_id] = table[:full] + own
+        child.computed, child.block_keys = parent.computed, list(parent.block_keys)
+        return True
+
+    # ----- a row's steps -----
+    def grow(self, req: Request, tokens: int) -> bool:
+        """Room for `tokens` more after what the row has computed; False when the pool lacks it."""
+        table = self.table(req)
+        need = self._blocks_for(req.computed + tokens) - len(table)
+        if need <= 0:
+            return True
+        new = self.blocks.allocate(need)
+        if new is None:
+            return False
+        table += new
+        return True
+
+    def slots(self, req: Request, start: int, count: int) -> list[int]:
+        """Where tokens start.. of the row go: block * block_size + offset."""
+        table, size = self.table(req), self.block_size
+        return [table[p // size] * size + p % size for p in range(start, start + count)]
+
+    def computed(self, req: Request, before: int) -> None:
+        """The row computed tokens before..req.computed: key the blocks they filled."""
+        size = self.block_size
+        if not self.caching or before // size == req.computed // size:
+            return
+        table, keys = self.table(req), self.keys(req)
+        for i in range(before // size, req.computed // size):
+            self.blocks.remember(table[i], keys[i], req.tokens(i * size, (i + 1) * size))
+
+    def free(self, req: Request) -> None:
+        """The row is done (finished, failed, aborted or preempted): its blocks go back."""
+        table = self.tables.pop(req.row_id, None)
+        if table:
+            self.blocks.release(table)
+
+    def reset(self) -> None:
+        """Every row gone and the cache emptied (after the loop itself failed: trust nothing)."""
+        self.blocks = BlockPool(self.pool.blocks)
+        self.tables.clear()
+
+    def _blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    def stats(self) -> dict:
+        return {"kv_blocks": self.blocks.total, "kv_blocks_used": self.blocks.num_used,
+                "prefix_cache_blocks": len(self.blocks.cached), "prefix_cache_queries": self.queries,
+                "prefix_cache_hits": self.hits}

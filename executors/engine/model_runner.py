@@ -1,0 +1,67 @@
+"""One forward pass for a step's work (scheduler.py): every row's new tokens packed into one
+sequence with their own positions, their keys and values written to and read from the paged
+pool (paged_attention.py). Decoding rows and prompt chunks share the pass; nothing is padded.
+"""
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from .kv_manager import KVCacheManager
+from .loader import LoadedModel
+from .paged_attention import PagedStep
+from .prompt_logprobs import final_hidden_states
+from .scheduler import Work
+
+
+@dataclass
+class StepResult:
+    logits: torch.Tensor  # [rows that choose a token, vocab] float32, in the work's order
+    starts: list[int]  # where each work's tokens begin in the packed sequence
+    hidden: Optional[torch.Tensor]  # [tokens, hidden]: the decoder's output, when a row scores its prompt
+
+
+class ModelRunner:
+    def __init__(self, loaded: LoadedModel, kv: KVCacheManager):
+        self.model = loaded.model
+        self.device = loaded.device
+        self.kv = kv
+
+    @torch.inference_mode()
+    def run(self, work: list[Work], keep_hidden: bool = False) -> StepResult:
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        for w in work:
+            ids += w.request.tokens(w.start, w.start + w.count)
+            positions += range(w.start, w.start + w.count)
+            slots += self.kv.slots(w.request, w.start, w.count)
+        step = PagedStep(self.kv.pool, torch.tensor(slots, device=self.device), [w.count for w in work],
+                         [w.start + w.count for w in work], [self.kv.table(w.request) for w in work])
+        chosen = [start + w.count - 1 for w, start in zip(work, step.q_starts, strict=True) if w.samples]
+        keep = 0 if len(chosen) == len(ids) else torch.tensor(chosen or [0], device=self.device)
+        with final_hidden_states(self.model, keep_hidden) as hidden:
+            out = self.model(input_ids=torch.tensor([ids], device=self.device),
+                             position_ids=torch.tensor([positions], device=self.device),
+                             use_cache=False, logits_to_keep=keep, paged=step)
+        logits = out.logits[0].float()
+        return StepResult(logits if chosen else logits[:0], step.q_starts, hidden[0][0] if keep_hidden else None)
+
+    @torch.inference_mode()
+    def probe(self) -> None:
+        """One token through the model at start-up: every layer must go through the paged pool
+        (a layer that kept its own cache would lose its keys between steps)."""
+        blocks = self.kv.blocks.allocate(1)
+        assert blocks, "the pool has at least one block"
+        step = PagedStep(self.kv.pool, torch.tensor([blocks[0] * self.kv.block_size], device=self.device), [1], [1],
+                         [blocks])
+        try:
+            self.model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=self.device),
+                       position_ids=torch.zeros((1, 1), dtype=torch.long, device=self.device),
+                       use_cache=False, paged=step)
+        finally:
+            self.kv.blocks.release(blocks)
+        layers = self.kv.pool.shape.layers
+        if sorted(step.counted) != list(range(layers)):
+            raise RuntimeError(f"this model's attention does not go through transformers' attention interface in "
+                               f"every layer ({len(step.counted)} of {layers} do): the engine cannot serve it")

@@ -1,0 +1,193 @@
+"""Attention over the paged KV pool, as transformers' models call it (registered as "paged").
+
+The engine runs a step as one forward pass over a packed row of tokens: each sequence's new
+tokens one after another (a decoding row's one, a prompt chunk's many), with their own
+positions. Every attention module then calls `paged_attention` with the step's queries, keys
+and values, and the `paged` argument (a PagedStep) that the engine passed to the model. It
+writes the new keys and values into their slots, then each sequence's queries attend causally
+over that sequence's keys, read through its block table:
+
+- on CPU in fp32, the C kernel (paged_attention.c): one call per layer, and each query computed
+  the same way whatever else the step holds, so batched equals alone bit for bit;
+- elsewhere on CPU, one SDPA call per sequence over its keys gathered from the pool: a row's
+  rounding then depends on its own length only, as before, at about 20 us of overhead a call;
+- on CUDA, one SDPA call for the whole step, over keys gathered into a padded batch and masked
+  (a call per sequence costs a kernel launch per row and layer there).
+
+transformers' own continuous batching (`paged|sdpa`) gathers every key of the batch into one
+sequence and masks a [tokens x all keys] product: too slow on CPU, and its rounding depends on
+the neighbours.
+"""
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from .kv_pool import NULL_BLOCK, KVPool
+from .native import paged_attention as c_paged_attention
+
+NAME = "paged"
+
+
+@dataclass
+class PagedStep:
+    """What every layer's attention needs to know of one step, built once per step."""
+
+    pool: KVPool
+    slots: torch.Tensor  # [tokens] int64, on the pool's device: where each new token's keys go
+    q_lens: list[int]  # per sequence: its new tokens (queries), packed in this order
+    ctx_lens: list[int]  # per sequence: its keys once this step's are written
+    tables: list[list[int]]  # per sequence: its block table
+    counted: list[int] = field(default_factory=list)  # layers that ran (the loader's check)
+
+    @cached_property
+    def q_starts(self) -> list[int]:
+        starts, at = [], 0
+        for n in self.q_lens:
+            starts.append(at)
+            at += n
+        return starts
+
+    @cached_property
+    def c_args(self) -> tuple[torch.Tensor, ...]:
+        """q_starts, q_lens, ctx_lens (int64) and the tables [sequences, width] (int32), for the C kernel."""
+        width = max(len(t) for t in self.tables)
+        tables = torch.tensor([t + [NULL_BLOCK] * (width - len(t)) for t in self.tables], dtype=torch.int32)
+        return (torch.tensor(self.q_starts), torch.tensor(self.q_lens), torch.tensor(self.ctx_lens), tables)
+
+    @cached_property
+    def key_slots(self) -> list[torch.Tensor]:
+        """Per sequence, its keys' slots in order [ctx] (the torch paths gather them)."""
+        size = self.pool.shape.block_size
+        offsets = torch.arange(size)
+        return [(torch.tensor(table)[:, None] * size + offsets).flatten()[:ctx].to(self.pool.device)
+                for table, ctx in zip(self.tables, self.ctx_lens, strict=True)]
+
+    @cached_property
+    def padded(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(key slots [seqs, max ctx], padded with the null block's; query index [seqs, max q];
+        whether each padded query is real [seqs, max q]; mask [seqs, 1, max q, max ctx])."""
+        seqs, most_q, most_k = len(self.q_lens), max(self.q_lens), max(self.ctx_lens)
+        keys = torch.full((seqs, most_k), NULL_BLOCK * self.pool.shape.block_size, dtype=torch.long)
+        queries = torch.zeros((seqs, most_q), dtype=torch.long)
+        real = torch.zeros((seqs, most_q), dtype=torch.bool)
+        positions = torch.zeros((seqs, most_q), dtype=torch.long)
+        for s, (start, n, ctx) in enumerate(zip(self.q_starts, self.q_lens, self.ctx_lens, strict=True)):
+            keys[s, :ctx] = self.key_slots[s].cpu()
+            queries[s, :n] = torch.arange(start, start + n)
+            real[s, :n] = True
+            positions[s, :n] = torch.arange(ctx - n, ctx)
+        mask = torch.arange(most_k)[None, None, :] <= positions[:, :, None]
+        mask[:, :, 0] |= ~real  # padded queries see one (zero) key: no NaN
+        device = self.pool.device
+        return keys.to(device), queries.to(device), real.to(device), mask[:, None].to(device)
+
+
+def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attention_mask: Optional[torch.Tensor], dropout: float = 0.0, scaling: Optional[float] = None,
+                    paged: Optional[PagedStep] = None, sliding_window: Optional[int] = None,
+                    **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """query [1, heads, tokens, dim], key/value [1, kv_heads, tokens, dim] (this step's new
+    tokens, packed); returns [1, tokens, heads, dim], as transformers' SDPA does. Outside the
+    engine's steps (no `paged`: transformers' own generate, a direct forward), see
+    `_outside_the_engine`."""
+    if paged is None:
+        return _outside_the_engine(module, query, key, value, attention_mask, dropout, scaling, sliding_window,
+                                   **kwargs)
+    if kwargs.get("softcap") or getattr(module, "sinks", None) is not None:
+        raise ValueError("paged attention: attention logit softcapping and sinks are not supported")
+    layer = int(module.layer_idx)  # type: ignore[arg-type]  # every attention layer has one
+    paged.pool.write(layer, key[0].transpose(0, 1), value[0].transpose(0, 1), paged.slots)
+    k_pool, v_pool = paged.pool.layer(layer)
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    window = sliding_window or 0
+    out = c_paged_attention(query, k_pool, v_pool, paged.c_args, scale, window)
+    if out is None:
+        padded = query.device.type == "cuda"
+        out = (_padded if padded else _per_sequence)(query, k_pool, v_pool, paged, scale, window)
+    paged.counted.append(layer)
+    return out[None], None
+
+
+def _outside_the_engine(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                        mask: Optional[torch.Tensor], dropout: float, scaling: Optional[float],
+                        sliding_window: Optional[int], **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """One sequence, causal (a direct forward, transformers' generate): the same C kernel as the
+    engine, its keys read as one block, so such a forward computes exactly what the engine does
+    (tests compare the two). Anything else: transformers' SDPA."""
+    rows, heads, q_len, dim = query.shape
+    width = key.shape[2]
+    causal = q_len == 1 or q_len == width if mask is None else _end_aligned_causal(mask, q_len, width)
+    if rows == 1 and causal and query.device.type == "cpu":
+        k_pool, v_pool = (t[0].transpose(0, 1).contiguous()[None] for t in (key, value))  # one block of `width`
+        args = (torch.tensor([0]), torch.tensor([q_len]), torch.tensor([width]), torch.zeros((1, 1), dtype=torch.int32))
+        out = c_paged_attention(query, k_pool, v_pool, args, dim ** -0.5 if scaling is None else scaling,
+                                sliding_window or 0)
+        if out is not None:
+            return out[None], None
+    return sdpa_attention_forward(module, query, key, value, mask, dropout=dropout, scaling=scaling,
+                                  sliding_window=sliding_window, **kwargs)
+
+
+def _end_aligned_causal(mask: torch.Tensor, q_len: int, width: int) -> bool:
+    """Whether a boolean mask [1, 1, q, k] lets query i see keys up to width - q_len + i, no more."""
+    if mask.dtype != torch.bool or mask.shape[-2:] != (q_len, width) or mask.shape[0] != 1:
+        return False
+    expected = torch.ones(q_len, width, dtype=torch.bool, device=mask.device).tril(width - q_len)
+    return torch.equal(mask[0, 0], expected)
+
+
+def _window_mask(q_len: int, ctx: int, window: int, device: torch.device) -> Optional[torch.Tensor]:
+    """Query i (at position ctx - q_len + i) over keys [lo, that position]; None when that is
+    every key (one query, no window)."""
+    if q_len == 1 and (not window or ctx <= window):
+        return None
+    keys = torch.arange(ctx, device=device)
+    at = torch.arange(ctx - q_len, ctx, device=device)[:, None]
+    mask = keys <= at
+    if window:
+        mask &= keys > at - window
+    return mask
+
+
+def _per_sequence(query: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, step: PagedStep,
+                  scale: float, window: int) -> torch.Tensor:
+    """One SDPA call per sequence over its own keys: [tokens, heads, dim]."""
+    heads, dim = query.shape[1], query.shape[-1]
+    flat_k, flat_v = k_pool.view(-1, *k_pool.shape[2:]), v_pool.view(-1, *v_pool.shape[2:])
+    out = query.new_empty((query.shape[2], heads, dim))
+    gqa = heads != k_pool.shape[2]
+    for s, (start, n, ctx) in enumerate(zip(step.q_starts, step.q_lens, step.ctx_lens, strict=True)):
+        slots = step.key_slots[s]
+        keys, values = flat_k[slots].transpose(0, 1)[None], flat_v[slots].transpose(0, 1)[None]
+        mask = _window_mask(n, ctx, window, query.device)
+        o = F.scaled_dot_product_attention(query[:, :, start:start + n], keys, values, attn_mask=mask, scale=scale,
+                                           enable_gqa=gqa)
+        out[start:start + n] = o[0].transpose(0, 1)
+    return out
+
+
+def _padded(query: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, step: PagedStep,
+            scale: float, window: int) -> torch.Tensor:
+    """One SDPA call over every sequence, padded to the longest: [tokens, heads, dim]."""
+    if window:  # the padded mask knows no window
+        return _per_sequence(query, k_pool, v_pool, step, scale, window)
+    slots, queries, real, mask = step.padded
+    heads, dim = query.shape[1], query.shape[-1]
+    flat_k, flat_v = k_pool.view(-1, *k_pool.shape[2:]), v_pool.view(-1, *v_pool.shape[2:])
+    keys, values = flat_k[slots].transpose(1, 2), flat_v[slots].transpose(1, 2)  # [seqs, kv_heads, ctx, dim]
+    q = query[0].transpose(0, 1)[queries].transpose(1, 2)  # [seqs, heads, max q, dim]
+    o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale,
+                                       enable_gqa=heads != k_pool.shape[2])
+    out = query.new_empty((query.shape[2], heads, dim))
+    out[queries[real]] = o.transpose(1, 2)[real]
+    return out
+
+
+AttentionInterface.register(NAME, paged_attention)
+AttentionMaskInterface.register(NAME, sdpa_mask)  # for the plain SDPA outside the engine's steps
