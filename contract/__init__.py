@@ -14,9 +14,9 @@ from .errors import (
     kind_of,
 )
 from .info import ServerInfo
-from .limits import DEFAULT_LIMITS, MAX_CHOICES, MAX_TOP_LOGPROBS, SEED_MAX, RequestLimits
+from .limits import DEFAULT_LIMITS, MAX_CHOICES, MAX_SPECULATIVE_TOKENS, MAX_TOP_LOGPROBS, SEED_MAX, RequestLimits
 from .params import EngineConfig, FinishReason, SamplingParams, field_type, request_field, request_fields
 
-__all__ = ["DEFAULT_LIMITS", "MAX_CHOICES", "MAX_TOP_LOGPROBS", "SEED_MAX", "EngineConfig", "EngineDeadError", "ErrorKind", "FinishReason",
+__all__ = ["DEFAULT_LIMITS", "MAX_CHOICES", "MAX_SPECULATIVE_TOKENS", "MAX_TOP_LOGPROBS", "SEED_MAX", "EngineConfig", "EngineDeadError", "ErrorKind", "FinishReason",
            "GenerationError", "OverloadedError", "RequestLimits", "SamplingParams", "ServerInfo",
            "ValidationError", "check", "field_type", "kind_of", "request_field", "request_fields"]

@@ -16,6 +16,7 @@ from .errors import check
 SEED_MAX = 2**64 - 1  # TGI's u64 range; torch.Generator.manual_seed takes all of it
 MAX_TOP_LOGPROBS = 20  # alternatives per token a request may ask for (OpenAI's bound)
 MAX_CHOICES = 16  # answers one request may ask for (n); each is a batch row, so the batch bounds it too
+MAX_SPECULATIVE_TOKENS = 16  # prompt-lookup drafts per step
 
 
 @dataclass(frozen=True)

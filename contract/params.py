@@ -14,7 +14,7 @@ from dataclasses import Field, dataclass, field, fields
 from typing import Any, Optional
 
 from .errors import EngineDeadError, OverloadedError, ValidationError, check
-from .limits import DEFAULT_LIMITS, MAX_CHOICES, MAX_TOP_LOGPROBS, SEED_MAX, RequestLimits
+from .limits import DEFAULT_LIMITS, MAX_CHOICES, MAX_SPECULATIVE_TOKENS, MAX_TOP_LOGPROBS, SEED_MAX, RequestLimits
 
 __all__ = ["EngineConfig", "EngineDeadError", "FinishReason", "OverloadedError", "SamplingParams",
            "ValidationError", "field_type", "request_fields"]
@@ -75,6 +75,10 @@ class SamplingParams:
     top_logprobs: int = request_field(
         0, "the likeliest alternatives reported with each generated token, with their log probabilities "
            "(the model's own distribution)", ge=0, le=MAX_TOP_LOGPROBS)
+    speculative_tokens: Optional[int] = request_field(
+        None, "prompt-lookup speculative decoding: tokens drafted per step from the prompt and answer so far, "
+              "verified in one forward pass (0: off; null: the server's speculative_tokens). It never changes "
+              "the answer, only how fast it comes", ge=0, le=MAX_SPECULATIVE_TOKENS)
     prompt_logprobs: bool = request_field(
         False, "report each prompt token's log probability given the tokens before it (the first has none), "
                "with top_logprobs alternatives: scoring a text")
@@ -215,6 +219,12 @@ class EngineConfig:
     stream_interval_ms: int = 0  # and at least this long between a stream's documents (0: off)
     core_process: bool = True  # the decode loop in its own process (False: a thread of the executor)
     prefix_caching: bool = engine_option(True, "LLM_PREFIX_CACHING")  # reuse the KV of prompts already seen
+    # prompt-lookup speculative decoding (speculation.py): drafts per step unless a request says (0: off),
+    # from the longest earlier n-gram of ngram_max down to ngram_min tokens, while at most max_rows rows run
+    speculative_tokens: int = engine_option(0, "LLM_SPECULATIVE_TOKENS")
+    speculative_ngram_min: int = 1
+    speculative_ngram_max: int = 4
+    speculative_max_rows: int = 4
     limits: RequestLimits = field(default_factory=RequestLimits.from_env)  # request sizes
 
     def validate(self) -> "EngineConfig":
@@ -222,6 +232,11 @@ class EngineConfig:
                      "max_batch_tokens", "max_prefill_tokens"):
             if getattr(self, name) < 1:
                 raise ValidationError(name, f"must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+            raise ValidationError("speculative_tokens", f"must be from 0 to {MAX_SPECULATIVE_TOKENS}, "
+                                                        f"got {self.speculative_tokens}")
+        if not 1 <= self.speculative_ngram_min <= self.speculative_ngram_max:
+            raise ValidationError("speculative_ngram_min", "must be at least 1 and at most speculative_ngram_max")
         if self.kv_cache_bytes < 0:
             raise ValidationError("kv_cache_bytes", f"must be >= 0, got {self.kv_cache_bytes}")
         if not 0 <= self.stream_interval_ms < 60_000:

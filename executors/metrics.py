@@ -44,6 +44,11 @@ class Metrics(EngineObserver):
                                    ["model_name"], registry=r).labels(**labels)
         self.preemptions = Counter("vllm:num_preemptions", "Rows that gave their KV blocks back to be recomputed.",
                                    ["model_name"], registry=r).labels(**labels)
+        spec = {name: Counter(f"vllm:spec_decode_{name}", doc, ["model_name"], registry=r).labels(**labels)
+                for name, doc in (("num_drafts", "Steps in which a row checked drafts (prompt lookup)."),
+                                  ("num_draft_tokens", "Draft tokens checked."),
+                                  ("num_accepted_tokens", "Draft tokens that the chosen tokens confirmed."))}
+        self.spec_drafts, self.spec_draft_tokens, self.spec_accepted = spec.values()
         self.success = Counter("vllm:request_success", "Finished requests, by finish reason.",
                                ["model_name", "finished_reason"], registry=r)
         self.model_name = model_name
@@ -67,6 +72,11 @@ class Metrics(EngineObserver):
 
     def preempted(self) -> None:
         self.preemptions.inc()
+
+    def speculated(self, drafted: int, accepted: int) -> None:
+        self.spec_drafts.inc()
+        self.spec_draft_tokens.inc(drafted)
+        self.spec_accepted.inc(accepted)
 
     def token(self, first: bool, since_previous_seconds: float) -> None:
         self.generation_tokens.inc()

@@ -4,10 +4,12 @@ that reached the end of its history chooses its next token.
 Synchronous and single-threaded by design: the engine process (core_process.py) runs it,
 or AsyncEngine on a thread of its own. Errors inside one request end that request only.
 """
+import itertools
 import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any, Optional, TypeVar
 
 import torch
@@ -27,8 +29,9 @@ from .prompt_logprobs import PromptScores, score
 from .request import Request, RequestState
 from .sampling import Choice, TokenChooser, greedy_choices
 from .scheduler import Scheduler, Work
+from .speculation import PromptLookup, SpeculationCounts
 from .stopping import StopSequenceFilter, stop_reason
-from .structured import GrammarCompiler, MaskFiller, constrained, grammar_complete
+from .structured import GrammarCompiler, MaskFiller, grammar_complete
 from .tools import ToolCallDelta, tool_parser
 
 log = logging.getLogger(__name__)
@@ -56,6 +59,7 @@ class EngineCore:
         self.steps = 0
         self.aborted = 0  # requests that left early because their reader went away
         self.loop_restarts = 0  # steps that failed as a whole (see safe_step)
+        self.speculation = SpeculationCounts()
         self.observer = EngineObserver()  # metrics: the executor sets its own
 
     # ----- requests in -----
@@ -74,10 +78,15 @@ class EngineCore:
     def _request(self, request_id: str, ids: list[int], params: SamplingParams, seed: Optional[int],
                  sink: Callable[[RequestOutput], None], matcher: Any = None, choice: int = 0) -> Request:
         """One answer's state: its own chooser (seeded), detokenizer, stop filter, grammar."""
+        matcher = matcher or self.grammars.matcher(params)
+        speculative = 0 if matcher is not None else (  # a grammar's masks are made one position at a time
+            self.config.speculative_tokens if params.speculative_tokens is None else params.speculative_tokens)
+        drafter = PromptLookup(self.config.speculative_ngram_min, self.config.speculative_ngram_max) \
+            if speculative else None
         return Request(request_id, ids, params, seed, TokenChooser(params, seed, self.loaded.device, len(ids)),
                        IncrementalDetokenizer(self.tokenizer, self.byte_ids), StopSequenceFilter(params.stop),
-                       sink, matcher=matcher or self.grammars.matcher(params), tool_parser=tool_parser(params),
-                       choice=choice)
+                       sink, matcher=matcher, tool_parser=tool_parser(params), choice=choice, drafter=drafter,
+                       speculative=speculative)
 
     def abort(self, request_id: str) -> None:
         """Thread-safe; the request leaves before the next forward pass."""
@@ -92,7 +101,7 @@ class EngineCore:
         sched = self.scheduler
         return {"running": len(sched.running), "prefilling": len(sched.prefilling), "waiting": sched.num_waiting,
                 "steps": self.steps, "aborted": self.aborted, "loop_restarts": self.loop_restarts,
-                "preemptions": sched.preemptions, **self.kv.stats()}
+                "preemptions": sched.preemptions, **self.kv.stats(), **asdict(self.speculation)}
 
     # ----- one step -----
     def safe_step(self) -> None:
@@ -130,8 +139,10 @@ class EngineCore:
             self.observer.finished(FinishReason.ABORTED, time.perf_counter() - req.arrival)
 
     def _run(self, work: list[Work]) -> None:
-        choosing = [w.request for w in work if w.samples]
-        masks = self.masks.start(constrained(choosing))  # filled while the forward pass runs
+        sampling = [w for w in work if w.samples]
+        first = list(itertools.accumulate((1 + len(w.drafts) for w in sampling), initial=0))  # each one's logits
+        masks = self.masks.start([(first[i], w.request.matcher) for i, w in enumerate(sampling)
+                                  if w.request.matcher is not None])  # filled while the forward pass runs
         try:
             result = self.runner.run(work, any(self._scores(w) for w in work))
         except Exception as exc:  # a failed forward cannot be pinned on one row
@@ -146,15 +157,35 @@ class EngineCore:
         logits = result.logits
         if masks is not None:
             self.masks.apply(masks.result(), logits)
-        alive = [i for i, r in enumerate(choosing) if r.state is RequestState.RUNNING]  # scoring may fail one
-        choosing, logits = self._fork_answers([choosing[i] for i in alive], logits[alive])
-        for req, choice in zip(choosing, self._choose(choosing, logits), strict=True):
+        plain = [i for i, w in enumerate(sampling) if not w.drafts and w.request.state is RequestState.RUNNING]
+        choosing, chosen = self._fork_answers([sampling[i].request for i in plain], logits[[first[i] for i in plain]])
+        for req, choice in zip(choosing, self._choose(choosing, chosen), strict=True):
             if choice is None:
                 continue
             if req.params.max_tokens > 0:
                 self._advance(req, choice)
             else:
                 self._scored_only(req)
+        for i, w in enumerate(sampling):
+            if w.drafts and w.request.state is RequestState.RUNNING:  # not preempted by a fork
+                self._verify(w, logits[first[i]:first[i + 1]])
+
+    def _verify(self, w: Work, logits: torch.Tensor) -> None:
+        """A speculating row's next tokens, chosen position after position as plain decode steps
+        would choose them, while each is the draft that the next position assumed (speculation.py)."""
+        req, before, accepted = w.request, w.request.computed, 0
+        for i in range(len(w.drafts) + 1):
+            choice = self._choose([req], logits[i:i + 1])[0]
+            if choice is None or not self._advance(req, choice) or i == len(w.drafts) or choice.token_id != w.drafts[i]:
+                break
+            accepted += 1
+            req.computed += 1  # the draft's keys and values hold: it is the token chosen
+        if accepted and req.state is RequestState.RUNNING:
+            self.kv.computed(req, before)
+        self.speculation.spec_drafts += 1
+        self.speculation.spec_draft_tokens += len(w.drafts)
+        self.speculation.spec_accepted_tokens += accepted
+        self.observer.speculated(len(w.drafts), accepted)
 
     def _computed(self, w: Work) -> None:
         req = w.request

@@ -52,6 +52,12 @@ class Preempted:
 
 
 @dataclass
+class Speculated:
+    drafted: int
+    accepted: int
+
+
+@dataclass
 class TokenTimed:
     first: bool
     since_previous_seconds: float
@@ -63,7 +69,7 @@ class Finished:
     e2e_seconds: float
 
 
-ObserverEvent = Union[Admitted, Prefilled, Preempted, TokenTimed, Finished]
+ObserverEvent = Union[Admitted, Prefilled, Preempted, Speculated, TokenTimed, Finished]
 
 
 def replay(event: ObserverEvent, observer: EngineObserver) -> None:
@@ -74,6 +80,8 @@ def replay(event: ObserverEvent, observer: EngineObserver) -> None:
             observer.prefilled(tokens, cached)
         case Preempted():
             observer.preempted()
+        case Speculated(drafted, accepted):
+            observer.speculated(drafted, accepted)
         case TokenTimed(first, since):
             observer.token(first, since)
         case Finished(reason, e2e):
@@ -94,6 +102,9 @@ class Recorder(EngineObserver):
 
     def preempted(self) -> None:
         self.events.append(Preempted())
+
+    def speculated(self, drafted: int, accepted: int) -> None:
+        self.events.append(Speculated(drafted, accepted))
 
     def token(self, first: bool, since_previous_seconds: float) -> None:
         self.events.append(TokenTimed(first, since_previous_seconds))

@@ -16,7 +16,8 @@ from .scheduler import Work
 
 @dataclass
 class StepResult:
-    logits: torch.Tensor  # [rows that choose a token, vocab] float32, in the work's order
+    logits: torch.Tensor  # [positions that choose a token, vocab] float32, in the work's order: one per
+    # row that reaches the end of its history, and one more per draft
     starts: list[int]  # where each work's tokens begin in the packed sequence
     hidden: Optional[torch.Tensor]  # [tokens, hidden]: the decoder's output, when a row scores its prompt
 
@@ -33,12 +34,13 @@ class ModelRunner:
         positions: list[int] = []
         slots: list[int] = []
         for w in work:
-            ids += w.request.tokens(w.start, w.start + w.count)
-            positions += range(w.start, w.start + w.count)
-            slots += self.kv.slots(w.request, w.start, w.count)
-        step = PagedStep(self.kv.pool, torch.tensor(slots, device=self.device), [w.count for w in work],
-                         [w.start + w.count for w in work], [self.kv.table(w.request) for w in work])
-        chosen = [start + w.count - 1 for w, start in zip(work, step.q_starts, strict=True) if w.samples]
+            ids += w.request.tokens(w.start, w.start + w.count) + w.drafts
+            positions += range(w.start, w.start + w.tokens)
+            slots += self.kv.slots(w.request, w.start, w.tokens)
+        step = PagedStep(self.kv.pool, torch.tensor(slots, device=self.device), [w.tokens for w in work],
+                         [w.start + w.tokens for w in work], [self.kv.table(w.request) for w in work])
+        chosen = [start + i for w, start in zip(work, step.q_starts, strict=True) if w.samples
+                  for i in range(w.count - 1, w.tokens)]  # a row's last token's logits, and each draft's
         keep = 0 if len(chosen) == len(ids) else torch.tensor(chosen or [0], device=self.device)
         with final_hidden_states(self.model, keep_hidden) as hidden:
             out = self.model(input_ids=torch.tensor([ids], device=self.device),

@@ -20,6 +20,9 @@ class EngineObserver:
     def preempted(self) -> None:
         """A row gave its KV blocks back (the pool ran out); it computes its history again later."""
 
+    def speculated(self, drafted: int, accepted: int) -> None:
+        """A speculating row's step: its drafts, and how many the chosen tokens confirmed."""
+
     def token(self, first: bool, since_previous_seconds: float) -> None:
         """A token was generated: the first (since arrival: time to first token) or a next
         one (since the previous: inter-token latency)."""

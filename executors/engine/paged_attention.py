@@ -28,6 +28,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from contract import MAX_SPECULATIVE_TOKENS
+
 from .kv_pool import NULL_BLOCK, KVPool
 from .native import paged_attention as c_paged_attention
 
@@ -157,7 +159,9 @@ def _window_mask(q_len: int, ctx: int, window: int, device: torch.device) -> Opt
 
 def _per_sequence(query: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, step: PagedStep,
                   scale: float, window: int) -> torch.Tensor:
-    """One SDPA call per sequence over its own keys: [tokens, heads, dim]."""
+    """One SDPA call per sequence over its own keys: [tokens, heads, dim]. A few queries (a row's
+    last token and its drafts) go one call each, over exactly the keys a decode step of each would
+    see, so speculation changes no number here either."""
     heads, dim = query.shape[1], query.shape[-1]
     flat_k, flat_v = k_pool.view(-1, *k_pool.shape[2:]), v_pool.view(-1, *v_pool.shape[2:])
     out = query.new_empty((query.shape[2], heads, dim))
@@ -165,10 +169,14 @@ def _per_sequence(query: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tenso
     for s, (start, n, ctx) in enumerate(zip(step.q_starts, step.q_lens, step.ctx_lens, strict=True)):
         slots = step.key_slots[s]
         keys, values = flat_k[slots].transpose(0, 1)[None], flat_v[slots].transpose(0, 1)[None]
-        mask = _window_mask(n, ctx, window, query.device)
-        o = F.scaled_dot_product_attention(query[:, :, start:start + n], keys, values, attn_mask=mask, scale=scale,
-                                           enable_gqa=gqa)
-        out[start:start + n] = o[0].transpose(0, 1)
+        one_by_one = n <= 1 + MAX_SPECULATIVE_TOKENS
+        for q0, q1 in ([(i, i + 1) for i in range(n)] if one_by_one else [(0, n)]):
+            seen = ctx - n + q1  # keys up to the last of these queries
+            lo = max(0, seen - window) if window and one_by_one else 0
+            mask = _window_mask(q1 - q0, seen, window, query.device) if not one_by_one else None
+            o = F.scaled_dot_product_attention(query[:, :, start + q0:start + q1], keys[:, :, lo:seen],
+                                               values[:, :, lo:seen], attn_mask=mask, scale=scale, enable_gqa=gqa)
+            out[start + q0:start + q1] = o[0].transpose(0, 1)
     return out
 
 

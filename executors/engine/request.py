@@ -11,6 +11,7 @@ from .detokenizer import IncrementalDetokenizer
 from .outputs import RequestOutput
 from .prompt_logprobs import PromptScores
 from .sampling import TokenChooser
+from .speculation import PromptLookup
 from .stopping import StopSequenceFilter
 from .tools import ToolCallParser
 
@@ -45,6 +46,8 @@ class Request:
     rows: int = 1  # batch rows it stands for: n until its prompt is prefilled and shared
     prompt_scores: Optional[PromptScores] = None  # prompt_logprobs: filled while prefilling
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    drafter: Optional[PromptLookup] = None  # speculative decoding: drafts its next tokens
+    speculative: int = 0  # drafts per decode step (0: none)
 
     @property
     def row_id(self) -> str:

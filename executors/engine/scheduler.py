@@ -27,11 +27,18 @@ from .request import Request, RequestState
 
 @dataclass
 class Work:
-    """One row's share of a step: tokens start..start + count of its history."""
+    """One row's share of a step: tokens start..start + count of its history, then its drafts
+    (speculation.py), whose logits check them."""
 
     request: Request
     start: int
     count: int
+    drafts: list[int] = field(default_factory=list)
+
+    @property
+    def tokens(self) -> int:
+        """Positions computed: the history's, then the drafts'."""
+        return self.count + len(self.drafts)
 
     @property
     def samples(self) -> bool:
@@ -107,6 +114,7 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         plan, budget = StepPlan(), self.config.max_prefill_tokens
         preempted = False
+        speculate = len(self.running) <= self.config.speculative_max_rows
         for req in list(self.running):
             if req.state is not RequestState.RUNNING:  # preempted for an older row this step
                 continue
@@ -114,18 +122,27 @@ class Scheduler:
             count = 1 if todo == 1 else min(todo, budget)
             if count == 0:
                 continue
-            while not self.kv.grow(req, count):
+            drafts = self._drafts(req) if todo == 1 and speculate else []
+            while not self.kv.grow(req, count + len(drafts)):
                 victim = self.running[-1]
                 self._preempt(victim)
                 preempted = True
                 if victim is req:
                     break
             else:
-                plan.work.append(Work(req, req.computed, count))
+                plan.work.append(Work(req, req.computed, count, drafts))
                 budget -= count if todo > 1 else 0
         if not preempted:
             self._admit(plan, budget)
         return plan
+
+    @staticmethod
+    def _drafts(req: Request) -> list[int]:
+        """A decoding row's drafts, no more than the tokens it may still generate after the next."""
+        room = min(req.speculative, req.params.max_tokens - len(req.generated) - 1)
+        if req.drafter is None or room <= 0:
+            return []
+        return req.drafter.propose(req.history(), room)
 
     def _admit(self, plan: StepPlan, budget: int) -> None:
         """Waiting requests start, first come first served, while rows, blocks and the

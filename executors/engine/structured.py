@@ -129,11 +129,6 @@ class MaskFiller:
         self._thread.shutdown(wait=False, cancel_futures=True)
 
 
-def constrained(requests: list[Any]) -> list[tuple[int, LLMatcher]]:
-    """(row, matcher) of the requests (rows of one batch) that carry a grammar."""
-    return [(row, req.matcher) for row, req in enumerate(requests) if req.matcher is not None]
-
-
 def grammar_complete(matcher: LLMatcher, token: int) -> bool:
     """Advance the grammar by the chosen token (appended already: the matcher may stop right
     after the closing brace); whether it is complete. A token it refused fails the request."""
