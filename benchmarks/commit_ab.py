@@ -10,8 +10,9 @@ has) with the default EngineConfig, and warms up. Workloads:
 - `decode` (the default): greedy streams of `--tokens` tokens (`ignore_eos`) at each level of
   `--concurrency`: output tok/s, all streams' tokens over the wall time from the first request
   to the last token. A noisy machine hurts both commits alike; medians over `--rounds`.
-- `rows`: one request with a 4,000-token prompt and 31 short ones (64 tokens each), sent at
-  once: the most rows that decode together (the engine's stats, polled every millisecond).
+- `rows`: one request with a 4,000-token prompt (256 tokens) and, once it decodes, 31 short ones
+  (64 tokens each): the most rows that decode together while it does (the engine's stats, polled
+  every millisecond).
 """
 import argparse
 import json
@@ -49,17 +50,23 @@ async def decode(engine):
 
 async def rows(engine):
     long_prompt = " ".join(WORDS[k % len(WORDS)] for k in range(3990))
-    params = SamplingParams(max_tokens=64, ignore_eos=True)
-    async def one(prompt):
-        return sum([len(o.token_ids) async for o in engine.generate(prompt, params)])
-    tasks = [asyncio.ensure_future(one(long_prompt))] + [asyncio.ensure_future(one(f"Hi {i}")) for i in range(31)]
+    started = asyncio.Event()
+    async def one(prompt, tokens):
+        n = 0
+        async for out in engine.generate(prompt, SamplingParams(max_tokens=tokens, ignore_eos=True)):
+            n += len(out.token_ids)
+            started.set()
+        return n
+    long = asyncio.ensure_future(one(long_prompt, 256))
+    await started.wait()  # the long request decodes: the short ones join it
+    short = [asyncio.ensure_future(one(f"Hi {i}", 64)) for i in range(31)]
     most = 0
-    while not all(t.done() for t in tasks):
+    while not long.done():
         s = engine.stats()  # rows in the decode batch: an older engine's batch_rows, else running - prefilling
         most = max(most, s["batch_rows"] if "batch_rows" in s else s["running"] - s["prefilling"])
         await asyncio.sleep(0.001)
-    assert all(t.result() == 64 for t in tasks)
-    return {"prompt_tokens": len(engine.tokenizer(long_prompt)["input_ids"]), "most_rows_decoding": most}
+    assert long.result() == 256 and all(n == 64 for n in await asyncio.gather(*short))
+    return {"prompt_tokens": len(engine.tokenizer(long_prompt)["input_ids"]), "most_rows_beside_it": most}
 
 async def main():
     engine = AsyncEngine(EngineConfig(model=model))
