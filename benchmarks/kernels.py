@@ -85,7 +85,8 @@ def attention_rows(repeats: int) -> list[str]:
         ctx = [width - 6 * r for r in range(16)]
         q_lens = [1] * 16 if decode else ctx
         pool = KVPool(KVShape(1, 3, 64, torch.float32), sum(-(-n // 16) for n in ctx), torch.device("cpu"))
-        pool.kv.normal_()
+        pool.keys.normal_()
+        pool.values.normal_()
         tables, at = [], 1
         for n in ctx:
             tables.append(list(range(at, at + -(-n // 16))))

@@ -1,12 +1,13 @@
 """The KV pool: every layer's keys and values, in fixed-size blocks shared by all requests.
 
-One tensor [layers, 2, blocks, block_size, kv_heads, head_dim] holds them (PagedAttention's
-layout, and transformers' continuous batching's: a token's keys are one slot). A request owns a
-block table (kv_manager.py); a forward writes each new token's keys and values into its slot,
-and attention reads them back through the tables (paged_attention.py). Nothing is padded, and
-nothing is copied when a request joins or leaves.
+A request owns a block table (kv_manager.py); a forward writes each new token's keys and values
+into its slot (block, offset), and attention reads them back through the tables
+(paged_attention.py). Nothing is padded, and nothing is copied when a request joins or leaves.
+Keys are stored transposed within a block, [kv_heads, head_dim, block_size], so that the C
+kernel scores a block's keys as the lanes of one vector; values as rows, [block_size, kv_heads,
+head_dim] (PagedAttention keeps its keys in a layout of their own for the same reason).
 
-Block 0 is never handed out: it stays zero, the slot that padded reads point at.
+Block 0 is never handed out: it stays zero, the block that padded reads point at.
 """
 from dataclasses import dataclass
 
@@ -47,22 +48,37 @@ class KVPool:
     def __init__(self, shape: KVShape, blocks: int, device: torch.device):
         self.shape = shape
         self.blocks = blocks + 1  # and the null block
-        # empty: on CPU the OS commits pages as blocks are first written, not all at start
-        self.kv = torch.empty((shape.layers, 2, self.blocks, shape.block_size, shape.kv_heads, shape.head_dim),
-                              dtype=shape.dtype, device=device)
-        self.kv[:, :, NULL_BLOCK] = 0
+        size, heads, dim = shape.block_size, shape.kv_heads, shape.head_dim
+        # on CPU, empty: the OS commits pages as blocks are first written; on a GPU, zeros (a padded
+        # read may meet a block's unwritten slots, masked, and must not meet NaN there)
+        make = torch.zeros if device.type == "cuda" else torch.empty
+        self.keys = make((shape.layers, self.blocks, heads, dim, size), dtype=shape.dtype, device=device)
+        self.values = make((shape.layers, self.blocks, size, heads, dim), dtype=shape.dtype, device=device)
+        self.keys[:, NULL_BLOCK] = 0
+        self.values[:, NULL_BLOCK] = 0
         self.device = device
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of one layer: [blocks, block_size, kv_heads, head_dim] each."""
-        return self.kv[index, 0], self.kv[index, 1]
+        """Keys [blocks, kv_heads, head_dim, block_size] and values [blocks, block_size, kv_heads,
+        head_dim] of one layer."""
+        return self.keys[index], self.values[index]
 
-    def write(self, index: int, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor) -> None:
-        """keys/values [tokens, kv_heads, head_dim] into their slots (block * block_size + offset)."""
+    def write(self, index: int, keys: torch.Tensor, values: torch.Tensor, blocks: torch.Tensor,
+              offsets: torch.Tensor) -> None:
+        """keys/values [tokens, kv_heads, head_dim] into their slots: (block, offset) each."""
         k, v = self.layer(index)
-        k.view(-1, *k.shape[2:]).index_copy_(0, slots, keys.to(k.dtype))
-        v.view(-1, *v.shape[2:]).index_copy_(0, slots, values.to(v.dtype))
+        k.permute(0, 3, 1, 2)[blocks, offsets] = keys.to(k.dtype)
+        v[blocks, offsets] = values.to(v.dtype)
 
     def copy_block(self, source: int, target: int) -> None:
         """Every layer's keys and values of one block into another (a forked answer's last block)."""
-        self.kv[:, :, target] = self.kv[:, :, source]
+        self.keys[:, target] = self.keys[:, source]
+        self.values[:, target] = self.values[:, source]
+
+    def gather(self, index: int, table: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One sequence's first `length` keys and values of a layer, in order: [kv_heads, length,
+        head_dim] each (the PyTorch paths read them so)."""
+        k, v = self.layer(index)
+        keys = k[table].permute(1, 0, 3, 2).flatten(1, 2)[:, :length]
+        values = v[table].flatten(0, 1)[:length].transpose(0, 1)
+        return keys, values

@@ -61,17 +61,18 @@ def _build(compiler: str) -> ctypes.CDLL:
 
 def paged_attention(query: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                     step: tuple[torch.Tensor, ...], scale: float, window: int) -> Optional[torch.Tensor]:
-    """query [1, heads, tokens, dim] (any strides but a contiguous dim); k_pool/v_pool [blocks,
-    block_size, kv_heads, dim] contiguous; step: q_starts, q_lens, ctx_lens (int64) and the block
-    tables [sequences, width] (int32), as PagedStep.c_args makes them. Returns [tokens, heads,
-    dim], or None where the kernels are missing or do not take these tensors."""
+    """query [1, heads, tokens, dim] (any strides but a contiguous dim); k_pool [blocks, kv_heads,
+    dim, block_size] and v_pool [blocks, block_size, kv_heads, dim], contiguous; step: q_starts,
+    q_lens, ctx_lens (int64) and the block tables [sequences, width] (int32), as PagedStep.c_args
+    makes them. Returns [tokens, heads, dim], or None where the kernels are missing or do not take
+    these tensors."""
     built = library()
     if built is None or not _fits(query, k_pool, v_pool):
         return None
     _, heads, tokens, dim = query.shape
     q_starts, q_lens, ctx_lens, tables = step
     out = torch.empty((tokens, heads, dim))
-    blocks, block_size, kv_heads, _ = k_pool.shape
+    blocks, block_size, kv_heads, _ = v_pool.shape
     status = built.paged_attention(query.data_ptr(), query.stride(2), query.stride(1), k_pool.data_ptr(),
                                    v_pool.data_ptr(), out.data_ptr(), q_starts.data_ptr(), q_lens.data_ptr(),
                                    ctx_lens.data_ptr(), tables.data_ptr(), tables.shape[1], tables.shape[0], heads,
@@ -127,4 +128,5 @@ def int4_matmul(x: torch.Tensor, weights: Int4Weights) -> torch.Tensor:
 def _fits(query: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> bool:
     tensors = (query, k_pool, v_pool)
     return (all(t.device.type == "cpu" and t.dtype == torch.float32 and t.stride(-1) == 1 for t in tensors)
-            and k_pool.is_contiguous() and v_pool.is_contiguous() and k_pool.shape == v_pool.shape)
+            and k_pool.is_contiguous() and v_pool.is_contiguous()
+            and k_pool.shape == v_pool.shape[:1] + v_pool.shape[2:] + v_pool.shape[1:2])

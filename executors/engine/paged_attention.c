@@ -1,15 +1,20 @@
 /* Paged attention (paged_attention.py): each sequence's queries attend causally over that
- * sequence's own keys, read through its block table from the KV pool (kv_pool.py).
+ * sequence's own keys, read through its block table from the KV pool (kv_pool.py). A block's keys
+ * are stored transposed, [kv_heads, dim, block], so LANES keys' scores are one vector's lanes;
+ * its values as rows, [block, kv_heads, dim].
  *
  * A step packs every sequence's new tokens into one row of queries: a decode step's one token,
  * a prefill chunk's tokens, after whatever keys the sequence already holds (its own, or a cached
  * prefix's blocks). Query i of a sequence of `q_len` new tokens and `ctx` keys sits at position
  * p = ctx - q_len + i and attends keys [lo, p], lo = 0 (or p - window + 1 with a sliding window).
  *
- * Every (sequence, kv head, 16 queries) is computed by one thread, with the same code, in key
- * order, whatever else the step holds and however many threads run: a query comes out bit for
- * bit the same alone, batched, in a whole prefill or in a chunk after cached keys. It runs in the
- * OpenMP runtime that torch already loaded (its libgomp), so it shares torch's threads.
+ * Every (sequence, kv head, 16 queries) is computed by one thread, with the same code for every
+ * query of a given model shape, whatever else the step holds and however many threads run: a
+ * query comes out bit for bit the same alone, batched, in a whole prefill or in a chunk after
+ * cached keys. (Each score is a chain of fused multiply-adds over the head dim; each weight sum
+ * and weighted value a chain over the keys in order; the compiler's choice of instructions can
+ * differ between two functions, so one shape always takes the same one.) It runs in the OpenMP
+ * runtime that torch already loaded (its libgomp), so it shares torch's threads.
  *
  * Built at start-up by native.py with the machine's compiler (-O3 -march=native).
  */
@@ -17,12 +22,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef float vec __attribute__((vector_size(64), aligned(4)));  /* 16 floats, unaligned loads */
-typedef int32_t ivec __attribute__((vector_size(64), aligned(4)));
-typedef float vec8 __attribute__((vector_size(32)));
-typedef float vec4 __attribute__((vector_size(16)));
+#if defined(__AVX512F__)  /* the machine's own vector width: wider types spill on narrower machines */
 #define LANES 16
-#define MAX_GROUP 16  /* query heads per kv head */
+#else
+#define LANES 8
+#endif
+typedef float vec __attribute__((vector_size(LANES * 4)));  /* loaded and stored with memcpy: unaligned */
+typedef int32_t ivec __attribute__((vector_size(LANES * 4)));
 #define QUERIES 16    /* queries per task */
 
 static inline vec select_not(ivec drop, vec x) {
@@ -48,14 +54,28 @@ static inline vec exp_le0(vec x) {
     return select_not(tiny, p * two_n);
 }
 
-static inline float hsum(vec v) {
-    vec8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7)
-             + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-    vec4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
-    return (b[0] + b[2]) + (b[1] + b[3]);
+static inline vec vmax(vec a, vec b) {
+    ivec take_a = a > b, x, y;
+    memcpy(&x, &a, sizeof x);
+    memcpy(&y, &b, sizeof y);
+    x = (x & take_a) | (y & ~take_a);
+    memcpy(&a, &x, sizeof a);
+    return a;
 }
 
-/* Where one sequence's keys (or values) of one kv head lie: key j at
+static inline float lane_max(vec v) {
+    float m = v[0];
+    for (int i = 1; i < LANES; i++) m = v[i] > m ? v[i] : m;
+    return m;
+}
+
+static inline float lane_sum(vec v) {  /* pairwise, in a fixed order */
+    for (int width = LANES / 2; width > 0; width /= 2)
+        for (int i = 0; i < width; i++) v[i] += v[i + width];
+    return v[0];
+}
+
+/* Where one sequence's values of one kv head lie: value j at
  * pool + (table[j / block] * block + j % block) * token. */
 typedef struct {
     const float *pool;     /* the layer's pool, offset to this kv head */
@@ -63,83 +83,142 @@ typedef struct {
     int64_t block, token;  /* tokens per block; floats per token slot (kv_heads x dim) */
 } pages;
 
-/* One query over keys [lo, lo + span) of one kv head, for the `group` query heads that share
- * it (q_head floats apart; their outputs adjacent); chunks = head dim / 16. */
-static inline __attribute__((always_inline)) void
-kv_head(const float *q, int64_t q_head, pages k, pages v, float *out, int64_t lo, int64_t span,
-        const int64_t chunks, int64_t group, float scale, float *scores) {
-    vec qv[MAX_GROUP][chunks], acc[MAX_GROUP][chunks];
-    float top[MAX_GROUP], total[MAX_GROUP];
-    int64_t padded = (span + LANES - 1) / LANES * LANES, end = lo + span;
-    for (int64_t g = 0; g < group; g++) {
-        memcpy(qv[g], q + g * q_head, sizeof qv[g]);
-        memset(acc[g], 0, sizeof acc[g]);
-        top[g] = -3.4e38f;
-        total[g] = 0.0f;
-        memset(scores + g * padded + span, 0, (padded - span) * sizeof(float));
+/* Each score is q . k summed over the head dim in order, one fused multiply-add per element,
+ * in a lane of its own; each output element sums its keys' weighted values in key order. So a
+ * query's numbers depend on its own keys only: not on the other queries of its task, nor on
+ * where its keys' blocks lie, nor on how many queries the step holds. */
+
+/* One query's scores against one block's keys (stored transposed: row d at kt + d * block), for
+ * G query heads that share the kv head (q_head floats apart), into scores rows `stride` apart,
+ * C vectors of LANES keys each. The G x C sums run side by side, independent chains of fused
+ * multiply-adds in registers (fixed sizes: a macro makes one function per shape). */
+#define BLOCK_SCORES(G, C)                                                                                  \
+    static void block_scores_##G##_##C(const float *q, int64_t q_head, const float *kt, int64_t block,   \
+                                        int64_t dim, float scale, float *scores, int64_t stride) {         \
+        vec acc[G][C];                                                                                      \
+        memset(acc, 0, sizeof acc);                                                                         \
+        for (int64_t d = 0; d < dim; d++) {                                                                 \
+            vec kd[C];                                                                                      \
+            for (int c = 0; c < C; c++) memcpy(&kd[c], kt + d * block + c * LANES, sizeof kd[c]);          \
+            for (int g = 0; g < G; g++) {                                                                   \
+                float qd = q[g * q_head + d];                                                               \
+                for (int c = 0; c < C; c++) acc[g][c] += qd * kd[c];                                        \
+            }                                                                                               \
+        }                                                                                                   \
+        for (int g = 0; g < G; g++)                                                                         \
+            for (int c = 0; c < C; c++) {                                                                   \
+                vec out = acc[g][c] * scale;                                                                \
+                memcpy(scores + g * stride + c * LANES, &out, sizeof out);                                  \
+            }                                                                                               \
     }
-    for (int64_t j = lo; j < end;) {  /* scores = q . k, and their maximum, block by block */
-        int64_t b = j / k.block, stop = (b + 1) * k.block < end ? (b + 1) * k.block : end;
-        const float *base = k.pool + (int64_t)k.table[b] * k.block * k.token;
+BLOCK_SCORES(1, 1)
+BLOCK_SCORES(1, 2)
+BLOCK_SCORES(2, 1)
+BLOCK_SCORES(2, 2)
+BLOCK_SCORES(3, 1)
+BLOCK_SCORES(3, 2)
+BLOCK_SCORES(4, 1)
+BLOCK_SCORES(4, 2)
+
+static void scores_of(const float *q, int64_t q_head, const float *kt, int64_t block, int64_t group, int64_t dim,
+                      float scale, float *scores, int64_t stride) {
+    int64_t chunks = block / LANES;
+    switch (group * 4 + (chunks < 3 ? chunks : 3)) {  /* the common shapes */
+        case 4 + 1: block_scores_1_1(q, q_head, kt, block, dim, scale, scores, stride); return;
+        case 4 + 2: block_scores_1_2(q, q_head, kt, block, dim, scale, scores, stride); return;
+        case 8 + 1: block_scores_2_1(q, q_head, kt, block, dim, scale, scores, stride); return;
+        case 8 + 2: block_scores_2_2(q, q_head, kt, block, dim, scale, scores, stride); return;
+        case 12 + 1: block_scores_3_1(q, q_head, kt, block, dim, scale, scores, stride); return;
+        case 12 + 2: block_scores_3_2(q, q_head, kt, block, dim, scale, scores, stride); return;
+        case 16 + 1: block_scores_4_1(q, q_head, kt, block, dim, scale, scores, stride); return;
+        case 16 + 2: block_scores_4_2(q, q_head, kt, block, dim, scale, scores, stride); return;
+    }
+    for (int64_t g = 0; g < group; g++)  /* any other: one head and one vector of keys at a time, the same sums */
+        for (int64_t c = 0; c < chunks; c++)
+            block_scores_1_1(q + g * q_head, q_head, kt + c * LANES, block, dim, scale,
+                             scores + g * stride + c * LANES, stride);
+}
+
+/* Softmax over scores[lo..hi] (in place, weights after), then out = their weighted values
+ * (chunks = head dim / LANES, a constant where it is inlined, so the sums stay in registers). */
+static inline __attribute__((always_inline)) void
+weigh_chunks(float *scores, int64_t lo, int64_t hi, pages v, const int64_t chunks, float *out) {
+    int64_t from = lo / LANES * LANES, to = hi / LANES * LANES + LANES;  /* whole vectors */
+    for (int64_t j = from; j < lo; j++) scores[j] = -3.4e38f;  /* lanes outside [lo, hi]: weight 0 */
+    for (int64_t j = hi + 1; j < to; j++) scores[j] = -3.4e38f;
+    vec most = {0}, sum = {0};
+    most -= 3.4e38f;
+    for (int64_t j = from; j < to; j += LANES) {
+        vec s;
+        memcpy(&s, scores + j, sizeof s);
+        most = vmax(s, most);
+    }
+    float top = lane_max(most);
+    for (int64_t j = from; j < to; j += LANES) {  /* each lane sums its keys in order, then the lanes in order */
+        vec s;
+        memcpy(&s, scores + j, sizeof s);
+        s = exp_le0(s - top);
+        sum += s;
+        memcpy(scores + j, &s, sizeof s);
+    }
+    float total = lane_sum(sum);
+    vec acc[chunks];
+    memset(acc, 0, sizeof acc);
+    for (int64_t j = lo; j <= hi;) {  /* block by block: one table read per block */
+        int64_t b = j / v.block, stop = (b + 1) * v.block <= hi ? (b + 1) * v.block : hi + 1;
+        const float *base = v.pool + ((int64_t)v.table[b] * v.block - b * v.block) * v.token;
         for (; j < stop; j++) {
-            const float *key = base + (j - b * k.block) * k.token;
-            for (int64_t g = 0; g < group; g++) {
-                vec sum = {0}, part;
-                for (int64_t c = 0; c < chunks; c++) {
-                    memcpy(&part, key + c * LANES, sizeof part);
-                    sum += qv[g][c] * part;
-                }
-                float s = hsum(sum) * scale;
-                scores[g * padded + j - lo] = s;
-                top[g] = s > top[g] ? s : top[g];
+            float w = scores[j];
+            for (int64_t c = 0; c < chunks; c++) {
+                vec x;
+                memcpy(&x, base + j * v.token + c * LANES, sizeof x);
+                acc[c] += w * x;
             }
         }
     }
-    for (int64_t g = 0; g < group; g++) {  /* softmax weights, summed in key order */
-        float *row = scores + g * padded;
-        for (int64_t j = 0; j < padded; j += LANES) {
-            vec s;
-            memcpy(&s, row + j, sizeof s);
-            s = exp_le0(s - top[g]);
-            memcpy(row + j, &s, sizeof s);
-        }
-        for (int64_t j = 0; j < span; j++) total[g] += row[j];
+    for (int64_t c = 0; c < chunks; c++) {
+        vec o = acc[c] / total;
+        memcpy(out + c * LANES, &o, sizeof o);
     }
-    for (int64_t j = lo; j < end;) {  /* weighted values, in key order */
-        int64_t b = j / v.block, stop = (b + 1) * v.block < end ? (b + 1) * v.block : end;
-        const float *base = v.pool + (int64_t)v.table[b] * v.block * v.token;
-        for (; j < stop; j++) {
-            vec part[chunks];
-            memcpy(part, base + (j - b * v.block) * v.token, sizeof part);
-            for (int64_t g = 0; g < group; g++)
-                for (int64_t c = 0; c < chunks; c++) acc[g][c] += scores[g * padded + j - lo] * part[c];
-        }
-    }
-    for (int64_t g = 0; g < group; g++)
-        for (int64_t c = 0; c < chunks; c++) {
-            vec o = acc[g][c] / total[g];
-            memcpy(out + (g * chunks + c) * LANES, &o, sizeof o);
-        }
 }
 
-/* Queries [first, last) of one sequence (ctx keys, q_len new tokens) for one kv head. */
-static void task(const float *q, int64_t q_tok, int64_t q_head, pages k, pages v, float *out, int64_t out_tok,
-                 int64_t first, int64_t last, int64_t q_len, int64_t ctx, int64_t window, int64_t group,
-                 int64_t dim, float scale, float *scores) {
-    for (int64_t i = first; i < last; i++) {
-        int64_t p = ctx - q_len + i, lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
-        const float *qi = q + i * q_tok;
-        float *oi = out + i * out_tok;
-        switch (dim / LANES) {  /* a constant chunk count per case, for the compiler */
-            case 4: kv_head(qi, q_head, k, v, oi, lo, p - lo + 1, 4, group, scale, scores); break;
-            case 8: kv_head(qi, q_head, k, v, oi, lo, p - lo + 1, 8, group, scale, scores); break;
-            default: kv_head(qi, q_head, k, v, oi, lo, p - lo + 1, dim / LANES, group, scale, scores);
+static void weigh(float *scores, int64_t lo, int64_t hi, pages v, int64_t dim, float *out) {
+    switch (dim / LANES) {  /* a constant chunk count per case, for the compiler */
+        case 4: weigh_chunks(scores, lo, hi, v, 4, out); break;
+        case 8: weigh_chunks(scores, lo, hi, v, 8, out); break;
+        case 16: weigh_chunks(scores, lo, hi, v, 16, out); break;
+        default: weigh_chunks(scores, lo, hi, v, dim / LANES, out);
+    }
+}
+
+/* Queries [first, last) of one sequence (ctx keys, q_len new tokens) for one kv head and the
+ * `group` query heads that share it (q_head floats apart; their outputs adjacent). scores:
+ * (last - first) x group rows of `stride` floats. keys: the layer's key pool, offset to this kv head. */
+static void task(const float *q, int64_t q_tok, int64_t q_head, const float *keys, pages v, float *out,
+                 int64_t out_tok, int64_t first, int64_t last, int64_t q_len, int64_t ctx, int64_t window,
+                 int64_t group, int64_t dim, float scale, float *scores, int64_t stride) {
+    int64_t base = ctx - q_len;  /* query i sits at position base + i */
+    int64_t lo_first = window > 0 && base + first - window + 1 > 0 ? base + first - window + 1 : 0;
+    int64_t block = v.block, key_block = (v.token / dim) * dim * block;  /* floats per block of keys */
+    for (int64_t b = lo_first / block * block; b <= base + last - 1; b += block) {
+        const float *kt = keys + (int64_t)v.table[b / block] * key_block;  /* this head's keys of the block */
+        for (int64_t i = first; i < last; i++) {
+            int64_t p = base + i, lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+            if (b > p || b + block <= lo) continue;  /* a block this query does not see */
+            scores_of(q + i * q_tok, q_head, kt, block, group, dim, scale,
+                      scores + (i - first) * group * stride + b, stride);
         }
+    }
+    for (int64_t i = first; i < last; i++) {
+        int64_t p = base + i, lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+        for (int64_t g = 0; g < group; g++)
+            weigh(scores + ((i - first) * group + g) * stride, lo, p, v, dim, out + i * out_tok + g * dim);
     }
 }
 
 /* q: the step's queries, token t's head h at q + t * q_tok + h * q_head (dim contiguous);
- * out [tokens, heads, dim] contiguous. k_pool, v_pool: [blocks, block, kv_heads, dim] contiguous.
+ * out [tokens, heads, dim] contiguous. k_pool [blocks, kv_heads, dim, block] and v_pool [blocks,
+ * block, kv_heads, dim], contiguous; block a multiple of LANES.
  * Sequence s owns queries [q_starts[s], q_starts[s] + q_lens[s]) and ctx_lens[s] keys (its new
  * tokens' included, already written), through tables[s * table_width ...]. window: a sliding
  * window in keys (0: none). threads: torch's count. Returns 0, -1 for a shape it does not take,
@@ -148,8 +227,8 @@ int paged_attention(const float *q, int64_t q_tok, int64_t q_head, const float *
                     float *out, const int64_t *q_starts, const int64_t *q_lens, const int64_t *ctx_lens,
                     const int32_t *tables, int64_t table_width, int64_t sequences, int64_t heads,
                     int64_t kv_heads, int64_t dim, int64_t block, int64_t window, float scale, int threads) {
-    if (kv_heads < 1 || heads % kv_heads || heads / kv_heads > MAX_GROUP || dim % LANES || dim > 16 * LANES
-        || block < 1 || sequences < 1)
+    if (kv_heads < 1 || heads % kv_heads || dim % LANES || dim > 256
+        || block < 1 || block % LANES || sequences < 1)
         return -1;
     int64_t widest = 0, work = 0;
     int64_t *first_task = malloc((sequences + 1) * sizeof(int64_t));
@@ -164,26 +243,25 @@ int paged_attention(const float *q, int64_t q_tok, int64_t q_head, const float *
         work += q_lens[s] * ctx_lens[s];
         first_task[s + 1] = first_task[s] + (q_lens[s] + QUERIES - 1) / QUERIES * kv_heads;
     }
-    int64_t group = heads / kv_heads, padded = (widest + LANES - 1) / LANES * LANES, tasks = first_task[sequences];
-    int64_t token = kv_heads * dim;
+    int64_t group = heads / kv_heads, stride = (widest + block - 1) / block * block + LANES;
+    int64_t tasks = first_task[sequences], token = kv_heads * dim;
     int failed = 0;
     #pragma omp parallel num_threads(threads) if (threads > 1 && work * heads * dim > (1 << 16))
     {
-        float *scores = malloc(group * padded * sizeof(float));
+        float *scores = malloc(QUERIES * group * stride * sizeof(float));
         if (!scores) failed = -2;
         int64_t s = 0;
-        #pragma omp for schedule(static)
+        #pragma omp for schedule(dynamic, 1)  /* tasks differ in cost (causal); each is one thread's */
         for (int64_t t = 0; t < tasks; t++) {
             while (first_task[s + 1] <= t) s++;  /* tasks come in order within a thread */
             while (first_task[s] > t) s--;
             int64_t u = t - first_task[s], h = u % kv_heads, b = u / kv_heads;
             int64_t first = b * QUERIES, last = (b + 1) * QUERIES < q_lens[s] ? (b + 1) * QUERIES : q_lens[s];
             if (!scores) continue;
-            pages k = {k_pool + h * dim, tables + s * table_width, block, token};
             pages v = {v_pool + h * dim, tables + s * table_width, block, token};
-            task(q + q_starts[s] * q_tok + h * group * q_head, q_tok, q_head, k, v,
+            task(q + q_starts[s] * q_tok + h * group * q_head, q_tok, q_head, k_pool + h * dim * block, v,
                  out + (q_starts[s] * heads + h * group) * dim, heads * dim, first, last, q_lens[s], ctx_lens[s],
-                 window, group, dim, scale, scores);
+                 window, group, dim, scale, scores, stride);
         }
         free(scores);
     }

@@ -30,7 +30,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from contract import MAX_SPECULATIVE_TOKENS
 
-from .kv_pool import NULL_BLOCK, KVPool
+from .kv_pool import BLOCK_SIZE, NULL_BLOCK, KVPool
 from .native import paged_attention as c_paged_attention
 
 NAME = "paged"
@@ -63,31 +63,34 @@ class PagedStep:
         return (torch.tensor(self.q_starts), torch.tensor(self.q_lens), torch.tensor(self.ctx_lens), tables)
 
     @cached_property
-    def key_slots(self) -> list[torch.Tensor]:
-        """Per sequence, its keys' slots in order [ctx] (the torch paths gather them)."""
+    def where(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each new token's (block, offset) in the pool."""
         size = self.pool.shape.block_size
-        offsets = torch.arange(size)
-        return [(torch.tensor(table)[:, None] * size + offsets).flatten()[:ctx].to(self.pool.device)
-                for table, ctx in zip(self.tables, self.ctx_lens, strict=True)]
+        return torch.div(self.slots, size, rounding_mode="floor"), self.slots % size
+
+    @cached_property
+    def block_tables(self) -> list[torch.Tensor]:
+        """Per sequence, its block table on the pool's device (the PyTorch paths gather through it)."""
+        return [torch.tensor(table, device=self.pool.device) for table in self.tables]
 
     @cached_property
     def padded(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(key slots [seqs, max ctx], padded with the null block's; query index [seqs, max q];
+        """(block tables [seqs, most blocks], padded with the null block; query index [seqs, max q];
         whether each padded query is real [seqs, max q]; mask [seqs, 1, max q, max ctx])."""
         seqs, most_q, most_k = len(self.q_lens), max(self.q_lens), max(self.ctx_lens)
-        keys = torch.full((seqs, most_k), NULL_BLOCK * self.pool.shape.block_size, dtype=torch.long)
+        width = max(len(t) for t in self.tables)
+        tables = torch.tensor([t + [NULL_BLOCK] * (width - len(t)) for t in self.tables])
         queries = torch.zeros((seqs, most_q), dtype=torch.long)
         real = torch.zeros((seqs, most_q), dtype=torch.bool)
         positions = torch.zeros((seqs, most_q), dtype=torch.long)
         for s, (start, n, ctx) in enumerate(zip(self.q_starts, self.q_lens, self.ctx_lens, strict=True)):
-            keys[s, :ctx] = self.key_slots[s].cpu()
             queries[s, :n] = torch.arange(start, start + n)
             real[s, :n] = True
             positions[s, :n] = torch.arange(ctx - n, ctx)
         mask = torch.arange(most_k)[None, None, :] <= positions[:, :, None]
-        mask[:, :, 0] |= ~real  # padded queries see one (zero) key: no NaN
+        mask[:, :, 0] |= ~real  # padded queries see one key: no NaN
         device = self.pool.device
-        return keys.to(device), queries.to(device), real.to(device), mask[:, None].to(device)
+        return tables.to(device), queries.to(device), real.to(device), mask[:, None].to(device)
 
 
 def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -104,14 +107,14 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     if kwargs.get("softcap") or getattr(module, "sinks", None) is not None:
         raise ValueError("paged attention: attention logit softcapping and sinks are not supported")
     layer = int(module.layer_idx)  # type: ignore[arg-type]  # every attention layer has one
-    paged.pool.write(layer, key[0].transpose(0, 1), value[0].transpose(0, 1), paged.slots)
+    paged.pool.write(layer, key[0].transpose(0, 1), value[0].transpose(0, 1), *paged.where)
     k_pool, v_pool = paged.pool.layer(layer)
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
     window = sliding_window or 0
     out = c_paged_attention(query, k_pool, v_pool, paged.c_args, scale, window)
     if out is None:
         padded = query.device.type == "cuda"
-        out = (_padded if padded else _per_sequence)(query, k_pool, v_pool, paged, scale, window)
+        out = (_padded if padded else _per_sequence)(query, layer, paged, scale, window)
     paged.counted.append(layer)
     return out[None], None
 
@@ -120,14 +123,19 @@ def _outside_the_engine(module: torch.nn.Module, query: torch.Tensor, key: torch
                         mask: Optional[torch.Tensor], dropout: float, scaling: Optional[float],
                         sliding_window: Optional[int], **kwargs: Any) -> tuple[torch.Tensor, None]:
     """One sequence, causal (a direct forward, transformers' generate): the same C kernel as the
-    engine, its keys read as one block, so such a forward computes exactly what the engine does
-    (tests compare the two). Anything else: transformers' SDPA."""
+    engine, its keys laid out in the pool's blocks, so such a forward computes exactly what the
+    engine does (tests compare the two). Anything else: transformers' SDPA."""
     rows, heads, q_len, dim = query.shape
     width = key.shape[2]
     causal = q_len == 1 or q_len == width if mask is None else _end_aligned_causal(mask, q_len, width)
-    if rows == 1 and causal and query.device.type == "cpu":
-        k_pool, v_pool = (t[0].transpose(0, 1).contiguous()[None] for t in (key, value))  # one block of `width`
-        args = (torch.tensor([0]), torch.tensor([q_len]), torch.tensor([width]), torch.zeros((1, 1), dtype=torch.int32))
+    if rows == 1 and causal and query.device.type == "cpu":  # laid out in blocks as the pool keeps them
+        size, heads_kv = BLOCK_SIZE, key.shape[1]
+        blocks = -(-width // size)
+        padded = (0, 0, 0, blocks * size - width)
+        k_pool = F.pad(key[0], padded).view(heads_kv, blocks, size, dim).permute(1, 0, 3, 2).contiguous()
+        v_pool = F.pad(value[0], padded).view(heads_kv, blocks, size, dim).permute(1, 2, 0, 3).contiguous()
+        args = (torch.tensor([0]), torch.tensor([q_len]), torch.tensor([width]),
+                torch.arange(blocks, dtype=torch.int32)[None])
         out = c_paged_attention(query, k_pool, v_pool, args, dim ** -0.5 if scaling is None else scaling,
                                 sliding_window or 0)
         if out is not None:
@@ -157,18 +165,15 @@ def _window_mask(q_len: int, ctx: int, window: int, device: torch.device) -> Opt
     return mask
 
 
-def _per_sequence(query: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, step: PagedStep,
-                  scale: float, window: int) -> torch.Tensor:
+def _per_sequence(query: torch.Tensor, layer: int, step: PagedStep, scale: float, window: int) -> torch.Tensor:
     """One SDPA call per sequence over its own keys: [tokens, heads, dim]. A few queries (a row's
     last token and its drafts) go one call each, over exactly the keys a decode step of each would
     see, so speculation changes no number here either."""
     heads, dim = query.shape[1], query.shape[-1]
-    flat_k, flat_v = k_pool.view(-1, *k_pool.shape[2:]), v_pool.view(-1, *v_pool.shape[2:])
     out = query.new_empty((query.shape[2], heads, dim))
-    gqa = heads != k_pool.shape[2]
+    gqa = heads != step.pool.shape.kv_heads
     for s, (start, n, ctx) in enumerate(zip(step.q_starts, step.q_lens, step.ctx_lens, strict=True)):
-        slots = step.key_slots[s]
-        keys, values = flat_k[slots].transpose(0, 1)[None], flat_v[slots].transpose(0, 1)[None]
+        keys, values = (t[None] for t in step.pool.gather(layer, step.block_tables[s], ctx))
         one_by_one = n <= 1 + MAX_SPECULATIVE_TOKENS
         for q0, q1 in ([(i, i + 1) for i in range(n)] if one_by_one else [(0, n)]):
             seen = ctx - n + q1  # keys up to the last of these queries
@@ -180,18 +185,19 @@ def _per_sequence(query: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tenso
     return out
 
 
-def _padded(query: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, step: PagedStep,
-            scale: float, window: int) -> torch.Tensor:
+def _padded(query: torch.Tensor, layer: int, step: PagedStep, scale: float, window: int) -> torch.Tensor:
     """One SDPA call over every sequence, padded to the longest: [tokens, heads, dim]."""
     if window:  # the padded mask knows no window
-        return _per_sequence(query, k_pool, v_pool, step, scale, window)
-    slots, queries, real, mask = step.padded
+        return _per_sequence(query, layer, step, scale, window)
+    tables, queries, real, mask = step.padded
     heads, dim = query.shape[1], query.shape[-1]
-    flat_k, flat_v = k_pool.view(-1, *k_pool.shape[2:]), v_pool.view(-1, *v_pool.shape[2:])
-    keys, values = flat_k[slots].transpose(1, 2), flat_v[slots].transpose(1, 2)  # [seqs, kv_heads, ctx, dim]
+    k_pool, v_pool = step.pool.layer(layer)
+    most = mask.shape[-1]
+    keys = k_pool[tables].permute(0, 2, 1, 4, 3).flatten(2, 3)[:, :, :most]  # [seqs, kv_heads, ctx, dim]
+    values = v_pool[tables].flatten(1, 2)[:, :most].transpose(1, 2)
     q = query[0].transpose(0, 1)[queries].transpose(1, 2)  # [seqs, heads, max q, dim]
     o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale,
-                                       enable_gqa=heads != k_pool.shape[2])
+                                       enable_gqa=heads != step.pool.shape.kv_heads)
     out = query.new_empty((query.shape[2], heads, dim))
     out[queries[real]] = o.transpose(1, 2)[real]
     return out

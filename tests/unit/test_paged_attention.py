@@ -19,11 +19,13 @@ def built():
 
 
 def step(seqs: list[tuple[int, int]], heads: int, kv_heads: int, dim: int, block: int = 16, seed: int = 0):
-    """Sequences (keys, new queries) over a pool whose blocks are handed out in a random order;
-    queries packed as transformers passes them ([1, heads, tokens, dim], a transposed view)."""
+    """Sequences (keys, new queries) over a pool whose blocks are handed out in a random order,
+    keys transposed within a block as the pool keeps them; queries packed as transformers passes
+    them ([1, heads, tokens, dim], a transposed view)."""
     g = torch.Generator().manual_seed(seed)
     need = sum(-(-ctx // block) for ctx, _ in seqs)
-    k_pool, v_pool = torch.randn(2, need + 3, block, kv_heads, dim, generator=g)
+    k_rows, v_pool = torch.randn(2, need + 3, block, kv_heads, dim, generator=g)
+    k_pool = k_rows.permute(0, 2, 3, 1).contiguous()  # [blocks, kv_heads, dim, block]
     order = list(range(1, need + 3))
     random.Random(seed).shuffle(order)
     tables = []
@@ -47,6 +49,7 @@ def c_args(tables, q_lens, ctx_lens):
 def reference(query, k_pool, v_pool, tables, q_lens, ctx_lens, scale, window=0):
     """SDPA over each sequence's keys, gathered in order; query i at position ctx - q + i."""
     out, at = [], 0
+    k_pool = k_pool.permute(0, 3, 1, 2)  # rows again: [blocks, block, kv_heads, dim]
     for table, q, ctx in zip(tables, q_lens, ctx_lens, strict=True):
         keys = k_pool[table].flatten(0, 1)[:ctx].transpose(0, 1)[None]
         values = v_pool[table].flatten(0, 1)[:ctx].transpose(0, 1)[None]
@@ -112,7 +115,7 @@ def test_a_sliding_window_limits_each_query_to_its_last_keys(built):
 
 
 def test_what_it_does_not_take_is_left_to_pytorch(built):
-    query, k_pool, v_pool, tables, q_lens, ctx_lens = step([(5, 1), (9, 2)], 4, 2, 24)  # dim not a multiple of 16
+    query, k_pool, v_pool, tables, q_lens, ctx_lens = step([(5, 1), (9, 2)], 4, 2, 20)  # dim not a multiple of 8
     assert native.paged_attention(query, k_pool, v_pool, c_args(tables, q_lens, ctx_lens), 0.2, 0) is None
     query, k_pool, v_pool, tables, q_lens, ctx_lens = step([(5, 1), (9, 2)], 4, 2, 32)
     args = c_args(tables, q_lens, ctx_lens)
@@ -138,15 +141,16 @@ def test_every_path_writes_the_new_keys_then_attends_as_sdpa(monkeypatch, path):
     heads, kv_heads, dim = 6, 2, 32
     query, k_pool, v_pool, tables, q_lens, ctx_lens = step(MIXED, heads, kv_heads, dim, seed=4)
     pool = KVPool(KVShape(1, kv_heads, dim, torch.float32), k_pool.shape[0] - 1, torch.device("cpu"))
-    pool.kv[0, 0], pool.kv[0, 1] = k_pool, v_pool
+    pool.keys[0], pool.values[0] = k_pool, v_pool
     slots = [t[p // 16] * 16 + p % 16 for t, q, ctx in zip(tables, q_lens, ctx_lens, strict=True)
              for p in range(ctx - q, ctx)]
     new_k, new_v = torch.randn(2, 1, kv_heads, len(slots), dim)
     paged = paged_attention.PagedStep(pool, torch.tensor(slots), q_lens, ctx_lens, tables)
     out, _ = paged_attention.paged_attention(Layer(), query, new_k, new_v, None, scaling=0.3, paged=paged)
-    flat = k_pool.view(-1, kv_heads, dim).clone(), v_pool.view(-1, kv_heads, dim).clone()
-    flat[0][slots], flat[1][slots] = new_k[0].transpose(0, 1), new_v[0].transpose(0, 1)
-    expected = reference(query, flat[0].view_as(k_pool), flat[1].view_as(v_pool), tables, q_lens, ctx_lens, 0.3)
+    rows = k_pool.permute(0, 3, 1, 2).reshape(-1, kv_heads, dim).clone(), v_pool.reshape(-1, kv_heads, dim).clone()
+    rows[0][slots], rows[1][slots] = new_k[0].transpose(0, 1), new_v[0].transpose(0, 1)
+    expected = reference(query, rows[0].view(-1, 16, kv_heads, dim).permute(0, 2, 3, 1), rows[1].view_as(v_pool),
+                         tables, q_lens, ctx_lens, 0.3)
     torch.testing.assert_close(out[0], expected, rtol=1e-5, atol=1e-5)
     assert paged.counted == [0]
 

@@ -69,11 +69,13 @@ def test_an_answer_forks_the_prompts_blocks_and_copies_only_the_last():
     parent = request("p", 6)
     kv.start(parent, [], 6)
     parent.computed = 6
-    kv.pool.kv[:, :, kv.table(parent)[1]] = 7.0
+    kv.pool.keys[:, kv.table(parent)[1]] = 7.0
+    kv.pool.values[:, kv.table(parent)[1]] = 8.0
     child = request("p#1", 6)
     assert kv.fork(parent, child)
     assert kv.table(child)[0] == kv.table(parent)[0] and kv.table(child)[1] != kv.table(parent)[1]
-    assert bool((kv.pool.kv[:, :, kv.table(child)[1]] == 7.0).all()) and child.computed == 6
+    assert bool((kv.pool.keys[:, kv.table(child)[1]] == 7.0).all()) and child.computed == 6
+    assert bool((kv.pool.values[:, kv.table(child)[1]] == 8.0).all())
     assert kv.blocks.refs[kv.table(parent)[0]] == 2
 
 

@@ -117,6 +117,7 @@ def test_the_per_sequence_path_computes_drafts_as_decode_steps(monkeypatch):
     monkeypatch.setattr(paged_attention.F, "scaled_dot_product_attention", spy)
     query, k_pool, v_pool, tables, q_lens, ctx_lens = step([(40, 5), (300, 200)], 4, 2, 16)
     pool = KVPool(KVShape(1, 2, 16, torch.float32), k_pool.shape[0] - 1, torch.device("cpu"))
+    pool.keys[0], pool.values[0] = k_pool, v_pool
     paged = paged_attention.PagedStep(pool, torch.zeros(0, dtype=torch.long), q_lens, ctx_lens, tables)
-    paged_attention._per_sequence(query, k_pool, v_pool, paged, 0.25, 0)
+    paged_attention._per_sequence(query, 0, paged, 0.25, 0)
     assert calls == [1, 1, 1, 1, 1, 200]
