@@ -8,7 +8,8 @@
  *
  * Each output is computed by one thread, with the same instructions for a row whatever the other
  * rows are, so a row comes out bit for bit as it does alone. Without AVX512-BF16 (and BW) in
- * -march=native, `int4_matmul_ready` says 0 and int4.py keeps PyTorch's kernel.
+ * -march=native, an AVX2 + FMA version computes the same formula (below); without those either,
+ * `int4_matmul_ready` says 0 and int4.py keeps PyTorch's kernel.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -140,6 +141,105 @@ int int4_matmul(const float *x, const uint8_t *packed, const float *scale, const
             rows_of_group(pairs, sums, packed, scale, low, y, rows, width, outputs, group, table);
     }
     free(pairs);
+    free(sums);
+    return 0;
+}
+
+#elif defined(__AVX2__) && defined(__FMA__)
+/* The same formula with AVX2 and FMA: each block's 4-bit steps become fp32 (exact), and x . q is a
+ * chain of fused multiply-adds in input order, so the products are exact here too; 8 outputs
+ * per vector, two per group of 16, and up to TILE rows share each unpacking of the weights. */
+#include <immintrin.h>
+
+#define CHANNELS 16
+#define BLOCK 32
+#define TILE 4
+
+int int4_matmul_ready(void) { return 1; }
+
+/* One row of x rounded to bf16 (round to nearest even, as a float), and each block's sum of those
+ * values, in input order. */
+static void prepare_row(const float *x, float *rounded, float *sums, int64_t width) {
+    for (int64_t k = 0; k < width; k++) {
+        uint32_t bits;
+        memcpy(&bits, &x[k], sizeof bits);
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000u;
+        memcpy(&rounded[k], &bits, sizeof bits);
+    }
+    for (int64_t b = 0; b < width / BLOCK; b++) {
+        float sum = 0.0f;
+        for (int i = 0; i < BLOCK; i++) sum += rounded[b * BLOCK + i];
+        sums[b] = sum;
+    }
+}
+
+static inline __attribute__((always_inline)) void
+tile(const float *x, const float *sums, const uint8_t *packed, const float *scale, const float *low, float *y,
+     int64_t width, int64_t outputs, int64_t group, const int count) {
+    int64_t blocks = width / BLOCK;
+    __m256 total[TILE][2], part[TILE][2];
+    const __m256i nibble = _mm256_set1_epi32(0xF);
+    for (int r = 0; r < count; r++) total[r][0] = total[r][1] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint8_t *w = packed + (group * blocks + b) * (BLOCK / 2) * CHANNELS;
+        for (int r = 0; r < count; r++) part[r][0] = part[r][1] = _mm256_setzero_ps();
+        for (int j = 0; j < BLOCK / 2; j++) {
+            __m128i bytes = _mm_loadu_si128((const __m128i *)(w + j * CHANNELS));
+            __m256i first = _mm256_cvtepu8_epi32(bytes), second = _mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8));
+            __m256 even0 = _mm256_cvtepi32_ps(_mm256_and_si256(first, nibble));   /* input 2j, channels 0-7 */
+            __m256 even1 = _mm256_cvtepi32_ps(_mm256_and_si256(second, nibble));  /* channels 8-15 */
+            __m256 odd0 = _mm256_cvtepi32_ps(_mm256_srli_epi32(first, 4));        /* input 2j + 1 */
+            __m256 odd1 = _mm256_cvtepi32_ps(_mm256_srli_epi32(second, 4));
+            for (int r = 0; r < count; r++) {
+                __m256 a = _mm256_broadcast_ss(x + r * width + b * BLOCK + 2 * j);
+                __m256 c = _mm256_broadcast_ss(x + r * width + b * BLOCK + 2 * j + 1);
+                part[r][0] = _mm256_fmadd_ps(c, odd0, _mm256_fmadd_ps(a, even0, part[r][0]));
+                part[r][1] = _mm256_fmadd_ps(c, odd1, _mm256_fmadd_ps(a, even1, part[r][1]));
+            }
+        }
+        const float *d = scale + (group * blocks + b) * CHANNELS, *m = low + (group * blocks + b) * CHANNELS;
+        for (int r = 0; r < count; r++) {
+            __m256 s = _mm256_set1_ps(sums[r * blocks + b]);
+            for (int h = 0; h < 2; h++)
+                total[r][h] = _mm256_fmadd_ps(_mm256_loadu_ps(m + 8 * h), s,
+                                              _mm256_fmadd_ps(part[r][h], _mm256_loadu_ps(d + 8 * h), total[r][h]));
+        }
+    }
+    for (int r = 0; r < count; r++)
+        for (int h = 0; h < 2; h++) _mm256_storeu_ps(y + r * outputs + group * CHANNELS + 8 * h, total[r][h]);
+}
+
+/* x [rows, width] and y [rows, outputs], contiguous fp32. Returns 0, -1 for a shape it does not
+ * take, -2 when out of memory. */
+int int4_matmul(const float *x, const uint8_t *packed, const float *scale, const float *low, float *y,
+                int64_t rows, int64_t width, int64_t outputs, int threads) {
+    if (rows < 1 || width % BLOCK || outputs % CHANNELS) return -1;
+    float *rounded = malloc(rows * width * sizeof(float)), *sums = malloc(rows * width / BLOCK * sizeof(float));
+    if (!rounded || !sums) {
+        free(rounded);
+        free(sums);
+        return -2;
+    }
+    int parallel = threads > 1 && rows * width * outputs > (1 << 16);
+    #pragma omp parallel num_threads(threads) if (parallel)
+    {
+        #pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++)
+            prepare_row(x + r * width, rounded + r * width, sums + r * width / BLOCK, width);
+        #pragma omp for schedule(static)
+        for (int64_t group = 0; group < outputs / CHANNELS; group++)
+            for (int64_t r0 = 0; r0 < rows; r0 += TILE) {
+                const float *xr = rounded + r0 * width, *sr = sums + r0 * width / BLOCK;
+                float *out = y + r0 * outputs;
+                switch (rows - r0 < TILE ? rows - r0 : TILE) {  /* a constant count per case */
+                    case 4: tile(xr, sr, packed, scale, low, out, width, outputs, group, 4); break;
+                    case 3: tile(xr, sr, packed, scale, low, out, width, outputs, group, 3); break;
+                    case 2: tile(xr, sr, packed, scale, low, out, width, outputs, group, 2); break;
+                    default: tile(xr, sr, packed, scale, low, out, width, outputs, group, 1);
+                }
+            }
+    }
+    free(rounded);
     free(sums);
     return 0;
 }
