@@ -229,7 +229,10 @@ def tgi_info(info: ServerInfo) -> dict:
             "model_device_type": info.device.split(":")[0], "model_pipeline_tag": "text-generation",
             "max_concurrent_requests": info.max_concurrent, "max_best_of": MAX_CHOICES,
             "max_stop_sequences": info.max_stop_sequences, "max_input_tokens": info.max_context - 1,
-            "max_total_tokens": info.max_context, "max_batch_total_tokens": info.max_batch_tokens,
+            "max_total_tokens": info.max_context, "max_batch_total_tokens": info.kv_cache_tokens or info.max_batch_tokens,
             "max_client_batch_size": 1, "validation_workers": 1, "waiting_served_ratio": 0,
             "max_waiting_tokens": 0, "router": "llm-stream (Jina)", "version": "0.1.0", "sha": None,
-            "docker_label": None}
+            "docker_label": None,
+            # beyond TGI's: the KV cache's pool and blocks, and whether prompts reuse cached prefixes
+            "kv_cache_tokens": info.kv_cache_tokens, "kv_block_size": info.kv_block_size,
+            "prefix_caching": info.prefix_caching}

@@ -8,7 +8,9 @@ from client import StreamError, generate
 
 NAMES = ["vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds", "vllm:e2e_request_latency_seconds",
          "vllm:request_queue_time_seconds", "vllm:num_requests_running", "vllm:num_requests_waiting",
-         "vllm:kv_cache_usage_perc", "vllm:prompt_tokens", "vllm:generation_tokens", "vllm:request_success"]
+         "vllm:kv_cache_usage_perc", "vllm:prompt_tokens", "vllm:generation_tokens", "vllm:request_success",
+         "vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions", "vllm:spec_decode_num_drafts",
+         "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens"]
 
 
 def scrape(http_port: int) -> dict[tuple, float]:
