@@ -5,11 +5,12 @@
 (A published run: docs/benchmarks/2026-11-kernels/by-kernel/results.md.)
 
 int4 matmul: `int4_matmul.c` against `_weight_int4pack_mm_for_cpu`, on SmolLM2-135M's layer
-shapes at 1, 16 and 512 rows. Attention: `paged_attention.c` against one SDPA call per sequence
+shapes at 1, 16 and 512 rows. int8 matmul (the output layer): `int8_matmul.c` against
+`_weight_int8pack_mm` at 1 and 16 rows. Attention: `paged_attention.c` against one SDPA call per sequence
 over keys gathered from the pool (its fallback), for a 16-row decode step and a 16-prompt
 prefill, packed and paged as the engine runs them. Each pair is
 timed in alternation, `--repeats` times; the table gives microseconds per call (median) and the
-error of each int4 kernel against float64 on the same bf16 inputs.
+error of each matmul kernel against float64 on the same bf16 inputs.
 """
 import argparse
 import statistics
@@ -24,7 +25,7 @@ import torch
 from torch import nn
 
 from executors.engine import native, paged_attention
-from executors.engine.int4 import Int4Linear, _quantize, dequantize
+from executors.engine.int4 import Int4Linear, Int8Linear, _quantize, dequantize
 from executors.engine.kv_pool import KVPool, KVShape
 
 SHAPES = [(576, 576), (576, 192), (576, 1536), (1536, 576)]  # (in, out): q/o, k/v, gate/up, down
@@ -74,6 +75,26 @@ def int4_rows(repeats: int) -> list[str]:
             times = alternate([partial(c_layer, x), partial(torch_layer, x)], repeats)
             lines.append(f"| int4 {inputs}x{outputs} | {rows} | {times[0]:.1f} | {times[1]:.1f} | "
                          f"{times[1] / times[0]:.2f}x | {errors[0]:.1e} | {errors[1]:.1e} |")
+    return lines
+
+
+def int8_rows(repeats: int) -> list[str]:
+    """The output layer, 576 to 49,152 (SmolLM2's vocabulary): int8_matmul.c against
+    `_weight_int8pack_mm`, errors against float64 on the same int8 weights."""
+    torch.manual_seed(0)
+    linear = nn.Linear(576, 49152, bias=False)
+    c_layer = Int8Linear(linear)
+    with pytorch_ops():
+        torch_layer = Int8Linear(linear)
+    weight = torch_layer.weight_int8.double() * c_layer.scales.double()[:, None]
+    lines = []
+    for rows in (1, 16):
+        x = torch.randn(rows, 576)
+        exact = x.double() @ weight.t()
+        errors = [(layer(x).double() - exact).abs().max().item() for layer in (c_layer, torch_layer)]
+        times = alternate([partial(c_layer, x), partial(torch_layer, x)], repeats)
+        lines.append(f"| int8 576x49152 | {rows} | {times[0]:.1f} | {times[1]:.1f} | {times[1] / times[0]:.2f}x | "
+                     f"{errors[0]:.1e} | {errors[1]:.1e} |")
     return lines
 
 
@@ -130,10 +151,11 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args(argv)
     if not native.int4_ready():
-        raise SystemExit("the C kernels do not run here (no C compiler, or no AVX512-BF16): nothing to compare")
+        raise SystemExit("the C kernels do not run here (no C compiler, or neither AVX512-BF16 nor AVX2 + FMA): "
+                         "nothing to compare")
     header = ["| kernel | rows | C (us) | PyTorch (us) | C speed-up | C error | PyTorch error |",
               "| --- | --- | --- | --- | --- | --- | --- |"]
-    body = int4_rows(args.repeats) + attention_rows(args.repeats)
+    body = int4_rows(args.repeats) + int8_rows(args.repeats) + attention_rows(args.repeats)
     text = (f"# C kernels against PyTorch's\n\n{torch.get_num_threads()} torch threads, torch {torch.__version__}, "
             f"{args.repeats} alternating repeats (median).\n\n" + "\n".join(header + body) + "\n")
     args.out.mkdir(parents=True, exist_ok=True)

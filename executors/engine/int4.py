@@ -7,10 +7,11 @@ shipped as a Q4_1 GGUF, keeps the weights it was published with.
 A decode step of SmolLM2-135M then reads about 70 MB of weights instead of 540 MB. The output
 layer (Q8_0 in that GGUF) becomes int8 per output channel.
 
-The products run in int4_matmul.c (native.py) where it is built and the CPU has AVX512-BF16:
-bf16 activations, exact products, fp32 scales and output. Elsewhere they run in PyTorch's
-`_weight_int4pack_mm_for_cpu`, which rounds the scales and its output to bf16. The output layer
-runs in `_weight_int8pack_mm`. All three compute each row of a batch the same way whatever the
+The products run in int4_matmul.c (native.py) where it is built and the CPU has AVX512-BF16 or
+AVX2 + FMA: bf16 activations, exact products, fp32 scales and output. Elsewhere they run in
+PyTorch's `_weight_int4pack_mm_for_cpu`, which rounds the scales and its output to bf16. The
+output layer runs in int8_matmul.c (fp32 activations, exact products, fp32 output), else in
+PyTorch's `_weight_int8pack_mm` (bf16 activations, scales and output). All four compute each row of a batch the same way whatever the
 batch holds (tests/test_int4.py checks batches of 2 to 64 rows bit for bit), so a request still
 comes out as it does alone.
 """
@@ -87,14 +88,21 @@ class Int8Linear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach().float()
         scale = (weight.abs().amax(dim=1) / 127).clamp(min=1e-12)
-        self.register_buffer("weight_int8", (weight / scale[:, None]).round().clamp(-127, 127).to(torch.int8))
-        self.register_buffer("scales", scale.to(torch.bfloat16))
+        steps = (weight / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+        self.c_kernel = self.out_features % native.INT8_CHANNELS == 0 and native.int8_ready()
+        if self.c_kernel:  # int8_matmul.c's layout: [out/16][in][16]
+            steps = steps.view(-1, native.INT8_CHANNELS, self.in_features).transpose(1, 2)
+        self.register_buffer("weight_int8", steps.contiguous())
+        self.register_buffer("scales", scale if self.c_kernel else scale.to(torch.bfloat16))
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        return _finish(torch.ops.aten._weight_int8pack_mm(rows, self.weight_int8, self.scales), x,
-                       self.out_features, self.bias)
+        rows = x.reshape(-1, self.in_features)
+        if self.c_kernel:
+            y = native.int8_matmul(rows, self.weight_int8, self.scales)
+        else:
+            y = torch.ops.aten._weight_int8pack_mm(rows.to(torch.bfloat16), self.weight_int8, self.scales)
+        return _finish(y, x, self.out_features, self.bias)
 
 
 def _finish(y: torch.Tensor, x: torch.Tensor, width: int, bias: Optional[torch.Tensor]) -> torch.Tensor:

@@ -13,6 +13,10 @@ from .paged_attention import PagedStep
 from .prompt_logprobs import final_hidden_states
 from .scheduler import Work
 
+# transformers takes a 4-D mask as given instead of building one each forward: the paged
+# attention needs none (each sequence's keys are its own)
+NO_MASK = torch.ones((1, 1, 1, 1), dtype=torch.bool)
+
 
 @dataclass
 class StepResult:
@@ -45,7 +49,7 @@ class ModelRunner:
         with final_hidden_states(self.model, keep_hidden) as hidden:
             out = self.model(input_ids=torch.tensor([ids], device=self.device),
                              position_ids=torch.tensor([positions], device=self.device),
-                             use_cache=False, logits_to_keep=keep, paged=step)
+                             attention_mask=NO_MASK, use_cache=False, logits_to_keep=keep, paged=step)
         logits = out.logits[0].float()
         return StepResult(logits if chosen else logits[:0], step.q_starts, hidden[0][0] if keep_hidden else None)
 
@@ -60,7 +64,7 @@ class ModelRunner:
         try:
             self.model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=self.device),
                        position_ids=torch.zeros((1, 1), dtype=torch.long, device=self.device),
-                       use_cache=False, paged=step)
+                       attention_mask=NO_MASK, use_cache=False, paged=step)
         finally:
             self.kv.blocks.release(blocks)
         layers = self.kv.pool.shape.layers

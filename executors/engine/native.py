@@ -1,10 +1,11 @@
-"""The engine's C kernels (paged_attention.c, int4_matmul.c), compiled when the engine loads.
+"""The engine's C kernels (paged_attention.c, int4_matmul.c, int8_matmul.c), compiled when the
+engine loads.
 
 They are compiled on the machine that runs them, with its C compiler (`$CC`, else `cc`; `-O3
 -march=native`), into a temporary file. That takes under a second. Nothing is cached on disk, so
 a build never meets a CPU it was not made for. Where no compiler builds them, the wrappers return
 None and their callers keep PyTorch's ops: paged_attention.py one SDPA call per sequence, int4.py
-PyTorch's int4 kernel. Both give the same guarantee (a row comes out as it does alone), only slower.
+PyTorch's int4 and int8 kernels. All give the same guarantee (a row comes out as it does alone), only slower.
 """
 import ctypes
 import functools
@@ -22,10 +23,12 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("paged_attention.c", "int4_matmul.c"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("paged_attention.c", "int4_matmul.c",
+                                                                  "int8_matmul.c"))
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 INT4_CHANNELS = 16  # int4_matmul.c's outputs per group
+INT8_CHANNELS = 16  # int8_matmul.c's
 
 
 @functools.cache
@@ -41,11 +44,14 @@ def library() -> Optional[ctypes.CDLL]:
     except (OSError, subprocess.SubprocessError) as exc:
         log.warning("C kernels not built (%s); PyTorch's ops run instead", exc)
         return None
-    built.paged_attention.restype = built.int4_matmul.restype = built.int4_matmul_ready.restype = ctypes.c_int
+    for function in (built.paged_attention, built.int4_matmul, built.int4_matmul_ready, built.int8_matmul,
+                     built.int8_matmul_ready):
+        function.restype = ctypes.c_int
     built.paged_attention.argtypes = [_PTR, _I64, _I64, *[_PTR] * 7, *[_I64] * 7, ctypes.c_float, ctypes.c_int]
     built.int4_matmul.argtypes = [_PTR] * 5 + [_I64] * 3 + [ctypes.c_int]
-    log.info("C kernels built in %.2f s (int4 matmul: %s)", time.perf_counter() - started,
-             "yes" if built.int4_matmul_ready() else "no, this CPU lacks AVX512-BF16")
+    built.int8_matmul.argtypes = [_PTR] * 4 + [_I64] * 3 + [ctypes.c_int]
+    log.info("C kernels built in %.2f s (int4 and int8 matmul: %s)", time.perf_counter() - started,
+             "yes" if built.int4_matmul_ready() else "no, this CPU lacks AVX2 + FMA")
     return built
 
 
@@ -83,7 +89,7 @@ def paged_attention(query: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Ten
 
 
 def int4_ready() -> bool:
-    """Whether `int4_matmul` runs here (built, and the CPU has AVX512-BF16)."""
+    """Whether `int4_matmul` runs here (built, and the CPU has AVX512-BF16 or AVX2 + FMA)."""
     built = library()
     return built is not None and bool(built.int4_matmul_ready())
 
@@ -122,6 +128,32 @@ def int4_matmul(x: torch.Tensor, weights: Int4Weights) -> torch.Tensor:
     if status != 0:
         raise MemoryError("int4 matmul: out of memory") if status == -2 else ValueError(
             f"int4 matmul: x {tuple(x.shape)} does not fit weights of {weights.width} inputs")
+    return y
+
+
+def int8_ready() -> bool:
+    """Whether `int8_matmul` runs here (built, and the CPU has AVX2 + FMA)."""
+    built = library()
+    return built is not None and bool(built.int8_matmul_ready())
+
+
+def int8_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x [rows, width] on CPU times int8 weights packed [outputs / 16, width, 16] (int8) with fp32
+    scales [outputs]; returns [rows, outputs] fp32. Only where `int8_ready()`."""
+    built = library()
+    if built is None:
+        raise RuntimeError("int8 matmul: the C kernels are not built (check int8_ready() first)")
+    if x.dtype != torch.float32 or not x.is_contiguous():
+        x = x.float().contiguous()
+    groups, width, channels = packed.shape
+    if packed.dtype != torch.int8 or scale.dtype != torch.float32 or packed.device.type != "cpu":
+        raise ValueError("dtype: int8 layers run on CPU with fp32 scales; load the model again instead")
+    if x.shape[1] != width:
+        raise ValueError(f"int8 matmul: x {tuple(x.shape)} does not fit weights of {width} inputs")
+    y = torch.empty((x.shape[0], groups * channels), dtype=torch.float32)
+    if x.shape[0] and built.int8_matmul(x.data_ptr(), packed.data_ptr(), scale.data_ptr(), y.data_ptr(),
+                                        x.shape[0], width, groups * channels, torch.get_num_threads()):
+        raise ValueError(f"int8 matmul: weights {tuple(packed.shape)} are not int8_matmul.c's layout")
     return y
 
 

@@ -8,7 +8,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from contract import EngineConfig, SamplingParams
-from executors.engine import native, paged_attention
+from executors.engine import loader, native, paged_attention
 from executors.engine.int4 import Int4Linear, Int8Linear, _quantize, dequantize, quantize
 from executors.engine.loader import load_model, pick_dtype
 from tests.unit.test_batching import collect, mixed_requests
@@ -29,12 +29,24 @@ def _int4(linear: nn.Linear, kernel: str = "c") -> Int4Linear:
     return layer
 
 
+def _int8(linear: nn.Linear, kernel: str = "c") -> Int8Linear:
+    """The output layer's int8: int8_matmul.c, or PyTorch's kernel as without a compiler."""
+    if kernel == "c" and not native.int8_ready():
+        pytest.skip("int8_matmul.c does not run here (no compiler, or no AVX2 + FMA)")
+    with pytest.MonkeyPatch.context() as patch:
+        if kernel != "c":
+            patch.setattr(native, "library", lambda: None)
+        layer = Int8Linear(linear)
+    assert layer.c_kernel == (kernel == "c")
+    return layer
+
+
 @pytest.mark.parametrize("kernel", ["c", "pytorch"])
 @pytest.mark.parametrize("shape", [(576, 1536), (1536, 576), (64, 192), (576, 4096)])
 def test_each_row_comes_out_the_same_whatever_the_batch(shape, kernel):
     torch.manual_seed(0)
     linear = nn.Linear(*shape)
-    layers = {"int4": _int4(linear, kernel), "int8": Int8Linear(linear)}
+    layers = {"int4": _int4(linear, kernel), "int8": _int8(linear, kernel)}
     x = torch.randn(64, shape[0])
     for name, layer in layers.items():
         alone = torch.cat([layer(x[i:i + 1]) for i in range(64)])
@@ -70,6 +82,22 @@ def test_the_c_kernel_is_exact_but_for_bf16_activations(shape):
     exact = x.to(torch.bfloat16).double() @ weight.t()
     c_err, pytorch_err = ((layer(x).double() - exact).abs().max().item() for layer in (c, pytorch))
     assert c_err < 2e-5 and c_err * 100 < pytorch_err
+
+
+@pytest.mark.parametrize("shape", [(576, 49152), (64, 48)])
+def test_the_c_int8_kernel_is_exact_but_for_fp32_sums(shape):
+    """The output layer: fp32 activations and sums against float64 on the same int8 weights;
+    PyTorch's kernel rounds its activations, scales and output to bf16."""
+    torch.manual_seed(0)
+    linear = nn.Linear(*shape, bias=False)
+    x = torch.randn(7, shape[0])
+    c, pytorch = _int8(linear, "c"), _int8(linear, "pytorch")
+    weight = pytorch.weight_int8.double() * c.scales.double()[:, None]
+    exact = x.double() @ weight.t()
+    c_err, pytorch_err = ((layer(x).double() - exact).abs().max().item() for layer in (c, pytorch))
+    assert c_err < 2e-5 and c_err * 100 < pytorch_err
+    with pytest.raises(ValueError, match="^dtype: int8 layers run on CPU with fp32 scales"):
+        c.to(torch.bfloat16)(x)
 
 
 @pytest.fixture(scope="module")
@@ -145,6 +173,26 @@ async def test_int4_prefill_and_decode_steps_run_the_c_attention(four_bit_llama,
     layers = engine.core.loaded.model.config.num_hidden_layers
     assert len(ids) == 4 and len(results) == 5 * layers  # the start-up probe, the prefill, 3 decode steps
     assert all(r is not None for r in results)
+
+
+async def test_lean_layers_give_the_numbers_of_transformers_layers(four_bit_llama, make_engine, monkeypatch):
+    """fast_layers.py's decoder layers (q, k, v in one int4 call, gate and up in another): the same
+    tokens and log probabilities as transformers' own layers, bit for bit, greedy and seeded."""
+    if not native.int4_ready():
+        pytest.skip("int4_matmul.c does not run here")
+    lean = make_engine(four_bit_llama, max_prefill_tokens=16)
+    layers = lean.core.loaded.model.config.num_hidden_layers
+    assert sum(hasattr(m, "lean_qkv") for m in lean.core.loaded.model.modules()) == layers
+    monkeypatch.setattr(loader, "lean_layers", lambda model: 0)
+    full = make_engine(four_bit_llama, max_prefill_tokens=16)
+    assert not any(hasattr(m, "lean_qkv") for m in full.core.loaded.model.modules())
+    for prompt, params in mixed_requests(6, seed=3) + mixed_requests(6, seed=4, sample=True):
+        params.logprobs, params.top_logprobs = True, 2
+        answers = []
+        for engine in (lean, full):
+            outs = [o async for o in engine.generate(prompt, params)]
+            answers.append(([t for o in outs for t in o.token_ids], [lp for o in outs for lp in o.logprobs]))
+        assert answers[0] == answers[1] and answers[0][0]
 
 
 def test_a_c_int4_layer_follows_its_buffers_and_refuses_what_it_cannot_run():

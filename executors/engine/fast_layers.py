@@ -1,0 +1,91 @@
+"""A leaner decoder layer for Llama-shaped int4 models in the engine's steps: the same numbers,
+fewer calls.
+
+A decode step of a small model is mostly Python: transformers' modules make some 4,500 PyTorch
+calls a step for SmolLM2-135M, against 210 int4 matmuls. In the engine's steps (where the
+`paged` argument is given), each LlamaDecoderLayer here runs its own forward instead:
+
+- q, k and v come from one int4 call over the three layers' packed weights laid end to end, and
+  gate and up from another. int4_matmul.c computes each group of 16 outputs alone, so these are
+  bit for bit the three (two) calls' results;
+- the norms, rotary embedding, activation and residual sums are transformers' own functions
+  and tensor operations, called directly rather than through nn.Module: the same operations in
+  the same order, so the same numbers;
+- attention is paged_attention.py's, as transformers would call it.
+
+Outside the engine's steps (a direct forward, generate), the layer's own forward runs. Where a
+layer is not Llama's shape, or its projections are not C int4 layers, nothing changes.
+"""
+import types
+from dataclasses import dataclass
+from typing import Any, Optional, cast
+
+import torch
+from torch import nn
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, apply_rotary_pos_emb
+
+from . import native
+from .int4 import Int4Linear
+from .paged_attention import PagedStep, paged_attention
+
+
+@dataclass(frozen=True)
+class Joined:
+    """Layers' packed weights end to end, for one int4 call over all of them."""
+
+    weights: native.Int4Weights
+    buffers: tuple[torch.Tensor, ...]  # what `weights` points at, kept alive here
+    widths: list[int]  # each layer's outputs, in order
+
+
+def _joined(layers: list[Int4Linear]) -> Joined:
+    packed, scale, low = (torch.cat([getattr(layer, name) for layer in layers]).contiguous()
+                          for name in ("packed", "scale", "low"))
+    return Joined(native.int4_weights(packed, scale, low), (packed, scale, low), [layer.out_features for layer in layers])
+
+
+def _int4(x: torch.Tensor, weights: native.Int4Weights) -> torch.Tensor:
+    return native.int4_matmul(x.reshape(-1, x.shape[-1]), weights).view(*x.shape[:-1], weights.outputs)
+
+
+def _fits(layer: nn.Module) -> bool:
+    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    if type(layer) is not LlamaDecoderLayer or attn is None or mlp is None:
+        return False
+    projections = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+    return all(isinstance(p, Int4Linear) and p.c_kernel and p.bias is None for p in projections)
+
+
+def install(model: nn.Module) -> int:
+    """Give every fitting decoder layer the lean forward; returns how many got it."""
+    count = 0
+    for module in model.modules():
+        if _fits(module):
+            layer: Any = module  # gets attributes of its own
+            attn, mlp = layer.self_attn, layer.mlp
+            layer.lean_qkv = _joined([attn.q_proj, attn.k_proj, attn.v_proj])
+            layer.lean_gate_up = _joined([mlp.gate_proj, mlp.up_proj])
+            layer.full_forward = layer.forward
+            layer.forward = types.MethodType(_forward, layer)
+            count += 1
+    return count
+
+
+def _forward(self: LlamaDecoderLayer, hidden_states: torch.Tensor, *args: Any,
+             position_embeddings: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+             paged: Optional[PagedStep] = None, **kwargs: Any) -> torch.Tensor:
+    """LlamaDecoderLayer.forward's numbers, with paged attention (see the module docstring)."""
+    lean: Any = self  # install() gave it its attributes
+    if paged is None or position_embeddings is None:
+        return lean.full_forward(hidden_states, *args, position_embeddings=position_embeddings, paged=paged,
+                                 **kwargs)
+    attn, mlp, qkv, gate_up = self.self_attn, self.mlp, cast(Joined, lean.lean_qkv), cast(Joined, lean.lean_gate_up)
+    shape = hidden_states.shape[:-1]
+    q, k, v = _int4(self.input_layernorm.forward(hidden_states), qkv.weights).split(qkv.widths, dim=-1)
+    q, k, v = (t.view(*shape, -1, attn.head_dim).transpose(1, 2) for t in (q, k, v))
+    q, k = apply_rotary_pos_emb(q, k, *position_embeddings)
+    out, _ = paged_attention(attn, q, k, v, None, scaling=attn.scaling, paged=paged)
+    hidden_states = hidden_states + attn.o_proj.forward(out.reshape(*shape, -1).contiguous())
+    gate, up = _int4(self.post_attention_layernorm.forward(hidden_states), gate_up.weights).split(gate_up.widths,
+                                                                                               dim=-1)
+    return hidden_states + mlp.down_proj.forward(mlp.act_fn(gate) * up)
