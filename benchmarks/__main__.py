@@ -84,7 +84,18 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                         "cache on and off and llama-cpp; on smollm2 unless --models names another")
     p.add_argument("--turns", type=int, default=8, help="--prefix: user turns of the conversation")
     p.add_argument("--system-tokens", type=int, default=1000, help="--prefix: tokens of each system prompt")
+    p.add_argument("--speculative", action="store_true",
+                   help="the speculative-decoding benchmark instead (speculative_bench.py): plain prompts at "
+                        "--concurrency (1,16) and an input-copying chat workload at C=1, this with speculation "
+                        "off and on (this-spec) and llama-cpp; on smollm2 unless --models names another")
     args = p.parse_args(argv)
+    if args.speculative:
+        from .speculative_bench import SPEC_SYSTEMS
+        args.models = args.models or ["smollm2"]
+        args.concurrency = args.concurrency or [1, 16]
+        args.systems = args.systems or list(SPEC_SYSTEMS)
+        args.num_requests = args.num_requests or 32
+        args.out = args.out or HERE / "results" / "speculative"
     if args.prefix:
         from .prefix_bench import PREFIX_SYSTEMS
         args.models = args.models or ["smollm2"]
@@ -199,6 +210,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return structured_main(args)
     if args.prefix:
         return prefix_main(args, argv)
+    if args.speculative:
+        return speculative_main(args, argv)
     rows: list[dict] = []
     notes: list[str] = []
     machine = _machine_checked()
@@ -237,6 +250,16 @@ def prefix_main(args: argparse.Namespace, argv: Optional[list[str]]) -> int:
     machine = _machine_checked()
     try:
         return run_prefix(args, ensure_model(args.models[0], args.models_dir), machine, argv)
+    finally:
+        stop_all()
+
+
+def speculative_main(args: argparse.Namespace, argv: Optional[list[str]]) -> int:
+    """--speculative: one model (the first of --models); this, this-spec and llama-cpp by default."""
+    from .speculative_bench import main as run_speculative
+    machine = _machine_checked()
+    try:
+        return run_speculative(args, ensure_model(args.models[0], args.models_dir), machine, argv)
     finally:
         stop_all()
 

@@ -26,9 +26,11 @@ if TYPE_CHECKING:
     import grpc
 
 SYSTEMS = ("this", "this-thread", "raw-engine", "jina-echo", "seed-jina", "hf-streamer", "hf-static-batch", "llama-cpp")
-# started only where named (--systems, --prefix): `this` with LLM_PREFIX_CACHING=0
-NAMED_ONLY = ("this-nocache",)
+# started only where named (--systems, --prefix, --speculative): `this` with LLM_PREFIX_CACHING=0, and
+# `this` with prompt-lookup speculation on for every request
+NAMED_ONLY = ("this-nocache", "this-spec")
 NO_PREFIX_CACHE = {"LLM_PREFIX_CACHING": "0"}
+SPECULATION = {"LLM_SPECULATIVE_TOKENS": "8"}
 
 
 def _env(**extra: str) -> dict:
@@ -319,6 +321,8 @@ def starters(static_batch_size: int = 16, extra: Optional[dict] = None,
         "this": functools.partial(this_service, extra=extra or {}, uses_with=uses_with),
         "this-nocache": functools.partial(this_service, extra=extra or {}, uses_with=uses_with, env=NO_PREFIX_CACHE,
                                           name="this-nocache"),
+        "this-spec": functools.partial(this_service, extra=extra or {}, uses_with=uses_with, env=SPECULATION,
+                                       name="this-spec"),
         "this-thread": functools.partial(this_thread, extra=extra or {}, uses_with=uses_with),
         "jina-echo": jina_echo,
         "raw-engine": raw_engine,
