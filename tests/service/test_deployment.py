@@ -1,5 +1,6 @@
 """jina.yml as a Deployment (the Hub-style executor config), with small batching limits."""
 import asyncio
+import multiprocessing
 
 import pytest
 from jina import Deployment
@@ -10,11 +11,18 @@ from tests.conftest import ROOT, free_port
 
 @pytest.fixture(scope="module")
 def small_deployment(slow_model):
-    port = free_port()
-    dep = Deployment(uses=str(ROOT / "jina.yml"), protocol="grpc", port=port,
-                     uses_with={"model": slow_model, "max_running": 1, "max_waiting": 1})
-    with dep:
-        yield port
+    """Its processes are spawned: forked, they would copy this process with the gRPC channels
+    that earlier tests opened, and gRPC's threads in this process then crash."""
+    previous = multiprocessing.get_start_method(allow_none=True)
+    multiprocessing.set_start_method("spawn", force=True)
+    try:
+        port = free_port()
+        dep = Deployment(uses=str(ROOT / "jina.yml"), protocol="grpc", port=port,
+                         uses_with={"model": slow_model, "max_running": 1, "max_waiting": 1})
+        with dep:
+            yield port
+    finally:
+        multiprocessing.set_start_method(previous, force=True)
 
 
 async def test_overloaded_beyond_limits_others_unaffected(small_deployment):
