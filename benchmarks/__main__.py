@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from testing.procs import cpu_seconds, settle, stop_all
 
@@ -207,11 +207,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     if args.structured:
-        return structured_main(args)
+        from .structured import main as run_structured
+        return one_model_main(run_structured, args)
     if args.prefix:
-        return prefix_main(args, argv)
+        from .prefix_bench import main as run_prefix
+        return one_model_main(run_prefix, args, argv)
     if args.speculative:
-        return speculative_main(args, argv)
+        from .speculative_bench import main as run_speculative
+        return one_model_main(run_speculative, args, argv)
     rows: list[dict] = []
     notes: list[str] = []
     machine = _machine_checked()
@@ -234,35 +237,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     return 130 if interrupted else 0
 
 
-def structured_main(args: argparse.Namespace) -> int:
-    """--structured: one model (the first of --models), the service only."""
-    from .structured import main as run_structured
+def one_model_main(run: Callable[..., int], args: argparse.Namespace, *extra: Any) -> int:
+    """--structured, --prefix and --speculative: on one model (the first of --models), with
+    every server they started stopped however they end."""
     machine = _machine_checked()
     try:
-        return run_structured(args, ensure_model(args.models[0], args.models_dir), machine)
+        return run(args, ensure_model(args.models[0], args.models_dir), machine, *extra)
     finally:
         stop_all()
-
-
-def prefix_main(args: argparse.Namespace, argv: Optional[list[str]]) -> int:
-    """--prefix: one model (the first of --models); this, this-nocache and llama-cpp by default."""
-    from .prefix_bench import main as run_prefix
-    machine = _machine_checked()
-    try:
-        return run_prefix(args, ensure_model(args.models[0], args.models_dir), machine, argv)
-    finally:
-        stop_all()
-
-
-def speculative_main(args: argparse.Namespace, argv: Optional[list[str]]) -> int:
-    """--speculative: one model (the first of --models); this, this-spec and llama-cpp by default."""
-    from .speculative_bench import main as run_speculative
-    machine = _machine_checked()
-    try:
-        return run_speculative(args, ensure_model(args.models[0], args.models_dir), machine, argv)
-    finally:
-        stop_all()
-
 
 if __name__ == "__main__":
     sys.exit(main())

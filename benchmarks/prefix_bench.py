@@ -22,11 +22,8 @@ Between turns the client waits 0.2 s, a reader's pause, so that each turn meets 
 import argparse
 import asyncio
 import contextlib
-import json
 import os
-import shlex
 import statistics
-import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -34,10 +31,10 @@ from typing import Any, Optional
 
 import aiohttp
 
-from testing.procs import settle, stop_all
+from testing.procs import settle
 
-from .report import _git
-from .systems import NO_PREFIX_CACHE, _openai_model_id, _session, _sse_data, flow_server, llama_server
+from .report import run_and_write, run_record
+from .systems import NO_PREFIX_CACHE, _openai_chunks, _openai_model_id, _session, flow_server, llama_server
 
 PREFIX_SYSTEMS = ("this", "this-nocache", "llama-cpp")
 QUESTIONS = ("Hello! What is this place, and who are you?", "Which rooms should I visit first?",
@@ -89,12 +86,7 @@ async def chat(http: aiohttp.ClientSession, port: int, model_id: str, messages: 
     ttft = None
     t0 = time.perf_counter()
     async with http.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body) as resp:
-        async for data in _sse_data(resp):
-            if data == "[DONE]":
-                break
-            chunk = json.loads(data)
-            if chunk.get("error"):
-                raise RuntimeError(str(chunk["error"])[:300])
+        async for chunk in _openai_chunks(resp):
             for choice in chunk.get("choices") or []:
                 piece = (choice.get("delta") or {}).get("content")
                 if piece:
@@ -271,40 +263,20 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(out: Path, result: dict) -> str:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(result, indent=1))
-    text = markdown(result)
-    (out / "results.md").write_text(text)
-    return text
-
-
 def main(args: argparse.Namespace, model: Path, machine: dict, argv: Optional[list[str]] = None) -> int:
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(model)
     texts = {"conversation": system_text(tokenizer, "city museum", args.system_tokens),
              "shared": system_text(tokenizer, "harbour library", args.system_tokens),
              "warm-up": _warm_up_text(tokenizer, args.system_tokens)}
-    argv = sys.argv[1:] if argv is None else argv
-    result: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "git": _git(),
-        "command": "python -m benchmarks " + shlex.join(argv), "machine": machine,
-        "settings": {"model": model.name, "systems": args.systems, "turns": args.turns, "users": args.concurrency[0],
-                     "max_tokens": args.max_tokens, "system_tokens": args.system_tokens,
-                     "llama_cpp_slot_tokens": slot_tokens(args), "turn_pause_s": TURN_PAUSE_S},
-        "system_prompt_tokens": [len(tokenizer(texts[k])["input_ids"]) for k in ("conversation", "shared")],
-        "systems": {}, "notes": []}
-    t0 = time.perf_counter()
-    code = 0
-    try:
-        asyncio.run(measure(model, args, texts, result))
-    except KeyboardInterrupt:
-        result["notes"].append("interrupted: partial results")
-        code = 130
-    finally:
-        stop_all()
-        result["settings"]["wall_s"] = round(time.perf_counter() - t0, 1)
-        text = write(args.out, result)
+    result = run_record(
+        argv, machine,
+        settings={"model": model.name, "systems": args.systems, "turns": args.turns, "users": args.concurrency[0],
+                  "max_tokens": args.max_tokens, "system_tokens": args.system_tokens,
+                  "llama_cpp_slot_tokens": slot_tokens(args), "turn_pause_s": TURN_PAUSE_S},
+        system_prompt_tokens=[len(tokenizer(texts[k])["input_ids"]) for k in ("conversation", "shared")],
+        systems={}, notes=[])
+    code, text = run_and_write(measure(model, args, texts, result), result, args.out, markdown)
     print("\n" + text)
     print(f"wrote {args.out}/results.json, results.md in {result['settings']['wall_s']}s")
     print("\n".join(["", "Prefix caching (same run):"] + [f"  {g}" for g in goals(result)]))

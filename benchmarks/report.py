@@ -1,15 +1,18 @@
 """results.json, results.md, results.png, and the ratios the project's goals are stated in."""
+import asyncio
 import itertools
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
-from testing.procs import ROOT
+from testing.procs import ROOT, stop_all
 
 TABLE = [("system", "system"), ("transport", "transport"), ("model", "model"), ("load", "load"),
          ("ok/n", None), ("TTFT p50", "ttft_p50_ms"), ("TTFT p99", "ttft_p99_ms"),
@@ -43,6 +46,36 @@ def _git() -> Optional[str]:
     except (OSError, subprocess.CalledProcessError):
         return None
 
+
+
+def run_record(argv: Optional[list[str]], machine: dict, **fields: Any) -> dict[str, Any]:
+    """The head of a run's results.json (when, which commit, the exact command, the machine),
+    then `fields`."""
+    argv = sys.argv[1:] if argv is None else argv
+    return {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "git": _git(),
+            "command": "python -m benchmarks " + shlex.join(argv), "machine": machine, **fields}
+
+
+def run_and_write(measure: Coroutine[Any, Any, None], result: dict, out: Path,
+                  markdown: Callable[[dict], str]) -> tuple[int, str]:
+    """Runs `measure`, which fills `result`: to its end, or to an interrupt that keeps the partial
+    results (exit code 130). Then every server stops, `settings.wall_s` gets the run's time, and
+    results.json and results.md are written. Returns (exit code, the markdown)."""
+    t0 = time.perf_counter()
+    code = 0
+    try:
+        asyncio.run(measure)
+    except KeyboardInterrupt:
+        result["notes"].append("interrupted: partial results")
+        code = 130
+    finally:
+        stop_all()
+        result["settings"]["wall_s"] = round(time.perf_counter() - t0, 1)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps(result, indent=1))
+        text = markdown(result)
+        (out / "results.md").write_text(text)
+    return code, text
 
 def label(row: dict) -> str:
     return f"{row['system']}/{row['transport']}"

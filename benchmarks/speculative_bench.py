@@ -17,25 +17,21 @@ speculates where it can) and `llama-cpp` (no speculation). The copying answers o
 `this-spec` are compared token for token (the texts, and the completion tokens each reported).
 """
 import argparse
-import asyncio
 import contextlib
-import json
 import os
-import shlex
-import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import aiohttp
 
-from testing.procs import settle, stop_all
+from testing.procs import settle
 
 from .load import Transport, closed_loop, make_prompts
 from .metrics import Total, summarize
-from .report import _git
-from .systems import SPECULATION, _openai_model_id, _session, _sse_data, _this_openai, flow_server, llama_server
+from .report import run_and_write, run_record
+from .systems import SPECULATION, _openai_chunks, _openai_model_id, _session, _this_openai, flow_server, llama_server
 
 SPEC_SYSTEMS = ("this", "this-spec", "llama-cpp")
 SPECULATIVE_TOKENS = int(SPECULATION["LLM_SPECULATIVE_TOKENS"])
@@ -80,12 +76,7 @@ def _chat(http: aiohttp.ClientSession, port: int, model_id: str, answers: dict[s
                 "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
         parts: list[str] = []
         async with http.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body) as resp:
-            async for data in _sse_data(resp):
-                if data == "[DONE]":
-                    break
-                chunk = json.loads(data)
-                if chunk.get("error"):
-                    raise RuntimeError(str(chunk["error"])[:200])
+            async for chunk in _openai_chunks(resp):
                 for choice in chunk.get("choices") or []:
                     piece = (choice.get("delta") or {}).get("content")
                     if piece:
@@ -204,28 +195,13 @@ async def measure(model: Path, args: argparse.Namespace, result: dict) -> None:
 
 
 def main(args: argparse.Namespace, model: Path, machine: dict, argv: Optional[list[str]] = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    result: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "git": _git(),
-        "command": "python -m benchmarks " + shlex.join(argv), "machine": machine,
-        "settings": {"model": model.name, "systems": args.systems, "concurrency": args.concurrency,
-                     "max_tokens": args.max_tokens, "requests": args.num_requests,
-                     "speculative_tokens": SPECULATIVE_TOKENS, "copy_max_tokens": COPY_MAX_TOKENS},
-        "copy_tasks": list(COPY_TASKS), "rows": [], "answers": {}, "notes": []}
-    t0 = time.perf_counter()
-    code = 0
-    try:
-        asyncio.run(measure(model, args, result))
-    except KeyboardInterrupt:
-        result["notes"].append("interrupted: partial results")
-        code = 130
-    finally:
-        stop_all()
-        result["settings"]["wall_s"] = round(time.perf_counter() - t0, 1)
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "results.json").write_text(json.dumps(result, indent=1))
-        text = markdown(result)
-        (args.out / "results.md").write_text(text)
+    result = run_record(
+        argv, machine,
+        settings={"model": model.name, "systems": args.systems, "concurrency": args.concurrency,
+                  "max_tokens": args.max_tokens, "requests": args.num_requests,
+                  "speculative_tokens": SPECULATIVE_TOKENS, "copy_max_tokens": COPY_MAX_TOKENS},
+        copy_tasks=list(COPY_TASKS), rows=[], answers={}, notes=[])
+    code, text = run_and_write(measure(model, args, result), result, args.out, markdown)
     print("\n" + text)
     print(f"wrote {args.out}/results.json, results.md in {result['settings']['wall_s']}s")
     return code

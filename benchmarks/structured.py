@@ -27,7 +27,7 @@ from testing.procs import cpu_seconds, settle
 from .load import Transport, closed_loop, run_request
 from .metrics import RequestRecord, Total, cpu_per_token, summarize
 from .schema_corpus import compile_corpus
-from .systems import _openai_model_id, _session, _sse_data, flow_server
+from .systems import _openai_chunks, _openai_model_id, _session, flow_server
 
 # (a): more objects than 64 tokens can hold, so no constrained answer ends before max_tokens
 LIST_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["items"], "properties": {
@@ -73,12 +73,7 @@ def chat_transport(session: aiohttp.ClientSession, port: int, model_id: str,
                 "temperature": 0, "ignore_eos": True, "stream": True,
                 "stream_options": {"include_usage": True}, **extra}
         async with session.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body) as resp:
-            async for data in _sse_data(resp):
-                if data == "[DONE]":
-                    break
-                chunk = json.loads(data)
-                if chunk.get("error"):
-                    raise RuntimeError(str(chunk["error"])[:200])
+            async for chunk in _openai_chunks(resp):
                 if chunk.get("choices") and "role" not in chunk["choices"][0].get("delta", {}):
                     yield 1
                 if (chunk.get("usage") or {}).get("completion_tokens") is not None:

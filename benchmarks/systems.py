@@ -57,6 +57,18 @@ async def _sse_data(resp: aiohttp.ClientResponse) -> AsyncIterator[str]:
             yield line[5:].strip()
 
 
+
+async def _openai_chunks(resp: aiohttp.ClientResponse) -> AsyncIterator[dict]:
+    """An OpenAI stream's chunks, parsed, up to `[DONE]`; a chunk that carries an error raises."""
+    async for data in _sse_data(resp):
+        if data == "[DONE]":
+            return
+        chunk = json.loads(data)
+        if chunk.get("error"):
+            raise RuntimeError(str(chunk["error"])[:300])
+        yield chunk
+
+
 def _wait_jina_ready(port: int, server: ServerProcess, timeout: float = 180.0) -> None:
     from jina import Client
     server.wait_port(port, timeout)
@@ -111,12 +123,7 @@ def _this_openai(session: aiohttp.ClientSession, port: int, model: str, extra: d
         body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
                 "temperature": 0, "stream_options": {"include_usage": True}, **extra}
         async with session.post(f"http://127.0.0.1:{port}/v1/completions", json=body) as resp:
-            async for data in _sse_data(resp):
-                if data == "[DONE]":
-                    break
-                chunk = json.loads(data)
-                if chunk.get("error"):
-                    raise RuntimeError(str(chunk["error"])[:200])
+            async for chunk in _openai_chunks(resp):
                 if chunk.get("choices"):
                     choice = chunk["choices"][0]
                     ids = choice.get("token_ids") or (choice.get("logprobs") or {}).get("tokens")
