@@ -39,9 +39,18 @@ class Joined:
 
 
 def _joined(layers: list[Int4Linear]) -> Joined:
-    packed, scale, low = (torch.cat([getattr(layer, name) for layer in layers]).contiguous()
-                          for name in ("packed", "scale", "low"))
-    return Joined(native.int4_weights(packed, scale, low), (packed, scale, low), [layer.out_features for layer in layers])
+    """The layers' buffers end to end; each layer's own buffers become views of these, so the
+    weights are held once (outputs are the layout's first dimension: each view is contiguous)."""
+    names = ("packed", "scale", "low")
+    buffers = tuple(torch.cat([getattr(layer, name) for layer in layers]) for name in names)
+    start = 0
+    for layer in layers:
+        groups = layer.packed.shape[0]
+        for name, joined in zip(names, buffers, strict=True):
+            setattr(layer, name, joined[start:start + groups])
+        layer.weights = native.int4_weights(layer.packed, layer.scale, layer.low)
+        start += groups
+    return Joined(native.int4_weights(*buffers), buffers, [layer.out_features for layer in layers])
 
 
 def _int4(x: torch.Tensor, weights: native.Int4Weights) -> torch.Tensor:
