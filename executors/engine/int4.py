@@ -8,12 +8,13 @@ A decode step of SmolLM2-135M then reads about 70 MB of weights instead of 540 M
 layer (Q8_0 in that GGUF) becomes int8 per output channel.
 
 The products run in int4_matmul.c (native.py) where it is built and the CPU has AVX512-BF16 or
-AVX2 + FMA: bf16 activations, exact products, fp32 scales and output. Elsewhere they run in
-PyTorch's `_weight_int4pack_mm_for_cpu`, which rounds the scales and its output to bf16. The
-output layer runs in int8_matmul.c (fp32 activations, exact products, fp32 output), else in
-PyTorch's `_weight_int8pack_mm` (bf16 activations, scales and output). All four compute each row of a batch the same way whatever the
-batch holds (tests/test_int4.py checks batches of 2 to 64 rows bit for bit), so a request still
-comes out as it does alone.
+AVX2 + FMA: exact products, fp32 scales and output, on activations rounded to bf16
+(AVX512-BF16) or to int8 per block of 32 (AVX2, `int8_blocks`, as llama.cpp does). Elsewhere
+they run in PyTorch's `_weight_int4pack_mm_for_cpu`, which rounds the activations, scales and
+output to bf16. The output layer runs in int8_matmul.c (fp32 activations, exact products, fp32
+output), else in PyTorch's `_weight_int8pack_mm` (bf16 activations, scales and output). All of
+them compute each row of a batch the same way whatever the batch holds (tests/test_int4.py
+checks batches of 2 to 64 rows bit for bit), so a request still comes out as it does alone.
 """
 from collections.abc import Callable
 from typing import Optional
@@ -108,6 +109,15 @@ class Int8Linear(nn.Module):
 def _finish(y: torch.Tensor, x: torch.Tensor, width: int, bias: Optional[torch.Tensor]) -> torch.Tensor:
     y = y.to(x.dtype).reshape(*x.shape[:-1], width)
     return y if bias is None else y + bias
+
+
+def int8_blocks(x: torch.Tensor) -> torch.Tensor:
+    """x [rows, width] fp32 as int4_matmul.c's AVX2 version multiplies it, in float64: per block
+    of GROUP, steps round(x * (1 / scale)) (to nearest even) with scale = max |x| / 127."""
+    blocks = x.float().reshape(x.shape[0], -1, GROUP)
+    scale = blocks.abs().amax(dim=-1, keepdim=True) / 127
+    inverse = torch.where(scale > 0, 1 / scale, torch.zeros_like(scale))
+    return (torch.round(blocks * inverse).double() * scale.double()).reshape(x.shape)
 
 
 def dequantize(steps: torch.Tensor, scale: torch.Tensor, low: torch.Tensor,

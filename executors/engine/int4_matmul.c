@@ -1,16 +1,18 @@
 /* y = x W^T for int4.py's weights: Q4_1 blocks of 32 along the input (w = d q + m, q in 0..15).
  *
- * Per block, x . w = d (x . q) + m sum(x). x is rounded to bf16 (as PyTorch's int4 kernel does),
- * x . q runs in AVX512-BF16 dot products, whose products are exact (q is a small integer), and
- * everything after is fp32. PyTorch's `_weight_int4pack_mm_for_cpu` instead rounds the scales and
- * its output to bf16: against float64 it errs by 4e-3 to 1e-2 on SmolLM2's layer shapes, this one
- * by under 1e-6, and this one is 1.3 to 2.2 times as fast (python -m benchmarks.kernels).
+ * Per block, x . w = d (x . q) + m sum(x). Two versions, by what -march=native offers:
+ * - AVX512-BF16 (and BW): x is rounded to bf16 (as PyTorch's int4 kernel does), x . q runs in
+ *   bf16 dot products, whose products are exact (q is a small integer), and everything after is
+ *   fp32. PyTorch's `_weight_int4pack_mm_for_cpu` instead rounds the scales and its output to
+ *   bf16: against float64 it errs by 4e-3 to 1e-2 on SmolLM2's layer shapes, this one by under
+ *   1e-6, and this one is 1.3 to 2.2 times as fast.
+ * - AVX2 + FMA: x becomes int8 per block of 32 as in llama.cpp, and x . q runs in integers
+ *   (below).
+ * `int4_matmul_ready` says which: 1 (bf16 activations), 2 (int8), or 0 without either, where
+ * int4.py keeps PyTorch's kernel. python -m benchmarks.kernels times them.
  *
  * Each output is computed by one thread, with the same instructions for a row whatever the other
- * rows are, so a row comes out bit for bit as it does alone. Without AVX512-BF16 (and BW) in
- * -march=native, an AVX2 + FMA version computes the same formula (below); without those either,
- * `int4_matmul_ready` says 0 and int4.py keeps PyTorch's kernel.
- */
+ * rows are, so a row comes out bit for bit as it does alone. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -146,65 +148,84 @@ int int4_matmul(const float *x, const uint8_t *packed, const float *scale, const
 }
 
 #elif defined(__AVX2__) && defined(__FMA__)
-/* The same formula with AVX2 and FMA: each block's 4-bit steps become fp32 (exact), and x . q is a
- * chain of fused multiply-adds in input order, so the products are exact here too; 8 outputs
- * per vector, two per group of 16, and up to TILE rows share each unpacking of the weights (6:
- * twelve sums in registers, and the most that fit). */
+/* With AVX2 each row of x becomes int8 per block of 32, as llama.cpp's Q8 does for its int4 dot
+ * products: a block's scale is its largest magnitude / 127, and its steps x / scale rounded to
+ * nearest even. Per block, x . w = dx d (qx . q) + m dx sum(qx): qx . q is exact in integers
+ * (u8 x s8 pairs into int16; eight pairs per lane at most 8 * 2 * 15 * 127 < 2^15), so the
+ * result is the float64 dot product of the dequantized x and w to within fp32 rounding. Unpacking
+ * the nibbles is then a quarter of the work it is as fp32, and one row runs twice as fast as
+ * with bf16 activations (python -m benchmarks.kernels); x's error grows from bf16's 2^-9 of each
+ * value to 1/254 of its block's largest (docs/cpu-weights.md, Quality). */
 #include <immintrin.h>
 
 #define CHANNELS 16
 #define BLOCK 32
-#define TILE 6
+#define TILE 4  /* rows that share one unpacking: 8 int16 sums and 8 fp32 totals in registers */
 
-int int4_matmul_ready(void) { return 1; }
+int int4_matmul_ready(void) { return 2; }
 
-/* One row of x rounded to bf16 (round to nearest even, as a float), and each block's sum of those
- * values, in input order. */
-static void prepare_row(const float *x, float *rounded, float *sums, int64_t width) {
-    const __m256i half = _mm256_set1_epi32(0x7FFF), one = _mm256_set1_epi32(1), top = _mm256_set1_epi32(-65536);
-    for (int64_t k = 0; k < width; k += 8) {  /* width is a multiple of BLOCK */
-        __m256i bits = _mm256_castps_si256(_mm256_loadu_ps(x + k));
-        __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), one);
-        bits = _mm256_and_si256(_mm256_add_epi32(bits, _mm256_add_epi32(half, odd)), top);
-        _mm256_storeu_ps(rounded + k, _mm256_castsi256_ps(bits));
-    }
+/* One row of x as int8 steps per block, each block's scale, and its scale times its steps' sum. */
+static void quantize_row(const float *x, int8_t *q, float *dx, float *dsum, int64_t width) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int64_t b = 0; b < width / BLOCK; b++) {
-        float sum = 0.0f;
-        for (int i = 0; i < BLOCK; i++) sum += rounded[b * BLOCK + i];
-        sums[b] = sum;
+        const float *v = x + b * BLOCK;
+        __m256 top = _mm256_setzero_ps();
+        for (int i = 0; i < BLOCK; i += 8) top = _mm256_max_ps(top, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        float d = _mm_cvtss_f32(h) / 127.0f, inverse = d > 0.0f ? 1.0f / d : 0.0f;
+        int32_t steps[BLOCK], sum = 0;
+        for (int i = 0; i < BLOCK; i += 8)  /* cvtps rounds to nearest even */
+            _mm256_storeu_si256((__m256i *)(steps + i),
+                                _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + i), _mm256_set1_ps(inverse))));
+        for (int i = 0; i < BLOCK; i++) {
+            q[b * BLOCK + i] = (int8_t)steps[i];
+            sum += steps[i];
+        }
+        dx[b] = d;
+        dsum[b] = d * (float)sum;
     }
 }
 
+/* Outputs [group * 16, +16) for `count` rows. A 32-byte load holds input pairs 2k and 2k + 1 for
+ * the 16 channels; unpacking its nibbles gives, per 128-bit lane, one pair's steps for 8
+ * channels as (first, second) bytes, which maddubs multiplies with the pair's two int8 inputs. */
 static inline __attribute__((always_inline)) void
-tile(const float *x, const float *sums, const uint8_t *packed, const float *scale, const float *low, float *y,
-     int64_t width, int64_t outputs, int64_t group, const int count) {
+tile(const int8_t *q, const float *dx, const float *dsum, const uint8_t *packed, const float *scale,
+     const float *low, float *y, int64_t width, int64_t outputs, int64_t group, const int count) {
     int64_t blocks = width / BLOCK;
-    __m256 total[TILE][2], part[TILE][2];
-    const __m256i nibble = _mm256_set1_epi32(0xF);
+    __m256 total[TILE][2];
+    const __m256i nibble = _mm256_set1_epi8(0x0F);
+    const __m256i pick = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,  /* lane 0: inputs 4k, +1 */
+                                          2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3); /* lane 1: 4k + 2, +3 */
     for (int r = 0; r < count; r++) total[r][0] = total[r][1] = _mm256_setzero_ps();
     for (int64_t b = 0; b < blocks; b++) {
         const uint8_t *w = packed + (group * blocks + b) * (BLOCK / 2) * CHANNELS;
-        for (int r = 0; r < count; r++) part[r][0] = part[r][1] = _mm256_setzero_ps();
-        for (int j = 0; j < BLOCK / 2; j++) {
-            __m128i bytes = _mm_loadu_si128((const __m128i *)(w + j * CHANNELS));
-            __m256i first = _mm256_cvtepu8_epi32(bytes), second = _mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8));
-            __m256 even0 = _mm256_cvtepi32_ps(_mm256_and_si256(first, nibble));   /* input 2j, channels 0-7 */
-            __m256 even1 = _mm256_cvtepi32_ps(_mm256_and_si256(second, nibble));  /* channels 8-15 */
-            __m256 odd0 = _mm256_cvtepi32_ps(_mm256_srli_epi32(first, 4));        /* input 2j + 1 */
-            __m256 odd1 = _mm256_cvtepi32_ps(_mm256_srli_epi32(second, 4));
+        __m256i sum[TILE][2];  /* channels 0-7 and 8-15, each lane half of a block's pairs */
+        for (int r = 0; r < count; r++) sum[r][0] = sum[r][1] = _mm256_setzero_si256();
+        for (int k = 0; k < BLOCK / 4; k++) {
+            __m256i bytes = _mm256_loadu_si256((const __m256i *)(w + k * 2 * CHANNELS));
+            __m256i first = _mm256_and_si256(bytes, nibble), second = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
+            __m256i low8 = _mm256_unpacklo_epi8(first, second), high8 = _mm256_unpackhi_epi8(first, second);
             for (int r = 0; r < count; r++) {
-                __m256 a = _mm256_broadcast_ss(x + r * width + b * BLOCK + 2 * j);
-                __m256 c = _mm256_broadcast_ss(x + r * width + b * BLOCK + 2 * j + 1);
-                part[r][0] = _mm256_fmadd_ps(c, odd0, _mm256_fmadd_ps(a, even0, part[r][0]));
-                part[r][1] = _mm256_fmadd_ps(c, odd1, _mm256_fmadd_ps(a, even1, part[r][1]));
+                int32_t four;
+                memcpy(&four, q + r * width + b * BLOCK + 4 * k, sizeof four);
+                __m256i a = _mm256_shuffle_epi8(_mm256_set1_epi32(four), pick);
+                sum[r][0] = _mm256_add_epi16(sum[r][0], _mm256_maddubs_epi16(low8, a));
+                sum[r][1] = _mm256_add_epi16(sum[r][1], _mm256_maddubs_epi16(high8, a));
             }
         }
         const float *d = scale + (group * blocks + b) * CHANNELS, *m = low + (group * blocks + b) * CHANNELS;
         for (int r = 0; r < count; r++) {
-            __m256 s = _mm256_set1_ps(sums[r * blocks + b]);
-            for (int h = 0; h < 2; h++)
+            __m256 s = _mm256_set1_ps(dsum[r * blocks + b]), e = _mm256_set1_ps(dx[r * blocks + b]);
+            for (int h = 0; h < 2; h++) {
+                __m256i n = _mm256_add_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(sum[r][h])),
+                                             _mm256_cvtepi16_epi32(_mm256_extracti128_si256(sum[r][h], 1)));
+                __m256 dot = _mm256_mul_ps(_mm256_cvtepi32_ps(n), e);
                 total[r][h] = _mm256_fmadd_ps(_mm256_loadu_ps(m + 8 * h), s,
-                                              _mm256_fmadd_ps(part[r][h], _mm256_loadu_ps(d + 8 * h), total[r][h]));
+                                              _mm256_fmadd_ps(dot, _mm256_loadu_ps(d + 8 * h), total[r][h]));
+            }
         }
     }
     for (int r = 0; r < count; r++)
@@ -216,35 +237,38 @@ tile(const float *x, const float *sums, const uint8_t *packed, const float *scal
 int int4_matmul(const float *x, const uint8_t *packed, const float *scale, const float *low, float *y,
                 int64_t rows, int64_t width, int64_t outputs, int threads) {
     if (rows < 1 || width % BLOCK || outputs % CHANNELS) return -1;
-    float *rounded = malloc(rows * width * sizeof(float)), *sums = malloc(rows * width / BLOCK * sizeof(float));
-    if (!rounded || !sums) {
-        free(rounded);
-        free(sums);
+    int64_t blocks = width / BLOCK;
+    int8_t *q = malloc(rows * width);
+    float *dx = malloc(rows * blocks * sizeof(float)), *dsum = malloc(rows * blocks * sizeof(float));
+    if (!q || !dx || !dsum) {
+        free(q);
+        free(dx);
+        free(dsum);
         return -2;
     }
-    int parallel = threads > 1 && rows * width * outputs > (1 << 16);
+    int parallel = threads > 1 && rows * width * outputs > (1 << 18);  /* below, starting threads costs more */
     #pragma omp parallel num_threads(threads) if (parallel)
     {
         #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; r++)
-            prepare_row(x + r * width, rounded + r * width, sums + r * width / BLOCK, width);
+            quantize_row(x + r * width, q + r * width, dx + r * blocks, dsum + r * blocks, width);
         #pragma omp for schedule(static)
         for (int64_t group = 0; group < outputs / CHANNELS; group++)
             for (int64_t r0 = 0; r0 < rows; r0 += TILE) {
-                const float *xr = rounded + r0 * width, *sr = sums + r0 * width / BLOCK;
+                const int8_t *qr = q + r0 * width;
+                const float *er = dx + r0 * blocks, *sr = dsum + r0 * blocks;
                 float *out = y + r0 * outputs;
                 switch (rows - r0 < TILE ? rows - r0 : TILE) {  /* a constant count per case */
-                    case 6: tile(xr, sr, packed, scale, low, out, width, outputs, group, 6); break;
-                    case 5: tile(xr, sr, packed, scale, low, out, width, outputs, group, 5); break;
-                    case 4: tile(xr, sr, packed, scale, low, out, width, outputs, group, 4); break;
-                    case 3: tile(xr, sr, packed, scale, low, out, width, outputs, group, 3); break;
-                    case 2: tile(xr, sr, packed, scale, low, out, width, outputs, group, 2); break;
-                    default: tile(xr, sr, packed, scale, low, out, width, outputs, group, 1);
+                    case 4: tile(qr, er, sr, packed, scale, low, out, width, outputs, group, 4); break;
+                    case 3: tile(qr, er, sr, packed, scale, low, out, width, outputs, group, 3); break;
+                    case 2: tile(qr, er, sr, packed, scale, low, out, width, outputs, group, 2); break;
+                    default: tile(qr, er, sr, packed, scale, low, out, width, outputs, group, 1);
                 }
             }
     }
-    free(rounded);
-    free(sums);
+    free(q);
+    free(dx);
+    free(dsum);
     return 0;
 }
 

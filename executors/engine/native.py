@@ -29,6 +29,7 @@ FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 INT4_CHANNELS = 16  # int4_matmul.c's outputs per group
 INT8_CHANNELS = 16  # int8_matmul.c's
+_ACTIVATIONS = {1: "bf16", 2: "int8"}  # int4_matmul_ready()'s answers
 
 
 @functools.cache
@@ -50,8 +51,8 @@ def library() -> Optional[ctypes.CDLL]:
     built.paged_attention.argtypes = [_PTR, _I64, _I64, *[_PTR] * 7, *[_I64] * 7, ctypes.c_float, ctypes.c_int]
     built.int4_matmul.argtypes = [_PTR] * 5 + [_I64] * 3 + [ctypes.c_int]
     built.int8_matmul.argtypes = [_PTR] * 4 + [_I64] * 3 + [ctypes.c_int]
-    log.info("C kernels built in %.2f s (int4 and int8 matmul: %s)", time.perf_counter() - started,
-             "yes" if built.int4_matmul_ready() else "no, this CPU lacks AVX2 + FMA")
+    log.info("C kernels built in %.2f s (int4 matmul: %s)", time.perf_counter() - started,
+             _ACTIVATIONS.get(built.int4_matmul_ready(), "no, this CPU lacks AVX2 + FMA"))
     return built
 
 
@@ -90,8 +91,14 @@ def paged_attention(query: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Ten
 
 def int4_ready() -> bool:
     """Whether `int4_matmul` runs here (built, and the CPU has AVX512-BF16 or AVX2 + FMA)."""
+    return int4_activations() is not None
+
+
+def int4_activations() -> Optional[str]:
+    """What int4_matmul.c rounds x to here: "bf16" (AVX512-BF16), "int8" (AVX2: int4.py's
+    `int8_blocks`), or None where it does not run."""
     built = library()
-    return built is not None and bool(built.int4_matmul_ready())
+    return None if built is None else _ACTIVATIONS.get(built.int4_matmul_ready())
 
 
 @dataclass(frozen=True)

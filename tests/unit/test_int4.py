@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from contract import EngineConfig, SamplingParams
 from executors.engine import loader, native, paged_attention
-from executors.engine.int4 import Int4Linear, Int8Linear, _quantize, dequantize, quantize
+from executors.engine.int4 import Int4Linear, Int8Linear, _quantize, dequantize, int8_blocks, quantize
 from executors.engine.loader import load_model, pick_dtype
 from tests.unit.test_batching import collect, mixed_requests
 
@@ -66,22 +66,35 @@ def test_weights_on_the_4bit_grid_are_kept_exactly():
     ref = linear(x)
     for kernel in ("c", "pytorch"):
         err = (_int4(linear, kernel)(x) - ref).abs().max() / ref.abs().max()
-        assert err < 0.01, kernel  # bf16 activations (and with PyTorch's kernel, bf16 scales)
+        assert err < 0.01, kernel  # rounded activations (and with PyTorch's kernel, bf16 scales)
 
 
 @pytest.mark.parametrize("shape", [(576, 1536), (1536, 576), (192, 576)])
-def test_the_c_kernel_is_exact_but_for_bf16_activations(shape):
-    """Against float64 on the same bf16 inputs: the C kernel's error is fp32 rounding; PyTorch's
-    kernel rounds its scales and output to bf16, and errs about ten thousand times more."""
+def test_the_c_kernel_is_exact_but_for_its_rounded_activations(shape):
+    """Against float64 on the activations as each kernel rounds them (the C kernel: to bf16, or
+    to int8 per block with AVX2; PyTorch's: to bf16): the C kernel's error is fp32 rounding;
+    PyTorch's kernel also rounds its scales and output to bf16, and errs a hundred times more."""
     torch.manual_seed(0)
     linear = nn.Linear(*shape, bias=False)
     x = torch.randn(16, shape[0])
+    x[3, :32] = 0  # a block of zeros (scale 0)
+    x[4, 40] = 300.0  # an outlier that flattens its block
     c, pytorch = _int4(linear, "c"), _int4(linear, "pytorch")
     steps, scale, low, _ = _quantize(linear.weight.detach())
     weight = dequantize(steps, scale, low, torch.float64)
-    exact = x.to(torch.bfloat16).double() @ weight.t()
-    c_err, pytorch_err = ((layer(x).double() - exact).abs().max().item() for layer in (c, pytorch))
+    bf16 = x.to(torch.bfloat16).double()
+    rounded = int8_blocks(x) if native.int4_activations() == "int8" else bf16
+    c_err = (c(x).double() - rounded @ weight.t()).abs().max().item()
+    pytorch_err = (pytorch(x).double() - bf16 @ weight.t()).abs().max().item()
     assert c_err < 2e-5 and c_err * 100 < pytorch_err
+
+
+def test_int8_blocks_round_as_llama_cpp_q8():
+    x = torch.tensor([[0.5, -1.27, 0.004, 0.006] + [0.0] * 28 + [0.0] * 32])
+    got = int8_blocks(x)
+    scale = 1.27 / 127
+    assert torch.allclose(got[0, :4], torch.tensor([50, -127, 0, 1], dtype=torch.float64) * scale)
+    assert not got[0, 32:].any()  # a block of zeros stays zeros
 
 
 @pytest.mark.parametrize("shape", [(576, 49152), (64, 48)])
