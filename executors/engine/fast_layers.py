@@ -5,13 +5,16 @@ A decode step of a small model is mostly Python: transformers' modules make some
 calls a step for SmolLM2-135M, against 210 int4 matmuls. In the engine's steps (where the
 `paged` argument is given), each LlamaDecoderLayer here runs its own forward instead:
 
-- q, k and v come from one int4 call over the three layers' packed weights laid end to end, and
-  gate and up from another. int4_matmul.c computes each group of 16 outputs alone, so these are
-  bit for bit the three (two) calls' results;
-- the norms, rotary embedding, activation and residual sums are transformers' own functions
-  and tensor operations, called directly rather than through nn.Module: the same operations in
-  the same order, so the same numbers;
-- attention is paged_attention.py's, as transformers would call it.
+- where the C kernels are built, the whole layer is one call to llama_layer.c. The model's
+  norms and SiLU become that file's functions everywhere (NativeRMSNorm, NativeSiLU), and it
+  does the rest as PyTorch does, so transformers' forward of the same model gives the same
+  numbers bit for bit;
+- otherwise, in Python: q, k and v come from one int4 call over the three layers' packed weights
+  laid end to end, and gate and up from another. int4_matmul.c computes each group of 16
+  outputs alone, so these are bit for bit the three (two) calls' results. The norms, rotary
+  embedding, activation and residual sums are the modules' own functions and tensor operations,
+  called directly rather than through nn.Module: the same numbers. Attention is
+  paged_attention.py's, as transformers would call it.
 
 Outside the engine's steps (a direct forward, generate), the layer's own forward runs. Where a
 layer is not Llama's shape, or its projections are not C int4 layers, nothing changes.
@@ -22,7 +25,7 @@ from typing import Any, Optional, cast
 
 import torch
 from torch import nn
-from transformers.models.llama.modeling_llama import LlamaDecoderLayer, apply_rotary_pos_emb
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, apply_rotary_pos_emb
 
 from . import native
 from .int4 import Int4Linear
@@ -65,19 +68,62 @@ def _fits(layer: nn.Module) -> bool:
     return all(isinstance(p, Int4Linear) and p.c_kernel and p.bias is None for p in projections)
 
 
+class NativeRMSNorm(LlamaRMSNorm):
+    """LlamaRMSNorm computed by llama_layer.c's own function, so that a forward through
+    transformers' layers rounds as the whole-layer kernel does (PyTorch's where that cannot run)."""
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        out = native.rms_norm(hidden_states, self.weight, self.variance_epsilon)
+        return super().forward(hidden_states) if out is None else out
+
+
+class NativeSiLU(nn.Module):
+    """SiLU computed by llama_layer.c's own function (PyTorch's where that cannot run)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = native.silu(x)
+        return nn.functional.silu(x) if out is None else out
+
+
+def native_ops(model: nn.Module) -> list[Any]:
+    """Where the C kernels run, the model's norms and its fitting layers' SiLU become
+    llama_layer.c's (NativeRMSNorm, NativeSiLU), inside the whole-layer kernel and out of it
+    alike. Returns the fitting layers."""
+    layers: list[Any] = [module for module in model.modules() if _fits(module)]
+    if layers and native.library() is not None:
+        for module in model.modules():
+            if type(module) is LlamaRMSNorm:
+                module.__class__ = NativeRMSNorm  # the same parameters, another forward
+        for layer in layers:
+            if type(layer.mlp.act_fn).__name__ == "SiLUActivation":
+                layer.mlp.act_fn = NativeSiLU()
+    return layers
+
+
 def install(model: nn.Module) -> int:
-    """Give every fitting decoder layer the lean forward; returns how many got it."""
-    count = 0
-    for module in model.modules():
-        if _fits(module):
-            layer: Any = module  # gets attributes of its own
-            attn, mlp = layer.self_attn, layer.mlp
-            layer.lean_qkv = _joined([attn.q_proj, attn.k_proj, attn.v_proj])
-            layer.lean_gate_up = _joined([mlp.gate_proj, mlp.up_proj])
-            layer.full_forward = layer.forward
-            layer.forward = types.MethodType(_forward, layer)
-            count += 1
-    return count
+    """Give every fitting decoder layer the lean forward (after `native_ops`); returns how many got it."""
+    layers = native_ops(model)
+    for layer in layers:  # each gets attributes of its own
+        attn, mlp = layer.self_attn, layer.mlp
+        layer.lean_qkv = _joined([attn.q_proj, attn.k_proj, attn.v_proj])
+        layer.lean_gate_up = _joined([mlp.gate_proj, mlp.up_proj])
+        layer.lean_native = _native(layer)
+        layer.full_forward = layer.forward
+        layer.forward = types.MethodType(_forward, layer)
+    return len(layers)
+
+
+def _native(layer: Any) -> Optional[native.LlamaLayer]:
+    """The layer for llama_layer.c, where it runs."""
+    attn, mlp, norms = layer.self_attn, layer.mlp, (layer.input_layernorm, layer.post_attention_layernorm)
+    if type(mlp.act_fn) is not NativeSiLU or any(type(n) is not NativeRMSNorm for n in norms):
+        return None
+    config = attn.config
+    sizes = native.LlamaLayerSizes(config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
+                                   attn.head_dim, mlp.intermediate_size, attn.scaling)
+    return native.llama_layer_args(layer.lean_qkv.weights, attn.o_proj.weights, layer.lean_gate_up.weights,
+                                   mlp.down_proj.weights, (norms[0].weight, norms[1].weight),
+                                   (norms[0].variance_epsilon, norms[1].variance_epsilon), sizes)
 
 
 def _forward(self: LlamaDecoderLayer, hidden_states: torch.Tensor, *args: Any,
@@ -88,6 +134,12 @@ def _forward(self: LlamaDecoderLayer, hidden_states: torch.Tensor, *args: Any,
     if paged is None or position_embeddings is None:
         return lean.full_forward(hidden_states, *args, position_embeddings=position_embeddings, paged=paged,
                                  **kwargs)
+    if lean.lean_native is not None and getattr(self.self_attn, "sliding_window", None) is None:
+        out = native.llama_layer(lean.lean_native, paged.native_step, position_embeddings, hidden_states,
+                                 *paged.pool.layer(self.self_attn.layer_idx))
+        if out is not None:
+            paged.counted.append(self.self_attn.layer_idx)
+            return out
     attn, mlp, qkv, gate_up = self.self_attn, self.mlp, cast(Joined, lean.lean_qkv), cast(Joined, lean.lean_gate_up)
     shape = hidden_states.shape[:-1]
     q, k, v = _int4(self.input_layernorm.forward(hidden_states), qkv.weights).split(qkv.widths, dim=-1)

@@ -1,5 +1,5 @@
-"""The engine's C kernels (paged_attention.c, int4_matmul.c, int8_matmul.c), compiled when the
-engine loads.
+"""The engine's C kernels (paged_attention.c, int4_matmul.c, int8_matmul.c, llama_layer.c),
+compiled when the engine loads.
 
 They are compiled on the machine that runs them, with its C compiler (`$CC`, else `cc`; `-O3
 -march=native`), into a temporary file. That takes under a second. Nothing is cached on disk, so
@@ -24,7 +24,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("paged_attention.c", "int4_matmul.c",
-                                                                  "int8_matmul.c"))
+                                                                  "int8_matmul.c", "llama_layer.c"))
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 INT4_CHANNELS = 16  # int4_matmul.c's outputs per group
@@ -46,11 +46,15 @@ def library() -> Optional[ctypes.CDLL]:
         log.warning("C kernels not built (%s); PyTorch's ops run instead", exc)
         return None
     for function in (built.paged_attention, built.int4_matmul, built.int4_matmul_ready, built.int8_matmul,
-                     built.int8_matmul_ready):
+                     built.int8_matmul_ready, built.llama_layer):
         function.restype = ctypes.c_int
     built.paged_attention.argtypes = [_PTR, _I64, _I64, *[_PTR] * 7, *[_I64] * 7, ctypes.c_float, ctypes.c_int]
     built.int4_matmul.argtypes = [_PTR] * 5 + [_I64] * 3 + [ctypes.c_int]
     built.int8_matmul.argtypes = [_PTR] * 4 + [_I64] * 3 + [ctypes.c_int]
+    built.rms_norm_rows.restype = built.silu_rows.restype = None
+    built.rms_norm_rows.argtypes = [_PTR] * 3 + [_I64] * 2 + [ctypes.c_float]
+    built.silu_rows.argtypes = [_PTR] * 2 + [_I64] * 3
+    built.llama_layer.argtypes = (ctypes.POINTER(LlamaLayer), ctypes.POINTER(LlamaStep), *[_PTR] * 6, ctypes.c_int)
     log.info("C kernels built in %.2f s (int4 matmul: %s)", time.perf_counter() - started,
              _ACTIVATIONS.get(built.int4_matmul_ready(), "no, this CPU lacks AVX2 + FMA"))
     return built
@@ -162,6 +166,103 @@ def int8_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> t
                                         x.shape[0], width, groups * channels, torch.get_num_threads()):
         raise ValueError(f"int8 matmul: weights {tuple(packed.shape)} are not int8_matmul.c's layout")
     return y
+
+
+class _Int4(ctypes.Structure):
+    _fields_ = [("packed", _PTR), ("scale", _PTR), ("low", _PTR), ("width", _I64), ("outputs", _I64)]
+
+
+class LlamaLayer(ctypes.Structure):
+    """llama_layer.c's LlamaLayer: one decoder layer's weights and sizes."""
+
+    _fields_ = [("qkv", _Int4), ("o", _Int4), ("gate_up", _Int4), ("down", _Int4), ("norm_in", _PTR),
+                ("norm_post", _PTR), ("eps_in", ctypes.c_float), ("eps_post", ctypes.c_float),
+                ("scale", ctypes.c_float), ("hidden", _I64), ("heads", _I64), ("kv_heads", _I64), ("dim", _I64),
+                ("inter", _I64)]
+
+
+class LlamaStep(ctypes.Structure):
+    """llama_layer.c's LlamaStep: where a step's tokens go, and the paged attention's tables."""
+
+    _fields_ = [("slots", _PTR), ("q_starts", _PTR), ("q_lens", _PTR), ("ctx_lens", _PTR), ("tables", _PTR),
+                ("tokens", _I64), ("sequences", _I64), ("table_width", _I64), ("block", _I64)]
+
+
+@dataclass(frozen=True)
+class LlamaLayerSizes:
+    hidden: int
+    heads: int
+    kv_heads: int
+    dim: int
+    inter: int
+    scale: float  # the attention's
+
+
+def llama_layer_args(qkv: Int4Weights, o: Int4Weights, gate_up: Int4Weights, down: Int4Weights,
+                     norms: tuple[torch.Tensor, torch.Tensor], eps: tuple[float, float],
+                     sizes: LlamaLayerSizes) -> Optional[LlamaLayer]:
+    """A layer for `llama_layer`, or None where it does not run here. The norms' weights must
+    stay where they are (the caller keeps them), as the int4 buffers do."""
+    if library() is None or not all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
+                                    for t in norms):
+        return None
+    parts = [_Int4(w.packed, w.scale, w.low, w.width, w.outputs) for w in (qkv, o, gate_up, down)]
+    return LlamaLayer(*parts, norms[0].data_ptr(), norms[1].data_ptr(), eps[0], eps[1], sizes.scale, sizes.hidden,
+                      sizes.heads, sizes.kv_heads, sizes.dim, sizes.inter)
+
+
+def llama_step(slots: torch.Tensor, c_args: tuple[torch.Tensor, ...], block: int) -> LlamaStep:
+    """A step for `llama_layer`: slots [tokens] int64 and paged_attention's c_args, which the
+    caller keeps alive for the step."""
+    q_starts, q_lens, ctx_lens, tables = c_args
+    return LlamaStep(slots.data_ptr(), q_starts.data_ptr(), q_lens.data_ptr(), ctx_lens.data_ptr(),
+                     tables.data_ptr(), slots.shape[0], tables.shape[0], tables.shape[1], block)
+
+
+def llama_layer(layer: LlamaLayer, step: LlamaStep, rotary: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor,
+                k_pool: torch.Tensor, v_pool: torch.Tensor) -> Optional[torch.Tensor]:
+    """One decoder layer of a step (llama_layer.c): x [1, tokens, hidden] fp32 in, the layer's
+    output out; rotary: cos and sin [1, tokens, head_dim]. None where the kernels do not take
+    these tensors (the caller runs the layer otherwise)."""
+    built = library()
+    cos, sin = (t.float().contiguous() for t in rotary)
+    if (built is None or x.dtype != torch.float32 or x.device.type != "cpu" or not x.is_contiguous()
+            or k_pool.dtype != torch.float32 or v_pool.dtype != torch.float32 or not k_pool.is_contiguous()
+            or not v_pool.is_contiguous() or cos.shape[-2] != step.tokens or cos.shape[-1] != layer.dim):
+        return None
+    out = torch.empty_like(x)
+    status = built.llama_layer(ctypes.byref(layer), ctypes.byref(step), cos.data_ptr(), sin.data_ptr(), x.data_ptr(),
+                               out.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), torch.get_num_threads())
+    if status == -2:
+        raise MemoryError("llama layer: out of memory")
+    return out if status == 0 else None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> Optional[torch.Tensor]:
+    """LlamaRMSNorm over x's last dimension, as llama_layer.c computes it; None where it cannot
+    (not built, not fp32 on CPU)."""
+    built = library()
+    if built is None or not _cpu_fp32(x, weight) or not weight.is_contiguous():
+        return None
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    built.rms_norm_rows(x.data_ptr(), weight.data_ptr(), y.data_ptr(), x.numel() // x.shape[-1], x.shape[-1], eps)
+    return y
+
+
+def silu(x: torch.Tensor) -> Optional[torch.Tensor]:
+    """SiLU as llama_layer.c computes it; None where it cannot."""
+    built = library()
+    if built is None or not _cpu_fp32(x) or x.numel() == 0:
+        return None
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    built.silu_rows(x.data_ptr(), y.data_ptr(), 1, x.numel(), x.numel())
+    return y
+
+
+def _cpu_fp32(*tensors: torch.Tensor) -> bool:
+    return all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
 
 
 def _fits(query: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> bool:

@@ -30,6 +30,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from contract import MAX_SPECULATIVE_TOKENS
 
+from . import native
 from .kv_pool import BLOCK_SIZE, NULL_BLOCK, KVPool
 from .native import paged_attention as c_paged_attention
 
@@ -61,6 +62,11 @@ class PagedStep:
         width = max(len(t) for t in self.tables)
         tables = torch.tensor([t + [NULL_BLOCK] * (width - len(t)) for t in self.tables], dtype=torch.int32)
         return (torch.tensor(self.q_starts), torch.tensor(self.q_lens), torch.tensor(self.ctx_lens), tables)
+
+    @cached_property
+    def native_step(self) -> native.LlamaStep:
+        """This step for llama_layer.c (it points at `slots` and `c_args`, which live as long as this)."""
+        return native.llama_step(self.slots, self.c_args, self.pool.shape.block_size)
 
     @cached_property
     def where(self) -> tuple[torch.Tensor, torch.Tensor]:

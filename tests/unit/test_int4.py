@@ -8,7 +8,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from contract import EngineConfig, SamplingParams
-from executors.engine import loader, native, paged_attention
+from executors.engine import fast_layers, loader, native, paged_attention
 from executors.engine.int4 import Int4Linear, Int8Linear, _quantize, dequantize, int8_blocks, quantize
 from executors.engine.loader import load_model, pick_dtype
 from tests.unit.test_batching import collect, mixed_requests
@@ -171,41 +171,86 @@ async def test_int4_batched_output_equals_output_alone_without_the_c_kernels(fou
     await _assert_batched_equals_alone(engine, 0, False)
 
 
-async def test_int4_prefill_and_decode_steps_run_the_c_attention(four_bit_llama, monkeypatch, make_engine):  # noqa: F811
+@pytest.mark.parametrize("whole_layers", [True, False], ids=["llama_layer.c", "attention.c"])
+async def test_int4_prefill_and_decode_steps_run_the_c_kernels(four_bit_llama, monkeypatch, make_engine,  # noqa: F811
+                                                                whole_layers):
+    """Every layer of every step (the start-up probe, the prefill, 3 decode steps) runs in C: the
+    whole layer in llama_layer.c, or (where that does not run) its attention in paged_attention.c."""
     if native.library() is None:
         pytest.skip("no C compiler on this machine")
     results = []
 
-    def spy(*args):
-        results.append(native.paged_attention(*args))
-        return results[-1]
+    def spy(real):
+        def call(*args):
+            results.append(real(*args))
+            return results[-1]
+        return call
 
-    monkeypatch.setattr(paged_attention, "c_paged_attention", spy)
+    if whole_layers:
+        monkeypatch.setattr(native, "llama_layer", spy(native.llama_layer))
+    else:
+        monkeypatch.setattr(fast_layers, "_native", lambda layer: None)
+        monkeypatch.setattr(paged_attention, "c_paged_attention", spy(native.paged_attention))
     engine = make_engine(four_bit_llama)
     ids, _, _ = await collect(engine, "the quick brown fox", SamplingParams(max_tokens=4, ignore_eos=True))
     layers = engine.core.loaded.model.config.num_hidden_layers
-    assert len(ids) == 4 and len(results) == 5 * layers  # the start-up probe, the prefill, 3 decode steps
+    assert len(ids) == 4 and len(results) == 5 * layers
     assert all(r is not None for r in results)
 
 
-async def test_lean_layers_give_the_numbers_of_transformers_layers(four_bit_llama, make_engine, monkeypatch):
-    """fast_layers.py's decoder layers (q, k, v in one int4 call, gate and up in another): the same
-    tokens and log probabilities as transformers' own layers, bit for bit, greedy and seeded."""
+async def _answers(engine, requests) -> list[tuple[list[int], list[float]]]:
+    answers = []
+    for prompt, params in requests:
+        params.logprobs, params.top_logprobs = True, 2
+        outs = [o async for o in engine.generate(prompt, params)]
+        answers.append(([t for o in outs for t in o.token_ids], [lp for o in outs for lp in o.logprobs]))
+    return answers
+
+
+def _lean_and_full(four_bit_llama, make_engine, monkeypatch):
     if not native.int4_ready():
         pytest.skip("int4_matmul.c does not run here")
     lean = make_engine(four_bit_llama, max_prefill_tokens=16)
     layers = lean.core.loaded.model.config.num_hidden_layers
     assert sum(hasattr(m, "lean_qkv") for m in lean.core.loaded.model.modules()) == layers
-    monkeypatch.setattr(loader, "lean_layers", lambda model: 0)
-    full = make_engine(four_bit_llama, max_prefill_tokens=16)
+    with monkeypatch.context() as patch:  # transformers' layers, with the native norms and SiLU
+        patch.setattr(loader, "lean_layers", fast_layers.native_ops)
+        full = make_engine(four_bit_llama, max_prefill_tokens=16)
     assert not any(hasattr(m, "lean_qkv") for m in full.core.loaded.model.modules())
-    for prompt, params in mixed_requests(6, seed=3) + mixed_requests(6, seed=4, sample=True):
-        params.logprobs, params.top_logprobs = True, 2
-        answers = []
-        for engine in (lean, full):
-            outs = [o async for o in engine.generate(prompt, params)]
-            answers.append(([t for o in outs for t in o.token_ids], [lp for o in outs for lp in o.logprobs]))
-        assert answers[0] == answers[1] and answers[0][0]
+    return lean, full, mixed_requests(6, seed=3) + mixed_requests(6, seed=4, sample=True)
+
+
+async def test_lean_layers_give_the_numbers_of_transformers_layers(four_bit_llama, make_engine, monkeypatch):
+    """fast_layers.py's decoder layers in Python (q, k, v in one int4 call, gate and up in
+    another): the same tokens and log probabilities as transformers' own layers, bit for bit,
+    greedy and seeded."""
+    monkeypatch.setattr(fast_layers, "_native", lambda layer: None)
+    lean, full, requests = _lean_and_full(four_bit_llama, make_engine, monkeypatch)
+    assert not any(getattr(m, "lean_native", None) for m in lean.core.loaded.model.modules())
+    answers = await _answers(lean, requests)
+    assert answers == await _answers(full, requests) and all(ids for ids, _ in answers)
+
+
+async def test_whole_c_layers_give_the_numbers_of_transformers_layers(four_bit_llama, make_engine, monkeypatch):
+    """llama_layer.c, one call per layer: the same tokens and log probabilities as transformers'
+    layers (which then use its norms and SiLU), bit for bit, greedy and seeded."""
+    lean, full, requests = _lean_and_full(four_bit_llama, make_engine, monkeypatch)
+    model = lean.core.loaded.model
+    assert all(m.lean_native for m in model.modules() if hasattr(m, "lean_qkv"))
+    assert any(isinstance(m, fast_layers.NativeRMSNorm) for m in full.core.loaded.model.modules())
+    answers = await _answers(lean, requests)
+    assert answers == await _answers(full, requests) and all(ids for ids, _ in answers)
+
+
+def test_the_native_norm_and_silu_fall_back_off_cpu_fp32():
+    torch.manual_seed(0)
+    norm = fast_layers.NativeRMSNorm(64, eps=1e-5)
+    norm.weight.data.normal_()
+    x = torch.randn(3, 64)
+    torch.testing.assert_close(norm(x), nn.functional.rms_norm(x, (64,), norm.weight, 1e-5))
+    assert norm(x.double()).dtype == torch.float64  # PyTorch's forward
+    torch.testing.assert_close(fast_layers.NativeSiLU()(x), nn.functional.silu(x))
+    assert fast_layers.NativeSiLU()(x.double()).dtype == torch.float64
 
 
 def test_a_c_int4_layer_follows_its_buffers_and_refuses_what_it_cannot_run():

@@ -1,0 +1,143 @@
+/* One Llama decoder layer in one call, for fast_layers.py: the engine's step on CPU, int4 layers.
+ *
+ * A decode step of a small model is mostly the small operations between the matmuls: with
+ * PyTorch each RMSNorm, rotary embedding, activation and residual sum is several calls of tens
+ * of microseconds (on this project's 2-core machine a token's step spent 9 ms of 25 there, as
+ * long as its int4 matmuls). Here they are loops over each token's own values, between the int4
+ * matmuls (int4_matmul.c) and the paged attention (paged_attention.c) that PyTorch's path calls
+ * too:
+ *
+ *   y = rms_norm(x) ; q, k, v = y Wqkv ; rotate q and k ; write k, v to the pool ;
+ *   a = attention(q) ; h = x + a Wo ; z = rms_norm(h) ; g, u = z Wgu ; out = h + (silu(g) u) Wd
+ *
+ * Every token's numbers come from its own values with the same instructions whatever the other
+ * tokens are (the matmuls and attention promise the same), so a row is bit for bit the same
+ * alone, batched, chunked or after cached keys. They are also PyTorch's numbers for the same
+ * layer, bit for bit, so a direct forward of the model computes what the engine does: the
+ * rotary embedding and the sums are single IEEE operations in PyTorch's order (no fused
+ * multiply-adds), and the norms and SiLU, whose sums and exponentials PyTorch rounds its own way,
+ * are `rms_norm_rows` and `silu_rows` here, which fast_layers.py also puts in the model's
+ * modules.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+int int4_matmul(const float *x, const uint8_t *packed, const float *scale, const float *low, float *y,
+                int64_t rows, int64_t width, int64_t outputs, int threads);
+int paged_attention(const float *q, int64_t q_tok, int64_t q_head, const float *k_pool, const float *v_pool,
+                    float *out, const int64_t *q_starts, const int64_t *q_lens, const int64_t *ctx_lens,
+                    const int32_t *tables, int64_t table_width, int64_t sequences, int64_t heads,
+                    int64_t kv_heads, int64_t dim, int64_t block, int64_t window, float scale, int threads);
+
+typedef struct {  /* native.py's Int4Weights: int4.py's packed buffers and their sizes */
+    const uint8_t *packed;
+    const float *scale, *low;
+    int64_t width, outputs;
+} Int4;
+
+typedef struct {  /* one layer, built once (fast_layers.py) */
+    Int4 qkv, o, gate_up, down;  /* q, k, v end to end; gate, up end to end */
+    const float *norm_in, *norm_post;  /* [hidden] */
+    float eps_in, eps_post, scale;
+    int64_t hidden, heads, kv_heads, dim, inter;
+} LlamaLayer;
+
+typedef struct {  /* one step, built once for all layers (paged_attention.PagedStep) */
+    const int64_t *slots;  /* [tokens]: block * block_size + offset of each new token */
+    const int64_t *q_starts, *q_lens, *ctx_lens;  /* per sequence */
+    const int32_t *tables;  /* [sequences, table_width] */
+    int64_t tokens, sequences, table_width, block;
+} LlamaStep;
+
+int llama_layer(const LlamaLayer *layer, const LlamaStep *step, const float *cos, const float *sin,
+                const float *in, float *out, float *k_pool, float *v_pool, int threads);
+void rms_norm_rows(const float *x, const float *weight, float *y, int64_t rows, int64_t n, float eps);
+void silu_rows(const float *x, float *y, int64_t rows, int64_t n, int64_t x_stride);
+
+/* LlamaRMSNorm: y = weight (x / sqrt(mean(x^2) + eps)), each row on its own. One function for
+ * the layer and the modules, so both round alike. */
+__attribute__((noinline)) void rms_norm_rows(const float *x, const float *weight, float *y, int64_t rows,
+                                             int64_t n, float eps) {
+    for (int64_t r = 0; r < rows; r++, x += n, y += n) {
+        float sum = 0.0f;
+        for (int64_t i = 0; i < n; i++) sum += x[i] * x[i];
+        float scale = 1.0f / sqrtf(sum / (float)n + eps);
+        for (int64_t i = 0; i < n; i++) y[i] = weight[i] * (x[i] * scale);
+    }
+}
+
+/* SiLU, x / (1 + exp(-x)), of n values per row; rows of x are x_stride apart, y's n. */
+__attribute__((noinline)) void silu_rows(const float *x, float *y, int64_t rows, int64_t n, int64_t x_stride) {
+    for (int64_t r = 0; r < rows; r++, x += x_stride, y += n)
+        for (int64_t i = 0; i < n; i++) y[i] = x[i] / (1.0f + expf(-x[i]));
+}
+
+/* transformers' apply_rotary_pos_emb on one head: v cos + rotate_half(v) sin, where rotate_half
+ * turns halves (a, b) into (-b, a); each product and sum rounded on its own, as PyTorch does. */
+__attribute__((optimize("fp-contract=off"))) static void rotate(float *v, const float *cos, const float *sin,
+                                                               int64_t dim) {
+    int64_t half = dim / 2;
+    for (int64_t i = 0; i < half; i++) {
+        float a = v[i], b = v[i + half];
+        float a_cos = a * cos[i], minus_b_sin = -b * sin[i], b_cos = b * cos[i + half], a_sin = a * sin[i + half];
+        v[i] = a_cos + minus_b_sin;
+        v[i + half] = b_cos + a_sin;
+    }
+}
+
+/* keys [blocks, kv_heads, dim, block] (transposed), values [blocks, block, kv_heads, dim] */
+static void write_kv(const float *k, const float *v, int64_t slot, float *k_pool, float *v_pool, int64_t kv_heads,
+                     int64_t dim, int64_t block) {
+    int64_t b = slot / block, offset = slot % block;
+    for (int64_t h = 0; h < kv_heads; h++)
+        for (int64_t d = 0; d < dim; d++) {
+            k_pool[((b * kv_heads + h) * dim + d) * block + offset] = k[h * dim + d];
+            v_pool[((b * block + offset) * kv_heads + h) * dim + d] = v[h * dim + d];
+        }
+}
+
+static int matmul(const Int4 *w, const float *x, float *y, int64_t rows, int threads) {
+    return int4_matmul(x, w->packed, w->scale, w->low, y, rows, w->width, w->outputs, threads);
+}
+
+/* in, out [tokens, hidden]; cos, sin [tokens, dim]. Returns 0, -1 for shapes the kernels do not
+ * take (before anything is written but this step's keys and values, which a retry rewrites),
+ * -2 when out of memory. */
+int llama_layer(const LlamaLayer *layer, const LlamaStep *step, const float *cos, const float *sin,
+                const float *in, float *out, float *k_pool, float *v_pool, int threads) {
+    const int64_t n = step->tokens, hidden = layer->hidden, dim = layer->dim, heads = layer->heads;
+    const int64_t qkv_width = layer->qkv.outputs, inter = layer->inter, q_width = heads * dim;
+    const int64_t kv_width = layer->kv_heads * dim;
+    if (n < 1 || dim % 2 || qkv_width != q_width + 2 * kv_width || layer->gate_up.outputs != 2 * inter
+        || layer->o.outputs != hidden || layer->down.outputs != hidden)
+        return -1;
+    float *buffer = malloc(n * (2 * hidden + qkv_width + q_width + 3 * inter) * sizeof(float));
+    if (!buffer) return -2;
+    float *normed = buffer, *qkv = normed + n * hidden, *attended = qkv + n * qkv_width;
+    float *gate_up = attended + n * q_width, *act = gate_up + n * 2 * inter, *sum = act + n * inter;
+    int status = 0;
+    rms_norm_rows(in, layer->norm_in, normed, n, hidden, layer->eps_in);
+    if ((status = matmul(&layer->qkv, normed, qkv, n, threads))) goto done;
+    for (int64_t t = 0; t < n; t++) {
+        float *row = qkv + t * qkv_width;
+        for (int64_t h = 0; h < heads + layer->kv_heads; h++) rotate(row + h * dim, cos + t * dim, sin + t * dim, dim);
+        write_kv(row + q_width, row + q_width + kv_width, step->slots[t], k_pool, v_pool, layer->kv_heads, dim,
+                 step->block);
+    }
+    status = paged_attention(qkv, qkv_width, dim, k_pool, v_pool, attended, step->q_starts, step->q_lens,
+                             step->ctx_lens, step->tables, step->table_width, step->sequences, heads,
+                             layer->kv_heads, dim, step->block, 0, layer->scale, threads);
+    if (status || (status = matmul(&layer->o, attended, sum, n, threads))) goto done;
+    for (int64_t i = 0; i < n * hidden; i++) sum[i] += in[i];  /* h = x + a Wo: x + y rounds as y + x */
+    rms_norm_rows(sum, layer->norm_post, normed, n, hidden, layer->eps_post);
+    if ((status = matmul(&layer->gate_up, normed, gate_up, n, threads))) goto done;
+    silu_rows(gate_up, act, n, inter, 2 * inter);  /* then times up, as act_fn(gate) * up */
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t i = 0; i < inter; i++) act[t * inter + i] *= gate_up[t * 2 * inter + inter + i];
+    if ((status = matmul(&layer->down, act, out, n, threads))) goto done;
+    for (int64_t i = 0; i < n * hidden; i++) out[i] += sum[i];
+done:
+    free(buffer);
+    return status;
+}
