@@ -228,7 +228,8 @@ def llama_layer(layer: LlamaLayer, step: LlamaStep, rotary: tuple[torch.Tensor, 
     cos, sin = (t.float().contiguous() for t in rotary)
     if (built is None or x.dtype != torch.float32 or x.device.type != "cpu" or not x.is_contiguous()
             or k_pool.dtype != torch.float32 or v_pool.dtype != torch.float32 or not k_pool.is_contiguous()
-            or not v_pool.is_contiguous() or cos.shape[-2] != step.tokens or cos.shape[-1] != layer.dim):
+            or not v_pool.is_contiguous() or x.shape[-1] != layer.hidden or x.numel() != step.tokens * layer.hidden
+            or cos.shape[-2] != step.tokens or cos.shape[-1] != layer.dim):
         return None
     out = torch.empty_like(x)
     status = built.llama_layer(ctypes.byref(layer), ctypes.byref(step), cos.data_ptr(), sin.data_ptr(), x.data_ptr(),
