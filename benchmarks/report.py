@@ -47,7 +47,6 @@ def _git() -> Optional[str]:
         return None
 
 
-
 def run_record(argv: Optional[list[str]], machine: dict, **fields: Any) -> dict[str, Any]:
     """The head of a run's results.json (when, which commit, the exact command, the machine),
     then `fields`."""
@@ -76,6 +75,7 @@ def run_and_write(measure: Coroutine[Any, Any, None], result: dict, out: Path,
         text = markdown(result)
         (out / "results.md").write_text(text)
     return code, text
+
 
 def label(row: dict) -> str:
     return f"{row['system']}/{row['transport']}"

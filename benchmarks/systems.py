@@ -57,7 +57,6 @@ async def _sse_data(resp: aiohttp.ClientResponse) -> AsyncIterator[str]:
             yield line[5:].strip()
 
 
-
 async def _openai_chunks(resp: aiohttp.ClientResponse) -> AsyncIterator[dict]:
     """An OpenAI stream's chunks, parsed, up to `[DONE]`; a chunk that carries an error raises."""
     async for data in _sse_data(resp):

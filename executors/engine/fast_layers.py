@@ -25,6 +25,7 @@ from typing import Any, Optional, cast
 
 import torch
 from torch import nn
+from transformers.activations import SiLUActivation
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, apply_rotary_pos_emb
 
 from . import native
@@ -95,7 +96,7 @@ def native_ops(model: nn.Module) -> list[Any]:
             if type(module) is LlamaRMSNorm:
                 module.__class__ = NativeRMSNorm  # the same parameters, another forward
         for layer in layers:
-            if type(layer.mlp.act_fn).__name__ == "SiLUActivation":
+            if type(layer.mlp.act_fn) is SiLUActivation:
                 layer.mlp.act_fn = NativeSiLU()
     return layers
 
@@ -116,7 +117,8 @@ def install(model: nn.Module) -> int:
 def _native(layer: Any) -> Optional[native.LlamaLayer]:
     """The layer for llama_layer.c, where it runs."""
     attn, mlp, norms = layer.self_attn, layer.mlp, (layer.input_layernorm, layer.post_attention_layernorm)
-    if type(mlp.act_fn) is not NativeSiLU or any(type(n) is not NativeRMSNorm for n in norms):
+    if (type(mlp.act_fn) is not NativeSiLU or any(type(n) is not NativeRMSNorm for n in norms)
+            or getattr(attn, "sliding_window", None) is not None):  # llama_layer.c attends without a window
         return None
     config = attn.config
     sizes = native.LlamaLayerSizes(config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
@@ -134,7 +136,7 @@ def _forward(self: LlamaDecoderLayer, hidden_states: torch.Tensor, *args: Any,
     if paged is None or position_embeddings is None:
         return lean.full_forward(hidden_states, *args, position_embeddings=position_embeddings, paged=paged,
                                  **kwargs)
-    if lean.lean_native is not None and getattr(self.self_attn, "sliding_window", None) is None:
+    if lean.lean_native is not None:
         out = native.llama_layer(lean.lean_native, paged.native_step, position_embeddings, hidden_states,
                                  *paged.pool.layer(self.self_attn.layer_idx))
         if out is not None:

@@ -203,8 +203,7 @@ def llama_layer_args(qkv: Int4Weights, o: Int4Weights, gate_up: Int4Weights, dow
                      sizes: LlamaLayerSizes) -> Optional[LlamaLayer]:
     """A layer for `llama_layer`, or None where it does not run here. The norms' weights must
     stay where they are (the caller keeps them), as the int4 buffers do."""
-    if library() is None or not all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
-                                    for t in norms):
+    if library() is None or not _cpu_fp32(*norms) or not all(t.is_contiguous() for t in norms):
         return None
     parts = [_Int4(w.packed, w.scale, w.low, w.width, w.outputs) for w in (qkv, o, gate_up, down)]
     return LlamaLayer(*parts, norms[0].data_ptr(), norms[1].data_ptr(), eps[0], eps[1], sizes.scale, sizes.hidden,
@@ -226,9 +225,8 @@ def llama_layer(layer: LlamaLayer, step: LlamaStep, rotary: tuple[torch.Tensor, 
     these tensors (the caller runs the layer otherwise)."""
     built = library()
     cos, sin = (t.float().contiguous() for t in rotary)
-    if (built is None or x.dtype != torch.float32 or x.device.type != "cpu" or not x.is_contiguous()
-            or k_pool.dtype != torch.float32 or v_pool.dtype != torch.float32 or not k_pool.is_contiguous()
-            or not v_pool.is_contiguous() or x.shape[-1] != layer.hidden or x.numel() != step.tokens * layer.hidden
+    if (built is None or not _cpu_fp32(x, k_pool, v_pool) or not all(t.is_contiguous() for t in (x, k_pool, v_pool))
+            or x.shape[-1] != layer.hidden or x.numel() != step.tokens * layer.hidden
             or cos.shape[-2] != step.tokens or cos.shape[-1] != layer.dim):
         return None
     out = torch.empty_like(x)
@@ -268,6 +266,6 @@ def _cpu_fp32(*tensors: torch.Tensor) -> bool:
 
 def _fits(query: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> bool:
     tensors = (query, k_pool, v_pool)
-    return (all(t.device.type == "cpu" and t.dtype == torch.float32 and t.stride(-1) == 1 for t in tensors)
+    return (_cpu_fp32(*tensors) and all(t.stride(-1) == 1 for t in tensors)
             and k_pool.is_contiguous() and v_pool.is_contiguous()
             and k_pool.shape == v_pool.shape[:1] + v_pool.shape[2:] + v_pool.shape[1:2])
