@@ -252,7 +252,7 @@ int int4_matmul(const float *x, const uint8_t *packed, const float *scale, const
         #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; r++)
             quantize_row(x + r * width, q + r * width, dx + r * blocks, dsum + r * blocks, width);
-        #pragma omp for schedule(static)
+        #pragma omp for schedule(dynamic, 4)
         for (int64_t group = 0; group < outputs / CHANNELS; group++)
             for (int64_t r0 = 0; r0 < rows; r0 += TILE) {
                 const int8_t *qr = q + r0 * width;

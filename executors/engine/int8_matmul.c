@@ -53,7 +53,7 @@ int int8_matmul(const float *x, const int8_t *packed, const float *scale, float 
                 int64_t outputs, int threads) {
     if (rows < 1 || width < 1 || outputs % CHANNELS) return -1;
     int parallel = threads > 1 && rows * width * outputs > (1 << 16);
-    #pragma omp parallel for schedule(static) num_threads(threads) if (parallel)
+    #pragma omp parallel for schedule(dynamic, 16) num_threads(threads) if (parallel)
     for (int64_t group = 0; group < outputs / CHANNELS; group++)
         for (int64_t r0 = 0; r0 < rows; r0 += TILE) {
             const float *xr = x + r0 * width;

@@ -67,10 +67,53 @@ __attribute__((noinline)) void rms_norm_rows(const float *x, const float *weight
     }
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+/* exp of 8 values as Cephes' expf (x clamped to +-88.376): 2^n e^r with
+ * r = x - n ln 2 in [-ln 2 / 2, ln 2 / 2] and a degree-6 polynomial for e^r. libm's scalar expf
+ * made SiLU a seventh of a prompt's time in the layer; SiLU's relative error stays under 5e-7. */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-88.3762626647949f)), _mm256_set1_ps(88.3762626647949f));
+    __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(x, x), x), _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+static inline __m256 silu8(__m256 x) {
+    return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+}
+
+/* n values: whole vectors, then the rest through one padded vector, so every value gets the same
+ * instructions wherever it sits. */
+static inline void silu_span(const float *x, float *y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, silu8(_mm256_loadu_ps(x + i)));
+    if (i < n) {
+        float pad[8] = {0};
+        for (int64_t j = i; j < n; j++) pad[j - i] = x[j];
+        _mm256_storeu_ps(pad, silu8(_mm256_loadu_ps(pad)));
+        for (int64_t j = i; j < n; j++) y[j] = pad[j - i];
+    }
+}
+#else
+static inline void silu_span(const float *x, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] / (1.0f + expf(-x[i]));
+}
+#endif
+
 /* SiLU, x / (1 + exp(-x)), of n values per row; rows of x are x_stride apart, y's n. */
 __attribute__((noinline)) void silu_rows(const float *x, float *y, int64_t rows, int64_t n, int64_t x_stride) {
-    for (int64_t r = 0; r < rows; r++, x += x_stride, y += n)
-        for (int64_t i = 0; i < n; i++) y[i] = x[i] / (1.0f + expf(-x[i]));
+    for (int64_t r = 0; r < rows; r++, x += x_stride, y += n) silu_span(x, y, n);
 }
 
 /* transformers' apply_rotary_pos_emb on one head: v cos + rotate_half(v) sin, where rotate_half
@@ -97,6 +140,8 @@ static void write_kv(const float *k, const float *v, int64_t slot, float *k_pool
         }
 }
 
+#define PARALLEL_TOKENS 64  /* from here a loop between the matmuls is worth waking the threads */
+
 static int matmul(const Int4 *w, const float *x, float *y, int64_t rows, int threads) {
     return int4_matmul(x, w->packed, w->scale, w->low, y, rows, w->width, w->outputs, threads);
 }
@@ -117,8 +162,12 @@ int llama_layer(const LlamaLayer *layer, const LlamaStep *step, const float *cos
     float *normed = buffer, *qkv = normed + n * hidden, *attended = qkv + n * qkv_width;
     float *gate_up = attended + n * q_width, *act = gate_up + n * 2 * inter, *sum = act + n * inter;
     int status = 0;
-    rms_norm_rows(in, layer->norm_in, normed, n, hidden, layer->eps_in);
+    const int wide = n >= PARALLEL_TOKENS;  /* a prompt's chunk: the loops between the matmuls in parallel too */
+    #pragma omp parallel for schedule(static) num_threads(threads) if (wide)
+    for (int64_t t = 0; t < n; t++) rms_norm_rows(in + t * hidden, layer->norm_in, normed + t * hidden, 1, hidden,
+                                                  layer->eps_in);
     if ((status = matmul(&layer->qkv, normed, qkv, n, threads))) goto done;
+    #pragma omp parallel for schedule(static) num_threads(threads) if (wide)
     for (int64_t t = 0; t < n; t++) {
         float *row = qkv + t * qkv_width;
         for (int64_t h = 0; h < heads + layer->kv_heads; h++) rotate(row + h * dim, cos + t * dim, sin + t * dim, dim);
@@ -129,13 +178,21 @@ int llama_layer(const LlamaLayer *layer, const LlamaStep *step, const float *cos
                              step->ctx_lens, step->tables, step->table_width, step->sequences, heads,
                              layer->kv_heads, dim, step->block, 0, layer->scale, threads);
     if (status || (status = matmul(&layer->o, attended, sum, n, threads))) goto done;
-    for (int64_t i = 0; i < n * hidden; i++) sum[i] += in[i];  /* h = x + a Wo: x + y rounds as y + x */
-    rms_norm_rows(sum, layer->norm_post, normed, n, hidden, layer->eps_post);
+    #pragma omp parallel for schedule(static) num_threads(threads) if (wide)
+    for (int64_t t = 0; t < n; t++) {
+        for (int64_t i = t * hidden; i < (t + 1) * hidden; i++) sum[i] += in[i];  /* x + y rounds as y + x */
+        rms_norm_rows(sum + t * hidden, layer->norm_post, normed + t * hidden, 1, hidden, layer->eps_post);
+    }
     if ((status = matmul(&layer->gate_up, normed, gate_up, n, threads))) goto done;
-    silu_rows(gate_up, act, n, inter, 2 * inter);  /* then times up, as act_fn(gate) * up */
-    for (int64_t t = 0; t < n; t++)
-        for (int64_t i = 0; i < inter; i++) act[t * inter + i] *= gate_up[t * 2 * inter + inter + i];
+    #pragma omp parallel for schedule(static) num_threads(threads) if (n * inter >= 16384)
+    for (int64_t t = 0; t < n; t++) {  /* act_fn(gate) * up */
+        float *a = act + t * inter;
+        const float *up = gate_up + t * 2 * inter + inter;
+        silu_span(gate_up + t * 2 * inter, a, inter);
+        for (int64_t i = 0; i < inter; i++) a[i] *= up[i];
+    }
     if ((status = matmul(&layer->down, act, out, n, threads))) goto done;
+    #pragma omp parallel for schedule(static) num_threads(threads) if (wide)
     for (int64_t i = 0; i < n * hidden; i++) out[i] += sum[i];
 done:
     free(buffer);

@@ -207,17 +207,20 @@ async def _answers(engine, requests) -> list[tuple[list[int], list[float]]]:
     return answers
 
 
-def _lean_and_full(four_bit_llama, make_engine, monkeypatch):
+def _lean_and_full(four_bit_llama, make_engine, monkeypatch, prefill: int = 16):
     if not native.int4_ready():
         pytest.skip("int4_matmul.c does not run here")
-    lean = make_engine(four_bit_llama, max_prefill_tokens=16)
+    lean = make_engine(four_bit_llama, max_prefill_tokens=prefill)
     layers = lean.core.loaded.model.config.num_hidden_layers
     assert sum(hasattr(m, "lean_qkv") for m in lean.core.loaded.model.modules()) == layers
     with monkeypatch.context() as patch:  # transformers' layers, with the native norms and SiLU
         patch.setattr(loader, "lean_layers", fast_layers.native_ops)
-        full = make_engine(four_bit_llama, max_prefill_tokens=16)
+        full = make_engine(four_bit_llama, max_prefill_tokens=prefill)
     assert not any(hasattr(m, "lean_qkv") for m in full.core.loaded.model.modules())
-    return lean, full, mixed_requests(6, seed=3) + mixed_requests(6, seed=4, sample=True)
+    requests = mixed_requests(6, seed=3) + mixed_requests(6, seed=4, sample=True)
+    if prefill > 16:  # prompts long enough to fill wide steps
+        requests = [(" ".join([prompt] * 5), params) for prompt, params in requests]
+    return lean, full, requests
 
 
 async def test_lean_layers_give_the_numbers_of_transformers_layers(four_bit_llama, make_engine, monkeypatch):
@@ -231,14 +234,23 @@ async def test_lean_layers_give_the_numbers_of_transformers_layers(four_bit_llam
     assert answers == await _answers(full, requests) and all(ids for ids, _ in answers)
 
 
-async def test_whole_c_layers_give_the_numbers_of_transformers_layers(four_bit_llama, make_engine, monkeypatch):
+@pytest.mark.parametrize("prefill", [16, 256])
+async def test_whole_c_layers_give_the_numbers_of_transformers_layers(four_bit_llama, make_engine, monkeypatch,
+                                                                       prefill):
     """llama_layer.c, one call per layer: the same tokens and log probabilities as transformers'
-    layers (which then use its norms and SiLU), bit for bit, greedy and seeded."""
-    lean, full, requests = _lean_and_full(four_bit_llama, make_engine, monkeypatch)
+    layers (which then use its norms and SiLU), bit for bit, greedy and seeded; with steps of a
+    few tokens, and with prompts' steps wide enough for its loops between the matmuls to run in
+    parallel."""
+    lean, full, requests = _lean_and_full(four_bit_llama, make_engine, monkeypatch, prefill)
     model = lean.core.loaded.model
     assert all(m.lean_native for m in model.modules() if hasattr(m, "lean_qkv"))
     assert any(isinstance(m, fast_layers.NativeRMSNorm) for m in full.core.loaded.model.modules())
+    widths: list[int] = []
+    real = native.llama_layer
+    monkeypatch.setattr(native, "llama_layer", lambda layer, step, *rest: widths.append(step.tokens) or
+                        real(layer, step, *rest))
     answers = await _answers(lean, requests)
+    assert (max(widths) >= 128) == (prefill > 16)  # llama_layer.c's parallel loops from 64 tokens (SiLU: 16384 values)
     assert answers == await _answers(full, requests) and all(ids for ids, _ in answers)
 
 
@@ -251,6 +263,20 @@ def test_the_native_norm_and_silu_fall_back_off_cpu_fp32():
     assert norm(x.double()).dtype == torch.float64  # PyTorch's forward
     torch.testing.assert_close(fast_layers.NativeSiLU()(x), nn.functional.silu(x))
     assert fast_layers.NativeSiLU()(x.double()).dtype == torch.float64
+
+
+def test_the_native_silu_is_accurate_and_the_same_wherever_a_value_sits():
+    """llama_layer.c's vector SiLU: within 5e-7 of float64 from -100 to 100, and a value gets the
+    same result in a whole vector as in the padded tail (a row's width does not matter)."""
+    if native.library() is None:
+        pytest.skip("no C compiler here")
+    x = torch.linspace(-100, 100, 200_001)
+    exact = x.double() / (1 + torch.exp(-x.double()))
+    error = (native.silu(x).double() - exact).abs() / exact.abs().clamp_min(1e-30)
+    assert error.max() < 5e-7
+    values = torch.randn(37) * 10
+    alone = torch.cat([native.silu(values[i:i + 1]) for i in range(37)])
+    assert torch.equal(native.silu(values), alone)
 
 
 def test_a_c_int4_layer_follows_its_buffers_and_refuses_what_it_cannot_run():
