@@ -1,5 +1,5 @@
-"""The engine's C kernels (paged_attention.c, int4_matmul.c, int8_matmul.c, llama_layer.c),
-compiled when the engine loads.
+"""The engine's C kernels (paged_attention.c, int4_matmul.c, int8_matmul.c, llama_layer.c,
+greedy.c), compiled when the engine loads.
 
 They are compiled on the machine that runs them, with its C compiler (`$CC`, else `cc`; `-O3
 -march=native`), into a temporary file. That takes under a second. Nothing is cached on disk, so
@@ -24,7 +24,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("paged_attention.c", "int4_matmul.c",
-                                                                  "int8_matmul.c", "llama_layer.c"))
+                                                                  "int8_matmul.c", "llama_layer.c", "greedy.c"))
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 INT4_CHANNELS = 16  # int4_matmul.c's outputs per group
@@ -46,7 +46,7 @@ def library() -> Optional[ctypes.CDLL]:
         log.warning("C kernels not built (%s); PyTorch's ops run instead", exc)
         return None
     for function in (built.paged_attention, built.int4_matmul, built.int4_matmul_ready, built.int8_matmul,
-                     built.int8_matmul_ready, built.llama_layer):
+                     built.int8_matmul_ready, built.llama_layer, built.greedy_ready, built.greedy_rows):
         function.restype = ctypes.c_int
     built.paged_attention.argtypes = [_PTR, _I64, _I64, *[_PTR] * 7, *[_I64] * 7, ctypes.c_float, ctypes.c_int]
     built.int4_matmul.argtypes = [_PTR] * 5 + [_I64] * 3 + [ctypes.c_int]
@@ -54,6 +54,7 @@ def library() -> Optional[ctypes.CDLL]:
     built.rms_norm_rows.restype = built.silu_rows.restype = None
     built.rms_norm_rows.argtypes = [_PTR] * 3 + [_I64] * 2 + [ctypes.c_float]
     built.silu_rows.argtypes = [_PTR] * 2 + [_I64] * 3
+    built.greedy_rows.argtypes = [_PTR, _I64, _I64, _PTR, _PTR, ctypes.c_int]
     built.llama_layer.argtypes = (ctypes.POINTER(LlamaLayer), ctypes.POINTER(LlamaStep), *[_PTR] * 6, ctypes.c_int)
     log.info("C kernels built in %.2f s (int4 matmul: %s)", time.perf_counter() - started,
              _ACTIVATIONS.get(built.int4_matmul_ready(), "no, this CPU lacks AVX2 + FMA"))
@@ -258,6 +259,22 @@ def silu(x: torch.Tensor) -> Optional[torch.Tensor]:
     y = torch.empty_like(x)
     built.silu_rows(x.data_ptr(), y.data_ptr(), 1, x.numel(), x.numel())
     return y
+
+
+def greedy(logits: torch.Tensor) -> Optional[tuple[list[int], list[float]]]:
+    """Each row's argmax and its log probability, as greedy.c computes them; None where it
+    cannot (not built, not AVX2, not fp32 on CPU, or a row with a NaN or an infinite maximum)."""
+    built = library()
+    if built is None or not built.greedy_ready() or not _cpu_fp32(logits) or logits.dim() != 2:
+        return None
+    logits = logits.contiguous()
+    rows, vocab = logits.shape
+    tokens = torch.empty(rows, dtype=torch.int64)
+    logprobs = torch.empty(rows, dtype=torch.float32)
+    if built.greedy_rows(logits.data_ptr(), rows, vocab, tokens.data_ptr(), logprobs.data_ptr(),
+                         torch.get_num_threads()):
+        return None
+    return tokens.tolist(), logprobs.tolist()
 
 
 def _cpu_fp32(*tensors: torch.Tensor) -> bool:

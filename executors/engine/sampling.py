@@ -21,6 +21,8 @@ from transformers import (
 
 from contract import SamplingParams
 
+from . import native
+
 
 @dataclass
 class Choice:
@@ -87,7 +89,11 @@ def _processors(params: SamplingParams, prompt_length: int) -> LogitsProcessorLi
 
 
 def greedy_choices(logits: torch.Tensor) -> list[Choice]:
-    """One argmax and one logsumexp for all plain greedy rows of the batch."""
-    top = torch.argmax(logits, dim=-1)
-    logprobs = logits.gather(1, top[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
-    return [Choice(t, lp) for t, lp in zip(top.tolist(), logprobs.tolist(), strict=True)]
+    """All plain greedy rows of the batch at once: greedy.c on CPU, else one argmax and one
+    logsumexp."""
+    chosen = native.greedy(logits)
+    if chosen is None:
+        top = torch.argmax(logits, dim=-1)
+        logprobs = logits.gather(1, top[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
+        chosen = top.tolist(), logprobs.tolist()
+    return [Choice(t, lp) for t, lp in zip(*chosen, strict=True)]

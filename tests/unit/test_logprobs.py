@@ -77,3 +77,26 @@ async def test_top_logprobs_is_bounded(gpt2_model, make_engine):
     with pytest.raises(ValidationError) as err:
         await engine.open(PROMPT, SamplingParams(top_logprobs=21))
     assert err.value.field == "top_logprobs"
+
+
+def test_greedy_rows_in_c_pick_torchs_token_and_the_log_softmax():
+    """greedy.c: torch.argmax's token (the first of equal maxima), its log-softmax within 1e-5,
+    each row the same alone as in a batch, and PyTorch's ops for what it leaves to them."""
+    from executors.engine import native
+    from executors.engine.sampling import greedy_choices
+    torch.manual_seed(0)
+    logits = torch.randn(16, 49_157) * 5  # not a multiple of the vectors: a padded tail
+    logits[3, 100] = logits[3, 5000] = logits[3].max() + 1  # a tie: the first wins
+    logits[4, :] = float("-inf")  # a constraint that allows one token
+    logits[4, 49_156] = 0.5
+    chosen = native.greedy(logits)
+    if chosen is None:
+        pytest.skip("greedy.c does not run here (no compiler, or no AVX2 + FMA)")
+    tokens, logprobs = chosen
+    assert tokens == torch.argmax(logits, dim=-1).tolist() and tokens[3] == 100 and tokens[4] == 49_156
+    exact = torch.log_softmax(logits.double(), dim=-1)[torch.arange(16), torch.tensor(tokens)]
+    assert torch.allclose(torch.tensor(logprobs, dtype=torch.float64), exact, rtol=0, atol=1e-5)
+    assert [native.greedy(logits[i:i + 1]) for i in range(16)] == [([t], [lp]) for t, lp in zip(tokens, logprobs, strict=True)]
+    logits[7, 9] = float("nan")
+    assert native.greedy(logits) is None
+    assert greedy_choices(logits)[7].token_id == 9  # torch.argmax: a NaN is the largest
