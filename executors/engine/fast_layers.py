@@ -16,6 +16,9 @@ calls a step for SmolLM2-135M, against 210 int4 matmuls. In the engine's steps (
   called directly rather than through nn.Module: the same numbers. Attention is
   paged_attention.py's, as transformers would call it.
 
+Where every layer runs in C, `forward` takes a step's whole stack in one call, with the
+embeddings, final norm and output layer of the model around it.
+
 Outside the engine's steps (a direct forward, generate), the layer's own forward runs. Where a
 layer is not Llama's shape, or its projections are not C int4 layers, nothing changes.
 """
@@ -26,7 +29,13 @@ from typing import Any, Optional, cast
 import torch
 from torch import nn
 from transformers.activations import SiLUActivation
-from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, apply_rotary_pos_emb
+from transformers.models.llama.modeling_llama import (
+    LlamaDecoderLayer,
+    LlamaForCausalLM,
+    LlamaModel,
+    LlamaRMSNorm,
+    apply_rotary_pos_emb,
+)
 
 from . import native
 from .int4 import Int4Linear
@@ -111,7 +120,40 @@ def install(model: nn.Module) -> int:
         layer.lean_native = _native(layer)
         layer.full_forward = layer.forward
         layer.forward = types.MethodType(_forward, layer)
+    setattr(model, "lean_stack", _stack(model))  # noqa: B010 - nn.Module's typed __setattr__
     return len(layers)
+
+
+def _stack(model: nn.Module) -> Optional[Any]:
+    """All decoder layers for one llama_layers call per step, where every one runs in C and
+    transformers' Llama is around them (embeddings, rotary embedding, final norm, output layer)."""
+    decoder = getattr(model, "model", None)
+    if type(model) is not LlamaForCausalLM or type(decoder) is not LlamaModel:
+        return None
+    layers: list[Any] = list(cast(Any, decoder).layers)
+    if len(layers) != model.config.num_hidden_layers or any(getattr(x, "lean_native", None) is None for x in layers):
+        return None
+    return native.llama_stack([layer.lean_native for layer in layers])
+
+
+def forward(model: nn.Module, ids: torch.Tensor, positions: torch.Tensor, step: PagedStep,
+            keep: int | torch.Tensor) -> Optional[torch.Tensor]:
+    """The logits of a step with every decoder layer in one C call: what the model's forward
+    computes (LlamaForCausalLM with `logits_to_keep=keep`, the layers' forward above), bit for bit,
+    without Python between the layers. None where the model has no such stack or the call does not
+    take these tensors: the caller runs the model's forward."""
+    stack = getattr(model, "lean_stack", None)
+    if stack is None:
+        return None
+    decoder: Any = cast(Any, model).model
+    hidden = decoder.embed_tokens(ids)
+    out = native.llama_layers(stack, step.native_step, decoder.rotary_emb(hidden, positions), hidden,
+                              *step.pool.all_layers())
+    if out is None:
+        return None
+    step.counted.extend(range(len(stack)))
+    hidden = decoder.norm(out)
+    return cast(Any, model).lm_head(hidden if isinstance(keep, int) else hidden[:, keep])
 
 
 def _native(layer: Any) -> Optional[native.LlamaLayer]:

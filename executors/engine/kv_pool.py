@@ -63,6 +63,10 @@ class KVPool:
         head_dim] of one layer."""
         return self.keys[index], self.values[index]
 
+    def all_layers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of every layer, [layers, ...] as `layer` gives one."""
+        return self.keys, self.values
+
     def write(self, index: int, keys: torch.Tensor, values: torch.Tensor, blocks: torch.Tensor,
               offsets: torch.Tensor) -> None:
         """keys/values [tokens, kv_heads, head_dim] into their slots: (block, offset) each."""

@@ -7,6 +7,7 @@ from typing import Optional
 
 import torch
 
+from . import fast_layers
 from .kv_manager import KVCacheManager
 from .loader import LoadedModel
 from .paged_attention import PagedStep
@@ -46,11 +47,14 @@ class ModelRunner:
         chosen = [start + i for w, start in zip(work, step.q_starts, strict=True) if w.samples
                   for i in range(w.count - 1, w.tokens)]  # a row's last token's logits, and each draft's
         keep = 0 if len(chosen) == len(ids) else torch.tensor(chosen or [0], device=self.device)
-        with final_hidden_states(self.model, keep_hidden) as hidden:
-            out = self.model(input_ids=torch.tensor([ids], device=self.device),
-                             position_ids=torch.tensor([positions], device=self.device),
-                             attention_mask=NO_MASK, use_cache=False, logits_to_keep=keep, paged=step)
-        logits = out.logits[0].float()
+        ids_t, positions_t = torch.tensor([ids], device=self.device), torch.tensor([positions], device=self.device)
+        hidden: list[torch.Tensor] = []  # the decoder's output, when a row scores its prompt
+        logits = None if keep_hidden else fast_layers.forward(self.model, ids_t, positions_t, step, keep)
+        if logits is None:
+            with final_hidden_states(self.model, keep_hidden) as hidden:
+                logits = self.model(input_ids=ids_t, position_ids=positions_t, attention_mask=NO_MASK,
+                                    use_cache=False, logits_to_keep=keep, paged=step).logits
+        logits = logits[0].float()
         return StepResult(logits if chosen else logits[:0], step.q_starts, hidden[0][0] if keep_hidden else None)
 
     @torch.inference_mode()

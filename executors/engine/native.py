@@ -17,7 +17,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -56,6 +56,9 @@ def library() -> Optional[ctypes.CDLL]:
     built.silu_rows.argtypes = [_PTR] * 2 + [_I64] * 3
     built.greedy_rows.argtypes = [_PTR, _I64, _I64, _PTR, _PTR, ctypes.c_int]
     built.llama_layer.argtypes = (ctypes.POINTER(LlamaLayer), ctypes.POINTER(LlamaStep), *[_PTR] * 6, ctypes.c_int)
+    built.llama_layers.restype = ctypes.c_int
+    built.llama_layers.argtypes = (ctypes.POINTER(LlamaLayer), _I64, ctypes.POINTER(LlamaStep), *[_PTR] * 6, _I64,
+                                   ctypes.c_int)
     log.info("C kernels built in %.2f s (int4 matmul: %s)", time.perf_counter() - started,
              _ACTIVATIONS.get(built.int4_matmul_ready(), "no, this CPU lacks AVX2 + FMA"))
     return built
@@ -224,15 +227,37 @@ def llama_layer(layer: LlamaLayer, step: LlamaStep, rotary: tuple[torch.Tensor, 
     """One decoder layer of a step (llama_layer.c): x [1, tokens, hidden] fp32 in, the layer's
     output out; rotary: cos and sin [1, tokens, head_dim]. None where the kernels do not take
     these tensors (the caller runs the layer otherwise)."""
+    return _layers(ctypes.byref(layer), 1, layer, step, rotary, x, k_pool, v_pool)
+
+
+def llama_stack(layers: list[LlamaLayer]) -> Any:
+    """A model's layers for `llama_layers`, in order, built once (a ctypes array)."""
+    return (LlamaLayer * len(layers))(*layers)
+
+
+def llama_layers(stack: Any, step: LlamaStep, rotary: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor,
+                 k_pools: torch.Tensor, v_pools: torch.Tensor) -> Optional[torch.Tensor]:
+    """Every layer of `stack` for a step in one call, as `llama_layer` one after another; k_pools
+    and v_pools: the pool's keys and values of every layer (KVPool's). None where it does not run."""
+    if k_pools.shape[0] != len(stack) or v_pools.shape[0] != len(stack):
+        return None
+    return _layers(stack, len(stack), stack[0], step, rotary, x, k_pools, v_pools)
+
+
+def _layers(layers: Any, count: int, first: LlamaLayer, step: LlamaStep, rotary: tuple[torch.Tensor, torch.Tensor],
+            x: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> Optional[torch.Tensor]:
     built = library()
     cos, sin = (t.float().contiguous() for t in rotary)
     if (built is None or not _cpu_fp32(x, k_pool, v_pool) or not all(t.is_contiguous() for t in (x, k_pool, v_pool))
-            or x.shape[-1] != layer.hidden or x.numel() != step.tokens * layer.hidden
-            or cos.shape[-2] != step.tokens or cos.shape[-1] != layer.dim):
+            or x.shape[-1] != first.hidden or x.numel() != step.tokens * first.hidden
+            or cos.shape[-2] != step.tokens or cos.shape[-1] != first.dim):
         return None
     out = torch.empty_like(x)
-    status = built.llama_layer(ctypes.byref(layer), ctypes.byref(step), cos.data_ptr(), sin.data_ptr(), x.data_ptr(),
-                               out.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), torch.get_num_threads())
+    stride = k_pool.stride(0) if count > 1 else 0
+    if count > 1 and v_pool.stride(0) != stride:
+        return None
+    status = built.llama_layers(layers, count, ctypes.byref(step), cos.data_ptr(), sin.data_ptr(), x.data_ptr(),
+                                out.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), stride, torch.get_num_threads())
     if status == -2:
         raise MemoryError("llama layer: out of memory")
     return out if status == 0 else None

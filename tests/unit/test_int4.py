@@ -186,15 +186,16 @@ async def test_int4_prefill_and_decode_steps_run_the_c_kernels(four_bit_llama, m
             return results[-1]
         return call
 
-    if whole_layers:
+    if whole_layers:  # the probe runs the model's forward, layer by layer; steps take the whole stack at once
         monkeypatch.setattr(native, "llama_layer", spy(native.llama_layer))
+        monkeypatch.setattr(native, "llama_layers", spy(native.llama_layers))
     else:
         monkeypatch.setattr(fast_layers, "_native", lambda layer: None)
         monkeypatch.setattr(paged_attention, "c_paged_attention", spy(native.paged_attention))
     engine = make_engine(four_bit_llama)
     ids, _, _ = await collect(engine, "the quick brown fox", SamplingParams(max_tokens=4, ignore_eos=True))
     layers = engine.core.loaded.model.config.num_hidden_layers
-    assert len(ids) == 4 and len(results) == 5 * layers
+    assert len(ids) == 4 and len(results) == (layers + 4 if whole_layers else 5 * layers)
     assert all(r is not None for r in results)
 
 
@@ -246,9 +247,9 @@ async def test_whole_c_layers_give_the_numbers_of_transformers_layers(four_bit_l
     assert all(m.lean_native for m in model.modules() if hasattr(m, "lean_qkv"))
     assert any(isinstance(m, fast_layers.NativeRMSNorm) for m in full.core.loaded.model.modules())
     widths: list[int] = []
-    real = native.llama_layer
-    monkeypatch.setattr(native, "llama_layer", lambda layer, step, *rest: widths.append(step.tokens) or
-                        real(layer, step, *rest))
+    real = native.llama_layers
+    monkeypatch.setattr(native, "llama_layers", lambda stack, step, *rest: widths.append(step.tokens) or
+                        real(stack, step, *rest))
     answers = await _answers(lean, requests)
     assert (max(widths) >= 128) == (prefill > 16)  # llama_layer.c's parallel loops from 64 tokens (SiLU: 16384 values)
     assert answers == await _answers(full, requests) and all(ids for ids, _ in answers)
