@@ -248,14 +248,13 @@ def _layers(layers: Any, count: int, first: LlamaLayer, step: LlamaStep, rotary:
             x: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> Optional[torch.Tensor]:
     built = library()
     cos, sin = (t.float().contiguous() for t in rotary)
+    stride = k_pool.stride(0) if count > 1 else 0  # floats from one layer's pool to the next
     if (built is None or not _cpu_fp32(x, k_pool, v_pool) or not all(t.is_contiguous() for t in (x, k_pool, v_pool))
             or x.shape[-1] != first.hidden or x.numel() != step.tokens * first.hidden
-            or cos.shape[-2] != step.tokens or cos.shape[-1] != first.dim):
+            or cos.shape[-2] != step.tokens or cos.shape[-1] != first.dim
+            or (count > 1 and v_pool.stride(0) != stride)):
         return None
     out = torch.empty_like(x)
-    stride = k_pool.stride(0) if count > 1 else 0
-    if count > 1 and v_pool.stride(0) != stride:
-        return None
     status = built.llama_layers(layers, count, ctypes.byref(step), cos.data_ptr(), sin.data_ptr(), x.data_ptr(),
                                 out.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), stride, torch.get_num_threads())
     if status == -2:

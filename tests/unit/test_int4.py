@@ -238,10 +238,10 @@ async def test_lean_layers_give_the_numbers_of_transformers_layers(four_bit_llam
 @pytest.mark.parametrize("prefill", [16, 256])
 async def test_whole_c_layers_give_the_numbers_of_transformers_layers(four_bit_llama, make_engine, monkeypatch,
                                                                        prefill):
-    """llama_layer.c, one call per layer: the same tokens and log probabilities as transformers'
-    layers (which then use its norms and SiLU), bit for bit, greedy and seeded; with steps of a
-    few tokens, and with prompts' steps wide enough for its loops between the matmuls to run in
-    parallel."""
+    """llama_layer.c, the whole stack in one call per step: the same tokens and log probabilities
+    as transformers' layers (which then use its norms and SiLU), bit for bit, greedy and seeded;
+    with steps of a few tokens, and with prompts' steps wide enough for its loops between the
+    matmuls to run in parallel."""
     lean, full, requests = _lean_and_full(four_bit_llama, make_engine, monkeypatch, prefill)
     model = lean.core.loaded.model
     assert all(m.lean_native for m in model.modules() if hasattr(m, "lean_qkv"))
