@@ -53,7 +53,7 @@ def test_every_engine_request_field_reaches_the_document_on_every_protocol(http,
     value = value["value"] if f.name == "grammar" else value
     http.request("GET", "/stream", content=json.dumps({"prompt": "hi", f.name: value}))
     assert fake.sent and all(getattr(d, f.name) == value for d in fake.sent), (f.name, fake.sent)
-    assert len(fake.sent) == 3 if openai_name else 2
+    assert len(fake.sent) == (3 if openai_name else 2)
 
 
 # ----- error rendering: the protocol's own status and body, the field named -----
