@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PROBE = r"""
 import asyncio, json, sys, time
 from contract import EngineConfig, SamplingParams
-from executors.engine import AsyncEngine
+from engine import AsyncEngine
 model, tokens, levels, workload = sys.argv[1], int(sys.argv[2]), [int(c) for c in sys.argv[3].split(",")], sys.argv[4]
 WORDS = "the river runs past the old mill where children play and the baker sells bread at dawn".split()
 

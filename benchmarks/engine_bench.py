@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 
 from contract import EngineConfig, SamplingParams
-from executors.engine import AsyncEngine
+from engine import AsyncEngine
 from testing.procs import stop_all
 
 from .load import make_prompts

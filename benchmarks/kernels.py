@@ -25,9 +25,10 @@ from typing import Optional
 import torch
 from torch import nn
 
-from executors.engine import native, paged_attention
-from executors.engine.int4 import Int4Linear, Int8Linear, _quantize, dequantize, int8_blocks
-from executors.engine.kv_pool import KVPool, KVShape
+from engine.core.kv_pool import KVPool, KVShape
+from engine.kernels import native
+from engine.model import paged_attention
+from engine.model.int4 import Int4Linear, Int8Linear, _quantize, dequantize, int8_blocks
 
 SHAPES = [(576, 576), (576, 192), (576, 1536), (1536, 576)]  # (in, out): q/o, k/v, gate/up, down
 ROWS = [1, 16, 512]

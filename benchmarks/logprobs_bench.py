@@ -11,7 +11,7 @@ import statistics
 import time
 
 from contract import EngineConfig, SamplingParams
-from executors.engine import AsyncEngine
+from engine import AsyncEngine
 
 from .engine_bench import prompt_of
 

@@ -13,7 +13,7 @@ import json
 import statistics
 
 from contract import EngineConfig
-from executors.engine import AsyncEngine
+from engine import AsyncEngine
 
 from .engine_bench import prompt_of
 from .logprobs_bench import round_tok_s

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from contract import EngineConfig
-from executors.engine.loader import LoadedModel, load_model
+from engine.model.loader import LoadedModel, load_model
 
 PROMPTS = [
     "What is the capital of France?", "Write a haiku about the sea.", "Explain photosynthesis in one sentence.",

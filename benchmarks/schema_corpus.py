@@ -124,7 +124,7 @@ def load_compiler(model: Path) -> Any:
     from transformers import AutoTokenizer
 
     from contract import RequestLimits
-    from executors.engine.structured import GrammarCompiler
+    from engine.policies.structured import GrammarCompiler
     return GrammarCompiler(AutoTokenizer.from_pretrained(str(model)), RequestLimits())
 
 

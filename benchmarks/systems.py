@@ -217,7 +217,7 @@ async def this_thread(model: Path, logs: Path, notes: list[str], extra: Optional
 async def raw_engine(model: Path, logs: Path, notes: list[str]) -> AsyncIterator[dict[str, Transport]]:
     """AsyncEngine in this process with the service's limits: no serving at all."""
     from contract import EngineConfig, SamplingParams
-    from executors.engine import AsyncEngine
+    from engine import AsyncEngine
     engine = AsyncEngine(EngineConfig(model=str(model)))  # the service's defaults
 
     async def send(prompt: str, max_tokens: int) -> AsyncIterator[int]:
@@ -312,7 +312,7 @@ async def llama_cpp(model: Path, logs: Path, notes: list[str]) -> AsyncIterator[
 
 def gguf_of(model: Path) -> Path:
     """The GGUF a trained model was exported from (make model keeps its wheel)."""
-    from executors.engine.gguf import gguf_from_archive
+    from engine.model.gguf import gguf_from_archive
     wheels = sorted((ROOT / "models" / ".download").glob("*.whl"))
     if model.name != "SmolLM2-135M-Instruct" or not wheels:
         raise RuntimeError(f"llama.cpp serves GGUF files: {model.name} has none")

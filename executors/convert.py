@@ -3,9 +3,9 @@ from dataclasses import fields
 from typing import Optional
 
 from contract import SamplingParams, ServerInfo, kind_of, request_fields
-from executors.engine import EngineClient, RequestOutput
-from executors.engine.kv_pool import BLOCK_SIZE
-from executors.engine.prompt_logprobs import PromptScores
+from engine import EngineClient, RequestOutput
+from engine.core.kv_pool import BLOCK_SIZE
+from engine.policies.prompt_logprobs import PromptScores
 from schemas import ModelOutputDocument, PromptDocument
 
 

@@ -14,9 +14,9 @@ from docarray import DocList
 from jina import Executor, requests
 
 from contract import EngineConfig, SamplingParams
+from engine import AsyncEngine, EngineClient, EngineProcess
+from engine.model.loader import served_name
 from executors.convert import error_document, server_info, to_document, to_request
-from executors.engine import AsyncEngine, EngineClient, EngineProcess
-from executors.engine.loader import served_name
 from executors.metrics import Metrics
 from schemas import ModelOutputDocument, PromptDocument
 

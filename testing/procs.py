@@ -125,7 +125,7 @@ def _servers_cpu() -> float:
 
 def _role(proc: psutil.Process, root: psutil.Process, public_ports: set[int]) -> str:
     try:
-        if "executors.engine.core_process" in " ".join(proc.cmdline()):
+        if "engine.core.core_process" in " ".join(proc.cmdline()):
             return "engine"
         if proc.pid == root.pid:
             return "server"

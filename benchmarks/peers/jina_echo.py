@@ -7,8 +7,8 @@ from docarray import DocList
 from jina import Executor, requests
 
 from contract import EngineConfig
+from engine.model.loader import ModelInfo
 from executors.convert import server_info
-from executors.engine.loader import ModelInfo
 from schemas import ModelOutputDocument, PromptDocument
 
 # what /info reports: the service's default limits, and no model (for the OpenAI and TGI routes)

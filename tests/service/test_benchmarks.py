@@ -113,7 +113,7 @@ async def test_settle_waits_for_a_busy_server_to_go_quiet(tmp_path):
 
 def test_the_kernel_benchmark_compares_each_c_kernel_with_pytorchs(tmp_path):
     from benchmarks import kernels
-    from executors.engine import native
+    from engine.kernels import native
     if not native.int4_ready():
         import pytest
         pytest.skip("the C kernels do not run here")

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from contract import EngineConfig, GenerationError, OverloadedError, SamplingParams, ValidationError
-from executors.engine import AsyncEngine, EngineProcess
-from executors.engine.core_process import serving_threads
-from executors.engine.loader import load_model
+from engine import AsyncEngine, EngineProcess
+from engine.core.core_process import serving_threads
+from engine.model.loader import load_model
 from tests.conftest import ROOT
 
 LIMITS = {"max_running": 4, "max_waiting": 8, "max_batch_tokens": 500}
@@ -159,7 +159,7 @@ def test_the_engine_process_exits_when_its_parent_is_killed(gpt2_model):
     script = textwrap.dedent(f"""
         import sys, time
         from contract import EngineConfig
-        from executors.engine import EngineProcess
+        from engine import EngineProcess
         engine = EngineProcess(EngineConfig(model={gpt2_model!r}))
         print(engine.pid, flush=True)
         time.sleep(600)

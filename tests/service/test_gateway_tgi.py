@@ -4,7 +4,7 @@ import requests
 from huggingface_hub import InferenceClient
 
 from client import generate, stream
-from executors.engine.loader import pick_device
+from engine.model.loader import pick_device
 from tests.gateway_helpers import curl_sse
 
 

@@ -13,8 +13,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from client import generate
 from contract import EngineConfig, SamplingParams
-from executors.engine import AsyncEngine
-from executors.engine.loader import pick_device
+from engine import AsyncEngine
+from engine.model.loader import pick_device
 from tests.conftest import ROOT
 from tests.gateway_helpers import sse_data
 

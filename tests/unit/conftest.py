@@ -2,7 +2,7 @@
 import pytest
 
 from contract import EngineConfig
-from executors.engine import AsyncEngine
+from engine import AsyncEngine
 
 
 @pytest.fixture

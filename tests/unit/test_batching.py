@@ -5,7 +5,7 @@ import random
 import pytest
 
 from contract import EngineConfig, FinishReason, GenerationError, OverloadedError, SamplingParams, ValidationError
-from executors.engine import AsyncEngine
+from engine import AsyncEngine
 
 WORDS = "the quick brown fox jumps over a lazy dog while streams of tokens flow 東京 café".split()
 

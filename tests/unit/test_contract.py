@@ -57,7 +57,8 @@ def test_server_info_round_trips_as_json():
 
 
 def test_engine_messages_cross_the_pipe_and_replay_on_the_observer():
-    from executors.engine.messages import (
+    from engine.client.prepare import Prepared
+    from engine.messages import (
         Ack,
         AddRequest,
         Admitted,
@@ -67,9 +68,8 @@ def test_engine_messages_cross_the_pipe_and_replay_on_the_observer():
         TokenTimed,
         replay,
     )
-    from executors.engine.observer import EngineObserver
-    from executors.engine.outputs import RequestOutput
-    from executors.engine.prepare import Prepared
+    from engine.observer import EngineObserver
+    from engine.outputs import RequestOutput
 
     add = AddRequest("r1", Prepared([1, 2, 3], SamplingParams(max_tokens=4), None))
     assert pickle.loads(pickle.dumps(add)) == add
@@ -93,7 +93,7 @@ def test_engine_messages_cross_the_pipe_and_replay_on_the_observer():
 
 
 def test_one_output_record_merges_tokens_and_keeps_each_tokens_fields():
-    from executors.engine.outputs import RequestOutput
+    from engine.outputs import RequestOutput
     parts = [RequestOutput("r", [i], [t], [-float(i)], [i == 1], i) for i, t in enumerate(["a", "", "bc"])]
     parts[-1].finish_reason = FinishReason.LENGTH
     merged = RequestOutput.merge(parts)

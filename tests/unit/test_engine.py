@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from contract import EngineConfig, FinishReason, SamplingParams, ValidationError
-from executors.engine import AsyncEngine
-from executors.engine.detokenizer import IncrementalDetokenizer, byte_fallback_ids
-from executors.engine.stopping import StopSequenceFilter
+from engine import AsyncEngine
+from engine.policies.detokenizer import IncrementalDetokenizer, byte_fallback_ids
+from engine.policies.stopping import StopSequenceFilter
 from tests.conftest import ROOT
 
 PROMPTS = ["the quick brown fox", "hello 東京 😀 café", "a",
@@ -209,7 +209,7 @@ def test_engine_imports_neither_jina_nor_docarray():
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             for name in names:
                 assert name.split(".")[0] not in ("jina", "docarray"), f"{path.name} imports {name}"
-    code = ("import sys, executors.engine, executors.engine.async_engine, executors.engine.gguf; "
+    code = ("import sys, engine, engine.client.async_engine, engine.model.gguf; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('jina', 'docarray')]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)
@@ -261,7 +261,7 @@ def test_cuda_loads_turn_cudnn_attention_off_and_cpu_loads_leave_it():
     an H100: 60 ms a step instead of 9 for GPT-2 small). Setting the flag needs no GPU."""
     import torch
 
-    from executors.engine.loader import pick_attention_backends
+    from engine.model.loader import pick_attention_backends
     before = torch.backends.cuda.cudnn_sdp_enabled()
     try:
         torch.backends.cuda.enable_cudnn_sdp(True)

@@ -8,9 +8,10 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from contract import EngineConfig, SamplingParams
-from executors.engine import fast_layers, loader, native, paged_attention
-from executors.engine.int4 import Int4Linear, Int8Linear, _quantize, dequantize, int8_blocks, quantize
-from executors.engine.loader import load_model, pick_dtype
+from engine.kernels import native
+from engine.model import fast_layers, loader, paged_attention
+from engine.model.int4 import Int4Linear, Int8Linear, _quantize, dequantize, int8_blocks, quantize
+from engine.model.loader import load_model, pick_dtype
 from tests.unit.test_batching import collect, mixed_requests
 
 

@@ -82,8 +82,8 @@ async def test_top_logprobs_is_bounded(gpt2_model, make_engine):
 def test_greedy_rows_in_c_pick_torchs_token_and_the_log_softmax():
     """greedy.c: torch.argmax's token (the first of equal maxima), its log-softmax within 1e-5,
     each row the same alone as in a batch, and PyTorch's ops for what it leaves to them."""
-    from executors.engine import native
-    from executors.engine.sampling import greedy_choices
+    from engine.kernels import native
+    from engine.policies.sampling import greedy_choices
     torch.manual_seed(0)
     logits = torch.randn(16, 49_157) * 5  # not a multiple of the vectors: a padded tail
     logits[3, 100] = logits[3, 5000] = logits[3].max() + 1  # a tie: the first wins

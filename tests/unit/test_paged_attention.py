@@ -8,8 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from executors.engine import native, paged_attention
-from executors.engine.kv_pool import KVPool, KVShape
+from engine.core.kv_pool import KVPool, KVShape
+from engine.kernels import native
+from engine.model import paged_attention
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from contract import SamplingParams
-from executors.engine import paged_attention
+from engine.model import paged_attention
 from tests.unit.test_int4 import four_bit_llama  # noqa: F401 - the fixture
 
 SYSTEM = "the system prompt says: " + " ".join(f"rule {i} is to be kind." for i in range(12))

@@ -4,11 +4,11 @@ import pytest
 import torch
 
 from contract import EngineConfig, OverloadedError, SamplingParams, ValidationError
-from executors.engine.block_pool import BlockPool, chain_hashes
-from executors.engine.kv_manager import KVCacheManager
-from executors.engine.kv_pool import KVPool, KVShape
-from executors.engine.request import Request, RequestState
-from executors.engine.scheduler import Scheduler
+from engine.core.block_pool import BlockPool, chain_hashes
+from engine.core.kv_manager import KVCacheManager
+from engine.core.kv_pool import KVPool, KVShape
+from engine.core.request import Request, RequestState
+from engine.core.scheduler import Scheduler
 
 B = 4  # tokens per block in these tests
 

@@ -9,10 +9,11 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from contract import SamplingParams, ValidationError
-from executors.engine import native, paged_attention
-from executors.engine.int4 import _quantize, dequantize
-from executors.engine.kv_pool import KVPool, KVShape
-from executors.engine.speculation import PromptLookup
+from engine.core.kv_pool import KVPool, KVShape
+from engine.kernels import native
+from engine.model import paged_attention
+from engine.model.int4 import _quantize, dequantize
+from engine.policies.speculation import PromptLookup
 from tests.unit.test_paged_attention import step
 
 

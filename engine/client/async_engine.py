@@ -18,10 +18,10 @@ from typing import Any, Optional
 
 from contract import EngineConfig, EngineDeadError, SamplingParams
 
-from .core import EngineCore
-from .loader import LoadedModel, ModelInfo, load_model
-from .observer import EngineObserver
-from .outputs import RequestOutput, by_choice
+from ..core.core import EngineCore
+from ..model.loader import LoadedModel, ModelInfo, load_model
+from ..observer import EngineObserver
+from ..outputs import RequestOutput, by_choice
 from .prepare import Prepared, Preparer
 from .streams import RequestStream
 

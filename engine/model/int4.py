@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from . import native
+from ..kernels import native
 
 GROUP = 32  # Q4_1's block
 

@@ -27,7 +27,7 @@ from transformers import PreTrainedTokenizerBase
 
 from contract import DEFAULT_LIMITS, RequestLimits, ValidationError, check
 
-from .tools import ToolSpec, openai_tools, render_messages
+from ..policies.tools import ToolSpec, openai_tools, render_messages
 
 ROLES = ("system", "user", "assistant", "tool")
 Message = dict[str, Any]  # role, content; an assistant's tool_calls, a tool's tool_call_id

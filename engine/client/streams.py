@@ -15,7 +15,7 @@ from typing import Any
 
 from contract import GenerationError
 
-from .outputs import RequestOutput
+from ..outputs import RequestOutput
 
 
 @dataclass

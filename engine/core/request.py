@@ -7,13 +7,13 @@ from typing import Any, Optional
 
 from contract import SamplingParams
 
-from .detokenizer import IncrementalDetokenizer
-from .outputs import RequestOutput
-from .prompt_logprobs import PromptScores
-from .sampling import TokenChooser
-from .speculation import PromptLookup
-from .stopping import StopSequenceFilter
-from .tools import ToolCallParser
+from ..outputs import RequestOutput
+from ..policies.detokenizer import IncrementalDetokenizer
+from ..policies.prompt_logprobs import PromptScores
+from ..policies.sampling import TokenChooser
+from ..policies.speculation import PromptLookup
+from ..policies.stopping import StopSequenceFilter
+from ..policies.tools import ToolCallParser
 
 
 class RequestState(enum.Enum):

@@ -11,9 +11,9 @@ from transformers import PreTrainedTokenizerBase
 
 from contract import EngineConfig, SamplingParams, ValidationError
 
+from ..policies.structured import GrammarCompiler
+from ..policies.tools import ToolSpec, tool_spec
 from .chat import render_chat_ids
-from .structured import GrammarCompiler
-from .tools import ToolSpec, tool_spec
 
 
 @dataclass

@@ -9,8 +9,8 @@ from typing import Optional
 
 from contract import FinishReason
 
-from .prompt_logprobs import PromptScores
-from .tools import ToolCallDelta, merged
+from .policies.prompt_logprobs import PromptScores
+from .policies.tools import ToolCallDelta, merged
 
 
 @dataclass

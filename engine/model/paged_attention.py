@@ -30,9 +30,9 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from contract import MAX_SPECULATIVE_TOKENS
 
-from . import native
-from .kv_pool import BLOCK_SIZE, NULL_BLOCK, KVPool
-from .native import paged_attention as c_paged_attention
+from ..core.kv_pool import BLOCK_SIZE, NULL_BLOCK, KVPool
+from ..kernels import native
+from ..kernels.native import paged_attention as c_paged_attention
 
 NAME = "paged"
 

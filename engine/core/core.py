@@ -16,23 +16,23 @@ import torch
 
 from contract import SEED_MAX, EngineConfig, FinishReason, SamplingParams
 
-from .detokenizer import IncrementalDetokenizer, byte_fallback_ids
+from ..client.prepare import Prepared
+from ..model.loader import LoadedModel
+from ..model.model_runner import ModelRunner, StepResult
+from ..observer import EngineObserver
+from ..outputs import RequestOutput
+from ..policies.detokenizer import IncrementalDetokenizer, byte_fallback_ids
+from ..policies.logprobs import TokenTexts, raw_logprob
+from ..policies.prompt_logprobs import PromptScores, score
+from ..policies.sampling import Choice, TokenChooser, greedy_choices
+from ..policies.speculation import PromptLookup, SpeculationCounts
+from ..policies.stopping import StopSequenceFilter, stop_reason
+from ..policies.structured import GrammarCompiler, MaskFiller, grammar_complete
+from ..policies.tools import ToolCallDelta, tool_parser
 from .kv_manager import KVCacheManager
 from .kv_pool import KVPool, KVShape
-from .loader import LoadedModel
-from .logprobs import TokenTexts, raw_logprob
-from .model_runner import ModelRunner, StepResult
-from .observer import EngineObserver
-from .outputs import RequestOutput
-from .prepare import Prepared
-from .prompt_logprobs import PromptScores, score
 from .request import Request, RequestState
-from .sampling import Choice, TokenChooser, greedy_choices
 from .scheduler import Scheduler, Work
-from .speculation import PromptLookup, SpeculationCounts
-from .stopping import StopSequenceFilter, stop_reason
-from .structured import GrammarCompiler, MaskFiller, grammar_complete
-from .tools import ToolCallDelta, tool_parser
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

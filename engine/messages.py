@@ -9,9 +9,9 @@ from typing import Any, Optional, Union
 
 from contract import EngineConfig, FinishReason
 
+from .client.prepare import Prepared
 from .observer import EngineObserver
 from .outputs import RequestOutput
-from .prepare import Prepared
 
 
 # ----- executor -> engine process -----

@@ -35,10 +35,10 @@ from typing import Any, Optional
 
 from contract import EngineConfig, EngineDeadError, OverloadedError
 
+from ..messages import AbortRequest, AddRequest, Command, LoadFailed, Ready, Shutdown, StepOutputs, replay
+from ..observer import EngineObserver
+from ..outputs import RequestOutput
 from .async_engine import EngineClient
-from .messages import AbortRequest, AddRequest, Command, LoadFailed, Ready, Shutdown, StepOutputs, replay
-from .observer import EngineObserver
-from .outputs import RequestOutput
 from .prepare import Prepared, Preparer
 from .streams import RequestStream, run_on
 
@@ -72,7 +72,7 @@ class EngineProcess(EngineClient):
         out_read, out_write = os.pipe()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_ROOT, os.environ.get("PYTHONPATH")]))}
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "executors.engine.core_process", str(cmd_read), str(out_write)],
+            [sys.executable, "-m", "engine.core.core_process", str(cmd_read), str(out_write)],
             pass_fds=(cmd_read, out_write), env=env)
         os.close(cmd_read)
         os.close(out_write)

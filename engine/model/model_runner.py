@@ -7,12 +7,12 @@ from typing import Optional
 
 import torch
 
+from ..core.kv_manager import KVCacheManager
+from ..core.scheduler import Work
+from ..policies.prompt_logprobs import final_hidden_states
 from . import fast_layers
-from .kv_manager import KVCacheManager
 from .loader import LoadedModel
 from .paged_attention import PagedStep
-from .prompt_logprobs import final_hidden_states
-from .scheduler import Work
 
 # transformers takes a 4-D mask as given instead of building one each forward: the paged
 # attention needs none (each sequence's keys are its own)
