@@ -9,6 +9,7 @@ from .errors import (
     ErrorKind,
     GenerationError,
     OverloadedError,
+    RequestFailedError,
     ValidationError,
     check,
     kind_of,
@@ -18,5 +19,5 @@ from .limits import DEFAULT_LIMITS, MAX_CHOICES, MAX_SPECULATIVE_TOKENS, MAX_TOP
 from .params import EngineConfig, FinishReason, SamplingParams, field_type, request_field, request_fields
 
 __all__ = ["DEFAULT_LIMITS", "MAX_CHOICES", "MAX_SPECULATIVE_TOKENS", "MAX_TOP_LOGPROBS", "SEED_MAX", "EngineConfig", "EngineDeadError", "ErrorKind", "FinishReason",
-           "GenerationError", "OverloadedError", "RequestLimits", "SamplingParams", "ServerInfo",
+           "GenerationError", "OverloadedError", "RequestFailedError", "RequestLimits", "SamplingParams", "ServerInfo",
            "ValidationError", "check", "field_type", "kind_of", "request_field", "request_fields"]

@@ -9,6 +9,7 @@ class ErrorKind(enum.StrEnum):
     VALIDATION = "validation"  # the request, as sent: 400/422, INVALID_ARGUMENT
     OVERLOADED = "overloaded"  # try again later: 429, RESOURCE_EXHAUSTED
     GENERATION = "generation"  # failed while generating: 500, or an error event mid-stream
+    UNPROCESSABLE = "unprocessable"  # this request alone failed in the engine before its first token: 422
     NOT_FOUND = "not_found"  # no such model or route: 404
     AUTHENTICATION = "authentication"  # no or a wrong API key: 401, UNAUTHENTICATED
     INTERNAL = "internal"  # anything else: 500
@@ -51,6 +52,20 @@ class GenerationError(RuntimeError):
     """A request failed after it started streaming."""
 
     kind = ErrorKind.GENERATION
+
+
+class RequestFailedError(RuntimeError):
+    """One request failed inside the engine (one of its own policies raised) and it alone ended:
+    a 4xx before its first token, naming the cause (and the field, where one is to blame)."""
+
+    kind = ErrorKind.UNPROCESSABLE
+
+    def __init__(self, message: str, field_name: "str | None" = None):
+        super().__init__(message)
+        self.field = field_name
+
+    def __reduce__(self):
+        return type(self), (str(self), self.field)
 
 
 def check(ok: bool, field_name: str, message: str) -> None:

@@ -5,20 +5,21 @@ from .errors import ErrorKind
 
 HTTP_STATUS: dict[ErrorKind, int] = {  # TGI's and Jina's routes; OpenAI's differ below
     ErrorKind.VALIDATION: 422, ErrorKind.OVERLOADED: 429, ErrorKind.GENERATION: 500,
-    ErrorKind.NOT_FOUND: 404, ErrorKind.AUTHENTICATION: 401, ErrorKind.INTERNAL: 500}
+    ErrorKind.UNPROCESSABLE: 422, ErrorKind.NOT_FOUND: 404, ErrorKind.AUTHENTICATION: 401, ErrorKind.INTERNAL: 500}
 
 OPENAI_STATUS: dict[ErrorKind, int] = {**HTTP_STATUS, ErrorKind.VALIDATION: 400}  # OpenAI's 400
 
 OPENAI_ERROR_TYPE: dict[ErrorKind, str] = {
     ErrorKind.VALIDATION: "invalid_request_error", ErrorKind.OVERLOADED: "overloaded_error",
-    ErrorKind.GENERATION: "server_error", ErrorKind.NOT_FOUND: "invalid_request_error",
+    ErrorKind.GENERATION: "server_error", ErrorKind.UNPROCESSABLE: "invalid_request_error",
+    ErrorKind.NOT_FOUND: "invalid_request_error",
     ErrorKind.AUTHENTICATION: "authentication_error", ErrorKind.INTERNAL: "server_error"}
 
 # a refusal before the first token ends the call with this status; None: it comes as an
 # error document, as every failure after the first token does
 GRPC_STATUS: dict[ErrorKind, str | None] = {
     ErrorKind.VALIDATION: "INVALID_ARGUMENT", ErrorKind.OVERLOADED: "RESOURCE_EXHAUSTED",
-    ErrorKind.GENERATION: None, ErrorKind.NOT_FOUND: "UNIMPLEMENTED",
+    ErrorKind.GENERATION: None, ErrorKind.UNPROCESSABLE: "FAILED_PRECONDITION", ErrorKind.NOT_FOUND: "UNIMPLEMENTED",
     ErrorKind.AUTHENTICATION: "UNAUTHENTICATED", ErrorKind.INTERNAL: None}
 
 

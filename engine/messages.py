@@ -7,14 +7,24 @@ Commands go one way (`Command`), replies the other (`Reply`); both ends dispatch
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
-from contract import EngineConfig, FinishReason
+from contract import EngineConfig, FinishReason, SamplingParams
 
-from .client.prepare import Prepared
 from .observer import EngineObserver
 from .outputs import RequestOutput
 
 
 # ----- executor -> engine process -----
+@dataclass
+class Prepared:
+    """What the decode loop needs to run a request (prepare.py makes it); plain data, so it
+    pickles. The grammar is compiled where the decode loop runs."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    seed: Optional[int]  # drawn when sampling without one, so that it is reported
+    generated: list[int] = field(default_factory=list)  # a resumed request's tokens so far
+
+
 @dataclass
 class AddRequest:
     request_id: str

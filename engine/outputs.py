@@ -7,7 +7,7 @@ and the error that ends a request (no tokens, `error` set).
 from dataclasses import dataclass, field
 from typing import Optional
 
-from contract import FinishReason
+from contract import ErrorKind, FinishReason, GenerationError, RequestFailedError, ValidationError, kind_of
 
 from .policies.prompt_logprobs import PromptScores
 from .policies.tools import ToolCallDelta, merged
@@ -23,6 +23,8 @@ class RequestOutput:
     index: int = -1  # position of the last token in the generation
     finish_reason: Optional[FinishReason] = None
     error: Optional[str] = None
+    error_kind: Optional[ErrorKind] = None  # what failed: this request alone (unprocessable, validation) or more
+    error_field: Optional[str] = None  # the field to blame, where one is
     prompt_tokens: int = 0
     generated_tokens: int = 0
     seed: Optional[int] = None
@@ -35,11 +37,29 @@ class RequestOutput:
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
     @classmethod
-    def failure(cls, request_id: str, message: str, index: int = -1, prompt_tokens: int = 0,
+    def failure(cls, request_id: str, error: BaseException | str, index: int = -1, prompt_tokens: int = 0,
                 generated_tokens: int = 0, seed: Optional[int] = None, choice: int = 0) -> "RequestOutput":
-        """The output that ends a request with an error."""
-        return cls(request_id, index=index, finish_reason=FinishReason.ERROR, error=message,
-                   prompt_tokens=prompt_tokens, generated_tokens=generated_tokens, seed=seed, choice=choice)
+        """The output that ends a request with an error: a message is a failure beyond the
+        request (the step, the loop); an exception, one of the request's own (its kind and field kept)."""
+        if isinstance(error, str):
+            kind, field_name, message = ErrorKind.GENERATION, None, error
+        else:
+            kind, field_name = kind_of(error), getattr(error, "field", None)
+            kind = ErrorKind.UNPROCESSABLE if kind is ErrorKind.INTERNAL else kind
+            message = str(error) if isinstance(error, ValidationError) else f"{type(error).__name__}: {error}"
+        return cls(request_id, index=index, finish_reason=FinishReason.ERROR, error=message, error_kind=kind,
+                   error_field=field_name, prompt_tokens=prompt_tokens, generated_tokens=generated_tokens, seed=seed,
+                   choice=choice)
+
+    def exception(self) -> Exception:
+        """A failure output as the exception the reader raises (its kind picks each protocol's code)."""
+        message = self.error or "failed"
+        if self.error_kind is ErrorKind.VALIDATION and self.error_field:
+            prefix = f"{self.error_field}: "
+            return ValidationError(self.error_field, message[len(prefix):] if message.startswith(prefix) else message)
+        if self.error_kind is ErrorKind.UNPROCESSABLE:
+            return RequestFailedError(message, self.error_field)
+        return GenerationError(message)
 
     @property
     def text(self) -> str:
@@ -54,8 +74,8 @@ class RequestOutput:
     def merge(cls, outputs: list["RequestOutput"]) -> "RequestOutput":
         """Consecutive outputs of one answer as one: the lists joined, the rest the last's."""
         last = outputs[-1]
-        whole = cls(last.request_id, [], [], [], [], last.index, last.finish_reason, last.error,
-                    last.prompt_tokens, last.generated_tokens, last.seed, choice=last.choice,
+        whole = cls(last.request_id, [], [], [], [], last.index, last.finish_reason, last.error, last.error_kind,
+                    last.error_field, last.prompt_tokens, last.generated_tokens, last.seed, choice=last.choice,
                     cached_tokens=last.cached_tokens,
                     prompt=next((o.prompt for o in outputs if o.prompt is not None), None))
         for out in outputs:

@@ -11,7 +11,7 @@ import threading
 import uuid
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import aclosing
 from typing import Any, Optional
@@ -19,10 +19,11 @@ from typing import Any, Optional
 from contract import EngineConfig, EngineDeadError, SamplingParams
 
 from ..core.core import EngineCore
+from ..messages import Prepared
 from ..model.loader import LoadedModel, ModelInfo, load_model
 from ..observer import EngineObserver
 from ..outputs import RequestOutput, by_choice
-from .prepare import Prepared, Preparer
+from .prepare import Preparer
 from .streams import RequestStream
 
 
@@ -62,13 +63,14 @@ class EngineClient(ABC):
     def shutdown(self, timeout: float = 10.0) -> None: ...
 
     async def open(self, prompt: str, params: SamplingParams, messages: Any = None,
-                   request_id: Optional[str] = None) -> AsyncGenerator[RequestOutput, None]:
+                   request_id: Optional[str] = None, resume: Sequence[int] = ()) -> AsyncGenerator[RequestOutput, None]:
         """The service's entry point, for a prompt or chat messages. Errors raise here,
         before the first chunk; the request is aborted as soon as the caller stops
-        iterating (disconnect, cancel, error)."""
+        iterating (disconnect, cancel, error). `resume`: the answer's tokens so far, to go on
+        from them exactly as an uncut run would (counter-based sampling: sampling.py)."""
         stream = self._new_stream(request_id, params)
         prepared = await asyncio.get_running_loop().run_in_executor(
-            self._prepare, self.preparer.prepare, prompt, params, messages)
+            self._prepare, self.preparer.prepare, prompt, params, messages, resume)
         await self._submit(stream, prepared)
         return self._iterator(stream)
 

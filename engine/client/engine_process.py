@@ -35,11 +35,11 @@ from typing import Any, Optional
 
 from contract import EngineConfig, EngineDeadError, OverloadedError
 
-from ..messages import AbortRequest, AddRequest, Command, LoadFailed, Ready, Shutdown, StepOutputs, replay
+from ..messages import AbortRequest, AddRequest, Command, LoadFailed, Prepared, Ready, Shutdown, StepOutputs, replay
 from ..observer import EngineObserver
 from ..outputs import RequestOutput
 from .async_engine import EngineClient
-from .prepare import Prepared, Preparer
+from .prepare import Preparer
 from .streams import RequestStream, run_on
 
 log = logging.getLogger(__name__)

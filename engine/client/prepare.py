@@ -4,30 +4,17 @@ It needs the tokenizer and the limits, not the model, so it runs wherever reques
 (the engine's preparation thread), and only token ids travel to the decode loop, which may
 be another process.
 """
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any, Optional
 
 from transformers import PreTrainedTokenizerBase
 
-from contract import EngineConfig, SamplingParams, ValidationError
+from contract import EngineConfig, SamplingParams, ValidationError, check
 
+from ..messages import Prepared
 from ..policies.structured import GrammarCompiler
 from ..policies.tools import ToolSpec, tool_spec
 from .chat import render_chat_ids
-
-
-@dataclass
-class Prepared:
-    """What the decode loop needs to run a request; plain data, so it pickles (the matcher
-    stays behind: the engine process compiles the grammar again, from its own cache)."""
-
-    prompt_ids: list[int]
-    params: SamplingParams
-    seed: Optional[int]  # drawn here when sampling without one, so that it is reported
-    matcher: Any = None  # a structured-output request's grammar matcher (llguidance.LLMatcher)
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "matcher": None}
 
 
 class Preparer:
@@ -36,17 +23,36 @@ class Preparer:
         self.tokenizer = tokenizer
         self.config = config
         self.max_context = max_context
-        self.grammars = grammars or GrammarCompiler(tokenizer, config.limits)
+        self.grammars = grammars  # the decode loop's own, where it runs in this process
 
-    def prepare(self, prompt: Any, params: SamplingParams, messages: Any = None) -> Prepared:
-        """Validate, render chat messages (when given, they replace `prompt`), tokenize and
-        compile the grammar, once each and cheapest first; raises ValidationError naming the
-        field before any work."""
+    def prepare(self, prompt: Any, params: SamplingParams, messages: Any = None,
+                resume: Sequence[int] = ()) -> Prepared:
+        """Validate, render chat messages (when given, they replace `prompt`) and tokenize, once
+        each and cheapest first; raises ValidationError naming the field before any work. Where
+        the decode loop runs in this process, its grammar compiles here, off the event loop, into
+        the loop's cache; an engine process compiles its own (and refuses before any token).
+        `resume`: the tokens the answer had, to go on from."""
         params.validate(self.config.max_tokens_limit, self.config.limits)
         spec = tool_spec(params)
         ids = self._chat_ids(messages, params, spec) if messages else self._prompt_ids(prompt)
         self._check_length(len(ids), params.max_tokens)  # the batch budget: Scheduler.submit
-        return Prepared(ids, params, params.resolved_seed(), self.grammars.matcher(params))
+        generated = self._resumed(resume, params)
+        if self.grammars is not None:
+            self.grammars.matcher(params)
+        return Prepared(ids, params, params.resolved_seed(), generated)
+
+    def _resumed(self, resume: Sequence[int], params: SamplingParams) -> list[int]:
+        tokens = list(resume)
+        if not tokens:
+            return tokens
+        vocab = len(self.tokenizer)
+        check(all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in tokens),
+              "resume_tokens", f"must be token ids from 0 to {vocab - 1}")
+        check(len(tokens) < params.max_tokens, "resume_tokens",
+              f"{len(tokens)} tokens leave nothing to generate within max_tokens ({params.max_tokens})")
+        check(params.seed is not None or params.greedy, "resume_tokens",
+              "a sampled answer goes on from its tokens only with the seed it was sampled with")
+        return tokens
 
     def _prompt_ids(self, prompt: Any) -> list[int]:
         if not isinstance(prompt, str) or not prompt.strip():

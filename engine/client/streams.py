@@ -13,8 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from contract import GenerationError
-
 from ..outputs import RequestOutput
 
 
@@ -72,7 +70,7 @@ class RequestStream:
         errors = [o for o in items if o.error is not None]
         if errors and not tokens:
             self.done = True
-            raise GenerationError(errors[0].error)
+            raise errors[0].exception()
         mine = [o for o in tokens if o.choice == tokens[0].choice]
         later = [o for o in tokens if o.choice != tokens[0].choice] + errors
         if later:  # other answers' tokens, then the error, on the next reads

@@ -18,8 +18,7 @@ import torch
 
 from contract import EngineConfig, EngineDeadError, OverloadedError, ValidationError
 
-from ..client.prepare import Prepared
-from ..messages import AbortRequest, Ack, AddRequest, LoadFailed, Ready, Recorder, Shutdown, StepOutputs
+from ..messages import AbortRequest, Ack, AddRequest, LoadFailed, Prepared, Ready, Recorder, Shutdown, StepOutputs
 from ..model.loader import LoadedModel, load_model
 from ..outputs import RequestOutput
 from .core import EngineCore
@@ -72,7 +71,7 @@ class CoreLoop:
         self.compiling = [c for c in self.compiling if not c[2].done()]
         for request_id, prepared, future in done:
             try:
-                prepared.matcher = future.result()
+                future.result()  # in the cache now: the rows take their matchers from it
             except ValidationError as exc:
                 self.step.acks.append(Ack(request_id, exc))
                 continue

@@ -1,5 +1,8 @@
 """Each row's block table, and automatic prefix caching over them (vLLM's KVCacheManager).
 
+Only the scheduler calls the methods that change a table (start, grow, fork, free, computed,
+reset); none of them writes a row's own state, which is the scheduler's too.
+
 A row (one answer of a request) holds the blocks its history's keys and values are in. Its full
 blocks are keyed as they fill (block_pool.py), prompt and answer alike, so a conversation's next
 turn finds the previous answer too. A new request starts from the longest run of cached blocks
@@ -12,6 +15,8 @@ so keys computed for one request, in a prefill or a decode step, are bit for bit
 request would compute. (On the fallbacks, PyTorch's matmuls round by shape: there, as for
 batching, the tokens are the same and the numbers within float rounding.)
 """
+from typing import Optional
+
 from .block_pool import BlockPool, chain_hashes
 from .kv_pool import KVPool
 from .request import Request
@@ -24,6 +29,7 @@ class KVCacheManager:
         self.block_size = pool.shape.block_size
         self.caching = caching
         self.tables: dict[str, list[int]] = {}
+        self.block_keys: dict[str, list[int]] = {}  # each row's prefix-cache keys of its history's full blocks
         self.queries = 0  # prompt tokens looked up (vLLM's prefix_cache_queries)
         self.hits = 0  # of them found (prefix_cache_hits)
 
@@ -37,11 +43,11 @@ class KVCacheManager:
 
     def keys(self, req: Request) -> list[int]:
         """The keys of the full blocks of the row's history, extended as it grows."""
-        size, have = self.block_size, len(req.block_keys)
+        keys = self.block_keys.setdefault(req.row_id, [])
+        size, have = self.block_size, len(keys)
         if req.length // size > have:
-            req.block_keys += chain_hashes(req.tokens(have * size, req.length // size * size),
-                                           req.block_keys[-1] if have else None, size)
-        return req.block_keys
+            keys += chain_hashes(req.tokens(have * size, req.length // size * size), keys[-1] if have else None, size)
+        return keys
 
     # ----- starting a row -----
     def cached_prefix(self, req: Request) -> list[int]:
@@ -70,38 +76,43 @@ class KVCacheManager:
         return {key for req in rows if req.todo > 1
                 for key in self.keys(req)[req.computed // size:]}
 
-    def start(self, req: Request, prefix: list[int], tokens: int) -> bool:
-        """Give a row its cached prefix and room for `tokens` after it; False (nothing taken)
-        when the pool lacks the blocks."""
+    def start(self, req: Request, prefix: list[int], tokens: int, reserve: int = 0) -> Optional[list[int]]:
+        """Give a row its cached prefix and room for `tokens` after it, and `reserve` blocks more
+        (returned: the blocks its answers will fork into); None (nothing taken) when the pool
+        lacks the blocks. The row's tokens in its prefix are computed (len(prefix) * block_size)."""
         evictable = sum(1 for block in prefix if self.blocks.refs[block] == 0)  # free now, held once started
         need = self._blocks_for(len(prefix) * self.block_size + tokens) - len(prefix)
-        if need > self.blocks.num_free - evictable:
-            return False
+        if need + reserve > self.blocks.num_free - evictable:
+            return None
         self.blocks.acquire(prefix)
         self.tables[req.row_id] = prefix + (self.blocks.allocate(need) or [])
-        req.computed = len(prefix) * self.block_size
-        return True
+        return self.blocks.allocate(reserve) or []
 
-    def count_lookup(self, req: Request) -> None:
+    def count_lookup(self, req: Request, cached: int) -> None:
         """A request's first start: its prompt counts in the hit rate."""
         if self.caching:
             self.queries += len(req.prompt_ids)
-            self.hits += req.computed
+            self.hits += cached
 
-    def fork(self, parent: Request, child: Request) -> bool:
-        """Another answer to the parent's prompt: its full blocks shared, its last one copied
-        (each answer writes its own tokens there); False when no block is free for that."""
+    def fork(self, parent: Request, child: Request, reserved: Optional[int]) -> None:
+        """Another answer to the parent's prompt (all of it computed): its full blocks shared,
+        its last one copied into the block reserved for it (each answer writes its own tokens
+        there)."""
         table, full = self.table(parent), parent.computed // self.block_size
         own: list[int] = []
         if parent.computed % self.block_size:
-            own = self.blocks.allocate(1) or []
-            if not own:
-                return False
-            self.pool.copy_block(table[full], own[0])
+            assert reserved is not None, "a partial last block needs the block reserved at admission"
+            own = [reserved]
+            self.pool.copy_block(table[full], reserved)
+        elif reserved is not None:
+            self.blocks.release([reserved])
         self.blocks.acquire(table[:full])
         self.tables[child.row_id] = table[:full] + own
-        child.computed, child.block_keys = parent.computed, list(parent.block_keys)
-        return True
+        self.block_keys[child.row_id] = list(self.keys(parent))
+
+    def release(self, blocks: list[int]) -> None:
+        """Blocks held outside any table (reserved for a fork) go back."""
+        self.blocks.release(blocks)
 
     # ----- a row's steps -----
     def grow(self, req: Request, tokens: int) -> bool:
@@ -133,6 +144,7 @@ class KVCacheManager:
     def free(self, req: Request) -> None:
         """The row is done (finished, failed, aborted or preempted): its blocks go back."""
         table = self.tables.pop(req.row_id, None)
+        self.block_keys.pop(req.row_id, None)
         if table:
             self.blocks.release(table)
 
@@ -140,6 +152,7 @@ class KVCacheManager:
         """Every row gone and the cache emptied (after the loop itself failed: trust nothing)."""
         self.blocks = BlockPool(self.pool.blocks)
         self.tables.clear()
+        self.block_keys.clear()
 
     def _blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)

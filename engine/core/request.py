@@ -1,24 +1,29 @@
-"""Engine-side request state. Only the scheduler changes a request's `state`."""
+"""Engine-side request state: a row (one answer) and the parent of a request's n answers.
+
+A row's state (ROW_STATE: where it is, how much of its history is computed, what it generated,
+what the cache gave it) is written by the scheduler alone (scheduler.py: `schedule`, `update`,
+the aborts and the failures); everything else reads it. Its policies (chooser, output pipeline,
+drafter) keep their own state, which only they change.
+"""
 import enum
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
 from contract import SamplingParams
 
 from ..outputs import RequestOutput
-from ..policies.detokenizer import IncrementalDetokenizer
+from ..policies.output import OutputPipeline
 from ..policies.prompt_logprobs import PromptScores
 from ..policies.sampling import TokenChooser
 from ..policies.speculation import PromptLookup
-from ..policies.stopping import StopSequenceFilter
-from ..policies.tools import ToolCallParser
+
+ROW_STATE = ("state", "computed", "generated", "cached_tokens")  # the scheduler's to write (a test checks)
 
 
 class RequestState(enum.Enum):
     WAITING = "waiting"
-    PREFILLING = "prefilling"
     RUNNING = "running"  # holds blocks: computing its prompt, or decoding
     PREEMPTED = "preempted"  # gave its blocks back; waits to compute its history again
     FINISHED = "finished"
@@ -31,28 +36,30 @@ class Request:
     params: SamplingParams
     seed: Optional[int]
     chooser: TokenChooser
-    detokenizer: IncrementalDetokenizer
-    stops: StopSequenceFilter
+    pipeline: OutputPipeline
     sink: Callable[[RequestOutput], None]
-    state: RequestState = RequestState.WAITING
-    computed: int = 0  # tokens of its history whose keys and values are in its blocks
-    block_keys: list[int] = field(default_factory=list)  # prefix-cache keys of its history's full blocks
-    generated: list[int] = field(default_factory=list)
-    arrival: float = field(default_factory=time.perf_counter)  # for queue, TTFT and e2e times
-    last_token_at: float = 0.0
-    matcher: Any = None  # structured output: the grammar's state (llguidance.LLMatcher)
-    tool_parser: Optional[ToolCallParser] = None  # tool calls: reads them off the text
     choice: int = 0  # which of the request's n answers this is (each is a batch row)
-    rows: int = 1  # batch rows it stands for: n until its prompt is prefilled and shared
-    prompt_scores: Optional[PromptScores] = None  # prompt_logprobs: filled while prefilling
-    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     drafter: Optional[PromptLookup] = None  # speculative decoding: drafts its next tokens
     speculative: int = 0  # drafts per decode step (0: none)
+    prompt_scores: Optional[PromptScores] = None  # prompt_logprobs: filled while prefilling
+    parent: Optional["ParentRequest"] = None  # n > 1: the answers still to fan out from this row
+    arrival: float = field(default_factory=time.perf_counter)  # for queue, TTFT and e2e times
+    last_token_at: float = 0.0
+    # ----- ROW_STATE: the scheduler's -----
+    state: RequestState = RequestState.WAITING
+    computed: int = 0  # tokens of its history whose keys and values are in its blocks
+    generated: list[int] = field(default_factory=list)  # a resumed request starts with the tokens it had
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
 
     @property
     def row_id(self) -> str:
         """Its key in the running batch: one per answer."""
         return self.request_id if self.choice == 0 else f"{self.request_id}#{self.choice}"
+
+    @property
+    def rows(self) -> int:
+        """Batch rows it stands for: itself, and the answers that fan out of it."""
+        return 1 + (len(self.parent.children) if self.parent is not None else 0)
 
     @property
     def row_tokens(self) -> int:
@@ -81,7 +88,18 @@ class Request:
             return self.generated[start - prompt:end - prompt]
         return self.prompt_ids[start:] + self.generated[:end - prompt]
 
-    def emit_error(self, message: str) -> None:
-        """The request's last output: the error that ended it (the scheduler released it)."""
-        self.sink(RequestOutput.failure(self.request_id, message, len(self.generated), len(self.prompt_ids),
-                                      len(self.generated), self.seed, self.choice))
+    @property
+    def fans_out(self) -> bool:
+        """Its answers are still to fan out (they do once its prompt is computed)."""
+        return self.parent is not None and bool(self.parent.children)
+
+
+@dataclass(eq=False)
+class ParentRequest:
+    """A request with n answers (vLLM's ParentRequest): its first answer's row computes the
+    prompt once; then the other answers, made at admission with seeds one apart, fork its blocks
+    and choose their first tokens from the same logits. Their blocks for the fork are reserved
+    when the first row starts, so no row is ever preempted for them in the middle of a step."""
+
+    children: list[Request]
+    reserved: list[int] = field(default_factory=list)  # blocks held for the children's last prompt blocks

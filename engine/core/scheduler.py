@@ -1,4 +1,5 @@
-"""Admission, and each step's work: which rows compute how many tokens (vLLM v1's scheduler).
+"""Admission, each step's work, and the one writer of row state (vLLM v1's Scheduler:
+`schedule`, then `update_from_output`).
 
 Every row, prefilling or decoding, is one thing: a history (its prompt, then the tokens it
 generated) of which `computed` tokens have their keys and values in the pool. A step computes
@@ -12,15 +13,22 @@ recently admitted row is preempted, as vLLM does: its blocks go back, it waits a
 queue, and when it starts again it recomputes its history (mostly found in the prefix cache) and
 goes on where it was; its stream only pauses. A request that could never fit, even alone, is
 refused before any token, naming the field. A request with n answers counts n rows from
-admission on: its prompt is computed once, then each answer decodes in a row of its own.
+admission on (request.py's ParentRequest): its prompt is computed once, then each answer decodes
+in a row of its own.
+
+`update` is where a step's outcome becomes row state: tokens, computed counts and the blocks they
+key, accepted drafts, answers fanned out, finished rows released. Nothing else in the engine
+writes a row's state (ROW_STATE; a test checks).
 """
 import collections
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Optional
 
 from contract import EngineConfig, EngineDeadError, OverloadedError, ValidationError
 
+from ..outputs import RequestOutput
 from .kv_manager import KVCacheManager
 from .request import Request, RequestState
 
@@ -52,6 +60,20 @@ class StepPlan:
     admitted: list[Request] = field(default_factory=list)  # started for the first time
 
 
+@dataclass
+class RowOutcome:
+    """What one step did for one row, as `update` applies it and `emit` reports it."""
+
+    row: Request
+    kept: int = 0  # tokens of its history computed and kept: its work's, then the drafts accepted
+    tokens: list[int] = field(default_factory=list)  # tokens it generated, in order
+    outputs: list[RequestOutput] = field(default_factory=list)  # what its reader gets, in order
+    ends: bool = False  # finished or failed: its blocks go back
+    forked_from: Optional[Request] = None  # an answer fanning out of this row (after it, in the list)
+    drafted: int = 0  # speculation: drafts checked this step
+    prefilled: bool = False  # its prompt was computed through this step
+
+
 class Scheduler:
     def __init__(self, config: EngineConfig, kv: KVCacheManager, on_preempt: Callable[[], None] = lambda: None):
         self.config = config
@@ -76,6 +98,7 @@ class Scheduler:
         """Running rows with more than their last token to compute."""
         return [r for r in self.running if r.todo > 1]
 
+    # ----- requests in (any thread) -----
     def check_fits(self, row_tokens: int, rows: int = 1) -> None:
         """A request that could never run, even alone, is refused naming the field."""
         size, blocks = self.kv.block_size, self.kv.blocks.total
@@ -102,15 +125,7 @@ class Scheduler:
                     f"overloaded: {len(self._waiting)} requests already waiting, retry later")
             self._waiting.append(request)
 
-    def remove_waiting(self, request_id: str) -> list[Request]:
-        """Every row of the request that waits (a preempted answer among them)."""
-        with self._lock:
-            gone = [r for r in self._waiting if r.request_id == request_id]
-            for req in gone:
-                self._waiting.remove(req)
-        return gone
-
-    # ----- one step -----
+    # ----- one step: the work -----
     def schedule(self) -> StepPlan:
         plan, budget = StepPlan(), self.config.max_prefill_tokens
         preempted = False
@@ -159,12 +174,13 @@ class Scheduler:
                 if self.kv.waits_for(req, prefix, computing):
                     continue
                 count = min(req.length - len(prefix) * self.kv.block_size, budget)
-                if not self.kv.start(req, prefix, count):
+                if not self._start(req, prefix, count):
                     break
                 self._waiting.remove(req)
                 if req.state is RequestState.WAITING:
-                    req.cached_tokens = req.computed
-                    self.kv.count_lookup(req)
+                    for row in [req, *(req.parent.children if req.parent is not None else [])]:
+                        row.cached_tokens = req.computed
+                    self.kv.count_lookup(req, req.computed)
                     plan.admitted.append(req)
                 req.state = RequestState.RUNNING
                 self.running.append(req)
@@ -172,10 +188,21 @@ class Scheduler:
                 computing |= self.kv.computing([req])
                 budget -= count
 
+    def _start(self, req: Request, prefix: list[int], count: int) -> bool:
+        """Its blocks, and those its answers will fork into when its prompt's last block is partial."""
+        forks = req.rows - 1 if len(req.prompt_ids) % self.kv.block_size else 0
+        reserved = self.kv.start(req, prefix, count, forks)
+        if reserved is None:
+            return False
+        if req.parent is not None:
+            req.parent.reserved = reserved
+        req.computed = len(prefix) * self.kv.block_size
+        return True
+
     def _preempt(self, req: Request) -> None:
         """Out of blocks: the row gives its blocks back and waits at the head of the queue."""
         self.running.remove(req)
-        self.kv.free(req)
+        self._free(req)
         req.computed = 0
         req.state = RequestState.PREEMPTED
         self.preemptions += 1
@@ -183,33 +210,69 @@ class Scheduler:
         with self._lock:
             self._waiting.appendleft(req)
 
-    def preempt_latest(self, but: Request) -> None:
-        """Make room for a running row: the latest other row gives its blocks back."""
-        victims = [r for r in self.running if r is not but]
-        if not victims:
-            raise RuntimeError("the KV cache cannot hold one request's answers, which admission checked it could")
-        self._preempt(victims[-1])
+    # ----- one step: its outcome (the one writer of row state) -----
+    def update(self, outcomes: list[RowOutcome]) -> None:
+        """A step's outcome, row by row: answers fan out of their row (which comes first), tokens
+        join the history, computed tokens key their blocks; then the rows that ended go."""
+        for outcome in outcomes:
+            row = outcome.row
+            if outcome.forked_from is not None:
+                self._fork(outcome.forked_from, row)
+            before = row.computed
+            row.generated += outcome.tokens
+            row.computed += outcome.kept
+            self.kv.computed(row, before)
+        for outcome in outcomes:
+            if outcome.ends:
+                self.release(outcome.row)
 
-    def add_running(self, req: Request) -> None:
-        """Another answer of a running request (n > 1), its blocks forked already."""
-        req.state = RequestState.RUNNING
-        self.running.append(req)
+    def _fork(self, parent: Request, child: Request) -> None:
+        """An answer starts from its parent's computed prompt, in a block reserved for it."""
+        assert parent.parent is not None
+        reserved = parent.parent.reserved.pop() if parent.parent.reserved else None
+        self.kv.fork(parent, child, reserved)
+        parent.parent.children.remove(child)
+        child.computed = parent.computed
+        child.state = RequestState.RUNNING
+        self.running.append(child)
+
+    def abort(self, request_ids: set[str]) -> list[Request]:
+        """Every row of these requests, waiting or running, gone; returns them."""
+        with self._lock:
+            gone = [r for r in self._waiting if r.request_id in request_ids]
+        gone += [r for r in self.running if r.request_id in request_ids]
+        for req in gone:
+            self.release(req)
+        return gone
 
     def release(self, request: Request) -> None:
-        """Forget a finished row, wherever it was (a preempted one waits), and free its blocks."""
-        if request.state is RequestState.PREEMPTED:
-            with self._lock:
-                if request in self._waiting:
-                    self._waiting.remove(request)
+        """Forget a row that ended, wherever it was, and give its blocks back (and those its
+        answers would have forked into, had it not ended before they fanned out)."""
+        with self._lock:
+            if request in self._waiting:
+                self._waiting.remove(request)
         if request in self.running:
             self.running.remove(request)
-        self.kv.free(request)
+        self._free(request)
+        if request.parent is not None:
+            request.parent.children.clear()
         request.state = RequestState.FINISHED
 
-    def drain_waiting(self, close: bool = False) -> list[Request]:
-        """Take every waiting request out; with close, refuse new ones from now on."""
+    def _free(self, req: Request) -> None:
+        self.kv.free(req)
+        if req.parent is not None and req.parent.reserved:
+            self.kv.release(req.parent.reserved)
+            req.parent.reserved = []
+
+    def fail_all(self, close: bool = False) -> list[Request]:
+        """Every row in flight gone and the pool emptied (the loop itself failed: trust nothing);
+        with close, new requests are refused from now on. Returns the rows."""
         with self._lock:
             self.closed = self.closed or close
-            drained = list(self._waiting)
+            rows = list(self._waiting) + self.running
             self._waiting.clear()
-        return drained
+        self.running = []
+        for req in rows:
+            req.state = RequestState.FINISHED
+        self.kv.reset()
+        return rows

@@ -137,11 +137,12 @@ def _stack(model: nn.Module) -> Optional[Any]:
 
 
 def forward(model: nn.Module, ids: torch.Tensor, positions: torch.Tensor, step: PagedStep,
-            keep: int | torch.Tensor) -> Optional[torch.Tensor]:
-    """The logits of a step with every decoder layer in one C call: what the model's forward
-    computes (LlamaForCausalLM with `logits_to_keep=keep`, the layers' forward above), bit for bit,
-    without Python between the layers. None where the model has no such stack or the call does not
-    take these tensors: the caller runs the model's forward."""
+            keep: int | torch.Tensor) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """(the logits, the decoder's output [1, tokens, hidden]) of a step with every decoder layer
+    in one C call: what the model's forward computes (LlamaForCausalLM with `logits_to_keep=keep`,
+    the layers' forward above), bit for bit, without Python between the layers. The decoder's
+    output is what a prompt's scores are computed from (prompt_logprobs.py). None where the model
+    has no such stack or the call does not take these tensors: the caller runs the model's forward."""
     stack = getattr(model, "lean_stack", None)
     if stack is None:
         return None
@@ -153,7 +154,7 @@ def forward(model: nn.Module, ids: torch.Tensor, positions: torch.Tensor, step: 
         return None
     step.counted.extend(range(len(stack)))
     hidden = decoder.norm(out)
-    return cast(Any, model).lm_head(hidden if isinstance(keep, int) else hidden[:, keep])
+    return cast(Any, model).lm_head(hidden if isinstance(keep, int) else hidden[:, keep]), hidden
 
 
 def _native(layer: Any) -> Optional[native.LlamaLayer]:

@@ -48,14 +48,21 @@ class ModelRunner:
                   for i in range(w.count - 1, w.tokens)]  # a row's last token's logits, and each draft's
         keep = 0 if len(chosen) == len(ids) else torch.tensor(chosen or [0], device=self.device)
         ids_t, positions_t = torch.tensor([ids], device=self.device), torch.tensor([positions], device=self.device)
-        hidden: list[torch.Tensor] = []  # the decoder's output, when a row scores its prompt
-        logits = None if keep_hidden else fast_layers.forward(self.model, ids_t, positions_t, step, keep)
-        if logits is None:
-            with final_hidden_states(self.model, keep_hidden) as hidden:
-                logits = self.model(input_ids=ids_t, position_ids=positions_t, attention_mask=NO_MASK,
-                                    use_cache=False, logits_to_keep=keep, paged=step).logits
+        fast = fast_layers.forward(self.model, ids_t, positions_t, step, keep)
+        if fast is not None:
+            logits, hidden = fast
+        else:
+            logits, hidden = self._forward(ids_t, positions_t, step, keep, keep_hidden)
         logits = logits[0].float()
-        return StepResult(logits if chosen else logits[:0], step.q_starts, hidden[0][0] if keep_hidden else None)
+        return StepResult(logits if chosen else logits[:0], step.q_starts, hidden[0] if keep_hidden else None)
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, step: PagedStep, keep: int | torch.Tensor,
+                 keep_hidden: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's own forward (the decoder's output caught on its way, when a row scores)."""
+        with final_hidden_states(self.model, keep_hidden) as hidden:
+            logits = self.model(input_ids=ids, position_ids=positions, attention_mask=NO_MASK, use_cache=False,
+                                logits_to_keep=keep, paged=step).logits
+        return logits, hidden[0] if keep_hidden else logits
 
     @torch.inference_mode()
     def probe(self) -> None:

@@ -1,11 +1,18 @@
 """Per-request token choice inside a shared batch (TGI's NextTokenChooser).
 
-Plain greedy rows are chosen together with one argmax; rows with penalties or
-sampling run their own transformers logits processors and their own seeded
-generator, so a request's tokens never depend on its neighbours in the batch.
+Plain greedy rows are chosen together with one argmax; rows with penalties or sampling run
+their own transformers logits processors, so a request's tokens never depend on its
+neighbours in the batch.
+
+Sampling is counter-based: the draw for the answer's token at position p is a pure function of
+(seed, p) (splitmix64, keyed by the seed), turned into a token by the inverse of the
+distribution's cumulative sum. No generator carries state from one token to the next, so a
+request continued from (prompt, seed, tokens so far), in another process or on another replica,
+draws exactly what it would have drawn had it never stopped; and a speculating row's drafts
+can be checked at any position in any order.
 """
-from dataclasses import dataclass, field
-from typing import cast
+from dataclasses import dataclass
+from typing import Optional, cast
 
 import torch
 from transformers import (
@@ -23,12 +30,36 @@ from contract import SamplingParams
 
 from ..kernels import native
 
+MASK64 = (1 << 64) - 1
+GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's increment
+
 
 @dataclass
 class Choice:
     token_id: int
-    logprob: float  # the model's own (logprobs.py), once the engine has filled it in
-    alternatives: list[tuple[int, str, float]] = field(default_factory=list)  # top_logprobs
+    logprob: Optional[float] = None  # the plain greedy rows' own, computed with the argmax
+
+
+def _mix(x: int) -> int:
+    """splitmix64's output function: 64 bits in, 64 well-mixed bits out."""
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def uniform(seed: int, position: int) -> float:
+    """The draw in [0, 1) for the answer's token at `position`, a function of (seed, position) only."""
+    return (_mix((_mix((seed + GOLDEN) & MASK64) + position * GOLDEN) & MASK64) >> 11) * 2.0 ** -53
+
+
+def sample(scores: torch.Tensor, u: float) -> int:
+    """The token whose share of the cumulative distribution of softmax(scores) holds u (in
+    float64): a token the warpers or a constraint ruled out (-inf) is never chosen."""
+    cdf = torch.softmax(scores.double(), dim=-1).cumsum(-1)
+    token = int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=torch.float64), right=True))
+    if token >= cdf.shape[0]:  # u * total rounded up to the total: the last token that can be chosen
+        token = int(torch.nonzero(torch.diff(cdf, prepend=cdf.new_zeros(1)) > 0)[-1])
+    return token
 
 
 class OutputPenalties(LogitsProcessor):
@@ -45,26 +76,22 @@ class OutputPenalties(LogitsProcessor):
 
 
 class TokenChooser:
-    def __init__(self, params: SamplingParams, seed: int | None, device: torch.device, prompt_length: int = 0):
+    def __init__(self, params: SamplingParams, seed: Optional[int], prompt_length: int = 0):
         self.greedy = params.greedy
+        self.seed = seed or 0  # sampling always has one (resolved_seed)
         self.processors = _processors(params, prompt_length)
         self.plain_greedy = self.greedy and not self.processors
-        self.generator = None
-        if not self.greedy and seed is not None:  # sampling always has a seed (resolved_seed)
-            self.generator = torch.Generator(device=device).manual_seed(seed)
 
-    def choose(self, history: list[int], logits: torch.Tensor) -> Choice:
-        """logits: [1, vocab] float32 for this request's next token."""
+    def choose(self, history: list[int], logits: torch.Tensor, position: int) -> Choice:
+        """logits: [1, vocab] float32 for this request's token at `position` of its answer,
+        which follows `history`."""
         scores = logits
         if self.processors:
             ids = torch.tensor([history], dtype=torch.long, device=logits.device)
             scores = self.processors(cast(torch.LongTensor, ids), scores)
-        logprobs = torch.log_softmax(scores, dim=-1)
         if self.greedy:
-            token = int(torch.argmax(scores, dim=-1))
-        else:
-            token = int(torch.multinomial(logprobs.exp(), 1, generator=self.generator))
-        return Choice(token, float(logprobs[0, token]))
+            return Choice(int(torch.argmax(scores, dim=-1)))
+        return Choice(sample(scores[0].cpu(), uniform(self.seed, position)))
 
 
 def _processors(params: SamplingParams, prompt_length: int) -> LogitsProcessorList:

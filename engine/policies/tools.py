@@ -11,10 +11,11 @@ through it; any other (SmolLM2's, for one) gets the generic rendering below. The
 named choice always call, and lets `auto` answer either plain text or calls: a text that starts
 like a call is held back until it is one or is not.
 """
+import functools
 import json
 import re
 import uuid
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -38,8 +39,10 @@ class ToolSpec:
     parallel: bool
 
     @classmethod
+    @functools.lru_cache(maxsize=256)
     def parse(cls, tools: Optional[str], tool_choice: Optional[str], parallel_tool_calls: bool) -> Optional["ToolSpec"]:
-        """None when the request asks for no tool calls; raises naming the field."""
+        """None when the request asks for no tool calls; raises naming the field. Parsed once
+        per process for the same text: validation, rendering, the grammar and the parser ask."""
         choice = tool_choice
         if not tools:
             check(choice in (None, "none", "auto"), "tool_choice", f"{choice!r} needs `tools`")
@@ -116,12 +119,6 @@ def tool_spec(params: Any) -> Optional[ToolSpec]:
     return ToolSpec.parse(params.tools, params.tool_choice, params.parallel_tool_calls)
 
 
-def tool_parser(params: Any) -> Optional["ToolCallParser"]:
-    """The parser of a request's answer, when it may call tools."""
-    spec = tool_spec(params)
-    return ToolCallParser(auto=spec.choice == "auto") if spec is not None else None
-
-
 # ----- rendering -----
 def render_messages(messages: list[dict[str, Any]], spec: Optional[ToolSpec]) -> list[dict[str, Any]]:
     """The generic rendering, for templates that know no tools: the tools in a system message,
@@ -169,6 +166,7 @@ class ToolCallParser:
     has shaped the text already (compact JSON, `name` then `arguments`), so this only reads."""
 
     auto: bool
+    call_id: Callable[[int], str] = lambda index: f"call_{uuid.uuid4().hex[:24]}"  # a call's id, by its index
     calls: int = 0  # calls started
     _held: str = ""  # auto: a start that may still become a call
     _mode: str = "undecided"  # undecided | text | calls
@@ -224,7 +222,7 @@ class ToolCallParser:
                     break
                 name += c
             index, self.calls = self.calls, self.calls + 1
-            self._out.append(ToolCallDelta(index, f"call_{uuid.uuid4().hex[:24]}", name))
+            self._out.append(ToolCallDelta(index, self.call_id(index), name))
             yield from self._take(len(',"arguments":'))
             yield from self._read_arguments(index)
             yield from self._take(len(f"}}\n{END_TAG}\n"))

@@ -4,7 +4,15 @@ import random
 
 import pytest
 
-from contract import EngineConfig, FinishReason, GenerationError, OverloadedError, SamplingParams, ValidationError
+from contract import (
+    EngineConfig,
+    FinishReason,
+    GenerationError,
+    OverloadedError,
+    RequestFailedError,
+    SamplingParams,
+    ValidationError,
+)
 from engine import AsyncEngine
 
 WORDS = "the quick brown fox jumps over a lazy dog while streams of tokens flow 東京 café".split()
@@ -137,14 +145,14 @@ async def test_one_failing_request_does_not_disturb_others(gpt2_model, make_engi
     bad = engine.generate("hello", bad_params)
     request = engine.core.scheduler._waiting[-1]
 
-    def explode(history, logits):
+    def explode(history, logits, position):
         if len(history) > request.prompt_ids.__len__() + 3:
             raise RuntimeError("injected failure")
-        return original(history, logits)
+        return original(history, logits, position)
     original, request.chooser.choose = request.chooser.choose, explode
 
     async def consume_bad():
-        with pytest.raises(GenerationError, match="injected failure"):
+        with pytest.raises(RequestFailedError, match="injected failure"):  # that request's own failure
             await _drain(bad)
     together = await asyncio.gather(consume_bad(), *(collect(engine, p, params) for p, params in requests))
     assert list(together[1:]) == alone
@@ -156,12 +164,12 @@ async def test_loop_failure_fails_everyone_then_recovers(gpt2_model, make_engine
     original = engine.core._run
     calls = {"n": 0}
 
-    def broken(work):  # once all three decode together: the engine may step before the last joins
-        if len(work) == 3 and all(w.count == 1 for w in work):
+    def broken(plan):  # once all three decode together: the engine may step before the last joins
+        if len(plan.work) == 3 and all(w.count == 1 for w in plan.work):
             calls["n"] += 1
             if calls["n"] == 2:
                 raise MemoryError("injected loop failure")
-        return original(work)
+        return original(plan)
     engine.core._run = broken
     params = SamplingParams(max_tokens=20, ignore_eos=True)
     outcomes = await asyncio.gather(*(_drain(engine.generate("hi", params)) for _ in range(3)),

@@ -7,7 +7,7 @@ from contract import EngineConfig, OverloadedError, SamplingParams, ValidationEr
 from engine.core.block_pool import BlockPool, chain_hashes
 from engine.core.kv_manager import KVCacheManager
 from engine.core.kv_pool import KVPool, KVShape
-from engine.core.request import Request, RequestState
+from engine.core.request import ParentRequest, Request, RequestState
 from engine.core.scheduler import Scheduler
 
 B = 4  # tokens per block in these tests
@@ -16,7 +16,7 @@ B = 4  # tokens per block in these tests
 def request(rid: str, prompt: list[int] | int, max_tokens: int = 4) -> Request:
     ids = list(range(1, prompt + 1)) if isinstance(prompt, int) else prompt
     return Request(rid, ids, SamplingParams(max_tokens=max_tokens), None,
-                   None, None, None, lambda out: None)  # type: ignore[arg-type]
+                   None, None, lambda out: None)  # type: ignore[arg-type]
 
 
 def manager(blocks: int, caching: bool = True) -> KVCacheManager:
@@ -47,7 +47,7 @@ def test_blocks_are_keyed_by_their_whole_prefix_and_the_least_recent_go_first():
 def test_a_row_starts_from_the_longest_cached_prefix_and_leaves_a_token_to_compute():
     kv = manager(blocks=10)
     first = request("a", 10)
-    assert kv.cached_prefix(first) == [] and kv.start(first, [], 10)
+    assert kv.cached_prefix(first) == [] and kv.start(first, [], 10) == []
     assert len(kv.table(first)) == 3 and kv.slots(first, 3, 3) == [kv.table(first)[0] * B + 3,
                                                                    kv.table(first)[1] * B, kv.table(first)[1] * B + 1]
     first.computed = 10
@@ -55,7 +55,7 @@ def test_a_row_starts_from_the_longest_cached_prefix_and_leaves_a_token_to_compu
     again = request("b", 10)
     prefix = kv.cached_prefix(again)
     assert prefix == kv.table(first)[:2]
-    assert kv.start(again, prefix, 2) and again.computed == 8 and kv.table(again)[:2] == prefix
+    assert kv.start(again, prefix, 2) == [] and kv.table(again)[:2] == prefix
     assert kv.blocks.refs[prefix[0]] == 2
     exact = request("c", 8)  # a repeat of a whole cached prompt still computes its last token
     assert kv.cached_prefix(exact) == prefix[:1]
@@ -67,14 +67,15 @@ def test_a_row_starts_from_the_longest_cached_prefix_and_leaves_a_token_to_compu
 def test_an_answer_forks_the_prompts_blocks_and_copies_only_the_last():
     kv = manager(blocks=6)
     parent = request("p", 6)
-    kv.start(parent, [], 6)
+    reserved = kv.start(parent, [], 6, reserve=1)  # the block the answer's copy goes into
+    assert reserved is not None and len(reserved) == 1 and kv.blocks.num_used == 3
     parent.computed = 6
     kv.pool.keys[:, kv.table(parent)[1]] = 7.0
     kv.pool.values[:, kv.table(parent)[1]] = 8.0
     child = request("p#1", 6)
-    assert kv.fork(parent, child)
-    assert kv.table(child)[0] == kv.table(parent)[0] and kv.table(child)[1] != kv.table(parent)[1]
-    assert bool((kv.pool.keys[:, kv.table(child)[1]] == 7.0).all()) and child.computed == 6
+    kv.fork(parent, child, reserved[0])
+    assert kv.table(child)[0] == kv.table(parent)[0] and kv.table(child)[1] == reserved[0]
+    assert bool((kv.pool.keys[:, kv.table(child)[1]] == 7.0).all())
     assert bool((kv.pool.values[:, kv.table(child)[1]] == 8.0).all())
     assert kv.blocks.refs[kv.table(parent)[0]] == 2
 
@@ -90,11 +91,12 @@ def test_submit_refuses_what_never_fits_and_what_overflows_the_queue():
     sched.submit(request("a", 1, 1))
     with pytest.raises(OverloadedError):
         sched.submit(request("b", 1, 1))
-    assert [r.request_id for r in sched.remove_waiting("a")] == ["a"] and not sched.has_work
+    assert [r.request_id for r in sched.abort({"a"})] == ["a"] and not sched.has_work
 
 
 def _rows(req: Request, n: int) -> Request:
-    req.rows = n
+    req.parent = ParentRequest([request(f"{req.request_id}#{i}", req.prompt_ids, req.params.max_tokens)
+                                for i in range(1, n)])
     return req
 
 

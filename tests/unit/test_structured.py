@@ -4,8 +4,10 @@ field before any token."""
 import asyncio
 import json
 import random
+from pathlib import Path
 
 import jsonschema
+import llguidance
 import pytest
 
 from contract import FinishReason, RequestLimits, SamplingParams, ValidationError
@@ -111,9 +113,50 @@ def test_grammar_size_is_bounded_before_it_is_read():
     assert err.value.field == "regex" and "LLM_MAX_GRAMMAR_BYTES" in str(err.value)
 
 
-async def test_a_grammar_is_compiled_once(gpt2_model, make_engine):
+async def test_a_grammar_is_compiled_once_per_process(gpt2_model, make_engine, monkeypatch):
     engine = make_engine(gpt2_model)
-    params = SamplingParams(max_tokens=4, json_schema=json.dumps(SCHEMA))
-    assert not engine.core.grammars.cached(params)
-    await collect(engine, "hi", params)
-    assert engine.core.grammars.cached(params)
+    grammars, compiled = engine.core.grammars, []
+    compile_ = grammars._compile
+    monkeypatch.setattr(grammars, "_compile", lambda *a: compiled.append(a) or compile_(*a))
+    params = SamplingParams(max_tokens=4, json_schema=json.dumps(SCHEMA), n=2)
+    for _ in range(3):  # preparing, then each answer's row, three requests over
+        await collect(engine, "hi", params)
+    assert len(compiled) == 1 and grammars.cached(params)
+
+
+def test_a_requests_tools_are_parsed_once_per_process(monkeypatch):
+    from engine.policies import tools
+    tools.ToolSpec.parse.cache_clear()
+    parsed = []
+    json_list = tools._json_list
+    monkeypatch.setattr(tools, "_json_list", lambda text: parsed.append(text) or json_list(text))
+    params = SamplingParams(tools=json.dumps([{"type": "function", "function": {"name": "f"}}]))
+    for _ in range(6):  # validation, rendering, the grammar, the parser: each asks
+        assert tools.tool_spec(params) is not None
+    assert len(parsed) == 1
+
+
+# SchemaStore's GitHub workflow schema, as schema benchmarks serve it (tests/fixtures/README.md)
+WORKFLOW = (Path(__file__).resolve().parent.parent / "fixtures" / "github-workflow.schema.json").read_text()
+
+
+async def test_a_grammar_that_fails_mid_answer_ends_that_row_alone(gpt2_model, make_engine):
+    """llguidance gives up mid-answer on a real-world schema when a parser row outgrows its
+    items limit (lowered here so that it happens within a few tokens): that row ends with an
+    error naming json_schema, and its neighbours answer as they do alone."""
+    engine = make_engine(gpt2_model, limits=RequestLimits(max_grammar_bytes=100_000, max_grammar_compile_ms=5000))
+    engine.core.grammars.parser_limits = llguidance.LLParserLimits(initial_lexer_fuel=250_000_000, max_items_in_row=10)
+    requests = mixed_requests(4, seed=5)
+    alone = [await collect(engine, p, params) for p, params in requests]
+    bad = SamplingParams(max_tokens=60, json_schema=WORKFLOW, do_sample=True, seed=3)
+
+    async def failing():
+        got = []
+        with pytest.raises(ValidationError) as err:
+            async for out in engine.generate("a workflow", bad):
+                got += out.token_ids
+        return got, err.value
+    (tokens, error), *together = await asyncio.gather(failing(), *(collect(engine, p, q) for p, q in requests))
+    assert error.field == "json_schema" and "max is 10" in str(error) and tokens, str(error)
+    assert together == alone
+    assert (await settled(engine))["kv_blocks_used"] == 0

@@ -1,0 +1,73 @@
+"""A prepared request becomes rows (one per answer), each with its own policies; a row's token
+becomes the output its reader gets.
+
+The grammar is compiled here, from the engine's cache (compiled once per process), and a resumed
+request's tokens so far are replayed through each policy, so that the row goes on exactly where
+the uncut run was.
+"""
+from collections.abc import Callable
+from typing import Optional
+
+from contract import SEED_MAX, EngineConfig, FinishReason, ValidationError
+
+from ..messages import Prepared
+from ..outputs import RequestOutput
+from ..policies.output import OutputPipeline, TokenPiece, Vocabulary
+from ..policies.prompt_logprobs import PromptScores
+from ..policies.sampling import TokenChooser
+from ..policies.speculation import PromptLookup
+from ..policies.structured import GrammarCompiler
+from ..policies.tools import tool_spec
+from .request import ParentRequest, Request
+
+
+class RowFactory:
+    def __init__(self, config: EngineConfig, vocab: Vocabulary, grammars: GrammarCompiler):
+        self.config, self.vocab, self.grammars = config, vocab, grammars
+
+    def make(self, request_id: str, prepared: Prepared, sink: Callable[[RequestOutput], None]) -> Request:
+        """The request's first row; its other answers (n > 1) wait in its ParentRequest to fan
+        out, seeded one apart. Raises, naming the field, what cannot be served."""
+        n = prepared.params.n
+        if prepared.generated and n > 1:
+            raise ValidationError("resume_tokens", "a request continued from its tokens has one answer (n = 1)")
+        answers = [self._row(request_id, prepared, sink, i) for i in range(n)]
+        if prepared.params.prompt_logprobs:
+            scores = PromptScores(list(prepared.prompt_ids), [self.vocab.texts(t) for t in prepared.prompt_ids])
+            for answer in answers:
+                answer.prompt_scores = scores
+        if n > 1:
+            answers[0].parent = ParentRequest(answers[1:])
+        return answers[0]
+
+    def _row(self, request_id: str, prepared: Prepared, sink: Callable[[RequestOutput], None],
+             choice: int) -> Request:
+        params = prepared.params
+        seed = None if prepared.seed is None else (prepared.seed + choice) % (SEED_MAX + 1)
+        matcher = self.grammars.matcher(params)
+        spec = tool_spec(params)
+        pipeline = OutputPipeline(self.vocab, params, prepared.prompt_ids, matcher, tools=spec is not None,
+                                  tools_auto=spec is not None and spec.choice == "auto")
+        pipeline.replay(prepared.generated)
+        speculative = 0 if matcher is not None else (  # a grammar's masks are made one position at a time
+            self.config.speculative_tokens if params.speculative_tokens is None else params.speculative_tokens)
+        drafter = PromptLookup(self.config.speculative_ngram_min, self.config.speculative_ngram_max) \
+            if speculative else None
+        return Request(request_id, prepared.prompt_ids, params, seed,
+                       TokenChooser(params, seed, len(prepared.prompt_ids)), pipeline, sink, choice=choice,
+                       drafter=drafter, speculative=speculative, generated=list(prepared.generated))
+
+
+def row_output(row: Request, piece: Optional[TokenPiece], index: int) -> RequestOutput:
+    """What the reader gets of the row's token at `index` of its answer (None: a request that
+    only scores its prompt, whose scores are the answer)."""
+    if piece is None:
+        return RequestOutput(row.request_id, finish_reason=FinishReason.LENGTH, prompt_tokens=len(row.prompt_ids),
+                             seed=row.seed, choice=row.choice, prompt=row.prompt_scores,
+                             cached_tokens=row.cached_tokens)
+    asked = piece.token_str is not None
+    return RequestOutput(row.request_id, [piece.token_id], [piece.text], [piece.logprob], [piece.special], index,
+                         piece.finish, prompt_tokens=len(row.prompt_ids), generated_tokens=index + 1, seed=row.seed,
+                         tool_calls=piece.tool_calls, alternatives=[piece.alternatives or []] if asked else [],
+                         token_strs=[piece.token_str or ""] if asked else [], choice=row.choice,
+                         prompt=row.prompt_scores if index == 0 else None, cached_tokens=row.cached_tokens)
