@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from engine.core.kv_pool import KVPool, KVShape
-from engine.kernels import native
+from engine.kernels import build, native
 from engine.model import paged_attention
 from engine.model.int4 import Int4Linear, Int8Linear, _quantize, dequantize, int8_blocks
 
@@ -46,12 +46,12 @@ def per_call_us(fn: Callable[[], object], seconds: float = 0.2) -> float:
 @contextmanager
 def pytorch_ops() -> Iterator[None]:
     """As where no compiler builds the C kernels."""
-    real = native.library
-    native.library = lambda: None  # type: ignore[assignment]
+    real = build.library
+    build.library = lambda: None  # type: ignore[assignment]
     try:
         yield
     finally:
-        native.library = real
+        build.library = real
 
 
 def int4_pair(inputs: int, outputs: int) -> tuple[Int4Linear, Int4Linear, torch.Tensor]:

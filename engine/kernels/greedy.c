@@ -10,8 +10,7 @@
 #include <math.h>
 #include <stdint.h>
 
-int greedy_ready(void);
-int greedy_rows(const float *logits, int64_t rows, int64_t vocab, int64_t *tokens, float *logprobs, int threads);
+#include "kernels.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include "vector_exp.h"

@@ -17,9 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-int int4_matmul_ready(void);
-int int4_matmul(const float *x, const uint8_t *packed, const float *scale, const float *low, float *y,
-                int64_t rows, int64_t width, int64_t outputs, int threads);
+#include "kernels.h"
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 #include <immintrin.h>

@@ -11,9 +11,7 @@
  */
 #include <stdint.h>
 
-int int8_matmul_ready(void);
-int int8_matmul(const float *x, const int8_t *packed, const float *scale, float *y, int64_t rows, int64_t width,
-                int64_t outputs, int threads);
+#include "kernels.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>

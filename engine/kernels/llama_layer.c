@@ -23,39 +23,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-int int4_matmul(const float *x, const uint8_t *packed, const float *scale, const float *low, float *y,
-                int64_t rows, int64_t width, int64_t outputs, int threads);
-int paged_attention(const float *q, int64_t q_tok, int64_t q_head, const float *k_pool, const float *v_pool,
-                    float *out, const int64_t *q_starts, const int64_t *q_lens, const int64_t *ctx_lens,
-                    const int32_t *tables, int64_t table_width, int64_t sequences, int64_t heads,
-                    int64_t kv_heads, int64_t dim, int64_t block, int64_t window, float scale, int threads);
-
-typedef struct {  /* native.py's Int4Weights: int4.py's packed buffers and their sizes */
-    const uint8_t *packed;
-    const float *scale, *low;
-    int64_t width, outputs;
-} Int4;
-
-typedef struct {  /* one layer, built once (fast_layers.py) */
-    Int4 qkv, o, gate_up, down;  /* q, k, v end to end; gate, up end to end */
-    const float *norm_in, *norm_post;  /* [hidden] */
-    float eps_in, eps_post, scale;
-    int64_t hidden, heads, kv_heads, dim, inter;
-} LlamaLayer;
-
-typedef struct {  /* one step, built once for all layers (paged_attention.PagedStep) */
-    const int64_t *slots;  /* [tokens]: block * block_size + offset of each new token */
-    const int64_t *q_starts, *q_lens, *ctx_lens;  /* per sequence */
-    const int32_t *tables;  /* [sequences, table_width] */
-    int64_t tokens, sequences, table_width, block;
-} LlamaStep;
-
-int llama_layer(const LlamaLayer *layer, const LlamaStep *step, const float *cos, const float *sin,
-                const float *in, float *out, float *k_pool, float *v_pool, int threads);
-int llama_layers(const LlamaLayer *layers, int64_t count, const LlamaStep *step, const float *cos, const float *sin,
-                 const float *in, float *out, float *k_pools, float *v_pools, int64_t pool_stride, int threads);
-void rms_norm_rows(const float *x, const float *weight, float *y, int64_t rows, int64_t n, float eps);
-void silu_rows(const float *x, float *y, int64_t rows, int64_t n, int64_t x_stride);
+#include "kernels.h"
 
 /* LlamaRMSNorm: y = weight (x / sqrt(mean(x^2) + eps)), each row on its own. One function for
  * the layer and the modules, so both round alike. */

@@ -1,77 +1,26 @@
-"""The engine's C kernels (paged_attention.c, int4_matmul.c, int8_matmul.c, llama_layer.c,
-greedy.c), compiled when the engine loads.
-
-They are compiled on the machine that runs them, with its C compiler (`$CC`, else `cc`; `-O3
--march=native`), into a temporary file. That takes under a second. Nothing is cached on disk, so
-a build never meets a CPU it was not made for. Where no compiler builds them, the wrappers return
-None and their callers keep PyTorch's ops: paged_attention.py one SDPA call per sequence, int4.py
-PyTorch's int4 and int8 kernels. All give the same guarantee (a row comes out as it does alone), only slower.
+"""The C kernels' Python side: each wraps one function of kernels.h (bound by build.py) for
+torch tensors, and returns None where the tensors do not fit the kernel (a dtype, a device, a
+shape), so the caller runs PyTorch's op for that call. table.py decides, once per setup, which
+operations run in C here at all.
 """
 import ctypes
-import functools
-import logging
-import os
-import shutil
-import subprocess
-import tempfile
-import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
-log = logging.getLogger(__name__)
+from . import build
+from .table import Op, choose
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("paged_attention.c", "int4_matmul.c",
-                                                                  "int8_matmul.c", "llama_layer.c", "greedy.c"))
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
-_I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 INT4_CHANNELS = 16  # int4_matmul.c's outputs per group
 INT8_CHANNELS = 16  # int8_matmul.c's
-_ACTIVATIONS = {1: "bf16", 2: "int8"}  # int4_matmul_ready()'s answers
+_Int4, LlamaLayer, LlamaStep = (build.STRUCTS[name] for name in ("Int4", "LlamaLayer", "LlamaStep"))
+Struct = ctypes.Structure  # a LlamaLayer or a LlamaStep, as annotations name them
 
 
-@functools.cache
-def library() -> Optional[ctypes.CDLL]:
-    """The compiled kernels, or None (logged once) where they cannot be built."""
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        log.warning("no C compiler: the engine's C kernels are not built; PyTorch's ops run instead (slower)")
-        return None
-    started = time.perf_counter()
-    try:
-        built = _build(compiler)
-    except (OSError, subprocess.SubprocessError) as exc:
-        log.warning("C kernels not built (%s); PyTorch's ops run instead", exc)
-        return None
-    for function in (built.paged_attention, built.int4_matmul, built.int4_matmul_ready, built.int8_matmul,
-                     built.int8_matmul_ready, built.llama_layer, built.greedy_ready, built.greedy_rows):
-        function.restype = ctypes.c_int
-    built.paged_attention.argtypes = [_PTR, _I64, _I64, *[_PTR] * 7, *[_I64] * 7, ctypes.c_float, ctypes.c_int]
-    built.int4_matmul.argtypes = [_PTR] * 5 + [_I64] * 3 + [ctypes.c_int]
-    built.int8_matmul.argtypes = [_PTR] * 4 + [_I64] * 3 + [ctypes.c_int]
-    built.rms_norm_rows.restype = built.silu_rows.restype = None
-    built.rms_norm_rows.argtypes = [_PTR] * 3 + [_I64] * 2 + [ctypes.c_float]
-    built.silu_rows.argtypes = [_PTR] * 2 + [_I64] * 3
-    built.greedy_rows.argtypes = [_PTR, _I64, _I64, _PTR, _PTR, ctypes.c_int]
-    built.llama_layer.argtypes = (ctypes.POINTER(LlamaLayer), ctypes.POINTER(LlamaStep), *[_PTR] * 6, ctypes.c_int)
-    built.llama_layers.restype = ctypes.c_int
-    built.llama_layers.argtypes = (ctypes.POINTER(LlamaLayer), _I64, ctypes.POINTER(LlamaStep), *[_PTR] * 6, _I64,
-                                   ctypes.c_int)
-    log.info("C kernels built in %.2f s (int4 matmul: %s)", time.perf_counter() - started,
-             _ACTIVATIONS.get(built.int4_matmul_ready(), "no, this CPU lacks AVX2 + FMA"))
-    return built
-
-
-def _build(compiler: str) -> ctypes.CDLL:
-    with tempfile.TemporaryDirectory(prefix="llm-native-") as folder:
-        target = Path(folder) / "kernels.so"
-        done = subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", str(target)],
-                              capture_output=True, text=True, check=False, timeout=120)
-        if done.returncode != 0:
-            raise OSError(f"{compiler} failed: {done.stderr.strip()[-500:]}")
-        return ctypes.CDLL(str(target))  # stays mapped once the file is gone
+def library() -> Any:
+    """The compiled kernels (build.py), or None."""
+    return build.library()
 
 
 def paged_attention(query: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
@@ -82,7 +31,7 @@ def paged_attention(query: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Ten
     makes them. Returns [tokens, heads, dim], or None where the kernels are missing or do not take
     these tensors."""
     built = library()
-    if built is None or not _fits(query, k_pool, v_pool):
+    if built is None or not choose(Op.PAGED_ATTENTION, "fp32", query.device.type).c or not _fits(query, k_pool, v_pool):
         return None
     _, heads, tokens, dim = query.shape
     q_starts, q_lens, ctx_lens, tables = step
@@ -99,14 +48,14 @@ def paged_attention(query: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Ten
 
 def int4_ready() -> bool:
     """Whether `int4_matmul` runs here (built, and the CPU has AVX512-BF16 or AVX2 + FMA)."""
-    return int4_activations() is not None
+    return choose(Op.INT4_MATMUL, "int4").c
 
 
 def int4_activations() -> Optional[str]:
     """What int4_matmul.c rounds x to here: "bf16" (AVX512-BF16), "int8" (AVX2: int4.py's
     `int8_blocks`), or None where it does not run."""
-    built = library()
-    return None if built is None else _ACTIVATIONS.get(built.int4_matmul_ready())
+    kernel = choose(Op.INT4_MATMUL, "int4")
+    return None if not kernel.c else "bf16" if "bf16" in kernel.why else "int8"
 
 
 @dataclass(frozen=True)
@@ -148,8 +97,7 @@ def int4_matmul(x: torch.Tensor, weights: Int4Weights) -> torch.Tensor:
 
 def int8_ready() -> bool:
     """Whether `int8_matmul` runs here (built, and the CPU has AVX2 + FMA)."""
-    built = library()
-    return built is not None and bool(built.int8_matmul_ready())
+    return choose(Op.INT8_MATMUL, "int8").c
 
 
 def int8_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -172,26 +120,6 @@ def int8_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> t
     return y
 
 
-class _Int4(ctypes.Structure):
-    _fields_ = [("packed", _PTR), ("scale", _PTR), ("low", _PTR), ("width", _I64), ("outputs", _I64)]
-
-
-class LlamaLayer(ctypes.Structure):
-    """llama_layer.c's LlamaLayer: one decoder layer's weights and sizes."""
-
-    _fields_ = [("qkv", _Int4), ("o", _Int4), ("gate_up", _Int4), ("down", _Int4), ("norm_in", _PTR),
-                ("norm_post", _PTR), ("eps_in", ctypes.c_float), ("eps_post", ctypes.c_float),
-                ("scale", ctypes.c_float), ("hidden", _I64), ("heads", _I64), ("kv_heads", _I64), ("dim", _I64),
-                ("inter", _I64)]
-
-
-class LlamaStep(ctypes.Structure):
-    """llama_layer.c's LlamaStep: where a step's tokens go, and the paged attention's tables."""
-
-    _fields_ = [("slots", _PTR), ("q_starts", _PTR), ("q_lens", _PTR), ("ctx_lens", _PTR), ("tables", _PTR),
-                ("tokens", _I64), ("sequences", _I64), ("table_width", _I64), ("block", _I64)]
-
-
 @dataclass(frozen=True)
 class LlamaLayerSizes:
     hidden: int
@@ -204,7 +132,7 @@ class LlamaLayerSizes:
 
 def llama_layer_args(qkv: Int4Weights, o: Int4Weights, gate_up: Int4Weights, down: Int4Weights,
                      norms: tuple[torch.Tensor, torch.Tensor], eps: tuple[float, float],
-                     sizes: LlamaLayerSizes) -> Optional[LlamaLayer]:
+                     sizes: LlamaLayerSizes) -> Optional[Struct]:
     """A layer for `llama_layer`, or None where it does not run here. The norms' weights must
     stay where they are (the caller keeps them), as the int4 buffers do."""
     if library() is None or not _cpu_fp32(*norms) or not all(t.is_contiguous() for t in norms):
@@ -214,7 +142,7 @@ def llama_layer_args(qkv: Int4Weights, o: Int4Weights, gate_up: Int4Weights, dow
                       sizes.heads, sizes.kv_heads, sizes.dim, sizes.inter)
 
 
-def llama_step(slots: torch.Tensor, c_args: tuple[torch.Tensor, ...], block: int) -> LlamaStep:
+def llama_step(slots: torch.Tensor, c_args: tuple[torch.Tensor, ...], block: int) -> Struct:
     """A step for `llama_layer`: slots [tokens] int64 and paged_attention's c_args, which the
     caller keeps alive for the step."""
     q_starts, q_lens, ctx_lens, tables = c_args
@@ -222,7 +150,7 @@ def llama_step(slots: torch.Tensor, c_args: tuple[torch.Tensor, ...], block: int
                      tables.data_ptr(), slots.shape[0], tables.shape[0], tables.shape[1], block)
 
 
-def llama_layer(layer: LlamaLayer, step: LlamaStep, rotary: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor,
+def llama_layer(layer: Struct, step: Struct, rotary: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor,
                 k_pool: torch.Tensor, v_pool: torch.Tensor) -> Optional[torch.Tensor]:
     """One decoder layer of a step (llama_layer.c): x [1, tokens, hidden] fp32 in, the layer's
     output out; rotary: cos and sin [1, tokens, head_dim]. None where the kernels do not take
@@ -230,12 +158,13 @@ def llama_layer(layer: LlamaLayer, step: LlamaStep, rotary: tuple[torch.Tensor, 
     return _layers(ctypes.byref(layer), 1, layer, step, rotary, x, k_pool, v_pool)
 
 
-def llama_stack(layers: list[LlamaLayer]) -> Any:
+def llama_stack(layers: list[Struct]) -> Any:
     """A model's layers for `llama_layers`, in order, built once (a ctypes array)."""
-    return (LlamaLayer * len(layers))(*layers)
+    array: Any = LlamaLayer * len(layers)  # type: ignore[operator]
+    return array(*layers)
 
 
-def llama_layers(stack: Any, step: LlamaStep, rotary: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor,
+def llama_layers(stack: Any, step: Struct, rotary: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor,
                  k_pools: torch.Tensor, v_pools: torch.Tensor) -> Optional[torch.Tensor]:
     """Every layer of `stack` for a step in one call, as `llama_layer` one after another; k_pools
     and v_pools: the pool's keys and values of every layer (KVPool's). None where it does not run."""
@@ -244,7 +173,7 @@ def llama_layers(stack: Any, step: LlamaStep, rotary: tuple[torch.Tensor, torch.
     return _layers(stack, len(stack), stack[0], step, rotary, x, k_pools, v_pools)
 
 
-def _layers(layers: Any, count: int, first: LlamaLayer, step: LlamaStep, rotary: tuple[torch.Tensor, torch.Tensor],
+def _layers(layers: Any, count: int, first: Struct, step: Struct, rotary: tuple[torch.Tensor, torch.Tensor],
             x: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> Optional[torch.Tensor]:
     built = library()
     cos, sin = (t.float().contiguous() for t in rotary)
@@ -289,7 +218,7 @@ def greedy(logits: torch.Tensor) -> Optional[tuple[list[int], list[float]]]:
     """Each row's argmax and its log probability, as greedy.c computes them; None where it
     cannot (not built, not AVX2, not fp32 on CPU, or a row with a NaN or an infinite maximum)."""
     built = library()
-    if built is None or not built.greedy_ready() or not _cpu_fp32(logits) or logits.dim() != 2:
+    if built is None or not choose(Op.GREEDY).c or not _cpu_fp32(logits) or logits.dim() != 2:
         return None
     logits = logits.contiguous()
     rows, vocab = logits.shape

@@ -22,6 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels.h"
+
 #if defined(__AVX512F__)  /* the machine's own vector width: wider types spill on narrower machines */
 #define LANES 16
 #else

@@ -38,6 +38,7 @@ from transformers.models.llama.modeling_llama import (
 )
 
 from ..kernels import native
+from ..kernels.table import Op, choose
 from .int4 import Int4Linear
 from .paged_attention import PagedStep, paged_attention
 
@@ -100,7 +101,7 @@ def native_ops(model: nn.Module) -> list[Any]:
     llama_layer.c's (NativeRMSNorm, NativeSiLU), inside the whole-layer kernel and out of it
     alike. Returns the fitting layers."""
     layers: list[Any] = [module for module in model.modules() if _fits(module)]
-    if layers and native.library() is not None:
+    if layers and choose(Op.DECODER_LAYERS, "int4").c:
         for module in model.modules():
             if type(module) is LlamaRMSNorm:
                 module.__class__ = NativeRMSNorm  # the same parameters, another forward
@@ -157,7 +158,7 @@ def forward(model: nn.Module, ids: torch.Tensor, positions: torch.Tensor, step: 
     return cast(Any, model).lm_head(hidden if isinstance(keep, int) else hidden[:, keep]), hidden
 
 
-def _native(layer: Any) -> Optional[native.LlamaLayer]:
+def _native(layer: Any) -> Optional[native.Struct]:
     """The layer for llama_layer.c, where it runs."""
     attn, mlp, norms = layer.self_attn, layer.mlp, (layer.input_layernorm, layer.post_attention_layernorm)
     if (type(mlp.act_fn) is not NativeSiLU or any(type(n) is not NativeRMSNorm for n in norms)

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ..kernels import native
+from ..kernels.table import Op, choose
 
 GROUP = 32  # Q4_1's block
 
@@ -38,7 +39,7 @@ class Int4Linear(nn.Module):
     def __init__(self, linear: nn.Linear, steps: torch.Tensor, scale: torch.Tensor, low: torch.Tensor):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.c_kernel = self.out_features % native.INT4_CHANNELS == 0 and native.int4_ready()
+        self.c_kernel = self.out_features % native.INT4_CHANNELS == 0 and choose(Op.INT4_MATMUL, "int4").c
         if self.c_kernel:
             self._pack_native(steps, scale, low)
         else:
@@ -90,7 +91,7 @@ class Int8Linear(nn.Module):
         weight = linear.weight.detach().float()
         scale = (weight.abs().amax(dim=1) / 127).clamp(min=1e-12)
         steps = (weight / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
-        self.c_kernel = self.out_features % native.INT8_CHANNELS == 0 and native.int8_ready()
+        self.c_kernel = self.out_features % native.INT8_CHANNELS == 0 and choose(Op.INT8_MATMUL, "int8").c
         if self.c_kernel:  # int8_matmul.c's layout: [out/16][in][16]
             steps = steps.view(-1, native.INT8_CHANNELS, self.in_features).transpose(1, 2)
         self.register_buffer("weight_int8", steps.contiguous())

@@ -11,6 +11,7 @@ from transformers.utils import logging as hf_logging
 
 from contract import EngineConfig
 
+from ..kernels.table import report as kernel_report
 from .fast_layers import install as lean_layers
 from .gguf import find_gguf, load_gguf
 from .int4 import quantize
@@ -126,6 +127,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
     int4 = pick_int4(config.dtype, device, model)
     use_paged_attention(model)
     lean_layers(model)
+    log.info("kernels: %s", "; ".join(kernel_report("int4" if int4 else "fp32", device.type)))
     return LoadedModel(model, tokenizer, device, _max_context(model, tokenizer),
                        _eos_ids(model, tokenizer, config), time.perf_counter() - started, int4, parameters)
 

@@ -64,7 +64,7 @@ class PagedStep:
         return (torch.tensor(self.q_starts), torch.tensor(self.q_lens), torch.tensor(self.ctx_lens), tables)
 
     @cached_property
-    def native_step(self) -> native.LlamaStep:
+    def native_step(self) -> native.Struct:
         """This step for llama_layer.c (it points at `slots` and `c_args`, which live as long as this)."""
         return native.llama_step(self.slots, self.c_args, self.pool.shape.block_size)
 

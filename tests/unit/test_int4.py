@@ -8,7 +8,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from contract import EngineConfig, SamplingParams
-from engine.kernels import native
+from engine.kernels import build, native
 from engine.model import fast_layers, loader, paged_attention
 from engine.model.int4 import Int4Linear, Int8Linear, _quantize, dequantize, int8_blocks, quantize
 from engine.model.loader import load_model, pick_dtype
@@ -24,7 +24,7 @@ def _int4(linear: nn.Linear, kernel: str = "c") -> Int4Linear:
         layer = Int4Linear(linear, steps, scale, low)
     else:
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(native, "library", lambda: None)
+            patch.setattr(build, "library", lambda: None)
             layer = Int4Linear(linear, steps, scale, low)
     assert layer.c_kernel == (kernel == "c")
     return layer
@@ -36,7 +36,7 @@ def _int8(linear: nn.Linear, kernel: str = "c") -> Int8Linear:
         pytest.skip("int8_matmul.c does not run here (no compiler, or no AVX2 + FMA)")
     with pytest.MonkeyPatch.context() as patch:
         if kernel != "c":
-            patch.setattr(native, "library", lambda: None)
+            patch.setattr(build, "library", lambda: None)
         layer = Int8Linear(linear)
     assert layer.c_kernel == (kernel == "c")
     return layer
@@ -166,7 +166,7 @@ async def _assert_batched_equals_alone(engine, seed: int, sample: bool) -> None:
 async def test_int4_batched_output_equals_output_alone_without_the_c_kernels(four_bit_llama, make_engine,  # noqa: F811
                                                                              monkeypatch):
     """Where no C compiler builds native.py's kernels: PyTorch's int4 kernel and one SDPA call per sequence."""
-    monkeypatch.setattr(native, "library", lambda: None)
+    monkeypatch.setattr(build, "library", lambda: None)
     engine = make_engine(four_bit_llama, max_prefill_tokens=16)
     assert not any(getattr(m, "c_kernel", False) for m in engine.core.loaded.model.modules())
     await _assert_batched_equals_alone(engine, 0, False)

@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.core.kv_pool import KVPool, KVShape
-from engine.kernels import native
+from engine.kernels import build, native
+from engine.kernels.table import Op, choose
 from engine.model import paged_attention
 
 
@@ -158,12 +159,14 @@ def test_every_path_writes_the_new_keys_then_attends_as_sdpa(monkeypatch, path):
 
 @pytest.mark.parametrize("compiler", ["false", "/no/such/cc"])
 def test_a_build_that_fails_leaves_the_fallback_and_says_why(monkeypatch, caplog, compiler):
-    native.library.cache_clear()
+    build._built.cache_clear()
     monkeypatch.setenv("CC", compiler)
     try:
         assert native.library() is None
         query, k_pool, v_pool, tables, q_lens, ctx_lens = step([(3, 1)], 4, 2, 16)
         assert native.paged_attention(query, k_pool, v_pool, c_args(tables, q_lens, ctx_lens), 0.25, 0) is None
+        kernel = choose(Op.INT4_MATMUL, "int4")  # the table says why it falls back
+        assert not kernel.c and "not built" in kernel.why and compiler in kernel.why, kernel
     finally:
-        native.library.cache_clear()  # the next caller builds with the real compiler again
+        build._built.cache_clear()  # the next caller builds with the real compiler again
     assert "C kernels not built" in caplog.text

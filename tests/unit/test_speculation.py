@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from contract import SamplingParams, ValidationError
 from engine.core.kv_pool import KVPool, KVShape
-from engine.kernels import native
+from engine.kernels import build, native
 from engine.model import paged_attention
 from engine.model.int4 import _quantize, dequantize
 from engine.policies.speculation import PromptLookup
@@ -57,7 +57,7 @@ async def answer(engine, prompt: str, **params):
 @pytest.mark.parametrize("kernels", ["C", "fallback"])
 async def test_speculation_changes_no_token_and_no_number(looping_llama, make_engine, monkeypatch, kernels):
     if kernels == "fallback":  # PyTorch's int4 kernel and one SDPA call per sequence, as without a compiler
-        monkeypatch.setattr(native, "library", lambda: None)
+        monkeypatch.setattr(build, "library", lambda: None)
     elif native.library() is None:
         pytest.skip("no C compiler")
     plain = make_engine(looping_llama, max_prefill_tokens=16)

@@ -1,0 +1,65 @@
+/* The engine's C kernels: every function that Python calls, and the structures it passes, declared
+ * once. build.py compiles the sources with this header and binds each function from it (the
+ * ctypes signatures and structures are read from here), and table.py decides which kernel runs
+ * for an operation, a weight type and the CPU.
+ *
+ * Conventions: each function returns 0 when it ran, -1 when the tensors do not fit it (the caller
+ * runs PyTorch's op instead) and -2 when it ran out of memory. `*_ready` says what the CPU that
+ * compiled it offers (0: not built for it). `threads` is torch's thread count: the kernels run in
+ * the OpenMP runtime torch already loaded. */
+#ifndef ENGINE_KERNELS_H
+#define ENGINE_KERNELS_H
+#include <stdint.h>
+
+/* int4.py's packed weights of one layer (Q4_1 blocks of 32 inputs, 16 outputs per group) */
+typedef struct {
+    const uint8_t *packed;
+    const float *scale, *low;
+    int64_t width, outputs;
+} Int4;
+
+/* one Llama decoder layer, built once (fast_layers.py) */
+typedef struct {
+    Int4 qkv, o, gate_up, down;  /* q, k, v end to end; gate, up end to end */
+    const float *norm_in, *norm_post;  /* [hidden] */
+    float eps_in, eps_post, scale;
+    int64_t hidden, heads, kv_heads, dim, inter;
+} LlamaLayer;
+
+/* one step, built once for all layers (paged_attention.py's PagedStep) */
+typedef struct {
+    const int64_t *slots;  /* [tokens]: block * block_size + offset of each new token */
+    const int64_t *q_starts, *q_lens, *ctx_lens;  /* per sequence */
+    const int32_t *tables;  /* [sequences, table_width] */
+    int64_t tokens, sequences, table_width, block;
+} LlamaStep;
+
+/* paged_attention.c: each sequence's queries over its own keys, through its block table */
+int paged_attention(const float *q, int64_t q_tok, int64_t q_head, const float *k_pool, const float *v_pool,
+                    float *out, const int64_t *q_starts, const int64_t *q_lens, const int64_t *ctx_lens,
+                    const int32_t *tables, int64_t table_width, int64_t sequences, int64_t heads,
+                    int64_t kv_heads, int64_t dim, int64_t block, int64_t window, float scale, int threads);
+
+/* int4_matmul.c: y = x W^T for int4 weights; ready: 1 bf16 activations (AVX512-BF16), 2 int8 (AVX2) */
+int int4_matmul_ready(void);
+int int4_matmul(const float *x, const uint8_t *packed, const float *scale, const float *low, float *y,
+                int64_t rows, int64_t width, int64_t outputs, int threads);
+
+/* int8_matmul.c: y = (x W^T) * scale for the int8 output layer; ready: 1 (AVX2) */
+int int8_matmul_ready(void);
+int int8_matmul(const float *x, const int8_t *packed, const float *scale, float *y, int64_t rows, int64_t width,
+                int64_t outputs, int threads);
+
+/* llama_layer.c: whole decoder layers, and the norms and SiLU the model's modules share with them */
+int llama_layer(const LlamaLayer *layer, const LlamaStep *step, const float *cos, const float *sin,
+                const float *in, float *out, float *k_pool, float *v_pool, int threads);
+int llama_layers(const LlamaLayer *layers, int64_t count, const LlamaStep *step, const float *cos, const float *sin,
+                 const float *in, float *out, float *k_pools, float *v_pools, int64_t pool_stride, int threads);
+void rms_norm_rows(const float *x, const float *weight, float *y, int64_t rows, int64_t n, float eps);
+void silu_rows(const float *x, float *y, int64_t rows, int64_t n, int64_t x_stride);
+
+/* greedy.c: the plain greedy rows' argmax and its log probability; ready: 1 (AVX2) */
+int greedy_ready(void);
+int greedy_rows(const float *logits, int64_t rows, int64_t vocab, int64_t *tokens, float *logprobs, int threads);
+
+#endif
