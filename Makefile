@@ -84,13 +84,13 @@ test: setup lint model $(CLIENTS_VENV)/.installed
 
 # the unit and gateway tiers: no server, no real model (under a minute)
 test-fast: setup
-	$(PY) -m pytest -q -m "unit or gateway"
+	$(PY) -m pytest -q tests/unit tests/gateway
 
 # longer than the suite's: 1,000 mixed requests, 50 disconnects of every kind
 soak: setup
 	LLM_SOAK_REQUESTS=1000 LLM_TEST_DISCONNECTS=50 $(PY) -m pytest -q tests/service/test_soak.py tests/service/test_disconnects.py
 
-# ruff (names, import order, bugbear, pyupgrade: pyproject.toml) and mypy on the engine
+# ruff (names, import order, bugbear, pyupgrade: pyproject.toml) and mypy on every product package
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy

@@ -100,7 +100,15 @@ def run_harness(python: Path, model_args: list[str], tasks: list[str], out: Path
         tail = (out / "harness.log").read_text(errors="replace")[-4000:]
         raise RuntimeError(f"lm_eval exited with {rc} ({out / 'harness.log'}):\n{tail}")
     print(f"{model_args[1]}: {elapsed:.1f} s", file=sys.stderr, flush=True)
+    _name_by_model(out)
     return elapsed
+
+
+def _name_by_model(out: Path) -> None:
+    """The harness names its results folder after the model's path as given (a local path turns
+    into `__work__...__SmolLM2-135M-Instruct`): the folder is named after the model instead."""
+    for folder in [p for p in out.iterdir() if p.is_dir() and "__" in p.name]:
+        folder.rename(out / folder.name.rsplit("__", 1)[-1])
 
 
 def read_samples(out: Path, tasks: list[str]) -> tuple[dict[Key, Record], dict[str, dict]]:

@@ -3,7 +3,7 @@ import contextlib
 import json
 import os
 import warnings
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Optional
 
 from pydantic import ValidationError
@@ -83,7 +83,7 @@ async def stream(prompt: str, *, host: str = "localhost", port: int = 12345, pro
 
 
 async def _grpc_stream(doc: PromptDocument, channel: Optional[grpc.aio.Channel], host: str, port: int,
-                       key: str) -> AsyncIterator[ModelOutputDocument]:
+                       key: str) -> AsyncGenerator[ModelOutputDocument, None]:
     request = SingleDocumentRequest()
     request.header.exec_endpoint = "/stream"
     request.document_cls = PromptDocument
@@ -102,7 +102,8 @@ async def _grpc_stream(doc: PromptDocument, channel: Optional[grpc.aio.Channel],
             call.cancel()  # a no-op when it ended; else the server stops generating now
 
 
-async def _http_stream(doc: PromptDocument, host: str, port: int, key: str) -> AsyncIterator[ModelOutputDocument]:
+async def _http_stream(doc: PromptDocument, host: str, port: int,
+                       key: str) -> AsyncGenerator[ModelOutputDocument, None]:
     """Jina's SSE wire format on GET /stream: `event: update` / `data: {document}` lines."""
     headers = {"Accept": "text/event-stream", **({"Authorization": f"Bearer {key}"} if key else {})}
     timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
@@ -149,6 +150,7 @@ async def generate(prompt: str, **kwargs) -> ModelOutputDocument:
     last = None
     async for doc in stream(prompt, **kwargs):
         last = doc
+    assert last is not None  # stream raises StreamError rather than end without a final document
     return last
 
 

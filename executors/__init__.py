@@ -1,4 +1,4 @@
-"""The Jina executor (llm_executor) and the jina-free decoding engine (engine).
+"""The Jina executor (llm_executor): documents in and out around the engine (engine/).
 
 Nothing is imported here, so `import engine` never pulls in jina.
 """

@@ -6,7 +6,7 @@ from contract import SamplingParams, ServerInfo, kind_of, request_fields
 from engine import EngineClient, RequestOutput
 from engine.core.kv_pool import BLOCK_SIZE
 from engine.policies.prompt_logprobs import PromptScores
-from schemas import ModelOutputDocument, PromptDocument
+from schemas import ModelOutputDocument, PromptDocument, Seed
 
 
 def to_request(doc: PromptDocument) -> tuple[str, SamplingParams, Optional[str]]:
@@ -18,18 +18,19 @@ def to_request(doc: PromptDocument) -> tuple[str, SamplingParams, Optional[str]]
 
 def to_document(out: RequestOutput, generated_text: str) -> ModelOutputDocument:
     """One streamed document (or a whole answer): `generated_text` is all text so far."""
-    final = out.finish_reason is not None
+    finish = out.finish_reason
+    final = finish is not None
     prompt = out.prompt
     return ModelOutputDocument(
         token_id=out.token_ids[-1] if out.token_ids else -1, token_ids=out.token_ids, text=out.text,
         texts=out.texts, generated_text=generated_text, index=out.index, choice_index=out.choice,
         logprob=out.logprobs[-1] if out.logprobs else 0.0, logprobs=out.logprobs,
         special=out.special[-1] if out.special else False, specials=out.special,
-        finish_reason=out.finish_reason.value if final else None,
+        finish_reason=finish.value if finish is not None else None,
         generated_tokens=out.generated_tokens if final else None,
         prompt_tokens=out.prompt_tokens if final else None,
         cached_tokens=out.cached_tokens if final else None,
-        seed=out.seed if final else None,
+        seed=Seed(out.seed) if final and out.seed is not None else None,
         tokens=out.token_strs, alternative_counts=[len(a) for a in out.alternatives],
         alternative_ids=[i for a in out.alternatives for i, _, _ in a],
         alternative_texts=[t for a in out.alternatives for _, t, _ in a],

@@ -8,7 +8,7 @@ import json
 import os
 import uuid
 from dataclasses import MISSING, fields
-from typing import Any, Optional
+from typing import Any, AsyncGenerator, Optional  # noqa: UP035 - Jina needs typing's (see stream)
 
 from docarray import DocList
 from jina import Executor, requests
@@ -47,8 +47,9 @@ class LLMExecutor(Executor):
                          f"decode loop in {where}")
 
     @requests(on="/stream")
-    async def stream(self, doc: PromptDocument, **kwargs) -> ModelOutputDocument:
-        """Yields one document per token; closing the stream aborts the generation."""
+    async def stream(self, doc: PromptDocument, **kwargs) -> AsyncGenerator[ModelOutputDocument, None]:
+        """Yields one document per token; closing the stream aborts the generation. (Jina reads the
+        endpoint's output type out of typing's AsyncGenerator, not out of collections.abc's.)"""
         texts: dict[int, str] = {}  # each answer's text so far (n > 1: interleaved)
         try:
             async for out in await self.engine.open(*self._request(doc)):

@@ -9,7 +9,7 @@ gRPC call, so the executor aborts the generation.
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, Optional, TypeVar
@@ -73,7 +73,7 @@ class Backend:
         self.endpoint = endpoint
         self._info: Optional[ServerInfo] = None
 
-    async def stream(self, doc: PromptDocument) -> AsyncIterator[ModelOutputDocument]:
+    async def stream(self, doc: PromptDocument) -> AsyncGenerator[ModelOutputDocument, None]:
         """Yield the executor's documents; the last one always has finish_reason or error.
 
         Closing this generator (client gone, stop button) closes the upstream call.

@@ -178,11 +178,11 @@ class StatusGRPCGateway(GRPCGateway):
         handler.stream_doc = checked_at_the_edge(handler.stream_doc, lambda: _streaming(handler))  # the servicer grpc registers
         handler._status = no_status  # Jina's answers with the environment and internal addresses
         # a message past the body limit is refused by gRPC itself (RESOURCE_EXHAUSTED)
-        self.grpc_server_options = {**(self.grpc_server_options or {}),
-                                    "grpc.max_receive_message_length": LIMITS.max_body_bytes}
+        self.grpc_server_options: Optional[dict[str, Any]] = {
+            **(self.grpc_server_options or {}), "grpc.max_receive_message_length": LIMITS.max_body_bytes}
         if api_key():
-            self.grpc_tracing_server_interceptors = [*(self.grpc_tracing_server_interceptors or []),
-                                                     ApiKeyInterceptor(api_key())]
+            self.grpc_tracing_server_interceptors: Optional[list[Any]] = [
+                *(self.grpc_tracing_server_interceptors or []), ApiKeyInterceptor(api_key())]
         await super().setup_server()
         await self.health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
         self.server.add_generic_rpc_handlers([_reflection_v1()])

@@ -35,10 +35,10 @@ def update(out: ModelOutputDocument) -> str:
 async def _fields(request: Request) -> dict[str, Any]:
     raw = await request.body()
     if raw.strip():
-        fields = parse_json(raw)
-        if not isinstance(fields, dict):
+        body = parse_json(raw)
+        if not isinstance(body, dict):
             raise BadRequest("request body must be a JSON object (a PromptDocument)")
-        return fields
+        return body
     fields: dict[str, Any] = dict(request.query_params)
     for name in LIST_FIELDS:  # ?stop=a&stop=b, or ?stop=["a","b"]
         values = request.query_params.getlist(name)

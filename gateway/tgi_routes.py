@@ -8,7 +8,7 @@ TGI's names (DJL Serving's too) and every other request field of the engine unde
 own name.
 """
 from collections.abc import AsyncIterator
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -58,17 +58,22 @@ class _TGIParameters(BaseModel):
     grammar: Optional[TGIGrammar] = None
 
 
-TGIParameters = create_model("TGIParameters", __base__=_TGIParameters, **option_fields(exclude=SPELLED_BY_TGI))
+if TYPE_CHECKING:  # what mypy sees of the model built below (one made at import has no static type)
+    class TGIParameters(_TGIParameters):
+        do_sample: Bool = None  # the two of the engine's other fields that this module reads
+        seed: Int = None
+else:
+    TGIParameters = create_model("TGIParameters", __base__=_TGIParameters, **option_fields(exclude=SPELLED_BY_TGI))
 
 
 class TGIRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     inputs: str
-    parameters: TGIParameters = TGIParameters()  # type: ignore[valid-type]
+    parameters: TGIParameters = TGIParameters()
     stream: bool = False
 
 
-def to_fields(p: BaseModel) -> dict:
+def to_fields(p: TGIParameters) -> dict:
     """TGI samples when asked to, or when any warper is set (like TGI's NextTokenChooser)."""
     refuse_unsupported(p, UNSUPPORTED)
     try:
@@ -119,10 +124,11 @@ def token_events(out: ModelOutputDocument) -> list[dict]:
     """One TGI event per token, from the document's per-token lists: a document covering
     several tokens (the reader fell behind) gives the same events as one per token."""
     first_index = out.index - len(out.token_ids) + 1
-    events = [{"index": first_index + i + 1, "token": {"id": tid, "text": text, "logprob": logprob, "special": special},
-               "generated_text": None, "details": None}
-              for i, (tid, text, logprob, special)
-              in enumerate(zip(out.token_ids, out.texts, out.logprobs, out.specials, strict=True))]
+    events: list[dict[str, Any]] = [
+        {"index": first_index + i + 1, "token": {"id": tid, "text": text, "logprob": logprob, "special": special},
+         "generated_text": None, "details": None}
+        for i, (tid, text, logprob, special)
+        in enumerate(zip(out.token_ids, out.texts, out.logprobs, out.specials, strict=True))]
     if out.alternative_counts:  # top_n_tokens
         for event, alts in zip(events, alternatives(out), strict=True):
             event["top_tokens"] = [{"id": i, "text": t, "logprob": lp, "special": False} for i, t, lp in alts]

@@ -84,15 +84,15 @@ class ChatSession:
             command, fields = self.parse(raw)
         except ValueError as exc:
             return await self.error(str(exc))
-        busy = self.task is not None and not self.task.done()
+        running = self.task if self.task is not None and not self.task.done() else None
         if command == "stop":
-            if busy:
-                self.task.cancel()
+            if running is not None:
+                running.cancel()
             return
         if command == "reset":
             self.history.clear()
             return
-        if busy:
+        if running is not None:
             return await self.error("an answer is in progress: wait for its end or send {\"type\": \"stop\"}")
         prompt = fields.pop("prompt")
         if not prompt.strip():

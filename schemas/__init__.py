@@ -11,7 +11,7 @@ names the field, not a serialization failure mid-stream), and the 64-bit `seed`
 travels as decimal text (see `Seed`).
 """
 import re
-from typing import Annotated, Any, ClassVar, Optional
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Optional
 
 from docarray.base_doc.base_node import BaseNode
 from pydantic import Field, GetCoreSchemaHandler, GetJsonSchemaHandler, ValidationError, create_model
@@ -74,16 +74,25 @@ def _wire_type(f: Any) -> Any:
 
 # Every request option lives in the document (Jina drops `parameters` on streaming endpoints):
 # the prompt, the engine's request fields as SamplingParams declares them, and chat messages.
-PromptDocument = create_model(
-    "PromptDocument", __base__=FlatDoc, __module__=__name__,
-    prompt=(str, Field("", description="the text to continue; ignored when `messages` is set")),
-    **{f.name: (_wire_type(f), Field(default=[] if field_type(f)[0] is list else f.default,
-                                     description=f.metadata["help"]))
-       for f in request_fields()},
-    messages=(str, Field("", description=(
-        "chat: a JSON list of {role, content}; it replaces `prompt`, and the engine renders it "
-        "(the model's chat template, or a plain format) and drops the oldest turns to fit"))),
-)
+if TYPE_CHECKING:  # what mypy sees of the model built below (one made at import has no static type)
+    class PromptDocument(FlatDoc):
+        prompt: str
+        messages: str
+
+        def __init__(self, **fields: Any) -> None: ...
+
+        def __getattr__(self, name: str) -> Any: ...  # the engine's request fields
+else:
+    PromptDocument = create_model(
+        "PromptDocument", __base__=FlatDoc, __module__=__name__,
+        prompt=(str, Field("", description="the text to continue; ignored when `messages` is set")),
+        **{f.name: (_wire_type(f), Field(default=[] if field_type(f)[0] is list else f.default,
+                                         description=f.metadata["help"]))
+           for f in request_fields()},
+        messages=(str, Field("", description=(
+            "chat: a JSON list of {role, content}; it replaces `prompt`, and the engine renders it "
+            "(the model's chat template, or a plain format) and drops the oldest turns to fit"))),
+    )
 
 
 class ModelOutputDocument(FlatDoc):

@@ -72,7 +72,8 @@ def test_a_field_the_document_cannot_carry_is_named_by_every_protocol(http, fake
 
 
 @pytest.mark.parametrize("error_kind,openai_status,status", [
-    (ErrorKind.VALIDATION, 400, 422), (ErrorKind.OVERLOADED, 429, 429), (ErrorKind.GENERATION, 500, 500)])
+    (ErrorKind.VALIDATION, 400, 422), (ErrorKind.OVERLOADED, 429, 429), (ErrorKind.GENERATION, 500, 500),
+    (ErrorKind.UNPROCESSABLE, 422, 422)])
 def test_refusals_before_the_first_token_are_statuses(http, fake, error_kind, openai_status, status):
     fake.script = [error_doc("max_tokens: too many", error_kind, "max_tokens" if error_kind is ErrorKind.VALIDATION
                              else None)]

@@ -36,3 +36,12 @@ def test_api_docs_list_every_request_field():
         "docs/api.md's request fields table (after <!-- REQUEST-FIELDS -->) is out of date: "
         f"missing {missing} (declared in contract.request_fields() or PromptDocument), "
         f"extra {extra} (documented but not declared)")
+
+
+def test_every_example_output_in_the_documents_is_produced_by_a_test():
+    """Each is between example markers (testing/doc_examples.py), and the real-model tier has a
+    producer for each, which checks it against the service."""
+    from testing import doc_examples
+    from tests.real_model.test_doc_examples import PRODUCERS
+    assert doc_examples.unmarked_outputs() == []
+    assert sorted(doc_examples.examples()) == sorted(PRODUCERS)
