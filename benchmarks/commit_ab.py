@@ -29,7 +29,10 @@ ROOT = Path(__file__).resolve().parent.parent
 PROBE = r"""
 import asyncio, json, sys, time
 from contract import EngineConfig, SamplingParams
-from engine import AsyncEngine
+try:  # the engine's package before it moved to the top level (an editable install may also see the other)
+    from executors.engine import AsyncEngine
+except ImportError:
+    from engine import AsyncEngine
 model, tokens, levels, workload = sys.argv[1], int(sys.argv[2]), [int(c) for c in sys.argv[3].split(",")], sys.argv[4]
 WORDS = "the river runs past the old mill where children play and the baker sells bread at dawn".split()
 
