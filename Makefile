@@ -11,6 +11,7 @@ TOY_MODEL := models/tiny-gpt2
 export LLM_MODEL ?= $(DEFAULT_MODEL)
 export LLM_GRPC_PORT ?= 12345
 export LLM_HTTP_PORT ?= 12346
+export LLM_REPLICAS ?= 1
 export JINA_LOG_LEVEL ?= INFO
 # jina imports pkg_resources, which warns at every start of every process
 export PYTHONWARNINGS ?= ignore:pkg_resources is deprecated:UserWarning
@@ -76,7 +77,7 @@ protos: setup
 	$(PY) proto/generate.py
 
 serve: setup $(if $(filter $(DEFAULT_MODEL),$(LLM_MODEL)),model)
-	$(VENV)/bin/jina flow --uses flows/llm.yml
+	$(PY) deploy/serve.py flows/llm.yml
 
 # the real-model tier needs the default model; LLM_TEST_MODEL points the tests at it
 test: setup lint model $(CLIENTS_VENV)/.installed

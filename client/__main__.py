@@ -8,7 +8,7 @@ import sys
 from dataclasses import Field
 from pathlib import Path
 
-from contract import field_type, request_fields
+from contract import field_type, item_type, request_fields
 
 from . import StreamError, stream
 
@@ -22,7 +22,7 @@ def add_option(parser: argparse.ArgumentParser, f: Field) -> None:
         action = argparse.BooleanOptionalAction if f.default else "store_true"
         parser.add_argument(flag, action=action, default=f.default, help=help_text)
     elif kind is list:
-        parser.add_argument(flag, action="append", default=[], help=help_text + " (repeatable)")
+        parser.add_argument(flag, action="append", type=item_type(f), default=[], help=help_text + " (repeatable)")
     else:
         parser.add_argument(flag, type=kind, default=f.default, help=f"{help_text} (default {f.default})")
 

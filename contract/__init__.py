@@ -16,8 +16,16 @@ from .errors import (
 )
 from .info import ServerInfo
 from .limits import DEFAULT_LIMITS, MAX_CHOICES, MAX_SPECULATIVE_TOKENS, MAX_TOP_LOGPROBS, SEED_MAX, RequestLimits
-from .params import EngineConfig, FinishReason, SamplingParams, field_type, request_field, request_fields
+from .params import (
+    EngineConfig,
+    FinishReason,
+    SamplingParams,
+    field_type,
+    item_type,
+    request_field,
+    request_fields,
+)
 
 __all__ = ["DEFAULT_LIMITS", "MAX_CHOICES", "MAX_SPECULATIVE_TOKENS", "MAX_TOP_LOGPROBS", "SEED_MAX", "EngineConfig", "EngineDeadError", "ErrorKind", "FinishReason",
            "GenerationError", "OverloadedError", "RequestFailedError", "RequestLimits", "SamplingParams", "ServerInfo",
-           "ValidationError", "check", "field_type", "kind_of", "request_field", "request_fields"]
+           "ValidationError", "check", "field_type", "item_type", "kind_of", "request_field", "request_fields"]

@@ -17,7 +17,7 @@ from .errors import EngineDeadError, OverloadedError, ValidationError, check
 from .limits import DEFAULT_LIMITS, MAX_CHOICES, MAX_SPECULATIVE_TOKENS, MAX_TOP_LOGPROBS, SEED_MAX, RequestLimits
 
 __all__ = ["EngineConfig", "EngineDeadError", "FinishReason", "OverloadedError", "SamplingParams",
-           "ValidationError", "field_type", "request_fields"]
+           "ValidationError", "field_type", "item_type", "request_fields"]
 
 
 class FinishReason(enum.StrEnum):
@@ -98,6 +98,9 @@ class SamplingParams:
     tool_choice: Optional[str] = request_field(
         None, "none, auto (the default with tools), required, or the name of the function to call")
     parallel_tool_calls: bool = request_field(True, "whether an answer may make several calls")
+    resume_tokens: list[int] = request_field(
+        [], "an answer's tokens so far (ids): it goes on from them as if it had never stopped, token for token, "
+            "with the seed it was sampled with (the gateway moves a stream off a lost replica this way)")
 
     def validate(self, max_tokens_limit: int, limits: RequestLimits = DEFAULT_LIMITS) -> "SamplingParams":
         for f in request_fields():
@@ -149,6 +152,10 @@ class SamplingParams:
                   f.name, f"must be a finite number, got {value!r}")
             value = float(value)
             setattr(self, f.name, value)  # transformers' warpers insist on floats
+        elif kind is list:
+            item = item_type(f)
+            check(isinstance(value, list) and all(isinstance(x, item) and not isinstance(x, bool) for x in value),
+                  f.name, f"must be a list of {_ITEM_NAMES[item]}, got {value!r}")
         else:
             check(isinstance(value, kind) and (kind is bool or not isinstance(value, bool)), f.name,
                   f"must be {_KIND_NAMES[kind]}, got {value!r}")
@@ -168,7 +175,8 @@ class SamplingParams:
         return self.seed if self.seed is not None else random.getrandbits(64)
 
 
-_KIND_NAMES = {int: "an integer", bool: "true or false", list: "a list of strings", str: "a string"}
+_KIND_NAMES = {int: "an integer", bool: "true or false", str: "a string"}
+_ITEM_NAMES = {str: "strings", int: "integers"}
 _BOUNDS: dict[str, tuple[Callable[[Any, Any], bool], str]] = {
     "ge": (operator.ge, ">="), "gt": (operator.gt, ">"), "le": (operator.le, "<="), "lt": (operator.lt, "<")}
 
@@ -190,6 +198,19 @@ def field_type(f: Field) -> tuple[type, bool]:
     if optional:
         annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
     return typing.get_origin(annotation) or annotation, optional
+
+
+def item_type(f: Field) -> type:
+    """A list field's item type: str (stop sequences, choices) or int (token ids)."""
+    args = typing.get_args(field_type_annotation(f))
+    return args[0] if args else str
+
+
+def field_type_annotation(f: Field) -> Any:
+    annotation: Any = f.type
+    if typing.get_origin(annotation) is typing.Union:
+        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+    return annotation
 
 
 def engine_option(default: Any, env: str) -> Any:

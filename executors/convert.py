@@ -1,4 +1,5 @@
 """Documents <-> engine types: the one place where the two meet."""
+import json
 from dataclasses import fields
 from typing import Optional
 
@@ -13,6 +14,7 @@ def to_request(doc: PromptDocument) -> tuple[str, SamplingParams, Optional[str]]
     """(prompt, params, chat messages as JSON or None); the engine validates and renders."""
     params = SamplingParams(**{f.name: getattr(doc, f.name) for f in request_fields()})
     params.stop = list(params.stop or [])
+    params.resume_tokens = list(params.resume_tokens or [])
     return doc.prompt, params, doc.messages or None
 
 
@@ -57,6 +59,16 @@ def error_document(exc: BaseException, generated_text: str = "") -> ModelOutputD
     """
     return ModelOutputDocument(finish_reason="error", error=str(exc), error_type=kind_of(exc).value,
                                error_field=getattr(exc, "field", None), generated_text=generated_text)
+
+
+def tokenizer_spec(engine: EngineClient) -> str:
+    """The tokenizer and chat template as JSON, for the gateway's router, which keys prompts as the
+    engine does without the model's files (gateway/prefix_keys.py)."""
+    tokenizer = engine.tokenizer
+    return json.dumps({"tokenizer": tokenizer.backend_tokenizer.to_str(),
+                       "chat_template": getattr(tokenizer, "chat_template", None),
+                       "special_tokens": {k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)},
+                       "block_size": BLOCK_SIZE})
 
 
 def server_info(engine: EngineClient, name: str) -> ServerInfo:

@@ -14,11 +14,14 @@ from docarray import DocList
 from jina import Executor, requests
 
 from contract import EngineConfig, SamplingParams
+from contract.lifecycle import die_with_parent
 from engine import AsyncEngine, EngineClient, EngineProcess
 from engine.model.loader import served_name
-from executors.convert import error_document, server_info, to_document, to_request
+from executors.convert import error_document, server_info, to_document, to_request, tokenizer_spec
 from executors.metrics import Metrics
 from schemas import ModelOutputDocument, PromptDocument
+
+die_with_parent()  # as soon as Jina loads this module in the process it forked: its start may take a while
 
 
 class LLMExecutor(Executor):
@@ -26,10 +29,12 @@ class LLMExecutor(Executor):
     dtype, max_running, ...: see contract/params.py); the rest is Jina's."""
 
     def __init__(self, model_name: str = "", **kwargs: Any):
+        die_with_parent()  # a Flow stopped while this loads must not leave it behind
         options = {**EngineConfig.from_env(os.environ),
                    **{f.name: kwargs.pop(f.name) for f in fields(EngineConfig) if f.name in kwargs}}
         super().__init__(**kwargs)
         options["model"] = options.get("model") or os.environ.get("LLM_MODEL", "")
+        options.setdefault("torch_threads", share_of_cores())
         if not options["model"]:
             raise ValueError("no model given: set LLM_MODEL to a local folder, a .gguf file or a hub id, "
                              "or pass `model` under `with:` in jina.yml (`make model` builds the default)")
@@ -99,9 +104,21 @@ class LLMExecutor(Executor):
         info = server_info(self.engine, self.model_name)
         return DocList[ModelOutputDocument]([ModelOutputDocument(text=info.to_json())])
 
+    @requests(on="/tokenizer")
+    async def tokenizer(self, docs: DocList[PromptDocument], **kwargs) -> DocList[ModelOutputDocument]:
+        """The tokenizer and chat template, as JSON in `text`, for the gateway's router."""
+        return DocList[ModelOutputDocument]([ModelOutputDocument(text=tokenizer_spec(self.engine))])
+
     def close(self) -> None:
         self.engine.shutdown()
         super().close()
+
+
+def share_of_cores() -> Optional[int]:
+    """torch's threads for one of LLM_REPLICAS replicas on this machine (a Flow's replicas share
+    it): its share of the cores; None for one replica (the engine's own choice)."""
+    replicas = int(os.environ.get("LLM_REPLICAS") or 1)
+    return max(1, len(os.sched_getaffinity(0)) // replicas) if replicas > 1 else None
 
 
 def _signature() -> inspect.Signature:

@@ -20,12 +20,14 @@ from jina.serve.runtimes.gateway.http import HTTPGateway
 from jina.serve.runtimes.servers import BaseServer
 from jina.serve.runtimes.servers.composite import CompositeBaseServer
 
-from gateway import jina_call_ends
+from contract.lifecycle import die_with_parent
+from gateway import jina_call_ends, routing
 from gateway.backend import Backend
 from gateway.grpc_edge import StatusGRPCGateway
 from gateway.http_guard import DEBUG_PATHS, ApiKey, BodyLimit, cors_origins, debug_enabled
 from gateway.jina_sse import jina_sse_router
 from gateway.openai_routes import openai_router
+from gateway.ops_routes import ops_router
 from gateway.tgi_routes import tgi_router
 from gateway.ws_chat import chat_router
 
@@ -34,9 +36,12 @@ warnings.filterwarnings("ignore", message="Valid config keys have changed in V2"
 
 # Jina HTTP routes that our protocols replace, and /status, which tells anyone the
 # environment and internal addresses (TGI's /health says what a caller needs): (path, method)
-REPLACED_JINA_ROUTES = {("/generate", "POST"), ("/stream", "GET"), ("/status", "GET")}
+REPLACED_JINA_ROUTES = {("/generate", "POST"), ("/stream", "GET"), ("/status", "GET"), ("/stats", "GET")}
 
 jina_call_ends.install()  # the executor's generation ends with the request that asked for it
+
+
+die_with_parent()  # as soon as Jina loads this module in the process it forked: its start may take a while
 
 
 class LLMHTTPGateway(HTTPGateway):
@@ -57,6 +62,7 @@ class LLMHTTPGateway(HTTPGateway):
         app.include_router(jina_sse_router(backend))
         app.include_router(openai_router(backend))
         app.include_router(tgi_router(backend))
+        app.include_router(ops_router(backend))
         app.include_router(chat_router(backend))
         return app
 
@@ -95,6 +101,7 @@ class LLMGateway(CompositeBaseServer, BaseGateway):
     """`gateway: uses: gateway/gateway.yml, protocol: [grpc, http]`: one server per protocol."""
 
     def __init__(self, **kwargs: Any):
+        die_with_parent()  # a Flow stopped during its start must not leave it behind
         super().__init__(**kwargs)
         self.logger.logger.addFilter(WaitingForExecutor())
         classes = {"grpc": StatusGRPCGateway, "http": LLMHTTPGateway}
@@ -105,5 +112,7 @@ class LLMGateway(CompositeBaseServer, BaseGateway):
             protocol = str(server_kwargs["runtime_args"]["protocol"]).lower().split(".")[-1]
             if protocol not in classes:
                 raise ValueError(f"protocol {protocol!r}: this gateway serves grpc and http")
-            self.servers.append(classes[protocol](**server_kwargs))
+            server = classes[protocol](**server_kwargs)
+            routing.install(server)  # every request to the executor's replicas through one router
+            self.servers.append(server)
         self.gateways = self.servers  # Jina's CompositeServer exposes both names

@@ -14,7 +14,7 @@ from fastapi import Request
 from pydantic import BaseModel, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 from pydantic import Field as ModelField
 
-from contract import RequestLimits, field_type, request_fields
+from contract import RequestLimits, field_type, item_type, request_fields
 from contract import ValidationError as LimitError
 from schemas import PromptDocument, named_error
 
@@ -27,6 +27,7 @@ Number = Optional[Union[StrictInt, StrictFloat]]
 Bool = Optional[StrictBool]
 Stop = Optional[Union[str, list[str]]]  # a string or a list, as OpenAI and TGI accept
 Text = Optional[StrictStr]
+Ids = Optional[list[StrictInt]]  # token ids
 _STRICT = {int: Int, float: Number, bool: Bool, list: Stop, str: Text}
 
 
@@ -117,7 +118,8 @@ def refuse_unsupported(model: BaseModel, unsupported: dict[str, tuple]) -> None:
 def option_fields(exclude: Collection[str] = ()) -> dict[str, Any]:
     """The engine's request fields as optional, strictly typed request-model fields (null:
     the engine's default), for `pydantic.create_model`."""
-    return {f.name: (_STRICT[field_type(f)[0]], ModelField(None, description=f.metadata["help"]))
+    return {f.name: (Ids if field_type(f)[0] is list and item_type(f) is int else _STRICT[field_type(f)[0]],
+                     ModelField(None, description=f.metadata["help"]))
             for f in request_fields() if f.name not in exclude}
 
 

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Optional
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, create_model
 
 from contract import MAX_CHOICES, ServerInfo
@@ -215,18 +215,6 @@ def tgi_router(backend: Upstream) -> APIRouter:
     async def info() -> dict:
         return tgi_info(await backend.info())
 
-    @router.get("/metrics", summary="Prometheus metrics, under vLLM's names (from the executor)")
-    async def metrics() -> Response:
-        return PlainTextResponse(await backend.metrics(), media_type="text/plain; version=0.0.4; charset=utf-8")
-
-    @router.get("/health", summary="TGI: 200 when the model answers, else 503")
-    async def health() -> Response:
-        try:
-            healthy = (await backend.stats()).get("healthy", False)
-        except Exception:  # noqa: BLE001 - unreachable executor
-            healthy = False
-        return Response(status_code=200 if healthy else 503)
-
     return router
 
 
@@ -239,6 +227,7 @@ def tgi_info(info: ServerInfo) -> dict:
             "max_client_batch_size": 1, "validation_workers": 1, "waiting_served_ratio": 0,
             "max_waiting_tokens": 0, "router": "llm-stream (Jina)", "version": "0.1.0", "sha": None,
             "docker_label": None,
-            # beyond TGI's: the KV cache's pool and blocks, and whether prompts reuse cached prefixes
+            # beyond TGI's: the KV cache's pool and blocks, whether prompts reuse cached prefixes, and
+            # the replicas behind the gateway with its router's policy
             "kv_cache_tokens": info.kv_cache_tokens, "kv_block_size": info.kv_block_size,
-            "prefix_caching": info.prefix_caching}
+            "prefix_caching": info.prefix_caching, "replicas": info.replicas, "routing": info.routing}

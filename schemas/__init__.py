@@ -20,6 +20,7 @@ from pydantic_core import core_schema
 from contract import (
     SEED_MAX,  # the engine's declarations: nothing heavy
     field_type,
+    item_type,
     request_fields,
 )
 
@@ -68,7 +69,8 @@ class Seed(int, BaseNode):
 def _wire_type(f: Any) -> Any:
     """A request field's type on DocArray's wire: int32 integers, the seed as uint64 text."""
     kind, optional = field_type(f)
-    wire = {int: Seed if f.metadata.get("le", 0) > INT32_MAX else Int32, list: list[str]}.get(kind, kind)
+    items = list[Int32] if kind is list and item_type(f) is int else list[str]  # token ids, or strings
+    wire = {int: Seed if f.metadata.get("le", 0) > INT32_MAX else Int32, list: items}.get(kind, kind)
     return Optional[wire] if optional else wire
 
 

@@ -24,7 +24,7 @@ _SCALARS = frozenset(_KEYS.values())
 T = TypeVar("T", bound="FlatDoc")
 
 
-def _fill(node: NodeProto, value: Any) -> None:
+def fill(node: NodeProto, value: Any) -> None:
     """Write value into node as DocArray's `_type_to_protobuf` would build it."""
     key = _KEYS.get(type(value))  # the exact type: subclasses keep DocArray's handling
     if key is not None:
@@ -35,7 +35,7 @@ def _fill(node: NodeProto, value: Any) -> None:
         items = node.list.data
         node.list.SetInParent()
         for item in value:
-            _fill(items.add(), item)
+            fill(items.add(), item)
     else:
         node.CopyFrom(_type_to_protobuf(value))
 
@@ -53,7 +53,7 @@ class FlatDoc(BaseDoc):
         sparse = type(self).sparse_lists
         for name, value in self:  # as DocArray iterates: the fields, then any extras
             if not (name in sparse and type(value) is list and not value):
-                _fill(message.data[name], value)
+                fill(message.data[name], value)
         return message
 
     def model_dump(self, **kwargs: Any) -> dict[str, Any]:

@@ -23,8 +23,8 @@ def start_flow(model: str, tmp_path: Path, executor: dict | None = None, env: di
         flow_file = str(tmp_path / "flow.yml")
         Path(flow_file).write_text(yaml.safe_dump(flow, sort_keys=False))
     grpc_port, http_port = free_port(), free_port()
-    env = dict(os.environ, LLM_MODEL=model, LLM_GRPC_PORT=str(grpc_port),
-               LLM_HTTP_PORT=str(http_port), JINA_LOG_LEVEL="INFO", **(env or {}))
+    env = {"LLM_REPLICAS": "1", **os.environ, "LLM_MODEL": model, "LLM_GRPC_PORT": str(grpc_port),
+           "LLM_HTTP_PORT": str(http_port), "JINA_LOG_LEVEL": "INFO", **(env or {})}
     jina = str(Path(sys.executable).parent / "jina")
     server = ServerProcess([jina, "flow", "--uses", flow_file], tmp_path / "flow.log", env)
     try:

@@ -82,11 +82,15 @@ def llama_tokenizer(pad_to: int = 0) -> PreTrainedTokenizerFast:
 # size: (layers, width, heads, context). 'slow' is GPT-2 small's shape with the tiny
 # vocabulary: tens of ms per token on 2 CPU cores, so tests can cancel a generation
 # that is surely still running.
-SIZES = {"tiny": (2, 64, 4, 512), "slow": (12, 768, 12, 1024), "gpt2-small": (12, 768, 12, 1024)}
+# 'medium' is a llama a stream of which lasts a second or two: long enough to kill its replica midway.
+SIZES = {"tiny": (2, 64, 4, 512), "medium": (4, 256, 4, 1024), "slow": (12, 768, 12, 1024),
+         "gpt2-small": (12, 768, 12, 1024)}
 
 
-def build(path: str | Path, style: str = "gpt2", size: str = "tiny", seed: int = 0) -> Path:
-    """Write a tokenizer and a randomly initialised model to `path`; return it."""
+def build(path: str | Path, style: str = "gpt2", size: str = "tiny", seed: int = 0, four_bit: bool = False) -> Path:
+    """Write a tokenizer and a randomly initialised model to `path`; return it. `four_bit`: its
+    Linear layers' weights snapped to 4-bit groups (a Q4_1 GGUF's shape), so that the engine runs
+    them as int4 with the C kernels, where every number is batch- and history-invariant."""
     path = Path(path)
     torch.manual_seed(seed)
     if size not in SIZES:
@@ -112,9 +116,21 @@ def build(path: str | Path, style: str = "gpt2", size: str = "tiny", seed: int =
     else:
         raise ValueError(f"style: expected 'gpt2' or 'llama', got {style!r}")
     model.generation_config.pad_token_id = tokenizer.eos_token_id
+    if four_bit:
+        _snap_to_four_bits(model)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def _snap_to_four_bits(model: torch.nn.Module) -> None:
+    from engine.model.int4 import _quantize, dequantize
+    head = model.get_output_embeddings()
+    with torch.no_grad():
+        for module in model.modules():
+            if type(module) is torch.nn.Linear and module is not head:
+                steps, scale, low, _ = _quantize(module.weight.detach())
+                module.weight.data = dequantize(steps, scale, low)
 
 
 def main() -> None:

@@ -54,6 +54,13 @@ def any_model(request, gpt2_model, llama_model) -> str:
 
 
 @pytest.fixture(scope="session")
+def int4_llama_model(models_dir) -> str:
+    """A llama run as int4 with the C kernels (bit-exact whatever the batch and the history), whose
+    streams last a second or two: for moving streams between replicas."""
+    return str(build(models_dir / "int4-llama", "llama", "medium", four_bit=True))
+
+
+@pytest.fixture(scope="session")
 def flow(gpt2_model, tmp_path_factory):
     """One real Flow for the whole session: (grpc_port, http_port)."""
     server, grpc_port, http_port = start_flow(gpt2_model, tmp_path_factory.mktemp("flow"))

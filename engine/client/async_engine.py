@@ -11,7 +11,7 @@ import threading
 import uuid
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import aclosing
 from typing import Any, Optional
@@ -63,14 +63,14 @@ class EngineClient(ABC):
     def shutdown(self, timeout: float = 10.0) -> None: ...
 
     async def open(self, prompt: str, params: SamplingParams, messages: Any = None,
-                   request_id: Optional[str] = None, resume: Sequence[int] = ()) -> AsyncGenerator[RequestOutput, None]:
+                   request_id: Optional[str] = None) -> AsyncGenerator[RequestOutput, None]:
         """The service's entry point, for a prompt or chat messages. Errors raise here,
         before the first chunk; the request is aborted as soon as the caller stops
-        iterating (disconnect, cancel, error). `resume`: the answer's tokens so far, to go on
-        from them exactly as an uncut run would (counter-based sampling: sampling.py)."""
+        iterating (disconnect, cancel, error). A request with `resume_tokens` goes on from them
+        exactly as an uncut run would (counter-based sampling: sampling.py)."""
         stream = self._new_stream(request_id, params)
         prepared = await asyncio.get_running_loop().run_in_executor(
-            self._prepare, self.preparer.prepare, prompt, params, messages, resume)
+            self._prepare, self.preparer.prepare, prompt, params, messages)
         await self._submit(stream, prepared)
         return self._iterator(stream)
 

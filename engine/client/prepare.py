@@ -25,24 +25,23 @@ class Preparer:
         self.max_context = max_context
         self.grammars = grammars  # the decode loop's own, where it runs in this process
 
-    def prepare(self, prompt: Any, params: SamplingParams, messages: Any = None,
-                resume: Sequence[int] = ()) -> Prepared:
+    def prepare(self, prompt: Any, params: SamplingParams, messages: Any = None) -> Prepared:
         """Validate, render chat messages (when given, they replace `prompt`) and tokenize, once
         each and cheapest first; raises ValidationError naming the field before any work. Where
         the decode loop runs in this process, its grammar compiles here, off the event loop, into
         the loop's cache; an engine process compiles its own (and refuses before any token).
-        `resume`: the tokens the answer had, to go on from."""
+        A resumed answer (`resume_tokens`) goes on from the tokens it had."""
         params.validate(self.config.max_tokens_limit, self.config.limits)
         spec = tool_spec(params)
         ids = self._chat_ids(messages, params, spec) if messages else self._prompt_ids(prompt)
         self._check_length(len(ids), params.max_tokens)  # the batch budget: Scheduler.submit
-        generated = self._resumed(resume, params)
+        generated = self._resumed(params.resume_tokens, params)
         if self.grammars is not None:
             self.grammars.matcher(params)
         return Prepared(ids, params, params.resolved_seed(), generated)
 
     def _resumed(self, resume: Sequence[int], params: SamplingParams) -> list[int]:
-        tokens = list(resume)
+        tokens = list(resume or [])
         if not tokens:
             return tokens
         vocab = len(self.tokenizer)

@@ -11,18 +11,11 @@ import collections
 from dataclasses import dataclass
 from typing import Optional
 
-from transformers.generation.continuous_batching.cache_allocators.cache_allocator import compute_block_hash
+from contract.blocks import chain_hashes
 
 from .kv_pool import NULL_BLOCK
 
-
-def chain_hashes(tokens: list[int], parent: Optional[int], block_size: int) -> list[int]:
-    """The keys of the full blocks of `tokens`, after a block keyed `parent` (None: the start)."""
-    keys = []
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        parent = compute_block_hash(parent, tokens[start:start + block_size])
-        keys.append(parent)
-    return keys
+__all__ = ["BlockPool", "CachedBlock", "chain_hashes"]
 
 
 @dataclass

@@ -15,7 +15,9 @@ import torch
 from transformers import PretrainedConfig
 from transformers.generation.continuous_batching.utils import find_head_dim, find_num_key_value_heads
 
-BLOCK_SIZE = 16  # tokens per block (vLLM's default on GPUs), and the prefix cache's unit
+from contract.blocks import BLOCK_SIZE
+
+__all__ = ["BLOCK_SIZE", "NULL_BLOCK", "KVPool", "KVShape"]
 NULL_BLOCK = 0
 
 

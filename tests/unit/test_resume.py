@@ -39,8 +39,8 @@ def per_token(outs: list[RequestOutput]) -> list[tuple]:
     return rows
 
 
-async def run(engine, params: SamplingParams, resume: list[int] = ()) -> list[RequestOutput]:
-    return [out async for out in await engine.open(PROMPT, params, resume=resume)]
+async def run(engine, params: SamplingParams) -> list[RequestOutput]:
+    return [out async for out in await engine.open(PROMPT, params)]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -59,16 +59,16 @@ async def test_a_request_continued_from_its_tokens_goes_on_as_if_never_cut(kind,
     for cut in (1, 5, len(uncut) // 2):
         fresh = make_engine(looping_llama)
         tokens = [row[1] for row in uncut[:cut]]
-        resumed = per_token(await run(fresh, SamplingParams(**params), tokens))
+        resumed = per_token(await run(fresh, SamplingParams(**params, resume_tokens=tokens)))
         assert resumed == uncut[cut:], (kind, cut)
         fresh.shutdown()
 
 
 async def test_a_continued_request_is_refused_naming_the_field_when_it_cannot_go_on(gpt2_model, make_engine):
     engine = make_engine(gpt2_model)
-    cases = [(dict(max_tokens=3), [1, 2, 3]), (dict(max_tokens=8), [10 ** 9]),
+    cases = [(dict(max_tokens=3), [1, 2, 3]), (dict(max_tokens=8), [10 ** 9]), (dict(max_tokens=8), ["1"]),
              (dict(max_tokens=8, do_sample=True), [1]), (dict(max_tokens=8, n=2, seed=1, do_sample=True), [1])]
     for params, tokens in cases:
         with pytest.raises(ValidationError) as err:
-            await engine.open(PROMPT, SamplingParams(**params), resume=tokens)
+            await engine.open(PROMPT, SamplingParams(**params, resume_tokens=tokens))
         assert err.value.field == "resume_tokens", (params, str(err.value))

@@ -137,3 +137,14 @@ def test_rows_that_run_out_of_blocks_preempt_the_latest_admitted():
     plan = sched.schedule()  # new starts again and recomputes its whole history
     assert [(w.request, w.start, w.count) for w in plan.work] == [(new, 0, len(new.history()))]
     assert plan.admitted == []  # it was admitted once already
+
+
+def test_the_contracts_block_keys_are_transformers_own():
+    """The router (gateway) and the engine key blocks with contract.blocks, written with the
+    standard library: the same keys as transformers' compute_block_hash."""
+    from transformers.generation.continuous_batching.cache_allocators.cache_allocator import compute_block_hash
+
+    from contract.blocks import block_hash
+    for parent in (None, 0, 2**64 - 1, 12345):
+        for tokens in ([], [0], list(range(16)), [2**31 - 1, 7, 49151]):
+            assert block_hash(parent, tokens) == compute_block_hash(parent, tokens)

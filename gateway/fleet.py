@@ -1,0 +1,158 @@
+"""The replicas one gateway process routes to, shared by its gRPC and HTTP servers: a streamer
+per replica, the router, the replicas' reports polled in the background, the prefix keys, and
+the unary endpoints that speak for all replicas at once (/stats, /metrics, /info).
+
+`LLM_ROUTER` picks the policy: `cache-aware` (the default) or `round-robin`.
+`LLM_ROUTER_POLL_MS` (500) is how often each replica reports its load; `LLM_ROUTER_WAIT_S` (15)
+how long a request waits for a replica to take work when none does (a rolling restart).
+"""
+import asyncio
+import json
+import logging
+import os
+import re
+import time
+from typing import Any, Optional
+
+from jina.serve.runtimes.gateway.streamer import GatewayStreamer
+
+from gateway.prefix_keys import PrefixKeys, TokenizerSpec
+from gateway.replicas import Replica, one_deployment
+from gateway.router import NoReplica, Policy, Router, Thresholds
+
+log = logging.getLogger(__name__)
+_SERIES = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?(?P<rest>\s.*)$")
+
+
+class Fleet:
+    _shared: dict[str, "Fleet"] = {}
+
+    def __init__(self, replicas: list[Replica], policy: Policy):
+        self.replicas = replicas
+        self.router = Router(replicas, policy, Thresholds.from_env())
+        self.poll = int(os.environ.get("LLM_ROUTER_POLL_MS", "500")) / 1000
+        self.wait = float(os.environ.get("LLM_ROUTER_WAIT_S", "15"))
+        self.migrations = 0
+        self._keys: Optional[PrefixKeys] = None
+        self._keys_tried = False
+        self._poller: Optional[asyncio.Task] = None
+
+    @classmethod
+    def shared(cls, runtime_args: Any, logger: Any = None) -> Optional["Fleet"]:
+        """The process's fleet for these runtime arguments (the gRPC and HTTP servers share it);
+        None when the gateway serves more than one deployment."""
+        addresses = getattr(runtime_args, "deployments_addresses", "{}")
+        if addresses not in cls._shared:
+            deployment = one_deployment(addresses)
+            if deployment is None:
+                return None
+            name, found = deployment
+            graph = json.loads(runtime_args.graph_description)
+            replicas = [Replica(i, address, GatewayStreamer(graph, {name: [address]}, retries=0, logger=logger))
+                        for i, address in enumerate(found)]
+            cls._shared[addresses] = cls(replicas, Policy(os.environ.get("LLM_ROUTER", Policy.CACHE_AWARE)))
+        return cls._shared[addresses]
+
+    # ----- choosing -----
+    async def pick(self, keys: list[int], exclude: frozenset[Replica], count: bool = True) -> Replica:
+        """The router's choice; when no replica takes work now, wait (reports keep coming) up to
+        `wait` seconds for one, then NoReplica."""
+        self._start_polling()
+        deadline = time.monotonic() + self.wait
+        while True:
+            try:
+                return self.router.pick(keys, exclude, count)
+            except NoReplica:
+                if time.monotonic() >= deadline or all(r in exclude for r in self.replicas):
+                    raise
+            await asyncio.sleep(min(self.poll, 0.1))
+            await asyncio.gather(*(r.report() for r in self.replicas if not r.serving and r not in exclude))
+
+    async def one(self, endpoint: str, timeout: float = 10.0) -> str:
+        """A unary endpoint's answer from one replica (the least busy that answers)."""
+        tried: set[Replica] = set()
+        while True:
+            replica = await self.pick([], frozenset(tried), count=False)
+            try:
+                return await replica.unary(endpoint, timeout)
+            except Exception:  # noqa: BLE001 - gone meanwhile: another one answers
+                replica.lost()
+                tried.add(replica)
+
+    async def keys(self, data: Any) -> list[int]:
+        """The request's prefix-cache keys, once the tokenizer came from a replica; [] with one
+        replica, round robin, or no tokenizer (routing then goes on load alone)."""
+        if len(self.replicas) < 2 or self.router.policy is not Policy.CACHE_AWARE:
+            return []
+        if self._keys is None and not self._keys_tried:
+            self._keys_tried = True
+            try:
+                self._keys = PrefixKeys(TokenizerSpec.from_json(await self.one("/tokenizer", 60)))
+            except Exception as exc:  # noqa: BLE001 - routing then goes on load alone
+                log.warning("no tokenizer from the replicas (%s): routing on load alone", exc)
+                self._keys_tried = False
+        if self._keys is None:
+            return []
+        prompt = data["prompt"].text if "prompt" in data else ""
+        messages = data["messages"].text if "messages" in data else ""
+        return self._keys.keys(prompt, messages)
+
+    # ----- reports -----
+    def _start_polling(self) -> None:
+        if self._poller is None or self._poller.done():
+            self._poller = asyncio.get_running_loop().create_task(self._poll())
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.gather(*(r.report() for r in self.replicas))
+            await asyncio.sleep(self.poll)
+
+    # ----- endpoints that speak for every replica -----
+    async def unary(self, endpoint: str) -> Optional[str]:
+        """/stats, /metrics and /info for the whole fleet; None for any other endpoint."""
+        self._start_polling()
+        if endpoint == "/stats":
+            return json.dumps(await self._stats())
+        if endpoint == "/metrics":
+            return await self._metrics()
+        if endpoint == "/info":
+            info = json.loads(await self.one("/info"))
+            return json.dumps({**info, "replicas": len(self.replicas), "routing": str(self.router.policy)})
+        return None
+
+    async def _stats(self) -> dict:
+        answers = await asyncio.gather(*(r.unary("/stats") for r in self.replicas), return_exceptions=True)
+        each = [json.loads(a) if isinstance(a, str) else {"error": str(a)} for a in answers]
+        total: dict[str, Any] = {}
+        for stats in each:
+            for key, value in stats.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    total[key] = total.get(key, 0) + value
+        total["healthy"] = any(s.get("healthy", False) for s in each)  # the service answers
+        return {**total, "replicas": [{**r.describe(), **s} for r, s in zip(self.replicas, each, strict=True)],
+                "router": {**self.router.describe(), "migrations": self.migrations}}
+
+    async def _metrics(self) -> str:
+        """Every replica's series, each labelled with its replica, family by family (a family's
+        HELP and TYPE once, then its samples from every replica, as the text format wants)."""
+        answers = await asyncio.gather(*(r.unary("/metrics") for r in self.replicas), return_exceptions=True)
+        families: dict[str, list[str]] = {}  # a family's HELP and TYPE lines, then its samples
+        for replica, text in zip(self.replicas, answers, strict=True):
+            family = ""
+            for line in text.splitlines() if isinstance(text, str) else []:
+                if line.startswith("# "):
+                    family = line.split()[2] if len(line.split()) > 2 else family
+                    head = families.setdefault(family, [])
+                    if line not in head:
+                        head.append(line)
+                elif (match := _SERIES.match(line)) is not None:
+                    labels = f'replica="{replica.index}"' + (f",{match['labels']}" if match["labels"] else "")
+                    families.setdefault(family, []).append(f"{match['name']}{{{labels}}}{match['rest']}")
+        return "\n".join(line for lines in families.values() for line in lines) + "\n"
+
+    async def close(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+        for replica in self.replicas:
+            await replica.streamer.close()
+        Fleet._shared = {k: v for k, v in Fleet._shared.items() if v is not self}

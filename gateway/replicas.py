@@ -1,0 +1,137 @@
+"""The executor's replicas as the gateway's router sees them: one Jina GatewayStreamer each (the
+Jina-native way in: a streamer per replica address, as Jina's own gateway builds one for all),
+the load each one reports, and the prefix-cache blocks it is predicted to hold.
+
+Load comes from the replicas: each answers /stats (running and waiting requests, KV blocks in use,
+whether it drains) every `poll` seconds; between two reports, the requests routed to it since the
+last are added, so that a burst is not all sent to the replica that was idle a moment ago.
+"""
+import asyncio
+import collections
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from docarray import DocList
+
+from schemas import ModelOutputDocument, PromptDocument
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Load:
+    """A replica's own report (its /stats)."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_used: float = 0.0  # of its KV cache's blocks
+    draining: bool = False
+    at: float = 0.0  # when it came (time.monotonic); 0: never
+
+
+class BlockCache:
+    """The prefix-cache keys a replica is predicted to hold, least recently used out first, bounded
+    by its KV cache's size in blocks (what it can hold at most)."""
+
+    def __init__(self, capacity: int = 4096):
+        self.capacity = capacity
+        self._keys: collections.OrderedDict[int, None] = collections.OrderedDict()
+
+    def match(self, keys: list[int]) -> int:
+        """How many of the keys, from the first, it holds (a key stands for its whole prefix)."""
+        held = 0
+        for key in keys:
+            if key not in self._keys:
+                break
+            self._keys.move_to_end(key)
+            held += 1
+        return held
+
+    def add(self, keys: list[int]) -> None:
+        for key in keys:
+            self._keys[key] = None
+            self._keys.move_to_end(key)
+        while len(self._keys) > self.capacity:
+            self._keys.popitem(last=False)
+
+    def clear(self) -> None:
+        self._keys.clear()
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
+@dataclass(eq=False)
+class Replica:
+    index: int
+    address: str
+    streamer: Any  # jina's GatewayStreamer, for this replica alone
+    load: Load = field(default_factory=Load)
+    routed: int = 0  # requests routed to it since its last report
+    streams: int = 0  # its streams open through this gateway
+    reachable: bool = False  # its last report (or call) got through: not before its first
+    cache: BlockCache = field(default_factory=BlockCache)
+    chosen: int = 0  # requests routed to it, in all
+
+    @property
+    def serving(self) -> bool:
+        """It takes new work: reachable and not draining."""
+        return self.reachable and not self.load.draining
+
+    @property
+    def busy(self) -> int:
+        """Its requests, as it reported them, and those sent to it since."""
+        return self.load.running + self.load.waiting + self.routed
+
+    async def unary(self, endpoint: str, timeout: float = 10.0) -> str:
+        """The `text` of its answer on a unary endpoint (/stats, /metrics, /info, /tokenizer)."""
+        docs = DocList[PromptDocument]([PromptDocument()])
+
+        async def first() -> str:
+            async for result in self.streamer.stream_docs(docs, exec_endpoint=endpoint,
+                                                          return_type=DocList[ModelOutputDocument]):
+                return result[0].text
+            raise RuntimeError(f"no answer from {endpoint}")
+        return await asyncio.wait_for(first(), timeout)
+
+    async def report(self) -> None:
+        """Its load, asked for; unreachable until it answers again."""
+        try:
+            stats = json.loads(await self.unary("/stats", timeout=5.0))
+        except Exception as exc:  # noqa: BLE001 - gone, starting, restarting: not taking work
+            if self.reachable:
+                log.warning("replica %d (%s) does not answer: %s", self.index, self.address, exc)
+            self.reachable = False
+            return
+        if not self.reachable and self.load.at:
+            log.info("replica %d (%s) answers again", self.index, self.address)
+            self.cache.clear()  # a restarted replica's cache is empty
+        used, total = stats.get("kv_blocks_used", 0), stats.get("kv_blocks", 0) or 1
+        self.load = Load(stats.get("running", 0), stats.get("waiting", 0), used / total,
+                         bool(stats.get("draining")), time.monotonic())
+        self.cache.capacity = max(1, total)
+        self.reachable, self.routed = True, 0
+
+    def lost(self) -> None:
+        """A call to it failed as a connection fails: no new work until it reports again."""
+        self.reachable = False
+
+    def describe(self) -> dict:
+        return {"replica": self.index, "address": self.address, "reachable": self.reachable,
+                "draining": self.load.draining, "running": self.load.running, "waiting": self.load.waiting,
+                "kv_used": round(self.load.kv_used, 4), "streams": self.streams, "routed_total": self.chosen,
+                "predicted_blocks": len(self.cache)}
+
+
+def one_deployment(addresses_json: str) -> Optional[tuple[str, list[str]]]:
+    """(the deployment's name, its replicas' addresses), when the gateway serves one deployment."""
+    addresses = json.loads(addresses_json or "{}")
+    if len(addresses) != 1:
+        return None
+    name, found = next(iter(addresses.items()))
+    if isinstance(found, dict):
+        found = found.get("grpc", [])
+    return name, [found] if isinstance(found, str) else list(found)

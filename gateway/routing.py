@@ -1,0 +1,192 @@
+"""The gateway's way to the executor's replicas: every protocol's request goes through one
+RoutingStreamer, which stands in for Jina's GatewayStreamer (Jina's gRPC servicer and the HTTP
+routes both call it) and sends each request to the replica the router picks (router.py).
+
+A stream is safe whatever happens to its replica:
+- a call that fails before its first document goes to another replica (nothing was sent on);
+- a stream that breaks after it (the replica killed, restarted, drained) goes on on another
+  replica from its prompt, its seed and the tokens already sent (`resume_tokens`). The engine is
+  batch-invariant, its sampling a function of (seed, position), and the tokens so far are replayed
+  through every policy, so what follows is byte for byte what the lost replica would have sent:
+  nothing repeated, nothing lost. The gateway draws a sampled request's seed itself when the
+  client sent none, so that it knows it. A request with several answers (n > 1) cannot move, nor
+  one with no replica left: it ends with an error, as before.
+Unary endpoints: /stats and /metrics gather every replica's (the metrics labelled by replica),
+/info is a replica's plus the router's; the others go to the least busy replica.
+"""
+import asyncio
+import logging
+import random
+from collections.abc import AsyncIterator
+from typing import Any, Optional
+
+from docarray import DocList
+from jina.proto import jina_pb2
+from jina.serve.runtimes.gateway.streamer import GatewayStreamer
+from jina.types.request.data import SingleDocumentRequest
+
+from gateway.fleet import Fleet
+from schemas import ModelOutputDocument
+from schemas.wire import fill
+
+log = logging.getLogger(__name__)
+SEED_BITS = 64
+
+
+class Migration:
+    """What a stream has sent its client, to go on from it elsewhere."""
+
+    def __init__(self, request: SingleDocumentRequest):
+        data = request.proto.document.data
+        self.request = request
+        self.n = data["n"].integer if "n" in data and data["n"].WhichOneof("content") else 1
+        self.tokens: list[int] = list(_ints(data["resume_tokens"])) if "resume_tokens" in data else []
+        self.text = ""  # the text sent on since this request (not what a resumed request was given)
+        self.moved = 0
+        self.documents = 0  # sent on to the client
+
+    @property
+    def movable(self) -> bool:
+        return self.n <= 1
+
+    @property
+    def sent_any(self) -> bool:
+        return self.documents > 0
+
+    def sent(self, out: Any) -> None:
+        """A document on its way to the client: its tokens and text are the client's now."""
+        self.documents += 1
+        if "token_ids" in out:
+            self.tokens += _ints(out["token_ids"])
+        if "text" in out:
+            self.text += out["text"].text
+
+    def patch(self, out: Any) -> None:
+        """A resumed stream's `generated_text` starts where the lost replica's left off."""
+        if self.moved and "generated_text" in out:
+            out["generated_text"].text = self.prefix + out["generated_text"].text
+
+    def resumed(self) -> SingleDocumentRequest:
+        """The request once more, going on from the tokens sent so far."""
+        self.prefix, self.moved = self.text, self.moved + 1
+        request = SingleDocumentRequest()
+        request.proto.CopyFrom(self.request.proto)
+        node = request.proto.document.data["resume_tokens"]
+        node.Clear()
+        fill(node, list(self.tokens))
+        return request
+
+    prefix = ""
+
+
+def _ints(node: Any) -> list[int]:
+    return [item.integer for item in node.list.data]
+
+
+def draw_seed(request: SingleDocumentRequest) -> None:
+    """A sampled request without a seed gets one here, where a move to another replica needs it
+    (the engine reports it as it reports a seed it drew)."""
+    data = request.proto.document.data
+    sampled = "do_sample" in data and data["do_sample"].boolean and not (
+        "temperature" in data and data["temperature"].WhichOneof("content") and _number(data["temperature"]) == 0)
+    if sampled and ("seed" not in data or data["seed"].WhichOneof("content") is None):
+        data["seed"].text = str(random.getrandbits(SEED_BITS))
+
+
+def _number(node: Any) -> float:
+    return node.float if node.WhichOneof("content") == "float" else node.integer
+
+
+class RoutingStreamer:
+    """Jina's GatewayStreamer, with every request routed (see the module docstring); what it
+    does not override, Jina's own streamer for all replicas does (endpoint discovery, schemas)."""
+
+    def __init__(self, inner: GatewayStreamer, fleet: Fleet):
+        self._inner, self.fleet = inner, fleet
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def rpc_stream_doc(self, request: SingleDocumentRequest, **kwargs: Any) -> AsyncIterator[Any]:
+        draw_seed(request)
+        migration, current = Migration(request), request
+        keys = await self.fleet.keys(request.proto.document.data)
+        tried: set = set()
+        while True:
+            replica = await self.fleet.pick(keys, frozenset(tried))
+            tried.add(replica)
+            replica.streams += 1
+            try:
+                async for result in replica.streamer.rpc_stream_doc(request=current, **kwargs):
+                    out = result.proto.document.data
+                    migration.patch(out)
+                    migration.sent(out)
+                    yield result
+                return
+            except (asyncio.CancelledError, GeneratorExit):
+                raise
+            except Exception as exc:  # noqa: BLE001 - the replica failed (gone, restarting, unreachable)
+                replica.lost()
+                current = self._next(migration, current, exc, replica, tried)
+            finally:
+                replica.streams -= 1
+
+    def _next(self, migration: Migration, current: SingleDocumentRequest, exc: BaseException, replica: Any,
+              tried: set) -> SingleDocumentRequest:
+        """After a replica failed: the same request elsewhere (nothing was sent on yet), or the
+        request resumed from what was; an answer of several cannot move."""
+        if not migration.sent_any:
+            log.warning("replica %d failed before its first document (%s): another one takes it", replica.index, exc)
+            return current
+        if not migration.movable:
+            raise exc
+        log.warning("replica %d broke a stream after %d tokens (%s): it goes on on another replica",
+                    replica.index, len(migration.tokens), exc)
+        self.fleet.migrations += 1
+        return migration.resumed()
+
+    async def stream_doc(self, doc: Any, return_results: bool = False, exec_endpoint: Optional[str] = None,
+                         **kwargs: Any) -> AsyncIterator[tuple[Any, Any]]:
+        """As Jina's: the document in a request, then (result or document, error) pairs."""
+        request = SingleDocumentRequest()
+        request.document_cls = doc.__class__
+        request.data.doc = doc
+        if exec_endpoint:
+            request.header.exec_endpoint = exec_endpoint
+        async for result in self.rpc_stream_doc(request):
+            error = result.status.exception if result.status.code == jina_pb2.StatusProto.ERROR else None
+            yield (result if return_results else result.data.doc), error
+
+    async def stream_docs(self, docs: Any, exec_endpoint: Optional[str] = None, **kwargs: Any) -> AsyncIterator[Any]:
+        gathered = await self.fleet.unary(exec_endpoint or "")
+        if gathered is not None:
+            yield DocList[ModelOutputDocument]([ModelOutputDocument(text=gathered)])
+            return
+        replica = await self.fleet.pick([], frozenset())
+        async for result in replica.streamer.stream_docs(docs, exec_endpoint=exec_endpoint, **kwargs):
+            yield result
+
+    async def process_single_data(self, request: Any, context: Any = None) -> Any:
+        """Jina's unary call (gRPC /generate): the least busy replica, or the router's pick."""
+        replica = await self.fleet.pick([], frozenset())
+        return await replica.streamer.process_single_data(request, context)
+
+    async def rpc_stream(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        replica = await self.fleet.pick([], frozenset())
+        async for response in replica.streamer.rpc_stream(*args, **kwargs):
+            yield response
+
+    async def close(self) -> None:
+        await self.fleet.close()
+        await self._inner.close()
+
+
+def install(server: Any) -> None:
+    """Route `server`'s requests (Jina's gRPC or HTTP server in the gateway) through the fleet of
+    replicas that its runtime arguments name; a gateway of several deployments keeps Jina's."""
+    fleet = Fleet.shared(server.runtime_args, server.logger)
+    if fleet is None:
+        return
+    routed = RoutingStreamer(server._request_handler.streamer, fleet)
+    server._request_handler.streamer = server.streamer = routed
+
