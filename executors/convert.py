@@ -1,7 +1,7 @@
 """Documents <-> engine types: the one place where the two meet."""
 import json
 from dataclasses import fields
-from typing import Optional
+from typing import Any, Optional
 
 from contract import SamplingParams, ServerInfo, kind_of, request_fields
 from engine import EngineClient, RequestOutput
@@ -75,7 +75,7 @@ def server_info(engine: EngineClient, name: str) -> ServerInfo:
     """What gateways advertise (/info, /v1/models): the model, and the server's limits as
     EngineConfig and RequestLimits declare them."""
     info, config = engine.info, engine.config
-    limits = {f.name: getattr(config, f.name) for f in fields(config) if f.name.startswith("max_")}
+    limits: dict[str, Any] = {f.name: getattr(config, f.name) for f in fields(config) if f.name.startswith("max_")}
     return ServerInfo(model_id=name, max_context=info.max_context, **limits, **config.limits.as_dict(),
                       device=info.device, dtype=info.dtype,
                       chat_template=bool(getattr(engine.tokenizer, "chat_template", None)),
