@@ -76,7 +76,8 @@ def server_info(engine: EngineClient, name: str) -> ServerInfo:
     EngineConfig and RequestLimits declare them."""
     info, config = engine.info, engine.config
     limits: dict[str, Any] = {f.name: getattr(config, f.name) for f in fields(config) if f.name.startswith("max_")}
-    return ServerInfo(model_id=name, max_context=info.max_context, **limits, **config.limits.as_dict(),
+    limits.update(config.limits.as_dict())
+    return ServerInfo(model_id=name, max_context=info.max_context, **limits,
                       device=info.device, dtype=info.dtype,
                       chat_template=bool(getattr(engine.tokenizer, "chat_template", None)),
                       kv_cache_tokens=engine.stats()["kv_blocks"] * BLOCK_SIZE, kv_block_size=BLOCK_SIZE,
