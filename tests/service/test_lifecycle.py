@@ -1,0 +1,82 @@
+"""Stopping the service at any moment, its start included, leaves no process behind: `make serve`
+(deploy/serve.py) on Ctrl-C or SIGTERM, and a bare `jina flow` whose processes die with it
+(contract/lifecycle.py)."""
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from testing.procs import ROOT, free_port
+
+
+def service_processes(mark: str) -> list[psutil.Process]:
+    """Every live process started with this mark in its environment (the Flow's, the engines')."""
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.environ().get("LLM_TEST_MARK") == mark and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return found
+
+
+def start(model: str, tmp: Path, bare: bool) -> tuple[subprocess.Popen, str, int]:
+    mark, http_port = uuid.uuid4().hex, free_port()
+    env = {**os.environ, "LLM_MODEL": model, "LLM_REPLICAS": "2", "LLM_GRPC_PORT": str(free_port()),
+           "LLM_HTTP_PORT": str(http_port), "LLM_TEST_MARK": mark}
+    jina = str(Path(sys.executable).parent / "jina")
+    cmd = [jina, "flow", "--uses", "flows/llm.yml"] if bare else [sys.executable, "deploy/serve.py", "flows/llm.yml"]
+    log = open(tmp / f"{mark}.log", "wb")
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True), mark, http_port
+
+
+def ready(http_port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/health", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def stop_and_count(process: subprocess.Popen, mark: str, sig: signal.Signals, group: bool) -> list[str]:
+    """Signal the service; what of it is still running 20 s later (then killed)."""
+    os.killpg(process.pid, sig) if group else process.send_signal(sig)
+    deadline = time.monotonic() + 20
+    while (left := service_processes(mark)) and time.monotonic() < deadline:
+        time.sleep(0.25)
+    for leftover in left:
+        leftover.kill()
+    process.wait(10)
+    return [" ".join(p.cmdline())[:80] for p in left]
+
+
+@pytest.mark.parametrize("moment,sig,group", [
+    (1.0, signal.SIGTERM, True), (3.0, signal.SIGINT, True), (6.0, signal.SIGTERM, False),
+    ("ready", signal.SIGINT, True)], ids=["1s-group-term", "3s-group-int", "6s-term", "ready-group-int"])
+def test_make_serve_stopped_at_any_moment_leaves_no_process(gpt2_model, tmp_path, moment, sig, group):
+    process, mark, http_port = start(gpt2_model, tmp_path, bare=False)
+    if moment == "ready":
+        deadline = time.monotonic() + 120
+        while not ready(http_port) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert ready(http_port)
+    else:
+        time.sleep(moment)
+    assert stop_and_count(process, mark, sig, group) == []
+
+
+def test_a_bare_flow_stopped_while_it_starts_leaves_no_process(gpt2_model, tmp_path):
+    """SIGTERM to the group of `jina flow` while its replicas start: Jina's main process exits
+    with children still starting, which die with it."""
+    process, mark, _ = start(gpt2_model, tmp_path, bare=True)
+    time.sleep(4.0)
+    assert stop_and_count(process, mark, signal.SIGTERM, True) == []
