@@ -88,7 +88,14 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                    help="the speculative-decoding benchmark instead (speculative_bench.py): plain prompts at "
                         "--concurrency (1,16) and an input-copying chat workload at C=1, this with speculation "
                         "off and on (this-spec) and llama-cpp; on smollm2 unless --models names another")
+    p.add_argument("--replicas", action="store_true",
+                   help="the replicas benchmark instead (replicas_bench.py): two replicas behind the router, "
+                        "under round robin, and one replica: conversations, a shared prompt, a uniform load, a "
+                        "killed replica and a rolling restart; on smollm2 unless --models names another")
     args = p.parse_args(argv)
+    if args.replicas:
+        args.models = args.models or ["smollm2"]
+        args.out = args.out or HERE / "results" / "replicas"
     if args.speculative:
         from .speculative_bench import SPEC_SYSTEMS
         args.models = args.models or ["smollm2"]
@@ -110,7 +117,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     args.quick_extra = args.quick and args.models is None
     args.models = args.models or (["tiny"] if args.quick else ["tiny", "gpt2-small", "smollm2"])
     args.concurrency = args.concurrency or ([1, 16] if args.quick else [1, 4, 16, 64])
-    args.max_tokens = args.max_tokens or (32 if args.quick or args.prefix else 64)
+    args.max_tokens = args.max_tokens or (32 if args.quick or args.prefix or args.replicas else 64)
     args.time_limit = args.time_limit or (40.0 if args.quick else 300.0)
     return args
 
@@ -215,6 +222,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.speculative:
         from .speculative_bench import main as run_speculative
         return one_model_main(run_speculative, args, argv)
+    if args.replicas:
+        from .replicas_bench import main as run_replicas
+        return one_model_main(run_replicas, args, argv)
     rows: list[dict] = []
     notes: list[str] = []
     machine = _machine_checked()
