@@ -33,8 +33,7 @@ class Fleet:
         self.poll = int(os.environ.get("LLM_ROUTER_POLL_MS", "500")) / 1000
         self.wait = float(os.environ.get("LLM_ROUTER_WAIT_S", "15"))
         self.migrations = 0
-        self._keys: Optional[PrefixKeys] = None
-        self._keys_tried = False
+        self._keys: Optional[asyncio.Task] = None  # the tokenizer from a replica, then PrefixKeys
         self._poller: Optional[asyncio.Task] = None
 
     @classmethod
@@ -80,22 +79,28 @@ class Fleet:
                 tried.add(replica)
 
     async def keys(self, data: Any) -> list[int]:
-        """The request's prefix-cache keys, once the tokenizer came from a replica; [] with one
-        replica, round robin, or no tokenizer (routing then goes on load alone)."""
+        """The request's prefix-cache keys, once the tokenizer came from a replica (requests that
+        come meanwhile wait for it); [] with one replica, round robin, or no tokenizer (routing
+        then goes on load alone)."""
         if len(self.replicas) < 2 or self.router.policy is not Policy.CACHE_AWARE:
             return []
-        if self._keys is None and not self._keys_tried:
-            self._keys_tried = True
-            try:
-                self._keys = PrefixKeys(TokenizerSpec.from_json(await self.one("/tokenizer", 60)))
-            except Exception as exc:  # noqa: BLE001 - routing then goes on load alone
-                log.warning("no tokenizer from the replicas (%s): routing on load alone", exc)
-                self._keys_tried = False
-        if self._keys is None:
+        self._fetch_keys()
+        assert self._keys is not None
+        try:
+            keys = await asyncio.shield(self._keys)
+        except Exception as exc:  # noqa: BLE001 - routing goes on load alone; the next request asks again
+            log.warning("no tokenizer from the replicas (%s): routing on load alone", exc)
+            self._keys = None
             return []
         prompt = data["prompt"].text if "prompt" in data else ""
         messages = data["messages"].text if "messages" in data else ""
-        return self._keys.keys(prompt, messages)
+        return keys.keys(prompt, messages)
+
+    def _fetch_keys(self) -> None:
+        async def fetch() -> PrefixKeys:
+            return PrefixKeys(TokenizerSpec.from_json(await self.one("/tokenizer", 60)))
+        if self._keys is None:
+            self._keys = asyncio.get_running_loop().create_task(fetch())
 
     # ----- reports -----
     def _start_polling(self) -> None:
@@ -105,6 +110,9 @@ class Fleet:
     async def _poll(self) -> None:
         while True:
             await asyncio.gather(*(r.report() for r in self.replicas))
+            if any(r.reachable for r in self.replicas) and len(self.replicas) > 1 \
+                    and self.router.policy is Policy.CACHE_AWARE:
+                self._fetch_keys()  # before the first request needs it
             await asyncio.sleep(self.poll)
 
     # ----- endpoints that speak for every replica -----

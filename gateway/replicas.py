@@ -29,6 +29,7 @@ class Load:
     waiting: int = 0
     kv_used: float = 0.0  # of its KV cache's blocks
     draining: bool = False
+    steps: int = 0  # its engine's steps so far: fewer than before means it restarted
     at: float = 0.0  # when it came (time.monotonic); 0: never
 
 
@@ -83,8 +84,9 @@ class Replica:
 
     @property
     def busy(self) -> int:
-        """Its requests, as it reported them, and those sent to it since."""
-        return self.load.running + self.load.waiting + self.routed
+        """Its requests: as it reported them (every gateway's), or the streams this gateway holds
+        open to it if more (its report lags a burst), and those sent to it since its report."""
+        return max(self.load.running + self.load.waiting, self.streams) + self.routed
 
     async def unary(self, endpoint: str, timeout: float = 10.0) -> str:
         """The `text` of its answer on a unary endpoint (/stats, /metrics, /info, /tokenizer)."""
@@ -98,20 +100,24 @@ class Replica:
         return await asyncio.wait_for(first(), timeout)
 
     async def report(self) -> None:
-        """Its load, asked for; unreachable until it answers again."""
+        """Its load, asked for. A replica that cannot be reached takes no work until it answers
+        again; one that is only slow to answer (busy) keeps its last report."""
         try:
-            stats = json.loads(await self.unary("/stats", timeout=5.0))
+            stats = json.loads(await self.unary("/stats", timeout=15.0))
+        except TimeoutError:
+            return
         except Exception as exc:  # noqa: BLE001 - gone, starting, restarting: not taking work
             if self.reachable:
                 log.warning("replica %d (%s) does not answer: %s", self.index, self.address, exc)
             self.reachable = False
             return
-        if not self.reachable and self.load.at:
-            log.info("replica %d (%s) answers again", self.index, self.address)
-            self.cache.clear()  # a restarted replica's cache is empty
+        steps = stats.get("steps", 0)
+        if self.load.at and steps < self.load.steps:
+            log.info("replica %d (%s) restarted: its cache is empty", self.index, self.address)
+            self.cache.clear()
         used, total = stats.get("kv_blocks_used", 0), stats.get("kv_blocks", 0) or 1
         self.load = Load(stats.get("running", 0), stats.get("waiting", 0), used / total,
-                         bool(stats.get("draining")), time.monotonic())
+                         bool(stats.get("draining")), steps, time.monotonic())
         self.cache.capacity = max(1, total)
         self.reachable, self.routed = True, 0
 
