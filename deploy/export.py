@@ -1,5 +1,5 @@
 """`make k8s` and `make compose`: `jina export` of deploy/flow.yml, completed with what the
-export lacks, written under deploy/ (checked in; tests/test_deploy.py validates them).
+export lacks, written under deploy/ (checked in; tests/service/test_deploy.py validates them).
 
     python deploy/export.py kubernetes|docker-compose
 
@@ -7,7 +7,8 @@ Kubernetes, in deploy/k8s/cpu and deploy/k8s/gpu (the `gpus` variant): a readine
 liveness probe whose timeout applies (the export passes `--timeout 9500` as one argument,
 which `jina ping` ignores, so the probe gives up after its default 3 s); resource requests
 (and an NVIDIA GPU); the metrics port, annotated for Prometheus; the executor's replicas
-from the flow. Docker Compose, in deploy/docker-compose.yml: without the export's mount of
+from the flow; the executor's Service headless, so that the gateway's router sees every pod. Docker
+Compose, in deploy/docker-compose.yml: without the export's mount of
 the host's ~/.cache/jina over the image's WORKDIR, which would hide config.yml.
 """
 import os
@@ -68,6 +69,9 @@ def complete_executor(container: dict, pod: dict, variant: str) -> None:
 
 
 def complete_gateway(container: dict, pod: dict) -> None:
+    # the executor's Service is headless: its name resolves to every ready pod, and the router
+    # looks it up again and again (gateway/membership.py), so pods join and leave its rotation
+    container.setdefault("env", []).append({"name": "LLM_ROUTER_RESOLVE", "value": "1"})
     container["livenessProbe"] = {"exec": {"command": ping("gateway", 9500)}, "initialDelaySeconds": 30,
                                   "periodSeconds": 10, "timeoutSeconds": 12, "failureThreshold": 3}
     # ready when the executor answers too (TGI's /health asks it), on the HTTP port
@@ -80,6 +84,8 @@ def complete_k8s(out: Path, variant: str) -> None:
     for path in sorted(out.rglob("*.yml")):
         docs = list(yaml.safe_load_all(path.read_text()))
         for doc in docs:
+            if doc.get("kind") == "Service" and doc["metadata"]["name"] == "llm":
+                doc["spec"]["clusterIP"] = "None"  # headless: one address per pod, for the router
             if doc.get("kind") != "Deployment":
                 continue
             pod = doc["spec"]["template"]

@@ -14,8 +14,7 @@ import re
 import time
 from typing import Any, Optional
 
-from jina.serve.runtimes.gateway.streamer import GatewayStreamer
-
+from gateway.membership import Membership
 from gateway.prefix_keys import PrefixKeys, TokenizerSpec
 from gateway.replicas import Replica, one_deployment
 from gateway.router import NoReplica, Policy, Router, Thresholds
@@ -27,8 +26,10 @@ _SERIES = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>[^}]*)
 class Fleet:
     _shared: dict[str, "Fleet"] = {}
 
-    def __init__(self, replicas: list[Replica], policy: Policy):
-        self.replicas = replicas
+    def __init__(self, members: Membership, policy: Policy):
+        self.members = members
+        self.replicas = members.initial()  # changed in place when members come and go
+        replicas = self.replicas
         self.router = Router(replicas, policy, Thresholds.from_env())
         self.poll = int(os.environ.get("LLM_ROUTER_POLL_MS", "500")) / 1000
         self.wait = float(os.environ.get("LLM_ROUTER_WAIT_S", "15"))
@@ -45,11 +46,8 @@ class Fleet:
             deployment = one_deployment(addresses)
             if deployment is None:
                 return None
-            name, found = deployment
-            graph = json.loads(runtime_args.graph_description)
-            replicas = [Replica(i, address, GatewayStreamer(graph, {name: [address]}, retries=0, logger=logger))
-                        for i, address in enumerate(found)]
-            cls._shared[addresses] = cls(replicas, Policy(os.environ.get("LLM_ROUTER", Policy.CACHE_AWARE)))
+            members = Membership(*deployment[:1], json.loads(runtime_args.graph_description), deployment[1], logger)
+            cls._shared[addresses] = cls(members, Policy(os.environ.get("LLM_ROUTER", Policy.CACHE_AWARE)))
         return cls._shared[addresses]
 
     # ----- choosing -----
@@ -109,6 +107,7 @@ class Fleet:
 
     async def _poll(self) -> None:
         while True:
+            await self.members.refresh(self.replicas)
             await asyncio.gather(*(r.report() for r in self.replicas))
             if any(r.reachable for r in self.replicas) and len(self.replicas) > 1 \
                     and self.router.policy is Policy.CACHE_AWARE:
@@ -129,7 +128,8 @@ class Fleet:
         return None
 
     async def _stats(self) -> dict:
-        answers = await asyncio.gather(*(r.unary("/stats") for r in self.replicas), return_exceptions=True)
+        replicas = list(self.replicas)  # as they are now: members may come and go meanwhile
+        answers = await asyncio.gather(*(r.unary("/stats") for r in replicas), return_exceptions=True)
         each = [json.loads(a) if isinstance(a, str) else {"error": str(a)} for a in answers]
         total: dict[str, Any] = {}
         for stats in each:
@@ -137,15 +137,16 @@ class Fleet:
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     total[key] = total.get(key, 0) + value
         total["healthy"] = any(s.get("healthy", False) for s in each)  # the service answers
-        return {**total, "replicas": [{**r.describe(), **s} for r, s in zip(self.replicas, each, strict=True)],
+        return {**total, "replicas": [{**r.describe(), **s} for r, s in zip(replicas, each, strict=True)],
                 "router": {**self.router.describe(), "migrations": self.migrations}}
 
     async def _metrics(self) -> str:
         """Every replica's series, each labelled with its replica, family by family (a family's
         HELP and TYPE once, then its samples from every replica, as the text format wants)."""
-        answers = await asyncio.gather(*(r.unary("/metrics") for r in self.replicas), return_exceptions=True)
+        replicas = list(self.replicas)
+        answers = await asyncio.gather(*(r.unary("/metrics") for r in replicas), return_exceptions=True)
         families: dict[str, list[str]] = {}  # a family's HELP and TYPE lines, then its samples
-        for replica, text in zip(self.replicas, answers, strict=True):
+        for replica, text in zip(replicas, answers, strict=True):
             family = ""
             for line in text.splitlines() if isinstance(text, str) else []:
                 if line.startswith("# "):

@@ -1,17 +1,53 @@
 """The checked-in cluster manifests (deploy/, from `make k8s` and `make compose`): images,
-ports, probes that work, env, replicas, resources, the GPU variant; and they are what the
+ports, probes that work, env, replicas, resources, the GPU variant, the router's view of the pods;
+they are valid for a current Kubernetes (kubernetes-validate, offline), and they are what the
 export writes today."""
 import filecmp
 import shutil
 import subprocess
 import sys
 
+import kubernetes_validate
 import pytest
 import yaml
 
 from tests.conftest import ROOT
 
 DEPLOY = ROOT / "deploy"
+
+
+KUBERNETES = "1.33.0"  # a current release, whose schemas kubernetes-validate ships
+INFERENCE_POOL = {"selector": dict, "targetPorts": list, "endpointPickerRef": dict}  # GIE v1's required fields
+
+
+def manifests() -> list[tuple[str, dict]]:
+    return [(str(path.relative_to(DEPLOY)), doc) for path in sorted((DEPLOY / "k8s").rglob("*.yml"))
+            for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+@pytest.mark.parametrize("name,doc", manifests(), ids=lambda x: x if isinstance(x, str) else x["kind"])
+def test_every_manifest_is_valid_kubernetes(name, doc):
+    if doc["kind"] == "InferencePool":  # a CRD: the Gateway API Inference Extension's v1 fields
+        assert doc["apiVersion"] == "inference.networking.k8s.io/v1"
+        spec = doc["spec"]
+        assert {k: type(spec.get(k)) for k in INFERENCE_POOL} == INFERENCE_POOL, spec
+        assert spec["selector"]["matchLabels"] and all(isinstance(p["number"], int) for p in spec["targetPorts"])
+        assert spec["endpointPickerRef"]["name"] and isinstance(spec["endpointPickerRef"]["port"]["number"], int)
+        return
+    kubernetes_validate.validate(doc, KUBERNETES, strict=True)
+
+
+def test_the_inference_pool_picks_pods_that_each_answer_whole():
+    """GIE's endpoint picker routes to a pod: each pod holds a gateway and its executor, the pool's
+    port is the gateway's HTTP port, and the pod serves the metrics the picker reads."""
+    docs = {doc["kind"]: doc for _, doc in manifests() if "inference-pool" in _}
+    pod = docs["Deployment"]["spec"]["template"]
+    assert pod["metadata"]["labels"] == docs["InferencePool"]["spec"]["selector"]["matchLabels"]
+    containers = {c["name"]: c for c in pod["spec"]["containers"]}
+    assert {p["containerPort"] for p in containers["gateway"]["ports"]} == {
+        p["number"] for p in docs["InferencePool"]["spec"]["targetPorts"]}
+    assert {"name": "LLM_METRICS_PORT", "value": "9100"} in containers["executor"]["env"]
+    assert "grpc://127.0.0.1:8080" in " ".join(containers["gateway"]["args"])
 
 
 def deployments(variant: str) -> dict[str, dict]:
@@ -45,6 +81,10 @@ def test_kubernetes_manifests(variant):
     assert gw["readinessProbe"]["httpGet"] == {"path": "/health", "port": 8081}
     assert gw["livenessProbe"]["exec"]["command"][-2:] == ["--timeout", "9500"]
     assert '"llm": ["grpc://llm.llm-stream.svc:8080"]' in " ".join(gw["args"])
+    assert {"name": "LLM_ROUTER_RESOLVE", "value": "1"} in gw["env"]  # the router sees every pod...
+    services = {doc["metadata"]["name"]: doc for _, doc in manifests() if f"/{variant}/" in f"/{_}"
+                and doc["kind"] == "Service"}
+    assert services["llm"]["spec"]["clusterIP"] == "None"  # ...through the headless Service
 
 
 def test_compose_manifest():
