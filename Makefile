@@ -19,7 +19,7 @@ export PYTHONWARNINGS ?= ignore:pkg_resources is deprecated:UserWarning
 FIND_LINKS := $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
 UV_FLAGS := $(if $(FIND_LINKS),--find-links $(FIND_LINKS),)
 
-.PHONY: setup serve test test-fast soak lint model toy-model protos image-test k8s compose llama-cpp eval-venv bench bench-quick bench-engine clean
+.PHONY: setup serve test test-fast soak lint model toy-model protos image-test compose-test k8s compose llama-cpp eval-venv bench bench-quick bench-engine clean
 
 $(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -64,6 +64,10 @@ toy-model: $(TOY_MODEL)/config.json
 # container images (deploy/Dockerfile), built and run here with podman: see deploy/README.md
 image-test: setup model
 	bash deploy/image_test.sh
+
+# the Docker Compose deployment under podman-compose: routing and a stream moved off a killed container
+compose-test: setup model
+	bash deploy/compose_test.sh
 
 # cluster manifests from `jina export`, completed (probes, resources, GPU, metrics): deploy/
 k8s: setup

@@ -20,22 +20,7 @@ RUN=(--health-interval disable --network host "${LIMITS[@]}")
 CA=/etc/ssl/certs/ca-certificates.crt
 EXECUTOR_PORT=23456 GRPC_PORT=23345 HTTP_PORT=23346
 
-bash deploy/base_image.sh
-# the CPU torch wheel this machine has (pip's find-links), as the image's torch
-FIND_LINKS=$(.venv/bin/python -m pip config get global.find-links 2>/dev/null || true)
-for dir in $FIND_LINKS; do cp -n "$dir"/torch-2.13.0*-cp311-*.whl deploy/wheels/ 2>/dev/null || true; done
-
-build() {  # target
-  local started=$SECONDS
-  "${PODMAN[@]}" build --format docker --network host "${LIMITS[@]}" -v "$CA:/run/host-ca.crt:ro" -f deploy/Dockerfile \
-    --build-arg BASE=localhost/bookworm-min:latest --build-arg TORCH=cpu --build-arg TORCH_INDEX= \
-    --target "$1" -t "localhost/llm-stream-$1:$TAG" . >"/tmp/llm-stream-build-$1.log" 2>&1 \
-    || { tail -30 "/tmp/llm-stream-build-$1.log"; exit 1; }
-  echo "built localhost/llm-stream-$1:$TAG in $((SECONDS - started)) s, $("${PODMAN[@]}" image inspect \
-    "localhost/llm-stream-$1:$TAG" --format '{{.Size}}' | awk '{printf "%.0f MB", $1 / 1e6}')"
-}
-build executor
-build gateway
+bash deploy/build_images.sh "$TAG"
 
 cleanup() { "${PODMAN[@]}" rm -f llm-stream-executor llm-stream-gateway >/dev/null 2>&1 || true; }
 trap cleanup EXIT
