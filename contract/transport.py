@@ -15,6 +15,16 @@ OPENAI_ERROR_TYPE: dict[ErrorKind, str] = {
     ErrorKind.NOT_FOUND: "invalid_request_error",
     ErrorKind.AUTHENTICATION: "authentication_error", ErrorKind.INTERNAL: "server_error"}
 
+ANTHROPIC_STATUS: dict[ErrorKind, int] = {  # Anthropic's Messages API: 529 for an overloaded server
+    ErrorKind.VALIDATION: 400, ErrorKind.OVERLOADED: 529, ErrorKind.GENERATION: 500,
+    ErrorKind.UNPROCESSABLE: 400, ErrorKind.NOT_FOUND: 404, ErrorKind.AUTHENTICATION: 401, ErrorKind.INTERNAL: 500}
+
+ANTHROPIC_ERROR_TYPE: dict[ErrorKind, str] = {
+    ErrorKind.VALIDATION: "invalid_request_error", ErrorKind.OVERLOADED: "overloaded_error",
+    ErrorKind.GENERATION: "api_error", ErrorKind.UNPROCESSABLE: "invalid_request_error",
+    ErrorKind.NOT_FOUND: "not_found_error", ErrorKind.AUTHENTICATION: "authentication_error",
+    ErrorKind.INTERNAL: "api_error"}
+
 # a refusal before the first token ends the call with this status; None: it comes as an
 # error document, as every failure after the first token does
 GRPC_STATUS: dict[ErrorKind, str | None] = {

@@ -35,6 +35,7 @@ class RequestOutput:
     choice: int = 0  # which of the request's n answers
     prompt: Optional[PromptScores] = None  # prompt_logprobs: on each answer's first output
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    stop_sequence: Optional[str] = None  # the stop sequence that ended the answer (finish_reason stop_sequence)
 
     @classmethod
     def failure(cls, request_id: str, error: BaseException | str, index: int = -1, prompt_tokens: int = 0,
@@ -76,7 +77,7 @@ class RequestOutput:
         last = outputs[-1]
         whole = cls(last.request_id, [], [], [], [], last.index, last.finish_reason, last.error, last.error_kind,
                     last.error_field, last.prompt_tokens, last.generated_tokens, last.seed, choice=last.choice,
-                    cached_tokens=last.cached_tokens,
+                    cached_tokens=last.cached_tokens, stop_sequence=last.stop_sequence,
                     prompt=next((o.prompt for o in outputs if o.prompt is not None), None))
         for out in outputs:
             whole.token_ids += out.token_ids

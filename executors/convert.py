@@ -1,7 +1,7 @@
 """Documents <-> engine types: the one place where the two meet."""
 import json
 from dataclasses import fields
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from contract import SamplingParams, ServerInfo, kind_of, request_fields
 from engine import EngineClient, RequestOutput
@@ -10,18 +10,20 @@ from engine.policies.prompt_logprobs import PromptScores
 from schemas import ModelOutputDocument, PromptDocument, Seed
 
 
-def to_request(doc: PromptDocument) -> tuple[str, SamplingParams, Optional[str]]:
-    """(prompt, params, chat messages as JSON or None); the engine validates and renders."""
+def to_request(doc: PromptDocument) -> tuple[Union[str, list[int]], SamplingParams, Optional[str]]:
+    """(prompt, as text or token ids; params; chat messages as JSON or None); the engine validates
+    and renders."""
     params = SamplingParams(**{f.name: getattr(doc, f.name) for f in request_fields()})
     params.stop = list(params.stop or [])
     params.resume_tokens = list(params.resume_tokens or [])
-    return doc.prompt, params, doc.messages or None
+    return list(doc.prompt_token_ids) or doc.prompt, params, doc.messages or None
 
 
 def to_document(out: RequestOutput, generated_text: str) -> ModelOutputDocument:
     """One streamed document (or a whole answer): `generated_text` is all text so far."""
     finish = out.finish_reason
     final = finish is not None
+    first = out.index + 1 == len(out.token_ids)  # an answer's first document: it starts at token 0
     prompt = out.prompt
     return ModelOutputDocument(
         token_id=out.token_ids[-1] if out.token_ids else -1, token_ids=out.token_ids, text=out.text,
@@ -30,8 +32,9 @@ def to_document(out: RequestOutput, generated_text: str) -> ModelOutputDocument:
         special=out.special[-1] if out.special else False, specials=out.special,
         finish_reason=finish.value if finish is not None else None,
         generated_tokens=out.generated_tokens if final else None,
-        prompt_tokens=out.prompt_tokens if final else None,
-        cached_tokens=out.cached_tokens if final else None,
+        prompt_tokens=out.prompt_tokens if final or first else None,  # first: for usage streamed up front
+        cached_tokens=out.cached_tokens if final or first else None,
+        stop_sequence=out.stop_sequence if final else None,
         seed=Seed(out.seed) if final and out.seed is not None else None,
         tokens=out.token_strs, alternative_counts=[len(a) for a in out.alternatives],
         alternative_ids=[i for a in out.alternatives for i, _, _ in a],

@@ -8,7 +8,7 @@ import json
 import os
 import uuid
 from dataclasses import MISSING, fields
-from typing import Any, AsyncGenerator, Optional  # noqa: UP035 - Jina needs typing's (see stream)
+from typing import Any, AsyncGenerator, Optional, Union  # noqa: UP035 - Jina needs typing's (see stream)
 
 from docarray import DocList
 from jina import Executor, requests
@@ -77,7 +77,7 @@ class LLMExecutor(Executor):
             return [error_document(exc)]
         return [to_document(out, out.text) for out in outs]
 
-    def _request(self, doc: PromptDocument) -> tuple[str, SamplingParams, Optional[str], str]:
+    def _request(self, doc: PromptDocument) -> tuple[Union[str, list[int]], SamplingParams, Optional[str], str]:
         """The engine's request, whose generation ends with the task serving it: when the
         caller goes away, Jina cancels that task, and the generation is aborted at once,
         whether or not anyone closes the generator that yields its documents (an abandoned
@@ -103,6 +103,26 @@ class LLMExecutor(Executor):
         """Model id and limits for gateways (/info, /v1/models), as JSON in `text`."""
         info = server_info(self.engine, self.model_name)
         return DocList[ModelOutputDocument]([ModelOutputDocument(text=info.to_json())])
+
+    @requests(on="/tokenize")
+    async def tokenize(self, docs: DocList[PromptDocument], **kwargs) -> DocList[ModelOutputDocument]:
+        """The prompt's (or the chat's) token ids, in `token_ids`, as a request with these options would
+        have them; an error document naming the field when it would be refused."""
+        prompt, params, messages = to_request(docs[0])
+        try:
+            ids = await self.engine.tokenize(prompt, params, messages)
+        except Exception as exc:  # noqa: BLE001 - refused: an error document
+            return DocList[ModelOutputDocument]([error_document(exc)])
+        return DocList[ModelOutputDocument]([ModelOutputDocument(token_ids=ids, prompt_tokens=len(ids))])
+
+    @requests(on="/detokenize")
+    async def detokenize(self, docs: DocList[PromptDocument], **kwargs) -> DocList[ModelOutputDocument]:
+        """`prompt_token_ids` as text, in `text`."""
+        try:
+            text = self.engine.detokenize(list(docs[0].prompt_token_ids))
+        except Exception as exc:  # noqa: BLE001
+            return DocList[ModelOutputDocument]([error_document(exc)])
+        return DocList[ModelOutputDocument]([ModelOutputDocument(text=text)])
 
     @requests(on="/tokenizer")
     async def tokenizer(self, docs: DocList[PromptDocument], **kwargs) -> DocList[ModelOutputDocument]:

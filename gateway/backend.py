@@ -118,11 +118,22 @@ class Backend:
 
     async def _unary(self, endpoint: str) -> str:
         """The `text` of the executor's answer on a unary endpoint (JSON, or Prometheus text)."""
-        docs = DocList[PromptDocument]([PromptDocument()])
+        return (await self._call(endpoint, PromptDocument())).text
+
+    async def _call(self, endpoint: str, doc: PromptDocument) -> ModelOutputDocument:
+        docs = DocList[PromptDocument]([doc])
         async for result in self.streamer.stream_docs(docs, exec_endpoint=endpoint,
                                                       return_type=DocList[ModelOutputDocument]):
-            return result[0].text
+            return result[0]
         raise RuntimeError(f"no answer from {endpoint}")
+
+    async def tokenize(self, doc: PromptDocument) -> ModelOutputDocument:
+        """The document's prompt (or chat) as token ids, in `token_ids`; or an error document."""
+        return await self._call("/tokenize", doc)
+
+    async def detokenize(self, doc: PromptDocument) -> ModelOutputDocument:
+        """The document's `prompt_token_ids` as text; or an error document."""
+        return await self._call("/detokenize", doc)
 
     async def info(self) -> ServerInfo:
         """Model id and limits from the executor's '/info' endpoint (cached: they never change)."""

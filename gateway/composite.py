@@ -22,13 +22,16 @@ from jina.serve.runtimes.servers.composite import CompositeBaseServer
 
 from contract.lifecycle import die_with_parent
 from gateway import jina_call_ends, routing
+from gateway.anthropic_routes import anthropic_router
 from gateway.backend import Backend
 from gateway.grpc_edge import StatusGRPCGateway
 from gateway.http_guard import DEBUG_PATHS, ApiKey, BodyLimit, cors_origins, debug_enabled
 from gateway.jina_sse import jina_sse_router
 from gateway.openai_routes import openai_router
 from gateway.ops_routes import ops_router
+from gateway.responses_routes import responses_router
 from gateway.tgi_routes import tgi_router
+from gateway.tokens_routes import tokens_router
 from gateway.ws_chat import chat_router
 
 # Jina builds its HTTP models with pydantic v1-style configs: one warning per model, at start
@@ -36,7 +39,8 @@ warnings.filterwarnings("ignore", message="Valid config keys have changed in V2"
 
 # Jina HTTP routes that our protocols replace, and /status, which tells anyone the
 # environment and internal addresses (TGI's /health says what a caller needs): (path, method)
-REPLACED_JINA_ROUTES = {("/generate", "POST"), ("/stream", "GET"), ("/status", "GET"), ("/stats", "GET")}
+REPLACED_JINA_ROUTES = {("/generate", "POST"), ("/stream", "GET"), ("/status", "GET"), ("/stats", "GET"),
+                        ("/tokenize", "POST"), ("/detokenize", "POST")}
 
 jina_call_ends.install()  # the executor's generation ends with the request that asked for it
 
@@ -63,13 +67,17 @@ class LLMHTTPGateway(HTTPGateway):
         app.include_router(openai_router(backend))
         app.include_router(tgi_router(backend))
         app.include_router(ops_router(backend))
+        app.include_router(anthropic_router(backend))
+        app.include_router(responses_router(backend))
+        app.include_router(tokens_router(backend))
         app.include_router(chat_router(backend))
         return app
 
     async def setup_server(self) -> None:
         await super().setup_server()
         base = f"http://localhost:{self.port}"
-        self.logger.info(f"HTTP routes: OpenAI {base}/v1 · TGI {base}/generate_stream · "
+        self.logger.info(f"HTTP routes: OpenAI {base}/v1 (chat, completions, responses) · Anthropic "
+                         f"{base}/v1/messages · TGI {base}/generate_stream · "
                          f"Jina SSE {base}/stream · WebSocket ws://localhost:{self.port}/chat · "
                          f"chat page {base}/chat-ui")
 

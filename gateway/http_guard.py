@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from contract import ErrorKind, RequestLimits
-from contract.transport import HTTP_STATUS, OPENAI_ERROR_TYPE
+from contract.transport import ANTHROPIC_ERROR_TYPE, HTTP_STATUS, OPENAI_ERROR_TYPE
 
 DEBUG_PATHS = {"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/dry_run"}
 
@@ -47,9 +47,12 @@ OPEN_PATHS = {"/", "/health", "/metrics", "/chat-ui"}  # GET: what probes, scrap
 
 
 def error_body(path: str, message: str, param: Optional[str], kind: ErrorKind = ErrorKind.VALIDATION) -> bytes:
-    """The protocol's own error shape: OpenAI's under /v1, TGI's elsewhere."""
-    if path.startswith("/v1/"):
-        body: dict = {"error": {"message": message, "type": OPENAI_ERROR_TYPE[kind], "param": param, "code": kind.value}}
+    """The protocol's own error shape: Anthropic's under /v1/messages, OpenAI's elsewhere under
+    /v1, TGI's elsewhere."""
+    if path.startswith("/v1/messages"):
+        body: dict = {"type": "error", "error": {"type": ANTHROPIC_ERROR_TYPE[kind], "message": message}}
+    elif path.startswith("/v1/"):
+        body = {"error": {"message": message, "type": OPENAI_ERROR_TYPE[kind], "param": param, "code": kind.value}}
     else:
         body = {"error": message, "error_type": kind.value}
     return json.dumps(body).encode()
@@ -59,10 +62,11 @@ def api_key() -> str:
     return os.environ.get("LLM_API_KEY", "")
 
 
-def key_matches(authorization: Optional[str], key: str) -> bool:
-    """`Bearer <key>`, compared in constant time."""
+def key_matches(authorization: Optional[str], key: str, x_api_key: Optional[str] = None) -> bool:
+    """`Authorization: Bearer <key>`, or Anthropic's `x-api-key: <key>`, compared in constant time."""
     given = (authorization or "").removeprefix("Bearer ").strip()
-    return hmac.compare_digest(given.encode(), key.encode())
+    return hmac.compare_digest(given.encode(), key.encode()) or (
+        x_api_key is not None and hmac.compare_digest(x_api_key.strip().encode(), key.encode()))
 
 
 class ApiKey:
@@ -76,10 +80,12 @@ class ApiKey:
         if not self.key or scope["type"] != "http" or (scope["method"] in ("GET", "HEAD") and scope["path"] in OPEN_PATHS):
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or [])
-        if key_matches(headers.get(b"authorization", b"").decode("latin-1"), self.key):
+        x_api_key = headers.get(b"x-api-key")
+        if key_matches(headers.get(b"authorization", b"").decode("latin-1"), self.key,
+                       x_api_key.decode("latin-1") if x_api_key is not None else None):
             return await self.app(scope, receive, send)
-        body = error_body(scope["path"], "authorization: a valid API key is required (Authorization: Bearer <key>)",
-                          None, ErrorKind.AUTHENTICATION)
+        body = error_body(scope["path"], "authorization: a valid API key is required (Authorization: Bearer <key>, "
+                                         "or x-api-key: <key>)", None, ErrorKind.AUTHENTICATION)
         await send({"type": "http.response.start", "status": HTTP_STATUS[ErrorKind.AUTHENTICATION],
                     "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer"),
                                 (b"content-length", str(len(body)).encode())]})

@@ -13,7 +13,7 @@ from typing import Any, Optional, Union
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, create_model
+from pydantic import BaseModel, ConfigDict, StrictInt, create_model
 
 from contract import ErrorKind, ServerInfo
 from contract.transport import OPENAI_ERROR_TYPE, OPENAI_STATUS
@@ -65,7 +65,7 @@ _Common = create_model("_Common", __base__=_OpenAIRequest, **option_fields(exclu
 
 
 class CompletionRequest(_Common):  # type: ignore[misc, valid-type]
-    prompt: Union[str, list[str]]
+    prompt: Union[str, list[str], list[StrictInt], list[list[StrictInt]]]  # text, or token ids
     echo: Bool = False
     logprobs: Int = None  # the alternatives per token, 0 to 20; null: no log probabilities
 
@@ -209,10 +209,10 @@ class OpenAI(Protocol):
 class OpenAICompletions(OpenAI):
     async def parse(self, request: Request, backend: Upstream) -> Parsed:
         req = await parse_body(request, CompletionRequest)
-        if isinstance(req.prompt, list) and len(req.prompt) != 1:
-            raise BadRequest("prompt: one prompt per request", "prompt")
-        prompt = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
+        prompt, ids = _prompt(req.prompt)
         max_tokens = req.max_tokens if req.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
+        if ids and req.echo:
+            raise BadRequest("echo: the prompt's text is not known for a prompt of token ids", "echo")
         context = OpenAIContext(req, "cmpl-" + uuid.uuid4().hex, prefix=prompt if req.echo else "")
         fields, sent_as = to_fields(req, max_tokens)
         if req.logprobs is not None:
@@ -220,10 +220,23 @@ class OpenAICompletions(OpenAI):
             sent_as["top_logprobs"] = "logprobs"
         if req.echo and (req.logprobs is not None or max_tokens == 0):  # the prompt's own numbers, as vLLM
             fields["prompt_logprobs"] = True
-        return Parsed(prompt_document(prompt=prompt, **fields), bool(req.stream), context, sent_as)
+        return Parsed(prompt_document(prompt=prompt, prompt_token_ids=ids, **fields), bool(req.stream), context,
+                      {**sent_as, "prompt_token_ids": "prompt"})
 
     def prefix(self, parsed: Parsed) -> str:
         return parsed.request.prefix
+
+
+def _prompt(prompt: Any) -> tuple[str, list[int]]:
+    """(text, token ids) of completions' one prompt: a string, a list of one string, a list of
+    token ids, or a list of one such list."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
+        if len(prompt) != 1:
+            raise BadRequest("prompt: one prompt per request", "prompt")
+        prompt = prompt[0]
+    if isinstance(prompt, list):
+        return "", prompt
+    return prompt, []
 
 
 

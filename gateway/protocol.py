@@ -71,6 +71,10 @@ class Upstream(Interface):
 
     async def metrics(self) -> str: ...
 
+    async def tokenize(self, doc: PromptDocument) -> ModelOutputDocument: ...
+
+    async def detokenize(self, doc: PromptDocument) -> ModelOutputDocument: ...
+
 
 class Protocol:
     """A wire format. Subclasses supply the mapping and the encoders."""

@@ -14,11 +14,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+import grpc
 from docarray import DocList
+from jina.excepts import InternalNetworkError
 
 from schemas import ModelOutputDocument, PromptDocument
 
 log = logging.getLogger(__name__)
+UNREACHABLE = (InternalNetworkError, grpc.aio.AioRpcError, ConnectionError, OSError)  # a replica that is not there
 
 
 @dataclass
@@ -106,11 +109,13 @@ class Replica:
             stats = json.loads(await self.unary("/stats", timeout=15.0))
         except TimeoutError:
             return
-        except Exception as exc:  # noqa: BLE001 - gone, starting, restarting: not taking work
+        except UNREACHABLE as exc:  # gone, starting, restarting: not taking work
             if self.reachable:
                 log.warning("replica %d (%s) does not answer: %s", self.index, self.address, exc)
             self.reachable = False
             return
+        except Exception:  # noqa: BLE001 - it answers, but has no /stats (an executor of another kind)
+            stats = {"steps": self.load.steps}
         steps = stats.get("steps", 0)
         if self.load.at and steps < self.load.steps:
             log.info("replica %d (%s) restarted: its cache is empty", self.index, self.address)

@@ -18,12 +18,13 @@ import asyncio
 import logging
 import random
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any, Optional
 
 from docarray import DocList
 from jina.proto import jina_pb2
 from jina.serve.runtimes.gateway.streamer import GatewayStreamer
-from jina.types.request.data import SingleDocumentRequest
+from jina.types.request.data import DataRequest, SingleDocumentRequest
 
 from gateway.fleet import Fleet
 from schemas import ModelOutputDocument
@@ -117,11 +118,12 @@ class RoutingStreamer:
             tried.add(replica)
             replica.streams += 1
             try:
-                async for result in replica.streamer.rpc_stream_doc(request=current, **kwargs):
-                    out = result.proto.document.data
-                    migration.patch(out)
-                    migration.sent(out)
-                    yield result
+                async with aclosing(replica.streamer.rpc_stream_doc(request=current, **kwargs)) as results:
+                    async for result in results:  # closed with this generator: the call ends with it
+                        out = result.proto.document.data
+                        migration.patch(out)
+                        migration.sent(out)
+                        yield result
                 return
             except (asyncio.CancelledError, GeneratorExit):
                 raise
@@ -135,10 +137,13 @@ class RoutingStreamer:
               tried: set) -> SingleDocumentRequest:
         """After a replica failed: the same request elsewhere (nothing was sent on yet), or the
         request resumed from what was; an answer of several cannot move."""
+        others = [r for r in self.fleet.replicas if r not in tried]
         if not migration.sent_any:
+            if not others:
+                raise exc
             log.warning("replica %d failed before its first document (%s): another one takes it", replica.index, exc)
             return current
-        if not migration.movable:
+        if not migration.movable or not others:
             raise exc
         log.warning("replica %d broke a stream after %d tokens (%s): it goes on on another replica",
                     replica.index, len(migration.tokens), exc)
@@ -160,7 +165,14 @@ class RoutingStreamer:
     async def stream_docs(self, docs: Any, exec_endpoint: Optional[str] = None, **kwargs: Any) -> AsyncIterator[Any]:
         gathered = await self.fleet.unary(exec_endpoint or "")
         if gathered is not None:
-            yield DocList[ModelOutputDocument]([ModelOutputDocument(text=gathered)])
+            docs_out = DocList[ModelOutputDocument]([ModelOutputDocument(text=gathered)])
+            if not kwargs.get("return_results"):
+                yield docs_out
+                return
+            result = DataRequest()  # as Jina's HTTP routes read an executor's answer
+            result.document_array_cls = DocList[ModelOutputDocument]
+            result.data.docs = docs_out
+            yield result
             return
         replica = await self.fleet.pick([], frozenset())
         async for result in replica.streamer.stream_docs(docs, exec_endpoint=exec_endpoint, **kwargs):

@@ -79,6 +79,7 @@ def _wire_type(f: Any) -> Any:
 if TYPE_CHECKING:  # what mypy sees of the model built below (one made at import has no static type)
     class PromptDocument(FlatDoc):
         prompt: str
+        prompt_token_ids: list[int]
         messages: str
 
         def __init__(self, **fields: Any) -> None: ...
@@ -87,7 +88,11 @@ if TYPE_CHECKING:  # what mypy sees of the model built below (one made at import
 else:
     PromptDocument = create_model(
         "PromptDocument", __base__=FlatDoc, __module__=__name__,
-        prompt=(str, Field("", description="the text to continue; ignored when `messages` is set")),
+        prompt=(str, Field("", description="the text to continue; ignored when `messages` or `prompt_token_ids` "
+                                           "is set")),
+        prompt_token_ids=(list[Int32], Field([], description=(
+            "the prompt as token ids (the model's own tokenizer's), instead of `prompt`; ignored when `messages` "
+            "is set"))),
         **{f.name: (_wire_type(f), Field(default=[] if field_type(f)[0] is list else f.default,
                                          description=f.metadata["help"]))
            for f in request_fields()},
@@ -142,11 +147,12 @@ class ModelOutputDocument(FlatDoc):
     prompt_alternative_logprobs: list[float] = []
     finish_reason: Optional[str] = None  # each answer's last: length | eos_token | stop_sequence | tool_calls | error
     generated_tokens: Optional[Int32] = None  # each answer's last document only
-    prompt_tokens: Optional[Int32] = None  # each answer's last document only
-    cached_tokens: Optional[Int32] = None  # each answer's last: prompt tokens reused from the prefix cache
+    prompt_tokens: Optional[Int32] = None  # each answer's first and last documents
+    cached_tokens: Optional[Int32] = None  # first and last: prompt tokens reused from the prefix cache
+    stop_sequence: Optional[str] = None  # each answer's last, when a stop sequence ended it: which one
     seed: Optional[Seed] = None  # last document only, when sampling
     error: Optional[str] = None  # set on a final error document
-    error_type: Optional[str] = None  # validation | overloaded | generation
+    error_type: Optional[str] = None  # validation | overloaded | unprocessable | generation
     error_field: Optional[str] = None  # the request field a validation error is about
 
 

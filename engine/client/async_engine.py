@@ -14,9 +14,9 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import aclosing
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
-from contract import EngineConfig, EngineDeadError, SamplingParams
+from contract import EngineConfig, EngineDeadError, SamplingParams, check
 
 from ..core.core import EngineCore
 from ..messages import Prepared
@@ -62,7 +62,7 @@ class EngineClient(ABC):
     @abstractmethod
     def shutdown(self, timeout: float = 10.0) -> None: ...
 
-    async def open(self, prompt: str, params: SamplingParams, messages: Any = None,
+    async def open(self, prompt: Union[str, list[int]], params: SamplingParams, messages: Any = None,
                    request_id: Optional[str] = None) -> AsyncGenerator[RequestOutput, None]:
         """The service's entry point, for a prompt or chat messages. Errors raise here,
         before the first chunk; the request is aborted as soon as the caller stops
@@ -74,7 +74,20 @@ class EngineClient(ABC):
         await self._submit(stream, prepared)
         return self._iterator(stream)
 
-    async def complete(self, prompt: str, params: SamplingParams, messages: Any = None,
+    async def tokenize(self, prompt: Union[str, list[int]], params: SamplingParams, messages: Any = None) -> list[int]:
+        """The prompt's token ids as a request with these options would have them (chat rendered);
+        raises ValidationError naming the field."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self._prepare, self.preparer.tokenize, prompt, params, messages)
+
+    def detokenize(self, ids: list[int]) -> str:
+        """Token ids (the model's) as text, special tokens included."""
+        vocab = len(self.tokenizer)
+        check(bool(ids) and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in ids),
+              "prompt_token_ids", f"must be a non-empty list of token ids from 0 to {vocab - 1}")
+        return str(self.tokenizer.decode(ids))
+
+    async def complete(self, prompt: Union[str, list[int]], params: SamplingParams, messages: Any = None,
                        request_id: Optional[str] = None) -> list[RequestOutput]:
         """The whole answers, one output each in choice order (unary calls); raises as `open`
         does, or GenerationError when it fails midway. Cancelling the caller aborts it at once."""

@@ -54,10 +54,23 @@ class Preparer:
         return tokens
 
     def _prompt_ids(self, prompt: Any) -> list[int]:
+        """A prompt's token ids: as given (a list of ids, the model's own), or its text's."""
+        if isinstance(prompt, list):
+            vocab = len(self.tokenizer)
+            check(bool(prompt) and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab
+                                       for t in prompt), "prompt_token_ids",
+                  f"must be a non-empty list of token ids from 0 to {vocab - 1}")
+            return list(prompt)
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValidationError("prompt", "must be a non-empty string")
         self.config.limits.check_prompt(prompt)  # never tokenize 20 MB to find it is too long
         return self.tokenizer(prompt)["input_ids"]
+
+    def tokenize(self, prompt: Any, params: SamplingParams, messages: Any = None) -> list[int]:
+        """The prompt's token ids as a request would have them (chat rendered with its template and
+        tools), validated as `prepare` validates them: /tokenize, Anthropic's count_tokens."""
+        params.validate(self.config.max_tokens_limit, self.config.limits)
+        return self._chat_ids(messages, params, tool_spec(params)) if messages else self._prompt_ids(prompt)
 
     def _chat_ids(self, messages: Any, params: SamplingParams, spec: Optional[ToolSpec]) -> list[int]:
         room = self.max_context - params.max_tokens

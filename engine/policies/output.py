@@ -46,6 +46,7 @@ class TokenPiece:
     alternatives: Optional[list[Alternative]] = None
     tool_calls: list[ToolCallDelta] = field(default_factory=list)
     finish: Optional[FinishReason] = None
+    stop_sequence: Optional[str] = None  # the one that ended the answer (finish STOP)
 
 
 def finish_reason(stop_hit: bool, eos: bool, length: bool, grammar_done: bool,
@@ -86,7 +87,7 @@ class OutputPipeline:
         asked = self.asks_logprobs
         return TokenPiece(token_id, text, logprob, token_id in self.vocab.special_ids,
                           self.vocab.texts(token_id) if asked else None, alternatives if asked else None, calls,
-                          finish)
+                          finish, self.stops.hit if finish is FinishReason.STOP else None)
 
     def replay(self, tokens: list[int]) -> None:
         """A resumed request's tokens so far, through every policy, their output dropped (it was

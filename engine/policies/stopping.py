@@ -23,6 +23,7 @@ class StopSequenceFilter:
         self._stops = [s for s in stops if s]
         self._text = ""
         self._emitted = 0
+        self.hit: str | None = None  # the stop sequence that ended the text, once one did
 
     def add(self, delta: str) -> tuple[str, bool]:
         """Return (text safe to emit, whether a stop sequence was hit)."""
@@ -32,6 +33,7 @@ class StopSequenceFilter:
         self._text += delta
         hit = self._first_stop(old_len)
         if hit is not None:
+            self.hit = next(s for s in self._stops if self._text.startswith(s, hit))
             out = self._text[self._emitted:hit]
             self._text = self._text[:hit]
             self._emitted = hit

@@ -6,10 +6,13 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from contract import RequestLimits, ServerInfo
+from gateway.anthropic_routes import anthropic_router
 from gateway.backend import CollectedAnswer
 from gateway.jina_sse import jina_sse_router
 from gateway.openai_routes import openai_router
+from gateway.responses_routes import responses_router
 from gateway.tgi_routes import tgi_router
+from gateway.tokens_routes import tokens_router
 from schemas import ModelOutputDocument, PromptDocument
 
 INFO = ServerInfo(model_id="fake-model", max_context=512, max_tokens_limit=100, max_running=2, max_waiting=2,
@@ -55,6 +58,16 @@ class FakeUpstream:
     async def stats(self):
         return {"healthy": True}
 
+    async def tokenize(self, doc):
+        """Token ids as the fake tokenizer makes them: one per character of the prompt or messages."""
+        self.sent.append(doc)
+        text = doc.messages or doc.prompt
+        return ModelOutputDocument(token_ids=[ord(c) % 1000 for c in text], prompt_tokens=len(text))
+
+    async def detokenize(self, doc):
+        self.sent.append(doc)
+        return ModelOutputDocument(text="".join(chr(i) for i in doc.prompt_token_ids))
+
 
 @pytest.fixture
 def fake():
@@ -64,6 +77,7 @@ def fake():
 @pytest.fixture
 def http(fake):
     app = FastAPI()
-    for router in (openai_router(fake), tgi_router(fake), jina_sse_router(fake)):
+    for router in (openai_router(fake), tgi_router(fake), jina_sse_router(fake), anthropic_router(fake),
+                   responses_router(fake), tokens_router(fake)):
         app.include_router(router)
     return TestClient(app)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from contract import ErrorKind, field_type, request_fields
+from contract import ErrorKind, field_type, item_type, request_fields
 from gateway.backend import error_doc
 from gateway.tgi_routes import TGI_FIELD_NAMES
 from schemas import PromptDocument
@@ -31,6 +31,8 @@ def test_minimal_requests_map_to_their_protocols_defaults(http, fake):
 
 def _non_default(f):
     kind, _ = field_type(f)
+    if kind is list and item_type(f) is int:
+        return [5, 6]
     return {int: 7, float: 0.5, bool: True, list: ["zz"], str: "[0-9]+"}[kind] if f.name != "temperature" else 0.75
 
 

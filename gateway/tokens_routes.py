@@ -1,0 +1,83 @@
+"""Tokens in and out, in vLLM's shapes: POST /tokenize (a prompt, or chat messages through the
+model's template, with tools) and POST /detokenize. Routers, evaluation harnesses and trainers use
+them beside prompts given as token ids (OpenAI completions' `prompt`, PromptDocument's
+`prompt_token_ids`)."""
+from typing import Any, Optional, Union
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
+
+from contract import ErrorKind
+from gateway.inputs import BadRequest, parse_body, prompt_document, refuse_unsupported
+from gateway.openai_routes import OpenAI, error_body
+from gateway.protocol import Upstream
+from gateway.tool_calls import tool_fields
+
+# what would change the tokens and is not served: refused unless neutral
+UNSUPPORTED: dict[str, tuple] = {"continue_final_message": (False,), "chat_template": (), "chat_template_kwargs": ({},),
+                                 "return_token_strs": (False,), "mm_processor_kwargs": ({},)}
+
+
+class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: Optional[StrictStr] = None
+    prompt: Optional[StrictStr] = None
+    messages: Optional[list[dict[str, Any]]] = None
+    add_special_tokens: Optional[StrictBool] = None
+    add_generation_prompt: Optional[StrictBool] = None
+    tools: Optional[list[dict[str, Any]]] = None
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: Optional[StrictStr] = None
+    tokens: list[StrictInt]
+
+
+def tokenize_document(req: TokenizeRequest) -> Any:
+    """The request as a document; the defaults that cannot change (the engine tokenizes a prompt
+    with its special tokens, and renders a chat with its generation prompt) are refused if changed."""
+    refuse_unsupported(req, UNSUPPORTED)
+    if (req.prompt is None) == (req.messages is None):
+        raise BadRequest("prompt: give a prompt or messages, not both", "prompt")
+    if req.prompt is not None:
+        if req.add_special_tokens is False:
+            raise BadRequest("add_special_tokens: prompts are tokenized with the model's special tokens", 
+                             "add_special_tokens")
+        return prompt_document(prompt=req.prompt)
+    if req.add_generation_prompt is False or req.add_special_tokens is True:
+        name = "add_generation_prompt" if req.add_generation_prompt is False else "add_special_tokens"
+        raise BadRequest(f"{name}: chats are rendered with their generation prompt, as a request's", name)
+    return prompt_document(messages=req.messages, **tool_fields(req.tools, None))
+
+
+def tokens_router(backend: Upstream) -> APIRouter:
+    router = APIRouter(tags=["Tokens"])
+
+    @router.post("/tokenize", summary="vLLM's: a prompt's (or chat's) token ids")
+    async def tokenize(request: Request) -> Response:
+        try:
+            doc = tokenize_document(await parse_body(request, TokenizeRequest))
+        except BadRequest as exc:
+            return JSONResponse(error_body(str(exc), ErrorKind.VALIDATION, exc.param), status_code=400)
+        out = await backend.tokenize(doc)
+        if out.error is not None:
+            return OpenAI().refusal(out)
+        info = await backend.info()
+        return JSONResponse({"count": len(out.token_ids), "max_model_len": info.max_context,
+                             "tokens": list(out.token_ids), "token_strs": None})
+
+    @router.post("/detokenize", summary="vLLM's: token ids as text")
+    async def detokenize(request: Request) -> Response:
+        try:
+            req: Union[DetokenizeRequest, Any] = await parse_body(request, DetokenizeRequest)
+            doc = prompt_document(prompt_token_ids=req.tokens)
+        except BadRequest as exc:
+            return JSONResponse(error_body(str(exc), ErrorKind.VALIDATION, exc.param), status_code=400)
+        out = await backend.detokenize(doc)
+        if out.error is not None:
+            return OpenAI().refusal(out)
+        return JSONResponse({"prompt": out.text})
+
+    return router
