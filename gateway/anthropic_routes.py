@@ -6,10 +6,11 @@ A request maps onto the contract like every other route: `system` and `messages`
 `tool_use` and `tool_result` blocks) become the engine's conversation, `tools` and `tool_choice`
 its function tools, `max_tokens`, `stop_sequences`, `temperature`, `top_p`, `top_k` its fields.
 Anthropic samples at temperature 1 unless told otherwise, as here. What is not served is refused
-naming the field (docs/api.md lists it): extended `thinking`, image and document blocks, server
-tools, `container`, `mcp_servers`. `cache_control` marks are accepted and do nothing: the prefix
-cache is automatic (`usage.cache_read_input_tokens` says what it held), and `metadata` does not
-change an answer.
+naming the field (docs/api.md lists it): extended `thinking`, `output_config.effort`, image and
+document blocks, server tools, `container`, `mcp_servers`. `output_config.format` (a JSON schema)
+is structured output. `cache_control` marks are accepted and do nothing: the prefix cache is
+automatic (`usage.cache_read_input_tokens` says what it held); `metadata` and the other fields that
+name who asks do not change an answer.
 """
 import json
 import uuid
@@ -34,7 +35,8 @@ STOP_REASON = {"eos_token": "end_turn", "length": "max_tokens", "stop_sequence":
 TOOL_CHOICE = {"auto": "auto", "any": "required", "none": "none"}  # and {"type": "tool", "name"}
 # fields that change the answer and that this server does not serve: refused unless neutral
 UNSUPPORTED: dict[str, tuple] = {"thinking": ({"type": "disabled"},), "container": (), "mcp_servers": ([],),
-                                 "service_tier": ("auto", "standard_only")}
+                                 "service_tier": ("auto", "standard_only"), "speed": ("standard",),
+                                 "inference_geo": (), "context_management": ()}
 
 
 class MessagesRequest(BaseModel):
@@ -51,6 +53,7 @@ class MessagesRequest(BaseModel):
     metadata: Optional[dict[str, Any]] = None
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[dict[str, Any]] = None
+    output_config: Optional[dict[str, Any]] = None
 
 
 class CountRequest(BaseModel):
@@ -135,9 +138,24 @@ def tools(req: Any) -> dict[str, Any]:
     return tool_choice_fields(declared, name, parallel)
 
 
+def output_format(config: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """`output_config.format` ({"type": "json_schema", "schema"}: structured output); an `effort`
+    (how long a model thinks) is not served."""
+    config = config or {}
+    if config.get("effort") is not None:
+        raise BadRequest("output_config.effort: not served here (the model does not think at length)", "output_config")
+    fmt = config.get("format")
+    if fmt is None:
+        return {}
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+        raise BadRequest('output_config.format: must be {"type": "json_schema", "schema": {...}}', "output_config")
+    return {"json_schema": json.dumps(fmt["schema"])}
+
+
 def to_fields(req: Any) -> dict[str, Any]:
     refuse_unsupported(req, UNSUPPORTED)
-    fields = {"max_tokens": req.max_tokens, "stop": list(req.stop_sequences or []), "do_sample": True, **tools(req)}
+    fields = {"max_tokens": req.max_tokens, "stop": list(req.stop_sequences or []), "do_sample": True, **tools(req),
+              **output_format(req.output_config)}
     for name in ("temperature", "top_p", "top_k"):
         if getattr(req, name) is not None:
             fields[name] = getattr(req, name)
@@ -156,7 +174,8 @@ class Messages(Protocol):
     async def parse(self, request: Request, backend: Upstream) -> Parsed:
         req = await parse_body(request, MessagesRequest)
         doc = prompt_document(messages=conversation(req), **to_fields(req))
-        return Parsed(doc, bool(req.stream), MessageContext(req), {"stop": "stop_sequences"})
+        return Parsed(doc, bool(req.stream), MessageContext(req), {"stop": "stop_sequences",
+                                                                   "json_schema": "output_config"})
 
     def refusal(self, error: ModelOutputDocument) -> Response:
         k = kind(error)
