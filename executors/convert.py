@@ -3,7 +3,7 @@ import json
 from dataclasses import fields
 from typing import Any, Optional, Union
 
-from contract import SamplingParams, ServerInfo, kind_of, request_fields
+from contract import SamplingParams, ServerInfo, ValidationError, kind_of, request_fields
 from engine import EngineClient, RequestOutput
 from engine.core.kv_pool import BLOCK_SIZE
 from engine.policies.prompt_logprobs import PromptScores
@@ -13,6 +13,8 @@ from schemas import ModelOutputDocument, PromptDocument, Seed
 def to_request(doc: PromptDocument) -> tuple[Union[str, list[int]], SamplingParams, Optional[str]]:
     """(prompt, as text or token ids; params; chat messages as JSON or None); the engine validates
     and renders."""
+    if doc.prompt_token_ids and (doc.prompt or doc.messages):
+        raise ValidationError("prompt_token_ids", "a prompt is text, token ids or chat messages: give one of them")
     params = SamplingParams(**{f.name: getattr(doc, f.name) for f in request_fields()})
     params.stop = list(params.stop or [])
     params.resume_tokens = list(params.resume_tokens or [])

@@ -108,9 +108,8 @@ class LLMExecutor(Executor):
     async def tokenize(self, docs: DocList[PromptDocument], **kwargs) -> DocList[ModelOutputDocument]:
         """The prompt's (or the chat's) token ids, in `token_ids`, as a request with these options would
         have them; an error document naming the field when it would be refused."""
-        prompt, params, messages = to_request(docs[0])
         try:
-            ids = await self.engine.tokenize(prompt, params, messages)
+            ids = await self.engine.tokenize(*to_request(docs[0]))
         except Exception as exc:  # noqa: BLE001 - refused: an error document
             return DocList[ModelOutputDocument]([error_document(exc)])
         return DocList[ModelOutputDocument]([ModelOutputDocument(token_ids=ids, prompt_tokens=len(ids))])

@@ -6,11 +6,12 @@ A request maps onto the contract like every other route: `system` and `messages`
 `tool_use` and `tool_result` blocks) become the engine's conversation, `tools` and `tool_choice`
 its function tools, `max_tokens`, `stop_sequences`, `temperature`, `top_p`, `top_k` its fields.
 Anthropic samples at temperature 1 unless told otherwise, as here. What is not served is refused
-naming the field (docs/api.md lists it): extended `thinking`, `output_config.effort`, image and
-document blocks, server tools, `container`, `mcp_servers`. `output_config.format` (a JSON schema)
-is structured output. `cache_control` marks are accepted and do nothing: the prefix cache is
-automatic (`usage.cache_read_input_tokens` says what it held); `metadata` and the other fields that
-name who asks do not change an answer.
+naming the field (FIELDS, which docs/api.md's table follows): extended `thinking`,
+`output_config.effort`, image and document blocks, server tools, a final assistant message
+(prefill), `container`, `mcp_servers`. `output_config.format` (a JSON schema) is structured output.
+`cache_control` marks are accepted and do nothing: the prefix cache is automatic
+(`usage.cache_read_input_tokens` says what it held); `metadata` and the other fields that name who
+asks do not change an answer. A field that FIELDS does not name is refused.
 """
 import json
 import uuid
@@ -24,45 +25,50 @@ from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr
 
 from contract import ErrorKind, ServerInfo
 from contract.transport import ANTHROPIC_ERROR_TYPE, ANTHROPIC_STATUS
+from gateway.api_fields import ApiFields, no_effect, refused, served
 from gateway.backend import CollectedAnswer
 from gateway.conversation import Conversation, StreamedCalls, function_tool, tool_choice_fields, usage_of, whole_calls
-from gateway.inputs import BadRequest, Number, parse_body, prompt_document, refuse_unsupported
+from gateway.inputs import BadRequest, Number, parse_body, prompt_document
 from gateway.protocol import Parsed, Protocol, Upstream, kind, serve, sse
 from schemas import ModelOutputDocument
 
 STOP_REASON = {"eos_token": "end_turn", "length": "max_tokens", "stop_sequence": "stop_sequence",
                "tool_calls": "tool_use"}
 TOOL_CHOICE = {"auto": "auto", "any": "required", "none": "none"}  # and {"type": "tool", "name"}
-# fields that change the answer and that this server does not serve: refused unless neutral
-UNSUPPORTED: dict[str, tuple] = {"thinking": ({"type": "disabled"},), "container": (), "mcp_servers": ([],),
-                                 "service_tier": ("auto", "standard_only"), "speed": ("standard",),
-                                 "inference_geo": (), "context_management": ()}
+# every top-level field of a Messages request (docs/api.md's table is checked against it)
+FIELDS = ApiFields("Anthropic's Messages API", (
+    *served("model", "max_tokens", "messages", "system", "stop_sequences", "stream", "temperature", "top_p",
+            "top_k", "tools", "tool_choice", "output_config"),
+    *no_effect("metadata", "cache_control", "service_tier", "inference_geo", "user_profile_id", "workspace_id"),
+    refused("thinking", {"type": "disabled"}), refused("speed", "standard"), refused("container"),
+    refused("mcp_servers", []), refused("context_management"), refused("diagnostics")))
 
 
-class MessagesRequest(BaseModel):
+class CountRequest(BaseModel):
+    """POST /v1/messages/count_tokens: what shapes the prompt (a Messages request's other fields
+    are accepted, as their extras, and do not change the count)."""
     model_config = ConfigDict(extra="allow")
     model: Optional[StrictStr] = None
-    max_tokens: StrictInt
     messages: list[dict[str, Any]]
     system: Optional[Union[StrictStr, list[dict[str, Any]]]] = None
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Optional[dict[str, Any]] = None
+    output_config: Optional[dict[str, Any]] = None
+    metadata: Optional[dict[str, Any]] = None
+    cache_control: Optional[dict[str, Any]] = None
+    service_tier: Optional[StrictStr] = None
+    inference_geo: Optional[StrictStr] = None
+    user_profile_id: Optional[StrictStr] = None
+    workspace_id: Optional[StrictStr] = None
+
+
+class MessagesRequest(CountRequest):
+    max_tokens: StrictInt
     stop_sequences: Optional[list[StrictStr]] = None
     stream: Optional[bool] = False
     temperature: Number = None
     top_p: Number = None
     top_k: Optional[StrictInt] = None
-    metadata: Optional[dict[str, Any]] = None
-    tools: Optional[list[dict[str, Any]]] = None
-    tool_choice: Optional[dict[str, Any]] = None
-    output_config: Optional[dict[str, Any]] = None
-
-
-class CountRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    model: Optional[StrictStr] = None
-    messages: list[dict[str, Any]]
-    system: Optional[Union[StrictStr, list[dict[str, Any]]]] = None
-    tools: Optional[list[dict[str, Any]]] = None
-    tool_choice: Optional[dict[str, Any]] = None
 
 
 def error_body(message: str, error_kind: ErrorKind) -> dict:
@@ -97,6 +103,9 @@ def conversation(req: Any) -> list[dict[str, Any]]:
         if not isinstance(blocks, list):
             raise BadRequest(f"{where}: must be a string or a list of content blocks", "messages")
         _turn(talk, role, blocks, where)
+    if req.messages and req.messages[-1].get("role") == "assistant":
+        raise BadRequest(f"messages.{len(req.messages) - 1}: an answer begun by a final assistant message "
+                         "(prefill) is not served here; end with a user message", "messages")
     return talk.messages
 
 
@@ -153,7 +162,7 @@ def output_format(config: Optional[dict[str, Any]]) -> dict[str, Any]:
 
 
 def to_fields(req: Any) -> dict[str, Any]:
-    refuse_unsupported(req, UNSUPPORTED)
+    FIELDS.check(req)
     fields = {"max_tokens": req.max_tokens, "stop": list(req.stop_sequences or []), "do_sample": True, **tools(req),
               **output_format(req.output_config)}
     for name in ("temperature", "top_p", "top_k"):
@@ -282,7 +291,8 @@ def anthropic_router(backend: Upstream) -> APIRouter:
     async def count_tokens(request: Request) -> Response:
         try:
             req = await parse_body(request, CountRequest)
-            refuse_unsupported(req, UNSUPPORTED)
+            FIELDS.check(req)
+            output_format(req.output_config)
             doc = prompt_document(messages=conversation(req), **tools(req))
         except BadRequest as exc:
             return JSONResponse(error_body(str(exc), ErrorKind.VALIDATION), status_code=400)

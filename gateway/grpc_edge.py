@@ -15,6 +15,7 @@ _status no longer tells anyone the environment.
 """
 import typing
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import grpc
@@ -33,22 +34,44 @@ from schemas import PromptDocument, Seed
 NODE_KINDS_OF_TYPE = ((Seed, {"integer", "text"}), (bool, {"boolean"}), (int, {"integer"}), (float, {"float", "integer"}),
          (str, {"text"}), (list, {"list"}))
 NODE_KIND_WORDS = {"text": "a string (text)", "boolean": "a boolean (boolean)", "integer": "an integer (integer)",
-         "float": "a number (float)", "list": "a list of strings (list of text)"}
+         "float": "a number (float)", "list": "a list (list)"}
+LIST_ITEM_WORDS = {"text": "strings (text)", "integer": "integers (integer)"}
 REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
 
 
-def _kinds(annotation: Any) -> tuple[set[str], bool]:
-    """The NodeProto kinds a field accepts, and whether it may be null (left unset)."""
+@dataclass(frozen=True)
+class FieldKinds:
+    """The NodeProto kinds a field accepts, whether it may be null (left unset), and for a list
+    the kind of its items."""
+    kinds: set[str]
+    optional: bool
+    item: Optional[str] = None
+
+
+def _bare(annotation: Any) -> tuple[Any, bool]:
     optional = typing.get_origin(annotation) is typing.Union
     if optional:
         annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
     if typing.get_origin(annotation) is typing.Annotated:
         annotation = typing.get_args(annotation)[0]
+    return annotation, optional
+
+
+def _kinds_of(annotation: Any) -> set[str]:
     base = typing.get_origin(annotation) or annotation
-    return next(kinds for cls, kinds in NODE_KINDS_OF_TYPE if issubclass(base, cls)), optional
+    return next(kinds for cls, kinds in NODE_KINDS_OF_TYPE if issubclass(base, cls))
 
 
-PROMPT_FIELD_KINDS = {name: _kinds(info.annotation) for name, info in PromptDocument.model_fields.items()}
+def _field_kinds(annotation: Any) -> FieldKinds:
+    annotation, optional = _bare(annotation)
+    kinds = _kinds_of(annotation)
+    if kinds != {"list"}:
+        return FieldKinds(kinds, optional)
+    item = _kinds_of(_bare(typing.get_args(annotation)[0])[0])
+    return FieldKinds(kinds, optional, "integer" if "integer" in item else "text")
+
+
+PROMPT_FIELD_KINDS = {name: _field_kinds(info.annotation) for name, info in PromptDocument.model_fields.items()}
 
 
 def wrong_field(document: Any) -> Optional[str]:
@@ -56,15 +79,15 @@ def wrong_field(document: Any) -> Optional[str]:
     for name, node in document.data.items():
         if name not in PROMPT_FIELD_KINDS:
             return f"{name}: unknown field; PromptDocument has {', '.join(sorted(PROMPT_FIELD_KINDS))}"
-        kinds, optional = PROMPT_FIELD_KINDS[name]
+        expected = PROMPT_FIELD_KINDS[name]
         kind = node.WhichOneof("content")
         if kind is None:
-            if not optional:
+            if not expected.optional:
                 return f"{name}: null; leave the field out for its default"
-        elif kind not in kinds:
-            return f"{name}: expected {' or '.join(NODE_KIND_WORDS[k] for k in sorted(kinds))}, got {kind}"
-        elif kind == "list" and any(item.WhichOneof("content") != "text" for item in node.list.data):
-            return f"{name}: expected a list of strings (list of text)"
+        elif kind not in expected.kinds:
+            return f"{name}: expected {' or '.join(NODE_KIND_WORDS[k] for k in sorted(expected.kinds))}, got {kind}"
+        elif kind == "list" and any(item.WhichOneof("content") != expected.item for item in node.list.data):
+            return f"{name}: expected a list of {LIST_ITEM_WORDS[expected.item or 'text']}"
     try:
         PromptDocument.from_protobuf(document)
     except (ValidationError, ValueError) as exc:

@@ -6,8 +6,8 @@ openai SDK's `responses`, the openai-agents SDK and Codex.
 tools; `text.format` (json_schema, json_object) its structured output; `max_output_tokens`,
 `temperature`, `top_p` its fields. Nothing is kept: `store: true` and `previous_response_id` are
 refused naming the field (a client sends the conversation each time, as agents do with
-`store: false`), and so are the other fields that would change an answer and are not served
-(docs/api.md lists them).
+`store: false`), and so are the other fields that would change an answer and are not served, and
+any field that FIELDS (which docs/api.md's table follows) does not name.
 """
 import time
 import uuid
@@ -20,19 +20,26 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
 
 from contract import ServerInfo
+from gateway.api_fields import ApiFields, no_effect, refused, served
 from gateway.backend import CollectedAnswer
 from gateway.conversation import Conversation, StreamedCalls, function_tool, tool_choice_fields, usage_of, whole_calls
-from gateway.inputs import BadRequest, Number, parse_body, prompt_document, refuse_unsupported
+from gateway.inputs import BadRequest, Number, parse_body, prompt_document
 from gateway.openai_routes import OpenAI
 from gateway.protocol import Parsed, Upstream, kind, serve, sse
 from gateway.structured_output import response_format
 from schemas import ModelOutputDocument
 
-# fields that would change the answer or keep state, not served: refused unless neutral
-UNSUPPORTED: dict[str, tuple] = {"store": (False,), "previous_response_id": (), "conversation": (),
-                                 "reasoning": ({},), "include": ([],), "background": (False,), "prompt": (),
-                                 "max_tool_calls": (), "top_logprobs": (0,), "truncation": ("disabled", "auto"),
-                                 "service_tier": ("auto", "default")}
+# every top-level field of a Responses request (docs/api.md's table is checked against it)
+FIELDS = ApiFields("OpenAI's Responses API", (
+    *served("model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools", "tool_choice",
+            "parallel_tool_calls", "text", "stream"),
+    *no_effect("metadata", "user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
+               "prompt_cache_options", "stream_options"),
+    refused("store", False), refused("previous_response_id"), refused("conversation"), refused("background", False),
+    refused("background_options"), refused("reasoning", {}), refused("include", []), refused("prompt"),
+    refused("max_tool_calls"), refused("top_logprobs", 0), refused("service_tier", "auto", "default"),
+    refused("truncation", "auto"),  # the oldest turns are dropped to fit, always
+    refused("context_management"), refused("moderation"), refused("image"), refused("access_programs")))
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 
 
@@ -51,6 +58,11 @@ class ResponsesRequest(BaseModel):
     stream: Optional[bool] = False
     metadata: Optional[dict[str, Any]] = None
     user: Optional[StrictStr] = None
+    safety_identifier: Optional[StrictStr] = None
+    prompt_cache_key: Optional[StrictStr] = None
+    prompt_cache_retention: Optional[StrictStr] = None
+    prompt_cache_options: Optional[dict[str, Any]] = None
+    stream_options: Optional[dict[str, Any]] = None
 
 
 def conversation(req: Any) -> list[dict[str, Any]]:
@@ -116,8 +128,13 @@ def tools(req: Any) -> dict[str, Any]:
 
 
 def text_format(req: Any) -> dict[str, Any]:
-    """`text.format` as chat's response_format (its json_schema inline)."""
-    fmt = (req.text or {}).get("format")
+    """`text.format` as chat's response_format (its json_schema inline); a `verbosity` other than
+    the model's own (medium) is refused."""
+    text = req.text or {}
+    for key, value in text.items():
+        if key not in ("format", "verbosity") or (key == "verbosity" and value not in (None, "medium")):
+            raise BadRequest(f"text.{key}: {value!r} is not served here (text.format is)", "text")
+    fmt = text.get("format")
     if fmt is None:
         return {}
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
@@ -145,7 +162,7 @@ class Responses(OpenAI):
 
     async def parse(self, request: Request, backend: Upstream) -> Parsed:
         req = await parse_body(request, ResponsesRequest)
-        refuse_unsupported(req, UNSUPPORTED)
+        FIELDS.check(req)
         max_tokens = req.max_output_tokens
         if max_tokens is None:
             info = await backend.info()
@@ -169,7 +186,7 @@ class Responses(OpenAI):
                 "parallel_tool_calls": req.parallel_tool_calls is not False, "previous_response_id": None,
                 "store": False, "temperature": req.temperature, "top_p": req.top_p, "tool_choice": req.tool_choice or
                 "auto", "tools": req.tools or [], "text": req.text or {"format": {"type": "text"}},
-                "truncation": "disabled", "metadata": req.metadata or {}, "user": req.user,
+                "truncation": "auto", "metadata": req.metadata or {}, "user": req.user,
                 "usage": None if not finals else {
                     "input_tokens": prompt, "input_tokens_details": {"cached_tokens": cached},
                     "output_tokens": generated, "output_tokens_details": {"reasoning_tokens": 0},

@@ -9,14 +9,17 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
 
 from contract import ErrorKind
-from gateway.inputs import BadRequest, parse_body, prompt_document, refuse_unsupported
+from gateway.api_fields import ApiFields, refused, served
+from gateway.inputs import BadRequest, parse_body, prompt_document
 from gateway.openai_routes import OpenAI, error_body
 from gateway.protocol import Upstream
 from gateway.tool_calls import tool_fields
 
-# what would change the tokens and is not served: refused unless neutral
-UNSUPPORTED: dict[str, tuple] = {"continue_final_message": (False,), "chat_template": (), "chat_template_kwargs": ({},),
-                                 "return_token_strs": (False,), "mm_processor_kwargs": ({},)}
+# every field of a /tokenize request; what would change the tokens and is not served is refused
+FIELDS = ApiFields("vLLM's /tokenize", (
+    *served("model", "prompt", "messages", "add_special_tokens", "add_generation_prompt", "tools"),
+    refused("continue_final_message", False), refused("chat_template"), refused("chat_template_kwargs", {}),
+    refused("return_token_strs", False), refused("mm_processor_kwargs", {})))
 
 
 class TokenizeRequest(BaseModel):
@@ -38,12 +41,12 @@ class DetokenizeRequest(BaseModel):
 def tokenize_document(req: TokenizeRequest) -> Any:
     """The request as a document; the defaults that cannot change (the engine tokenizes a prompt
     with its special tokens, and renders a chat with its generation prompt) are refused if changed."""
-    refuse_unsupported(req, UNSUPPORTED)
+    FIELDS.check(req)
     if (req.prompt is None) == (req.messages is None):
         raise BadRequest("prompt: give a prompt or messages, not both", "prompt")
     if req.prompt is not None:
         if req.add_special_tokens is False:
-            raise BadRequest("add_special_tokens: prompts are tokenized with the model's special tokens", 
+            raise BadRequest("add_special_tokens: prompts are tokenized with the model's special tokens",
                              "add_special_tokens")
         return prompt_document(prompt=req.prompt)
     if req.add_generation_prompt is False or req.add_special_tokens is True:

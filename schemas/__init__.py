@@ -91,8 +91,8 @@ else:
         prompt=(str, Field("", description="the text to continue; ignored when `messages` or `prompt_token_ids` "
                                            "is set")),
         prompt_token_ids=(list[Int32], Field([], description=(
-            "the prompt as token ids (the model's own tokenizer's), instead of `prompt`; ignored when `messages` "
-            "is set"))),
+            "the prompt as token ids (the model's own tokenizer's), instead of `prompt` or `messages` (refused "
+            "beside them)"))),
         **{f.name: (_wire_type(f), Field(default=[] if field_type(f)[0] is list else f.default,
                                          description=f.metadata["help"]))
            for f in request_fields()},

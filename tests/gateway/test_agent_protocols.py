@@ -103,6 +103,10 @@ def test_a_stop_sequence_is_named(http, fake):
       "tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools"),
     ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "maybe"}},
      "tool_choice"),
+    ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "The"}]},
+     "messages"),
+    ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "speed": "fast"}, "speed"),
+    ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "top_q": 0.5}, "top_q"),
 ])
 def test_what_messages_does_not_serve_is_refused_in_anthropics_shape(http, fake, body, field):
     r = http.post("/v1/messages", json=body)
@@ -122,6 +126,21 @@ def test_count_tokens_counts_the_rendered_prompt(http, fake):
                                                      "tools": [WEATHER_ANTHROPIC]})
     assert r.status_code == 200 and r.json() == {"input_tokens": len(fake.sent[-1].messages)}
     assert json.loads(fake.sent[-1].tools)[0]["function"]["name"] == "get_weather"
+    r = http.post("/v1/messages/count_tokens", json={"messages": [{"role": "user", "content": "hey"}],
+                                                     "thinking": {"type": "enabled", "budget_tokens": 1024}})
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("thinking"), r.text
+
+
+def test_fields_with_no_effect_are_accepted(http, fake):
+    fake.script = [ModelOutputDocument(text="Hi", generated_text="Hi", finish_reason="eos_token")]
+    r = http.post("/v1/messages", json={"max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+                                        "metadata": {"user_id": "u"}, "cache_control": {"type": "ephemeral"},
+                                        "service_tier": "auto", "thinking": {"type": "disabled"}})
+    assert r.status_code == 200, r.text
+    fake.script = [ModelOutputDocument(text="Hi", generated_text="Hi", finish_reason="eos_token")]
+    r = http.post("/v1/responses", json={"input": "x", "store": False, "prompt_cache_key": "k", "user": "u",
+                                         "truncation": "auto", "text": {"verbosity": "medium"}})
+    assert r.status_code == 200 and r.json()["truncation"] == "auto", r.text
 
 
 # ----- OpenAI Responses -----
@@ -176,7 +195,9 @@ def test_text_format_is_structured_output(http, fake):
 
 
 @pytest.mark.parametrize("field,value", [("store", True), ("previous_response_id", "resp_1"),
-                                         ("reasoning", {"effort": "high"}), ("include", ["file_search_call.results"])])
+                                         ("reasoning", {"effort": "high"}), ("include", ["file_search_call.results"]),
+                                         ("truncation", "disabled"), ("text", {"verbosity": "low"}),
+                                         ("max_completion_tokens", 5)])
 def test_what_responses_does_not_serve_is_refused_naming_the_field(http, fake, field, value):
     r = http.post("/v1/responses", json={"input": "x", field: value})
     assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text

@@ -17,7 +17,7 @@ from jina.proto import jina_pb2_grpc
 from jina.proto.docarray_v2.pb import jina_pb2 as installed_jina_pb2
 from jina.types.request.data import SingleDocumentRequest
 
-from client import stream
+from client import StreamError, stream
 from tests.conftest import ROOT
 
 NODE = ROOT / "client" / "node"
@@ -197,3 +197,18 @@ async def test_n_answers_and_prompt_scores_over_grpc_and_sse(flow, protocol):
     alone = [d async for d in stream("hello there", port=port, protocol=protocol, max_tokens=5, do_sample=True,
                                      seed=12, ignore_eos=True)]
     assert [t for d in alone for t in d.token_ids] == [t for d in answers[1] for t in d.token_ids]
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+async def test_a_prompt_given_as_token_ids(flow, protocol):
+    """The same answer as the text those ids encode; ids beside a text prompt are refused."""
+    port = flow[0] if protocol == "grpc" else flow[1]
+    from_text = [d async for d in stream(PROMPT, port=port, protocol=protocol, max_tokens=6, ignore_eos=True,
+                                         prompt_logprobs=True)]
+    ids = list(from_text[0].prompt_token_ids)
+    from_ids = [d async for d in stream("", port=port, protocol=protocol, max_tokens=6, ignore_eos=True,
+                                        prompt_token_ids=ids)]
+    assert [t for d in from_ids for t in d.token_ids] == [t for d in from_text for t in d.token_ids]
+    assert from_ids[-1].generated_text == from_text[-1].generated_text and from_ids[0].prompt_tokens == len(ids)
+    with pytest.raises(StreamError, match="prompt_token_ids"):
+        [d async for d in stream(PROMPT, port=port, protocol=protocol, max_tokens=3, prompt_token_ids=ids)]

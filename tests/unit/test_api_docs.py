@@ -1,29 +1,39 @@
 """docs/api.md documents every request field: the table after `<!-- REQUEST-FIELDS -->` has one
-row per field of PromptDocument's request, named in backticks in its first column."""
+row per field of PromptDocument's request, named in backticks in its first column; the tables
+after `<!-- ANTHROPIC-FIELDS -->` and `<!-- RESPONSES-FIELDS -->` have one row per field of those
+APIs, with what it does here (served, no effect, refused) as the routes declare it."""
 import re
 from pathlib import Path
 
+import pytest
+
 from contract import request_fields
+from gateway import anthropic_routes, responses_routes
+from gateway.api_fields import ApiFields, Handling
 
 API_DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 MARKER = "<!-- REQUEST-FIELDS -->"
-DOCUMENT_ONLY = {"prompt", "messages"}  # PromptDocument's own fields, beside the request fields
+DOCUMENT_ONLY = {"prompt", "prompt_token_ids", "messages"}  # PromptDocument's own fields, beside the request fields
+
+
+def table_rows(text: str, marker: str = MARKER) -> list[list[str]]:
+    """The cells of the table that follows the marker, up to the next blank line (its header and
+    separator rows skipped); the first cell a backticked name, its backticks removed."""
+    assert marker in text, f"{API_DOC}: no `{marker}` line before its table"
+    lines = text.split(marker, 1)[1].lstrip("\n").split("\n\n", 1)[0].splitlines()
+    rows = [line for line in lines if line.strip().startswith("|")]
+    assert len(rows) > 2, f"{API_DOC}: no table (header, separator, rows) after `{marker}`"
+    table = []
+    for row in rows[2:]:
+        cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
+        match = re.fullmatch(r"`(\w+)`", cells[0])
+        assert match, f"{API_DOC}: a row of the table after {marker} does not start with a `name`: {row!r}"
+        table.append([match.group(1), *cells[1:]])
+    return table
 
 
 def documented_fields(text: str) -> list[str]:
-    """The backticked names in the first column of the table that follows the marker, up to the
-    next blank line (its header and separator rows are skipped)."""
-    assert MARKER in text, f"{API_DOC}: no `{MARKER}` line before the request fields' table"
-    lines = text.split(MARKER, 1)[1].lstrip("\n").split("\n\n", 1)[0].splitlines()
-    rows = [line for line in lines if line.strip().startswith("|")]
-    assert len(rows) > 2, f"{API_DOC}: no table (header, separator, rows) after `{MARKER}`"
-    names = []
-    for row in rows[2:]:
-        first = row.strip().strip("|").split("|")[0].strip()
-        match = re.fullmatch(r"`(\w+)`", first)
-        assert match, f"{API_DOC}: a row of the request fields' table does not start with a `name`: {row!r}"
-        names.append(match.group(1))
-    return names
+    return [row[0] for row in table_rows(text)]
 
 
 def test_api_docs_list_every_request_field():
@@ -45,3 +55,22 @@ def test_every_example_output_in_the_documents_is_produced_by_a_test():
     from tests.real_model.test_doc_examples import PRODUCERS
     assert doc_examples.unmarked_outputs() == []
     assert sorted(doc_examples.examples()) == sorted(PRODUCERS)
+
+
+@pytest.mark.parametrize("marker,declared", [("<!-- ANTHROPIC-FIELDS -->", anthropic_routes.FIELDS),
+                                             ("<!-- RESPONSES-FIELDS -->", responses_routes.FIELDS)])
+def test_api_docs_give_each_foreign_apis_fields_as_the_route_declares_them(marker, declared: ApiFields):
+    documented = {row[0]: row[1] for row in table_rows(API_DOC.read_text(encoding="utf-8"), marker)}
+    expected = {f.name: f.handling.value for f in declared.fields}
+    assert documented == expected, (
+        f"docs/api.md's table after {marker} differs from {declared.api}'s declaration: "
+        f"{sorted(set(documented.items()) ^ set(expected.items()))}")
+
+
+@pytest.mark.parametrize("declared,request_model", [
+    (anthropic_routes.FIELDS, anthropic_routes.MessagesRequest),
+    (responses_routes.FIELDS, responses_routes.ResponsesRequest)])
+def test_the_request_models_read_exactly_the_fields_served_or_accepted(declared: ApiFields, request_model):
+    """A refused field reaches the check as an extra; a served one must be read by the model."""
+    read = set(request_model.model_fields)
+    assert read == declared.names(Handling.SERVED) | declared.names(Handling.NO_EFFECT)
