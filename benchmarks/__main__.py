@@ -92,7 +92,25 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                    help="the replicas benchmark instead (replicas_bench.py): two replicas behind the router, "
                         "under round robin, and one replica: conversations, a shared prompt, a uniform load, a "
                         "killed replica and a rolling restart; on smollm2 unless --models names another")
+    p.add_argument("--cpu-record", action="store_true",
+                   help="the CPU record instead (cpu_record.py): this with its defaults, with speculation off and "
+                        "on a Q4_0 GGUF, against llama.cpp on the Q4_1 and Q4_0 GGUF: plain prompts at "
+                        "--concurrency (1,16), and cold prefill of about 1,300 tokens; on smollm2")
+    p.add_argument("--speculation-sweep", action="store_true",
+                   help="speculation on against off (spec_sweep.py): greedy and sampled, --concurrency "
+                        "(1,4,16,64), on smollm2 and gpt2-small unless --models says otherwise")
     args = p.parse_args(argv)
+    if args.cpu_record:
+        from .cpu_record import RECORD_SYSTEMS
+        args.models = args.models or ["smollm2"]
+        args.concurrency = args.concurrency or [1, 16]
+        args.systems = args.systems or list(RECORD_SYSTEMS)
+        args.num_requests = args.num_requests or 32
+        args.out = args.out or HERE / "results" / "cpu-record"
+    if args.speculation_sweep:
+        args.models = args.models or ["smollm2", "gpt2-small"]
+        args.concurrency = args.concurrency or [1, 4, 16, 64]
+        args.out = args.out or HERE / "results" / "speculation-sweep"
     if args.replicas:
         args.models = args.models or ["smollm2"]
         args.out = args.out or HERE / "results" / "replicas"
@@ -219,6 +237,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.prefix:
         from .prefix_bench import main as run_prefix
         return one_model_main(run_prefix, args, argv)
+    if args.cpu_record:
+        from .cpu_record import main as run_record
+        return one_model_main(run_record, args, argv)
+    if args.speculation_sweep:
+        from .spec_sweep import main as run_sweep
+        return run_sweep(args, machine_info(), argv)
     if args.speculative:
         from .speculative_bench import main as run_speculative
         return one_model_main(run_speculative, args, argv)

@@ -77,6 +77,17 @@ def run_and_write(measure: Coroutine[Any, Any, None], result: dict, out: Path,
     return code, text
 
 
+async def measure_each(names: list[str], measure_one: Callable[[str], Coroutine[Any, Any, None]],
+                       notes: list[str]) -> None:
+    """`measure_one` for each name in turn; one that cannot run becomes a note, not a crash."""
+    for name in names:
+        try:
+            await measure_one(name)
+        except Exception as exc:  # noqa: BLE001
+            notes.append(f"{name} failed: {str(exc)[:500]}")
+            print(f"  {name} FAILED: {str(exc)[:2000]}", flush=True)
+
+
 def label(row: dict) -> str:
     return f"{row['system']}/{row['transport']}"
 

@@ -30,7 +30,7 @@ from testing.procs import settle
 
 from .load import Transport, closed_loop, make_prompts
 from .metrics import Total, summarize
-from .report import run_and_write, run_record
+from .report import measure_each, run_and_write, run_record
 from .systems import SPECULATION, _openai_chunks, _openai_model_id, _session, _this_openai, flow_server, llama_server
 
 SPEC_SYSTEMS = ("this", "this-spec", "llama-cpp")
@@ -186,12 +186,7 @@ def markdown(result: dict) -> str:
 
 
 async def measure(model: Path, args: argparse.Namespace, result: dict) -> None:
-    for system in args.systems:
-        try:
-            await measure_system(system, model, args, result)
-        except Exception as exc:  # noqa: BLE001 - a system that cannot run is a note, not a crash
-            result["notes"].append(f"{system} failed: {str(exc)[:500]}")
-            print(f"  {system} FAILED: {str(exc)[:2000]}", flush=True)
+    await measure_each(args.systems, lambda system: measure_system(system, model, args, result), result["notes"])
 
 
 def main(args: argparse.Namespace, model: Path, machine: dict, argv: Optional[list[str]] = None) -> int:

@@ -21,6 +21,7 @@ from testing.procs import ROOT, ServerProcess, free_port
 
 from .load import Transport
 from .metrics import Total
+from .peers.llama_cpp import LLAMA_SERVER
 
 if TYPE_CHECKING:
     import grpc
@@ -271,18 +272,16 @@ def _fastapi_peer(module: str, name: str, *extra: str) -> Callable:
     return peer
 
 
-LLAMA_SERVER = ROOT / "benchmarks" / ".llama.cpp" / "llama-server"
-
-
 @contextlib.asynccontextmanager
-async def llama_server(model: Path, logs: Path, ctx_size: int = 16384,
-                       name: str = "llama-cpp") -> AsyncIterator[tuple[int, aiohttp.ClientSession]]:
-    """llama.cpp's server (`make llama-cpp`) on the same GGUF the service's default model
-    comes from, 2 threads, 16 slots sharing `ctx_size` tokens, continuous batching, ready to
-    answer: (HTTP port, an HTTP client that opens a connection per request)."""
+async def llama_server(model: Path, logs: Path, ctx_size: int = 16384, name: str = "llama-cpp",
+                       gguf: Optional[Path] = None) -> AsyncIterator[tuple[int, aiohttp.ClientSession]]:
+    """llama.cpp's server (`make llama-cpp`) on `gguf`, by default the one the service's default
+    model comes from, 2 threads, 16 slots sharing `ctx_size` tokens, continuous batching, its
+    defaults otherwise (weights repacked where its CPU backend can), ready to answer: (HTTP port,
+    an HTTP client that opens a connection per request)."""
     if not LLAMA_SERVER.exists():
         raise RuntimeError("not built: run `make llama-cpp` (about 10 minutes) to compare with it")
-    gguf = gguf_of(model)
+    gguf = gguf or gguf_of(model)
     port = free_port()
     cmd = [str(LLAMA_SERVER), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "--parallel", "16",
            "--threads", "2", "--ctx-size", str(ctx_size), "--cont-batching"]

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# make llama-cpp: llama.cpp's server, built once from the llama.cpp that llama-cpp-python 0.3.36
-# vendors (a pinned source from PyPI, sha256-checked), into benchmarks/.llama.cpp/llama-server.
-# About 10 minutes on 2 cores. `python -m benchmarks` uses it as the `llama-cpp` system.
+# make llama-cpp: llama.cpp's server and llama-quantize, built once from the llama.cpp that
+# llama-cpp-python 0.3.36 vendors (a pinned source from PyPI, sha256-checked), into
+# benchmarks/.llama.cpp/, with its shared libraries where that package's Python bindings look for
+# them (src/llama_cpp/lib). About 10 minutes on 2 cores. `python -m benchmarks` uses the server as
+# the `llama-cpp` system, llama-quantize to make its Q4_0 GGUF, and `python -m benchmarks.quality`
+# the bindings to read llama.cpp's logits.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=benchmarks/.llama.cpp
 SDIST=llama_cpp_python-0.3.36.tar.gz
 SHA256=${LLAMA_CPP_SHA256:-832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e}
-[ -x "$OUT/llama-server" ] && { echo "$OUT/llama-server is built"; exit 0; }
+[ -x "$OUT/llama-server" ] && [ -x "$OUT/llama-quantize" ] && [ -d "$OUT/src/llama_cpp/lib" ] \
+  && { echo "$OUT/llama-server and llama-quantize are built"; exit 0; }
 mkdir -p "$OUT/src"
 .venv/bin/python -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: \
   llama-cpp-python==0.3.36 -d "$OUT"
@@ -15,7 +19,9 @@ if [ -n "$SHA256" ]; then echo "$SHA256  $OUT/$SDIST" | sha256sum -c -; fi
 tar -xzf "$OUT/$SDIST" -C "$OUT/src" --strip-components=1
 cmake -S "$OUT/src/vendor/llama.cpp" -B "$OUT/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
   -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON >/dev/null
-cmake --build "$OUT/build" --target llama-server -j "$(nproc)" >/dev/null
-cp "$OUT/build/bin/llama-server" "$OUT/llama-server"
+cmake --build "$OUT/build" --target llama-server llama-quantize -j "$(nproc)" >/dev/null
+cp "$OUT/build/bin/llama-server" "$OUT/build/bin/llama-quantize" "$OUT/"
 find "$OUT/build" -name '*.so*' -exec cp -P {} "$OUT/" \;
-echo "built $OUT/llama-server"
+mkdir -p "$OUT/src/llama_cpp/lib"
+find "$OUT/build" -name '*.so*' -exec cp -P {} "$OUT/src/llama_cpp/lib/" \;
+echo "built $OUT/llama-server and $OUT/llama-quantize"

@@ -1,4 +1,5 @@
-/* y = x W^T for int4.py's weights: Q4_1 blocks of 32 along the input (w = d q + m, q in 0..15).
+/* y = x W^T for int4.py's weights: Q4_1 blocks of 32 along the input (w = d q + m, q in 0..15),
+ * d and m in fp16 as a GGUF holds them (0.625 bytes a weight, not 0.75 with fp32 scales).
  *
  * Per block, x . w = d (x . q) + m sum(x). Two versions, by what -march=native offers:
  * - AVX512-BF16 (and BW): x is rounded to bf16 (as PyTorch's int4 kernel does), x . q runs in
@@ -60,7 +61,7 @@ static void prepare_row(const float *x, uint32_t *pairs, float *sums, int64_t wi
 /* Outputs [group * 16, +16) for `count` rows: packed is [groups][blocks][16 pairs][16 channels]
  * bytes (low nibble: the pair's first input), scale and low [groups][blocks][16]. */
 static inline __attribute__((always_inline)) void
-tile(const uint32_t *pairs, const float *sums, const uint8_t *packed, const float *scale, const float *low,
+tile(const uint32_t *pairs, const float *sums, const uint8_t *packed, const uint16_t *scale, const uint16_t *low,
      float *y, int64_t width, int64_t outputs, int64_t group, const int count, __m512i table) {
     int64_t blocks = width / BLOCK, half = width / 2;
     __m512 part[TILE];
@@ -78,8 +79,8 @@ tile(const uint32_t *pairs, const float *sums, const uint8_t *packed, const floa
             for (int r = 0; r < count; r++)
                 part[r] = _mm512_dpbf16_ps(part[r], (__m512bh)_mm512_set1_epi32((int)pairs[r * half + b * 16 + j]), q);
         }
-        __m512 d = _mm512_loadu_ps(scale + (group * blocks + b) * CHANNELS);
-        __m512 m = _mm512_loadu_ps(low + (group * blocks + b) * CHANNELS);
+        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(scale + (group * blocks + b) * CHANNELS)));
+        __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(low + (group * blocks + b) * CHANNELS)));
         for (int r = 0; r < count; r++) {
             __m512 sum = _mm512_fmadd_ps(part[r], d, _mm512_load_ps(total[r]));
             _mm512_store_ps(total[r], _mm512_fmadd_ps(m, _mm512_set1_ps(sums[r * blocks + b]), sum));
@@ -88,8 +89,8 @@ tile(const uint32_t *pairs, const float *sums, const uint8_t *packed, const floa
     for (int r = 0; r < count; r++) _mm512_storeu_ps(y + r * outputs + group * CHANNELS, _mm512_load_ps(total[r]));
 }
 
-static void rows_of_group(const uint32_t *pairs, const float *sums, const uint8_t *packed, const float *scale,
-                          const float *low, float *y, int64_t rows, int64_t width, int64_t outputs, int64_t group,
+static void rows_of_group(const uint32_t *pairs, const float *sums, const uint8_t *packed, const uint16_t *scale,
+                          const uint16_t *low, float *y, int64_t rows, int64_t width, int64_t outputs, int64_t group,
                           __m512i table) {
     int64_t half = width / 2, blocks = width / BLOCK;
     for (int64_t r0 = 0; r0 < rows; r0 += TILE) {
@@ -119,7 +120,7 @@ static void rows_of_group(const uint32_t *pairs, const float *sums, const uint8_
 
 /* x [rows, width] and y [rows, outputs], contiguous fp32. Returns 0, -1 for a shape it does not
  * take, -2 when out of memory. */
-int int4_matmul(const float *x, const uint8_t *packed, const float *scale, const float *low, float *y,
+int int4_matmul(const float *x, const uint8_t *packed, const uint16_t *scale, const uint16_t *low, float *y,
                 int64_t rows, int64_t width, int64_t outputs, int threads) {
     if (rows < 1 || width % BLOCK || outputs % CHANNELS) return -1;
     uint32_t *pairs = malloc(rows * width / 2 * sizeof(uint32_t));
@@ -145,7 +146,7 @@ int int4_matmul(const float *x, const uint8_t *packed, const float *scale, const
     return 0;
 }
 
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 /* With AVX2 each row of x becomes int8 per block of 32, as llama.cpp's Q8 does for its int4 dot
  * products: a block's scale is its largest magnitude / 127, and its steps x / scale rounded to
  * nearest even. Per block, x . w = dx d (qx . q) + m dx sum(qx): qx . q is exact in integers
@@ -161,6 +162,8 @@ int int4_matmul(const float *x, const uint8_t *packed, const float *scale, const
 #define TILE 4  /* rows that share one unpacking: 8 int16 sums and 8 fp32 totals in registers */
 
 int int4_matmul_ready(void) { return 2; }
+
+static inline __m256 fp16x8(const uint16_t *h) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)); }
 
 /* One row of x as int8 steps per block, each block's scale, and its scale times its steps' sum. */
 static void quantize_row(const float *x, int8_t *q, float *dx, float *dsum, int64_t width) {
@@ -190,8 +193,8 @@ static void quantize_row(const float *x, int8_t *q, float *dx, float *dsum, int6
  * the 16 channels; unpacking its nibbles gives, per 128-bit lane, one pair's steps for 8
  * channels as (first, second) bytes, which maddubs multiplies with the pair's two int8 inputs. */
 static inline __attribute__((always_inline)) void
-tile(const int8_t *q, const float *dx, const float *dsum, const uint8_t *packed, const float *scale,
-     const float *low, float *y, int64_t width, int64_t outputs, int64_t group, const int count) {
+tile(const int8_t *q, const float *dx, const float *dsum, const uint8_t *packed, const uint16_t *scale,
+     const uint16_t *low, float *y, int64_t width, int64_t outputs, int64_t group, const int count) {
     int64_t blocks = width / BLOCK;
     __m256 total[TILE][2];
     const __m256i nibble = _mm256_set1_epi8(0x0F);
@@ -214,15 +217,14 @@ tile(const int8_t *q, const float *dx, const float *dsum, const uint8_t *packed,
                 sum[r][1] = _mm256_add_epi16(sum[r][1], _mm256_maddubs_epi16(high8, a));
             }
         }
-        const float *d = scale + (group * blocks + b) * CHANNELS, *m = low + (group * blocks + b) * CHANNELS;
+        const uint16_t *d = scale + (group * blocks + b) * CHANNELS, *m = low + (group * blocks + b) * CHANNELS;
         for (int r = 0; r < count; r++) {
             __m256 s = _mm256_set1_ps(dsum[r * blocks + b]), e = _mm256_set1_ps(dx[r * blocks + b]);
             for (int h = 0; h < 2; h++) {
                 __m256i n = _mm256_add_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(sum[r][h])),
                                              _mm256_cvtepi16_epi32(_mm256_extracti128_si256(sum[r][h], 1)));
                 __m256 dot = _mm256_mul_ps(_mm256_cvtepi32_ps(n), e);
-                total[r][h] = _mm256_fmadd_ps(_mm256_loadu_ps(m + 8 * h), s,
-                                              _mm256_fmadd_ps(dot, _mm256_loadu_ps(d + 8 * h), total[r][h]));
+                total[r][h] = _mm256_fmadd_ps(fp16x8(m + 8 * h), s, _mm256_fmadd_ps(dot, fp16x8(d + 8 * h), total[r][h]));
             }
         }
     }
@@ -232,7 +234,7 @@ tile(const int8_t *q, const float *dx, const float *dsum, const uint8_t *packed,
 
 /* x [rows, width] and y [rows, outputs], contiguous fp32. Returns 0, -1 for a shape it does not
  * take, -2 when out of memory. */
-int int4_matmul(const float *x, const uint8_t *packed, const float *scale, const float *low, float *y,
+int int4_matmul(const float *x, const uint8_t *packed, const uint16_t *scale, const uint16_t *low, float *y,
                 int64_t rows, int64_t width, int64_t outputs, int threads) {
     if (rows < 1 || width % BLOCK || outputs % CHANNELS) return -1;
     int64_t blocks = width / BLOCK;
@@ -273,7 +275,7 @@ int int4_matmul(const float *x, const uint8_t *packed, const float *scale, const
 #else
 int int4_matmul_ready(void) { return 0; }
 
-int int4_matmul(const float *x, const uint8_t *packed, const float *scale, const float *low, float *y,
+int int4_matmul(const float *x, const uint8_t *packed, const uint16_t *scale, const uint16_t *low, float *y,
                 int64_t rows, int64_t width, int64_t outputs, int threads) {
     (void)x, (void)packed, (void)scale, (void)low, (void)y, (void)rows, (void)width, (void)outputs, (void)threads;
     return -1;

@@ -11,10 +11,11 @@
 #define ENGINE_KERNELS_H
 #include <stdint.h>
 
-/* int4.py's packed weights of one layer (Q4_1 blocks of 32 inputs, 16 outputs per group) */
+/* int4.py's packed weights of one layer (Q4_1 blocks of 32 inputs, 16 outputs per group; each
+ * block's scale and low as fp16 bits, as a GGUF holds them) */
 typedef struct {
     const uint8_t *packed;
-    const float *scale, *low;
+    const uint16_t *scale, *low;
     int64_t width, outputs;
 } Int4;
 
@@ -42,7 +43,7 @@ int paged_attention(const float *q, int64_t q_tok, int64_t q_head, const float *
 
 /* int4_matmul.c: y = x W^T for int4 weights; ready: 1 bf16 activations (AVX512-BF16), 2 int8 (AVX2) */
 int int4_matmul_ready(void);
-int int4_matmul(const float *x, const uint8_t *packed, const float *scale, const float *low, float *y,
+int int4_matmul(const float *x, const uint8_t *packed, const uint16_t *scale, const uint16_t *low, float *y,
                 int64_t rows, int64_t width, int64_t outputs, int threads);
 
 /* int8_matmul.c: y = (x W^T) * scale for the int8 output layer; ready: 1 (AVX2) */

@@ -2,14 +2,17 @@
 
 Each row of a layer's weight is cut into groups of 32 along its input. Each group is stored as
 4-bit steps between its own minimum and maximum. That is llama.cpp's Q4_1, so the default model,
-shipped as a Q4_1 GGUF, keeps the weights it was published with.
+shipped as a Q4_1 GGUF, keeps the weights it was published with. A Q4_0 GGUF's blocks, d·(q - 8),
+are the same form (low -8·d), so its weights are kept as published too.
 
-A decode step of SmolLM2-135M then reads about 70 MB of weights instead of 540 MB. The output
-layer (Q8_0 in that GGUF) becomes int8 per output channel.
+A decode step of SmolLM2-135M then reads about 66 MB of int4 weights (106 M weights at 0.625
+bytes: half a byte, and fp16 scale and low per 32) and 28 MB of int8 output layer, instead of
+540 MB. The output layer (Q8_0 in that GGUF) becomes int8 per output channel.
 
 The products run in int4_matmul.c (native.py) where it is built and the CPU has AVX512-BF16 or
-AVX2 + FMA: exact products, fp32 scales and output, on activations rounded to bf16
-(AVX512-BF16) or to int8 per block of 32 (AVX2, `int8_blocks`, as llama.cpp does). Elsewhere
+AVX2 + FMA + F16C: exact products, fp16 scales (the GGUF's own), fp32 sums and output, on
+activations rounded to bf16 (AVX512-BF16) or to int8 per block of 32 (AVX2, `int8_blocks`, as
+llama.cpp does). Elsewhere
 they run in PyTorch's `_weight_int4pack_mm_for_cpu`, which rounds the activations, scales and
 output to bf16. The output layer runs in int8_matmul.c (fp32 activations, exact products, fp32
 output), else in PyTorch's `_weight_int8pack_mm` (bf16 activations, scales and output). All of
@@ -51,12 +54,13 @@ class Int4Linear(nn.Module):
 
     def _pack_native(self, steps: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> None:
         """int4_matmul.c's layout: [out/16][in/32][16 input pairs][16 outputs] bytes, each holding
-        a pair's two steps (low nibble first); scale and low [out/16][in/32][16], fp32."""
+        a pair's two steps (low nibble first); scale and low [out/16][in/32][16], fp16 (they
+        already are fp16 values: `_quantize`'s)."""
         groups, blocks = self.out_features // native.INT4_CHANNELS, self.in_features // GROUP
         by_group = steps.view(groups, native.INT4_CHANNELS, blocks, GROUP // 2, 2).permute(0, 2, 3, 1, 4)
         self.register_buffer("packed", (by_group[..., 0] | (by_group[..., 1] << 4)).to(torch.uint8).contiguous())
         for name, values in (("scale", scale), ("low", low)):
-            self.register_buffer(name, values.float().view(groups, native.INT4_CHANNELS, blocks)
+            self.register_buffer(name, values.half().view(groups, native.INT4_CHANNELS, blocks)
                                  .permute(0, 2, 1).contiguous())
         self.weights = native.int4_weights(self.packed, self.scale, self.low)
 
@@ -73,8 +77,8 @@ class Int4Linear(nn.Module):
         """`.to()` and the like may move the buffers that `weights` points at: point again."""
         module = super()._apply(fn, recurse)
         if self.c_kernel:
-            if self.packed.device.type != "cpu" or self.scale.dtype != torch.float32:
-                raise ValueError("dtype: int4 layers run on CPU with fp32 scales; load the model again instead")
+            if self.packed.device.type != "cpu" or self.scale.dtype != torch.float16:
+                raise ValueError("dtype: int4 layers run on CPU with fp16 scales; load the model again instead")
             self.weights = native.int4_weights(self.packed, self.scale, self.low)
         return module
 
@@ -130,14 +134,37 @@ def dequantize(steps: torch.Tensor, scale: torch.Tensor, low: torch.Tensor,
 
 
 def _quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
-    """(steps 0..15 [out, in] int32, scale and low [out, groups], whether that is exact)."""
+    """(steps 0..15 [out, in] int32, scale and low [out, groups] (fp16 values, as a GGUF holds
+    them), whether that is exact).
+
+    A group spans its own range in 15 steps (Q4_1's blocks do). A group that does not fit that
+    exactly may be a Q4_0 block, d·(q - 8) with d its largest-magnitude weight over -8: steps of d
+    (negative when that weight is positive) from low = -8·d, and it is taken so when exact."""
     out, width = weight.shape
     groups = weight.view(out, width // GROUP, GROUP)
-    low, high = groups.amin(dim=-1), groups.amax(dim=-1)
-    scale = ((high - low) / 15).clamp(min=1e-12)
+    low = _fp16(groups.amin(dim=-1))
+    scale = _fp16((groups.amax(dim=-1) - low) / 15).clamp(min=2.0 ** -24)  # fp16's smallest step
+    exact = _exact(groups, scale, low)
+    if not exact.all():
+        extreme = _fp16(groups.gather(-1, groups.abs().argmax(dim=-1, keepdim=True)).squeeze(-1))
+        d = torch.where(extreme == 0, 2.0 ** -24, _fp16(extreme / -8))
+        use = ~exact & _exact(groups, d, extreme)
+        scale, low = torch.where(use, d, scale), torch.where(use, extreme, low)
+        exact = exact | use
     steps = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15)
-    error = (steps * scale[..., None] + low[..., None] - groups).abs().amax(dim=-1) / scale
-    return steps.to(torch.int32).view(out, width), scale, low, bool((error < 1e-3).all())
+    return steps.to(torch.int32).view(out, width), scale, low, bool(exact.all())
+
+
+def _exact(groups: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
+    """Per group: whether steps 0..15 of `scale` from `low` give back its weights (to within
+    float32's rounding of step·scale + low)."""
+    steps = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15)
+    return (steps * scale[..., None] + low[..., None] - groups).abs().amax(dim=-1) / scale.abs() < 1e-5
+
+
+def _fp16(values: torch.Tensor) -> torch.Tensor:
+    """The nearest values that fp16 holds (within its range), as fp32."""
+    return values.clamp(-65504, 65504).half().float()
 
 
 def quantize(model: nn.Module, only_if_exact: bool = False) -> bool:

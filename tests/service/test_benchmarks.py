@@ -123,3 +123,26 @@ def test_the_kernel_benchmark_compares_each_c_kernel_with_pytorchs(tmp_path):
     for row in rows:  # the C kernel's error against float64 is far below PyTorch's
         c_error, torch_error = (float(cell) for cell in row.strip("| ").split(" | ")[-2:])
         assert c_error * 100 < torch_error
+
+
+def test_the_cpu_records_goals_and_the_speculation_sweeps_ratios():
+    from benchmarks import cpu_record, spec_sweep
+    base = dict(workload="plain", requests=4, completed=4, ttft_p50_ms=5.0, tpot_p50_ms=1.0, itl_p50_ms=1.0)
+    rows = [dict(base, system="this", concurrency=1, output_tok_s=120.0),
+            dict(base, system="llama-cpp-q4_0", concurrency=1, output_tok_s=100.0),
+            dict(base, system="this", concurrency=16, output_tok_s=300.0),
+            dict(base, system="llama-cpp-q4_0", concurrency=16, output_tok_s=100.0, completed=3),
+            dict(base, system="this", workload="cold prefill", concurrency=1, output_tok_s=1.0, ttft_p50_ms=100.0),
+            dict(base, system="llama-cpp-q4_0", workload="cold prefill", concurrency=1, output_tok_s=1.0,
+                 ttft_p50_ms=200.0)]
+    goals = cpu_record.goals({"rows": rows})
+    assert "120 / 100 tok/s = 1.20x (goal >= 1.2: met)" in goals[0]
+    assert goals[3].endswith("n/a")  # a level with a failed request has no figure
+    assert "200 / 100 ms = 2.00x (goal >= 1.5: met)" in goals[4]
+    sweep = [dict(base, model="m", arm=arm, sampling="greedy", concurrency=1, output_tok_s=tok_s)
+             for arm, tok_s in (("off", 100.0), ("on", 95.0))]
+    result = {"settings": {"models": ["m"], "concurrency": [1], "max_tokens": 8}, "rows": sweep, "notes": [],
+              "date": "d", "git": "g", "command": "c",
+              "machine": {"cpu_count": 2, "device": "cpu", "torch": "x", "loadavg_at_start": [0, 0, 0]}}
+    assert ("m", "greedy", 1, 100.0, 95.0) in spec_sweep.ratios(result)
+    assert "| m | greedy | 1 | 100.0 | 95.0 | 0.95x |" in spec_sweep.markdown(result)

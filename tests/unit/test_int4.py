@@ -283,7 +283,7 @@ def test_the_native_silu_is_accurate_and_the_same_wherever_a_value_sits():
 
 def test_a_c_int4_layer_follows_its_buffers_and_refuses_what_it_cannot_run():
     """The layer hands the C kernel its buffers' addresses: a move must point it again, and a
-    move off CPU or to fp16 scales must be refused rather than read as garbage."""
+    move off CPU or to fp32 scales must be refused rather than read as garbage."""
     torch.manual_seed(0)
     layer = _int4(nn.Linear(64, 48), "c")
     x = torch.randn(3, 64)
@@ -291,5 +291,18 @@ def test_a_c_int4_layer_follows_its_buffers_and_refuses_what_it_cannot_run():
     old = layer.weights
     layer._apply(lambda t: t.clone())  # as a move does: new tensors at new addresses
     assert layer.weights != old and torch.equal(layer(x), before)
-    with pytest.raises(ValueError, match="^dtype: int4 layers run on CPU with fp32 scales"):
-        layer.half()
+    with pytest.raises(ValueError, match="^dtype: int4 layers run on CPU with fp16 scales"):
+        layer.float()
+
+
+def test_q4_0_blocks_are_kept_exactly():
+    """Weights that llama.cpp's Q4_0 quantized (the gguf package's reference code), as a Q4_0
+    GGUF holds them, are taken without loss: d·(q - 8) is 4-bit steps from -8·d."""
+    from gguf import GGMLQuantizationType, quants
+    torch.manual_seed(1)
+    weight = torch.randn(64, 256)
+    kind = GGMLQuantizationType.Q4_0
+    q4_0 = torch.from_numpy(quants.dequantize(quants.quantize(weight.numpy(), kind), kind)).float()
+    steps, scale, low, exact = _quantize(q4_0)
+    assert exact and torch.equal(dequantize(steps, scale, low), q4_0)
+    assert not _quantize(weight)[3]

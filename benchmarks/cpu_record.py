@@ -1,0 +1,166 @@
+"""python -m benchmarks --cpu-record: this service against llama.cpp at its best on this CPU.
+
+The default model (smollm2) in two 4-bit formats: the Q4_1 GGUF it ships as, and a Q4_0 copy
+that llama.cpp's own llama-quantize makes of it (`peers/llama_cpp.py`: Q4_0 is what llama.cpp's
+CPU backend repacks into interleaved blocks, and what its tinyBLAS prompt kernels take). Each
+server runs with its defaults, both on 2 threads; llama.cpp with 16 slots.
+
+Systems, one after another in one run, each a fresh server warmed by two untimed requests:
+- `this`: `make serve`'s Flow on the model folder (the Q4_1 weights), its defaults;
+- `this-nospec`: the same with speculation off (LLM_SPECULATIVE_TOKENS=0);
+- `this-q4_0`: the same Flow on the Q4_0 GGUF (its weights, kept exactly);
+- `llama-cpp-q4_1`, `llama-cpp-q4_0`: llama.cpp's server on each file.
+
+Workloads:
+- plain: the main benchmark's prompts over OpenAI streaming completions, greedy, `--max-tokens`
+  (64) with `ignore_eos`, closed loops at `--concurrency` (1 and 16), `--num-requests` (32) each;
+- cold prefill: COLD_REQUESTS prompts of about 1,300 tokens, each new to the server (its first
+  words differ), one at a time, one token each: the time to that token.
+"""
+import argparse
+import contextlib
+import statistics
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Optional
+
+import aiohttp
+
+from testing.procs import settle
+
+from .load import closed_loop, make_prompts
+from .metrics import summarize
+from .peers.llama_cpp import q4_0_of
+from .report import measure_each, run_and_write, run_record
+from .speculative_bench import PARAGRAPHS, _row
+from .systems import _openai_model_id, _session, _this_openai, flow_server, gguf_of, llama_server
+
+RECORD_SYSTEMS = ("this", "this-nospec", "this-q4_0", "llama-cpp-q4_1", "llama-cpp-q4_0")
+COLD_REQUESTS = 5
+COLD_PARAGRAPHS = 10  # of PARAGRAPHS, repeated: about 1,300 tokens with the default model's tokenizer
+
+
+def cold_prompt(i: int) -> str:
+    """A long prompt that no earlier one shares a prefix with."""
+    text = " ".join(p[0] for p in (PARAGRAPHS * 2)[:COLD_PARAGRAPHS])
+    return f"Document {i + 1} of the archive, read it carefully.\n\n{text}\n\nSummary:"
+
+
+@contextlib.asynccontextmanager
+async def serve(system: str, model: Path, logs: Path) -> AsyncIterator[tuple[int, aiohttp.ClientSession]]:
+    """A fresh server of `system`, ready: (HTTP port, HTTP client)."""
+    if system.startswith("llama-cpp"):
+        gguf = q4_0_of(gguf_of(model)) if system.endswith("q4_0") else gguf_of(model)
+        async with llama_server(model, logs, name=f"record-{system}", gguf=gguf) as (port, http):
+            yield port, http
+        return
+    served = q4_0_of(gguf_of(model)) if system == "this-q4_0" else model
+    env = {"LLM_SPECULATIVE_TOKENS": "0"} if system == "this-nospec" else {}
+    with flow_server(served, logs, name=f"record-{system}", env=env) as (_, port):
+        async with _session() as http:
+            yield port, http
+
+
+async def measure_system(system: str, model: Path, args: argparse.Namespace, result: dict) -> None:
+    t0 = time.perf_counter()
+    async with serve(system, model, args.out / "logs") as (port, http):
+        model_id = await _openai_model_id(http, port, model.name)
+        plain = _this_openai(http, port, model_id, {"ignore_eos": True})
+        for prompt in ("Warm-up: the first call", "Warm-up: and the second"):
+            async for _ in plain(prompt, 4):
+                pass
+        print(f"{system}: ready and warm in {time.perf_counter() - t0:.1f}s, quiet after {await settle():.1f}s more",
+              flush=True)
+        for c in args.concurrency:
+            prompts = make_prompts(256, args.seed, draw=f"closed {c}")
+            records, duration, cut = await closed_loop(plain, prompts, c, max(args.num_requests, c), args.max_tokens,
+                                                       args.time_limit)
+            result["rows"].append(_row(system, "plain", c, records, duration, cut))
+        await settle()
+        cold = [cold_prompt(i) for i in range(COLD_REQUESTS)]
+        records, duration, cut = await closed_loop(plain, cold, 1, COLD_REQUESTS, 1, args.time_limit)
+        row = {"system": system, "workload": "cold prefill", "concurrency": 1, **summarize(records, duration),
+               "cut_short": cut, "prompt_tokens": await _prompt_tokens(http, port, model_id, cold[0])}
+        print(f"  {system} cold prefill of {row['prompt_tokens']} tokens: TTFT p50 {row['ttft_p50_ms']} ms", flush=True)
+        result["rows"].append(row)
+
+
+async def _prompt_tokens(http: aiohttp.ClientSession, port: int, model_id: str, prompt: str) -> Optional[int]:
+    body = {"model": model_id, "prompt": prompt, "max_tokens": 1, "temperature": 0}
+    async with http.post(f"http://127.0.0.1:{port}/v1/completions", json=body) as resp:
+        usage = (await resp.json()).get("usage") or {}
+    return usage.get("prompt_tokens")
+
+
+# ----- the report -----
+def _cell(result: dict, system: str, workload: str, concurrency: int, key: str) -> Optional[float]:
+    for row in result["rows"]:
+        if (row["system"], row["workload"], row["concurrency"]) == (system, workload, concurrency):
+            return row[key] if row["completed"] == row["requests"] else None
+    return None
+
+
+def _ratio(label: str, num: Optional[float], den: Optional[float], goal: float, unit: str = "tok/s") -> str:
+    if not num or not den:
+        return f"{label}: n/a"
+    return f"{label}: {num:g} / {den:g} {unit} = {num / den:.2f}x (goal >= {goal:g}: " \
+           f"{'met' if num / den >= goal else 'NOT met'})"
+
+
+def goals(result: dict) -> list[str]:
+    def tok_s(system: str, c: int) -> Optional[float]:
+        return _cell(result, system, "plain", c, "output_tok_s")
+
+    def ttft(system: str) -> Optional[float]:
+        return _cell(result, system, "cold prefill", 1, "ttft_p50_ms")
+    best = "llama-cpp-q4_0"
+    return [_ratio("C=1 plain, this / llama.cpp Q4_0", tok_s("this", 1), tok_s(best, 1), 1.2),
+            _ratio("C=1 plain, this-nospec / llama.cpp Q4_0", tok_s("this-nospec", 1), tok_s(best, 1), 1.2),
+            _ratio("C=1 plain, this-q4_0 / llama.cpp Q4_0 (the very same weights)", tok_s("this-q4_0", 1),
+                   tok_s(best, 1), 1.2),
+            _ratio("C=16 plain, this / llama.cpp Q4_0", tok_s("this", 16), tok_s(best, 16), 2.0),
+            _ratio("cold prefill, llama.cpp Q4_0 TTFT / this TTFT", ttft(best), ttft("this"), 1.5, "ms")]
+
+
+def markdown(result: dict) -> str:
+    s, m = result["settings"], result["machine"]
+    lines = ["# The CPU record: this service against llama.cpp at its best", "",
+             f"{result['date']}, git {result['git']}, `{result['command']}`", "",
+             f"Machine: {m['cpu_count']} CPUs, {result['cpu']}, torch {m['torch']}; load average at start "
+             f"{m['loadavg_at_start']}. Model {s['model']}, greedy. plain: OpenAI streaming completions, "
+             f"{s['max_tokens']} tokens per request (ignore_eos), {s['requests']} requests per level. cold prefill: "
+             f"{COLD_REQUESTS} prompts new to the server, one at a time, one token each. Both servers with their "
+             f"defaults on 2 threads; llama.cpp with 16 slots, repacking what its CPU backend repacks.", "",
+             "| system | workload | C | output tok/s | TTFT p50 (ms) | TPOT p50 (ms) | ITL p50 (ms) | ok |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        lines.append(f"| {r['system']} | {r['workload']} | {r['concurrency']} | {r['output_tok_s']} | "
+                     f"{r['ttft_p50_ms']} | {r['tpot_p50_ms']} | {r['itl_p50_ms']} | {r['completed']}/{r['requests']} |")
+    cold = [r.get("prompt_tokens") for r in result["rows"] if r["workload"] == "cold prefill"]
+    lines += ["", f"Cold prompts: {statistics.median([c for c in cold if c] or [0])} tokens (as each server counts).",
+              "", "## Goals", ""] + [f"- {g}" for g in goals(result)]
+    if result["notes"]:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in result["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+async def measure(model: Path, args: argparse.Namespace, result: dict) -> None:
+    await measure_each(args.systems, lambda system: measure_system(system, model, args, result), result["notes"])
+
+
+def _cpu() -> str:
+    from engine.kernels.table import Op, choose
+    return f"int4 kernel: {choose(Op.INT4_MATMUL, 'int4').reason}"
+
+
+def main(args: argparse.Namespace, model: Path, machine: dict, argv: Optional[list[str]] = None) -> int:
+    result = run_record(
+        argv, machine, cpu=_cpu(),
+        settings={"model": model.name, "systems": args.systems, "concurrency": args.concurrency,
+                  "max_tokens": args.max_tokens, "requests": args.num_requests, "cold_requests": COLD_REQUESTS},
+        rows=[], notes=[])
+    code, text = run_and_write(measure(model, args, result), result, args.out, markdown)
+    print("\n" + text)
+    print(f"wrote {args.out}/results.json, results.md in {result['settings']['wall_s']}s")
+    return code

@@ -1,0 +1,45 @@
+"""llama.cpp as `make llama-cpp` builds it: its server, llama-quantize for a Q4_0 copy of the
+default model's GGUF, and its Python bindings (llama-cpp-python's own, from the same pinned
+source) to read its logits."""
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILT = ROOT / "benchmarks" / ".llama.cpp"
+LLAMA_SERVER = BUILT / "llama-server"
+LLAMA_QUANTIZE = BUILT / "llama-quantize"
+Q4_0_DIR = ROOT / "benchmarks" / ".models" / "gguf-q4_0"
+
+
+def _built(binary: Path) -> Path:
+    if not binary.exists():
+        raise RuntimeError(f"{binary.name} is not built: run `make llama-cpp` (about 10 minutes)")
+    return binary
+
+
+def q4_0_of(source: Path) -> Path:
+    """A Q4_0 GGUF of `source`'s weights, made once by llama-quantize: requantized from the
+    file's own 4-bit weights (`--allow-requantize`), the types llama.cpp's Q4_0 preset picks for
+    each tensor. Q4_0 is the format that llama.cpp's CPU backend repacks for its fastest kernels."""
+    target = Q4_0_DIR / source.name.replace("Q4_1", "Q4_0").replace("q4_1", "q4_0")
+    if target == Q4_0_DIR / source.name:
+        target = Q4_0_DIR / f"{source.stem}-Q4_0.gguf"
+    if target.exists():
+        return target
+    Q4_0_DIR.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(".partial")
+    subprocess.run([str(_built(LLAMA_QUANTIZE)), "--allow-requantize", str(source), str(partial), "Q4_0", "2"],
+                   check=True, capture_output=True, env={"LD_LIBRARY_PATH": str(BUILT)})
+    partial.rename(target)
+    return target
+
+
+def bindings() -> Any:
+    """The `llama_cpp` module (llama-cpp-python's bindings) over the libraries built here."""
+    _built(BUILT / "src" / "llama_cpp" / "lib")
+    if str(BUILT / "src") not in sys.path:
+        sys.path.insert(0, str(BUILT / "src"))
+    import llama_cpp
+    return llama_cpp
