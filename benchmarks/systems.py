@@ -35,8 +35,9 @@ SPECULATION = {"LLM_SPECULATIVE_TOKENS": "8"}
 
 
 def _env(**extra: str) -> dict:
+    """The shell's environment (one replica unless it says otherwise, as make serve has it)."""
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    return dict(os.environ, PYTHONPATH=path, **extra)
+    return {"LLM_REPLICAS": "1", **os.environ, "PYTHONPATH": path, **extra}
 
 
 def _jina() -> str:
