@@ -6,7 +6,8 @@ CPU backend repacks into interleaved blocks, and what its tinyBLAS prompt kernel
 server runs with its defaults, both on 2 threads; llama.cpp with 16 slots.
 
 Systems, one after another in one run, each a fresh server warmed by two untimed requests:
-- `this`: `make serve`'s Flow on the model folder (the Q4_1 weights), its defaults;
+- `this`: `make serve`'s Flow on the model folder (the Q4_1 weights), its defaults (greedy requests
+  speculate);
 - `this-nospec`: the same with speculation off (LLM_SPECULATIVE_TOKENS=0);
 - `this-q4_0`: the same Flow on the Q4_0 GGUF (its weights, kept exactly);
 - `llama-cpp-q4_1`, `llama-cpp-q4_0`: llama.cpp's server on each file.

@@ -12,7 +12,7 @@ threads and 16 slots. Greedy everywhere.
   and each answer ends where the model ends it.
 
 Systems, one after another in one run, each a fresh server warmed by two untimed requests:
-`this` (speculation off, its default), `this-spec` (LLM_SPECULATIVE_TOKENS=8: every request
+`this` (speculation off: LLM_SPECULATIVE_TOKENS=0), `this-spec` (LLM_SPECULATIVE_TOKENS=8: every request
 speculates where it can) and `llama-cpp` (no speculation). The copying answers of `this` and
 `this-spec` are compared token for token (the texts, and the completion tokens each reported).
 """

@@ -77,8 +77,8 @@ class SamplingParams:
            "(the model's own distribution)", ge=0, le=MAX_TOP_LOGPROBS)
     speculative_tokens: Optional[int] = request_field(
         None, "prompt-lookup speculative decoding: tokens drafted per step from the prompt and answer so far, "
-              "verified in one forward pass (0: off; null: the server's speculative_tokens). It never changes "
-              "the answer, only how fast it comes", ge=0, le=MAX_SPECULATIVE_TOKENS)
+              "verified in one forward pass (0: off; null: the server's speculative_tokens when greedy, off when "
+              "sampling). It never changes the answer, only how fast it comes", ge=0, le=MAX_SPECULATIVE_TOKENS)
     prompt_logprobs: bool = request_field(
         False, "report each prompt token's log probability given the tokens before it (the first has none), "
                "with top_logprobs alternatives: scoring a text")
@@ -240,9 +240,11 @@ class EngineConfig:
     stream_interval_ms: int = 0  # and at least this long between a stream's documents (0: off)
     core_process: bool = True  # the decode loop in its own process (False: a thread of the executor)
     prefix_caching: bool = engine_option(True, "LLM_PREFIX_CACHING")  # reuse the KV of prompts already seen
-    # prompt-lookup speculative decoding (speculation.py): drafts per step unless a request says (0: off),
-    # from the longest earlier n-gram of ngram_max down to ngram_min tokens, while at most max_rows rows run
-    speculative_tokens: int = engine_option(0, "LLM_SPECULATIVE_TOKENS")
+    # prompt-lookup speculative decoding (speculation.py): drafts per step for greedy requests that do not
+    # say (0: off; python -m benchmarks --speculation-sweep: sampled ones lose by it, so they speculate
+    # only when they ask), from the longest earlier n-gram of ngram_max down to ngram_min tokens, while at
+    # most max_rows rows run
+    speculative_tokens: int = engine_option(8, "LLM_SPECULATIVE_TOKENS")
     speculative_ngram_min: int = 1
     speculative_ngram_max: int = 4
     speculative_max_rows: int = 4

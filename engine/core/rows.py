@@ -8,7 +8,7 @@ the uncut run was.
 from collections.abc import Callable
 from typing import Optional
 
-from contract import SEED_MAX, EngineConfig, FinishReason, ValidationError
+from contract import SEED_MAX, EngineConfig, FinishReason, SamplingParams, ValidationError
 
 from ..messages import Prepared
 from ..outputs import RequestOutput
@@ -40,6 +40,13 @@ class RowFactory:
             answers[0].parent = ParentRequest(answers[1:])
         return answers[0]
 
+    def _speculative(self, params: SamplingParams) -> int:
+        """The request's drafts per step: its own, else the server's for greedy requests (a sampled
+        token is rarely the draft, so verifying drafts costs sampled requests more than it saves)."""
+        if params.speculative_tokens is not None:
+            return params.speculative_tokens
+        return self.config.speculative_tokens if params.greedy else 0
+
     def _row(self, request_id: str, prepared: Prepared, sink: Callable[[RequestOutput], None],
              choice: int) -> Request:
         params = prepared.params
@@ -49,8 +56,7 @@ class RowFactory:
         pipeline = OutputPipeline(self.vocab, params, prepared.prompt_ids, matcher, tools=spec is not None,
                                   tools_auto=spec is not None and spec.choice == "auto")
         pipeline.replay(prepared.generated)
-        speculative = 0 if matcher is not None else (  # a grammar's masks are made one position at a time
-            self.config.speculative_tokens if params.speculative_tokens is None else params.speculative_tokens)
+        speculative = 0 if matcher is not None else self._speculative(params)  # masks: one position at a time
         drafter = PromptLookup(self.config.speculative_ngram_min, self.config.speculative_ngram_max) \
             if speculative else None
         return Request(request_id, prepared.prompt_ids, params, seed,

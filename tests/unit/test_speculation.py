@@ -60,8 +60,8 @@ async def test_speculation_changes_no_token_and_no_number(looping_llama, make_en
         monkeypatch.setattr(build, "library", lambda: None)
     elif native.library() is None:
         pytest.skip("no C compiler")
-    plain = make_engine(looping_llama, max_prefill_tokens=16)
-    fast = make_engine(looping_llama, max_prefill_tokens=16, speculative_tokens=4)
+    plain = make_engine(looping_llama, max_prefill_tokens=16, speculative_tokens=0)
+    fast = make_engine(looping_llama, max_prefill_tokens=16, speculative_tokens=0)
     assert fast.core.loaded.info.dtype == "int4"
     cases = [(COPY, {"max_tokens": 40}), (COPY, {"max_tokens": 40, "do_sample": True, "seed": 3, "top_k": 20}),
              (COPY, {"max_tokens": 7}), ("a b a b a b a b", {"max_tokens": 30, "top_logprobs": 3}),
@@ -71,8 +71,9 @@ async def test_speculation_changes_no_token_and_no_number(looping_llama, make_en
     cases.append((COPY, {"max_tokens": 40, "stop": [text[len(text) // 2:len(text) // 2 + 3]]}))
     alone = [await answer(plain, p, **kw) for p, kw in cases]
     assert alone[-1][3] == "stop_sequence"
-    assert [await answer(fast, p, **kw) for p, kw in cases] == alone
-    assert await asyncio.gather(*(answer(fast, p, **kw) for p, kw in cases * 2)) == alone * 2  # 12 rows: some
+    spec = [(p, {"speculative_tokens": 4, **kw}) for p, kw in cases]  # sampled rows too, as they ask
+    assert [await answer(fast, p, **kw) for p, kw in spec] == alone
+    assert await asyncio.gather(*(answer(fast, p, **kw) for p, kw in spec * 2)) == alone * 2  # 12 rows: some
     stats = fast.stats()                                                                      # steps speculate
     assert 0 < stats["spec_accepted_tokens"] < stats["spec_draft_tokens"]  # drafts confirmed, and refused
     assert plain.stats()["spec_drafts"] == 0
@@ -96,6 +97,18 @@ async def test_speculation_saves_steps_where_the_answer_copies(looping_llama, ma
     steps = engine.core.steps - before
     accepted = engine.stats()["spec_accepted_tokens"]
     assert accepted > 0 and steps <= 61 - accepted  # each accepted draft is a step not taken
+
+
+async def test_by_default_greedy_requests_speculate_and_sampled_ones_when_they_ask(looping_llama, make_engine):
+    engine = make_engine(looping_llama)  # the server's default
+    sampled = {"max_tokens": 25, "do_sample": True, "seed": 11}
+    await answer(engine, "the the the the the", **sampled)
+    assert engine.stats()["spec_drafts"] == 0
+    await answer(engine, "the the the the the", **sampled, speculative_tokens=4)
+    asked = engine.stats()["spec_drafts"]
+    assert asked > 0
+    await answer(engine, COPY, max_tokens=20)
+    assert engine.stats()["spec_drafts"] > asked
 
 
 async def test_grammars_do_not_speculate_and_limits_are_checked(looping_llama, make_engine):
