@@ -10,6 +10,9 @@ cd "$(dirname "$0")/../.."
 OUT=benchmarks/.llama.cpp
 SDIST=llama_cpp_python-0.3.36.tar.gz
 SHA256=${LLAMA_CPP_SHA256:-832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e}
+# the bindings' one dependency that .venv lacks, beside them rather than in the pinned .venv
+[ -d "$OUT/deps/diskcache" ] || .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps \
+  --target "$OUT/deps" diskcache==5.6.3
 [ -x "$OUT/llama-server" ] && [ -x "$OUT/llama-quantize" ] && [ -d "$OUT/src/llama_cpp/lib" ] \
   && { echo "$OUT/llama-server and llama-quantize are built"; exit 0; }
 mkdir -p "$OUT/src"

@@ -39,7 +39,8 @@ def q4_0_of(source: Path) -> Path:
 def bindings() -> Any:
     """The `llama_cpp` module (llama-cpp-python's bindings) over the libraries built here."""
     _built(BUILT / "src" / "llama_cpp" / "lib")
-    if str(BUILT / "src") not in sys.path:
-        sys.path.insert(0, str(BUILT / "src"))
+    for folder in (BUILT / "deps", BUILT / "src"):  # deps: diskcache, which .venv does not pin
+        if str(folder) not in sys.path:
+            sys.path.insert(0, str(folder))
     import llama_cpp
     return llama_cpp
