@@ -152,7 +152,7 @@ async def measure(model: Path, args: argparse.Namespace, result: dict) -> None:
 
 def _cpu() -> str:
     from engine.kernels.table import Op, choose
-    return f"int4 kernel: {choose(Op.INT4_MATMUL, 'int4').reason}"
+    return f"int4 kernel: {choose(Op.INT4_MATMUL, 'int4')}"
 
 
 def main(args: argparse.Namespace, model: Path, machine: dict, argv: Optional[list[str]] = None) -> int:

@@ -139,6 +139,7 @@ def test_the_cpu_records_goals_and_the_speculation_sweeps_ratios():
     assert "120 / 100 tok/s = 1.20x (goal >= 1.2: met)" in goals[0]
     assert goals[3].endswith("n/a")  # a level with a failed request has no figure
     assert "200 / 100 ms = 2.00x (goal >= 1.5: met)" in goals[4]
+    assert cpu_record._cpu().startswith("int4 kernel: int4_matmul")  # the header's kernel line
     sweep = [dict(base, model="m", arm=arm, sampling="greedy", concurrency=1, output_tok_s=tok_s)
              for arm, tok_s in (("off", 100.0), ("on", 95.0))]
     result = {"settings": {"models": ["m"], "concurrency": [1], "max_tokens": 8}, "rows": sweep, "notes": [],
