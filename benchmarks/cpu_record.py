@@ -39,12 +39,12 @@ from .systems import _openai_model_id, _session, _this_openai, flow_server, gguf
 
 RECORD_SYSTEMS = ("this", "this-nospec", "this-q4_0", "llama-cpp-q4_1", "llama-cpp-q4_0")
 COLD_REQUESTS = 5
-COLD_PARAGRAPHS = 10  # of PARAGRAPHS, repeated: about 1,300 tokens with the default model's tokenizer
+COLD_PARAGRAPHS = 24  # of PARAGRAPHS, repeated: about 1,300 tokens with the default model's tokenizer
 
 
 def cold_prompt(i: int) -> str:
     """A long prompt that no earlier one shares a prefix with."""
-    text = " ".join(p[0] for p in (PARAGRAPHS * 2)[:COLD_PARAGRAPHS])
+    text = " ".join(p[0] for p in (PARAGRAPHS * (COLD_PARAGRAPHS // len(PARAGRAPHS) + 1))[:COLD_PARAGRAPHS])
     return f"Document {i + 1} of the archive, read it carefully.\n\n{text}\n\nSummary:"
 
 
