@@ -39,6 +39,7 @@ from .systems import _openai_model_id, _session, _this_openai, flow_server, gguf
 
 RECORD_SYSTEMS = ("this", "this-nospec", "this-q4_0", "llama-cpp-q4_1", "llama-cpp-q4_0")
 COLD_REQUESTS = 5
+SLOT_TOKENS = 2048  # llama.cpp's context per slot (of 16): room for a cold prompt
 COLD_PARAGRAPHS = 24  # of PARAGRAPHS, repeated: about 1,300 tokens with the default model's tokenizer
 
 
@@ -53,7 +54,8 @@ async def serve(system: str, model: Path, logs: Path) -> AsyncIterator[tuple[int
     """A fresh server of `system`, ready: (HTTP port, HTTP client)."""
     if system.startswith("llama-cpp"):
         gguf = q4_0_of(gguf_of(model)) if system.endswith("q4_0") else gguf_of(model)
-        async with llama_server(model, logs, name=f"record-{system}", gguf=gguf) as (port, http):
+        async with llama_server(model, logs, ctx_size=16 * SLOT_TOKENS, name=f"record-{system}",
+                                gguf=gguf) as (port, http):
             yield port, http
         return
     served = q4_0_of(gguf_of(model)) if system == "this-q4_0" else model
