@@ -1,17 +1,22 @@
 """The C kernels compiled where the engine runs, and bound from their one header (kernels.h).
 
 They are compiled on the machine that runs them, with its C compiler (`$CC`, else `cc`; `-O3
--march=native`), into a temporary file: under a second, and nothing is cached on disk, so a
-build never meets a CPU it was not made for. Where no compiler builds them, `library()` is None
-and table.py picks PyTorch's ops instead (the same guarantees, slower).
+-march=native`), about 2 s. The library is kept in `$LLM_KERNEL_CACHE` (else the user's cache
+folder, `llm-stream/kernels`) under a key of the sources, the flags, the compiler's version and
+this CPU's model and feature flags, so the next engine process (a replica restarted, the engine
+process replaced) loads it at once, and a build never meets a CPU it was not made for. Where the
+folder cannot be written, the build goes to a temporary file. Where no compiler builds them,
+`library()` is None and table.py picks PyTorch's ops instead (the same guarantees, slower).
 
 The ctypes signatures and structures are read from kernels.h, so the C interface is written in
 one place: a function or a field added there is bound here with no second declaration.
 """
 import ctypes
 import functools
+import hashlib
 import logging
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -25,6 +30,7 @@ log = logging.getLogger(__name__)
 HERE = Path(__file__).resolve().parent
 HEADER = HERE / "kernels.h"
 SOURCES = tuple(sorted(HERE.glob("*.c")))
+INCLUDES = tuple(sorted(HERE.glob("*.h")))
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 SCALARS: dict[str, Any] = {"int": ctypes.c_int, "int64_t": ctypes.c_int64, "float": ctypes.c_float, "void": None}
 _STRUCT = re.compile(r"typedef struct \{(?P<body>[^}]*)\} (?P<name>\w+);")
@@ -89,18 +95,78 @@ def _build() -> ctypes.CDLL:
     if compiler is None:
         raise Unbuilt("no C compiler")
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="llm-native-") as folder:
-        target = Path(folder) / "kernels.so"
+    cached = _cache_path(compiler)
+    if cached is not None and cached.exists() and (built := _load(cached)) is not None:
+        log.info("C kernels loaded from %s", cached)
+    elif cached is not None:
+        _compile(compiler, cached)
+        built = ctypes.CDLL(str(cached))
+        log.info("C kernels built in %.2f s, kept in %s", time.perf_counter() - started, cached.parent)
+    else:
+        with tempfile.TemporaryDirectory(prefix="llm-native-") as folder:
+            target = Path(folder) / "kernels.so"
+            _compile(compiler, target)
+            built = ctypes.CDLL(str(target))  # stays mapped once the file is gone
+        log.info("C kernels built in %.2f s", time.perf_counter() - started)
+    for name, (result, params) in FUNCTIONS.items():
+        function = getattr(built, name)
+        function.restype, function.argtypes = result, params
+    return built
+
+
+def _load(path: Path) -> Optional[ctypes.CDLL]:
+    try:
+        return ctypes.CDLL(str(path))
+    except OSError as exc:  # a file this system cannot load: built again in its place
+        log.warning("C kernels in %s not loaded (%s): building them again", path, exc)
+        return None
+
+
+def _compile(compiler: str, target: Path) -> None:
+    """Into `target`, whole or not at all: concurrent builds each write a file of their own and
+    the last rename wins, with the same bytes."""
+    fd, partial = tempfile.mkstemp(prefix=".building-", suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
         try:
-            done = subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", str(target)],
+            done = subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", partial],
                                   capture_output=True, text=True, check=False, timeout=120)
         except (OSError, subprocess.SubprocessError) as exc:
             raise Unbuilt(f"{compiler}: {exc}") from None
         if done.returncode != 0:
             raise Unbuilt(f"{compiler} failed: {done.stderr.strip()[-500:]}")
-        built = ctypes.CDLL(str(target))  # stays mapped once the file is gone
-    for name, (result, params) in FUNCTIONS.items():
-        function = getattr(built, name)
-        function.restype, function.argtypes = result, params
-    log.info("C kernels built in %.2f s", time.perf_counter() - started)
-    return built
+        os.replace(partial, target)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
+
+
+def _cache_path(compiler: str) -> Optional[Path]:
+    """Where this build is kept, or None where the cache folder cannot be written."""
+    root = os.environ.get("LLM_KERNEL_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "llm-stream", "kernels")
+    try:
+        version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise Unbuilt(f"{compiler}: {exc}") from None
+    key = hashlib.sha256()
+    for part in (compiler, version, " ".join(FLAGS), _cpu_identity()):
+        key.update(part.encode() + b"\0")
+    for source in (*SOURCES, *INCLUDES):
+        key.update(source.name.encode() + b"\0" + source.read_bytes() + b"\0")
+    folder = Path(root)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return folder / f"kernels-{key.hexdigest()[:24]}.so" if os.access(folder, os.W_OK) else None
+
+
+def _cpu_identity() -> str:
+    """The first CPU's model and feature flags: what -march=native compiles for."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() + platform.machine()
+    wanted = ("model name", "flags", "Features", "CPU part")
+    return "\n".join(dict.fromkeys(line for line in lines if line.split(":")[0].strip() in wanted))

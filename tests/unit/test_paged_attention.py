@@ -2,7 +2,9 @@
 SDPA's results over each sequence's own keys, a query's bits whatever its step holds (alone,
 batched, in a whole prefill or a chunk after cached keys), sliding windows, and the fallbacks
 where the kernel cannot be built or does not fit."""
+import logging
 import random
+import shutil
 
 import pytest
 import torch
@@ -170,3 +172,21 @@ def test_a_build_that_fails_leaves_the_fallback_and_says_why(monkeypatch, caplog
     finally:
         build._built.cache_clear()  # the next caller builds with the real compiler again
     assert "C kernels not built" in caplog.text
+
+
+def test_the_built_kernels_are_kept_for_the_next_process_on_this_cpu(monkeypatch, caplog, tmp_path):
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler")
+    monkeypatch.setenv("LLM_KERNEL_CACHE", str(tmp_path))
+    caplog.set_level(logging.INFO, logger=build.__name__)
+    try:
+        for _ in range(2):  # built, then loaded as another process would
+            build._built.cache_clear()
+            assert native.library() is not None
+        kept = list(tmp_path.glob("kernels-*.so"))
+        assert len(kept) == 1 and "C kernels loaded from" in caplog.text
+        monkeypatch.setattr(build, "_cpu_identity", lambda: "another CPU")
+        build._built.cache_clear()
+        assert native.library() is not None and len(list(tmp_path.glob("kernels-*.so"))) == 2  # built for it
+    finally:
+        build._built.cache_clear()
