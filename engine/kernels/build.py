@@ -155,6 +155,8 @@ def _cache_path(compiler: str) -> Optional[Path]:
     for source in (*SOURCES, *INCLUDES):
         key.update(source.name.encode() + b"\0" + source.read_bytes() + b"\0")
     folder = Path(root)
+    if root.startswith("~"):  # no home folder to expand "~" into: nowhere to keep it
+        return None
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError:
