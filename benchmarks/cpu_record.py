@@ -33,7 +33,7 @@ from testing.procs import settle
 from .load import closed_loop, make_prompts
 from .metrics import summarize
 from .peers.llama_cpp import q4_0_of
-from .report import measure_each, run_and_write, run_record
+from .report import figure, goal_line, measure_each, run_and_write, run_record
 from .speculative_bench import PARAGRAPHS, _row
 from .systems import _openai_model_id, _session, _this_openai, flow_server, gguf_of, llama_server
 
@@ -97,33 +97,19 @@ async def _prompt_tokens(http: aiohttp.ClientSession, port: int, model_id: str, 
 
 
 # ----- the report -----
-def _cell(result: dict, system: str, workload: str, concurrency: int, key: str) -> Optional[float]:
-    for row in result["rows"]:
-        if (row["system"], row["workload"], row["concurrency"]) == (system, workload, concurrency):
-            return row[key] if row["completed"] == row["requests"] else None
-    return None
-
-
-def _ratio(label: str, num: Optional[float], den: Optional[float], goal: float, unit: str = "tok/s") -> str:
-    if not num or not den:
-        return f"{label}: n/a"
-    return f"{label}: {num:g} / {den:g} {unit} = {num / den:.2f}x (goal >= {goal:g}: " \
-           f"{'met' if num / den >= goal else 'NOT met'})"
-
-
 def goals(result: dict) -> list[str]:
     def tok_s(system: str, c: int) -> Optional[float]:
-        return _cell(result, system, "plain", c, "output_tok_s")
+        return figure(result, system=system, workload="plain", concurrency=c)
 
     def ttft(system: str) -> Optional[float]:
-        return _cell(result, system, "cold prefill", 1, "ttft_p50_ms")
+        return figure(result, "ttft_p50_ms", system=system, workload="cold prefill", concurrency=1)
     best = "llama-cpp-q4_0"
-    return [_ratio("C=1 plain, this / llama.cpp Q4_0", tok_s("this", 1), tok_s(best, 1), 1.2),
-            _ratio("C=1 plain, this-nospec / llama.cpp Q4_0", tok_s("this-nospec", 1), tok_s(best, 1), 1.2),
-            _ratio("C=1 plain, this-q4_0 / llama.cpp Q4_0 (the very same weights)", tok_s("this-q4_0", 1),
+    return [goal_line("C=1 plain, this / llama.cpp Q4_0", tok_s("this", 1), tok_s(best, 1), 1.2),
+            goal_line("C=1 plain, this-nospec / llama.cpp Q4_0", tok_s("this-nospec", 1), tok_s(best, 1), 1.2),
+            goal_line("C=1 plain, this-q4_0 / llama.cpp Q4_0 (the very same weights)", tok_s("this-q4_0", 1),
                    tok_s(best, 1), 1.2),
-            _ratio("C=16 plain, this / llama.cpp Q4_0", tok_s("this", 16), tok_s(best, 16), 2.0),
-            _ratio("cold prefill, llama.cpp Q4_0 TTFT / this TTFT", ttft(best), ttft("this"), 1.5, "ms")]
+            goal_line("C=16 plain, this / llama.cpp Q4_0", tok_s("this", 16), tok_s(best, 16), 2.0),
+            goal_line("cold prefill, llama.cpp Q4_0 TTFT / this TTFT", ttft(best), ttft("this"), 1.5, "ms")]
 
 
 def markdown(result: dict) -> str:

@@ -88,6 +88,24 @@ async def measure_each(names: list[str], measure_one: Callable[[str], Coroutine[
             print(f"  {name} FAILED: {str(exc)[:2000]}", flush=True)
 
 
+def figure(result: dict, key: str = "output_tok_s", **match: Any) -> Optional[float]:
+    """The `key` of the row whose fields equal `match`; None where there is no such row or one of
+    its requests failed (a level cut short has no figure)."""
+    for row in result["rows"]:
+        if all(row.get(k) == v for k, v in match.items()):
+            return row[key] if row["completed"] == row["requests"] else None
+    return None
+
+
+def goal_line(label: str, num: Optional[float], den: Optional[float], goal: float, unit: str = "tok/s",
+              fmt: str = "g") -> str:
+    """`label: num / den unit = ratio (goal >= g: met)`, or n/a where a figure is missing."""
+    if not num or not den:
+        return f"{label}: n/a"
+    return f"{label}: {num:{fmt}} / {den:{fmt}} {unit} = {num / den:.2f}x (goal >= {goal:g}: " \
+           f"{'met' if num / den >= goal else 'NOT met'})"
+
+
 def label(row: dict) -> str:
     return f"{row['system']}/{row['transport']}"
 

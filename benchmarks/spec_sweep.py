@@ -17,7 +17,7 @@ from testing.procs import settle
 
 from .load import closed_loop, make_prompts
 from .models import ensure_model
-from .report import measure_each, run_and_write, run_record
+from .report import figure, measure_each, run_and_write, run_record
 from .speculative_bench import _row
 from .systems import _openai_model_id, _session, _this_openai, flow_server
 
@@ -47,17 +47,11 @@ async def measure_arm(model_name: str, arm: str, args: argparse.Namespace, resul
                     result["rows"].append({**row, "model": model_name, "arm": arm, "sampling": sampling})
 
 
-def _tok_s(result: dict, model: str, arm: str, sampling: str, c: int) -> Optional[float]:
-    for row in result["rows"]:
-        if (row["model"], row["arm"], row["sampling"], row["concurrency"]) == (model, arm, sampling, c):
-            return row["output_tok_s"] if row["completed"] == row["requests"] else None
-    return None
-
-
 def ratios(result: dict) -> list[tuple[str, str, int, Optional[float], Optional[float]]]:
     """(model, sampling, C, off tok/s, on tok/s) for every cell."""
     s = result["settings"]
-    return [(m, sampling, c, _tok_s(result, m, "off", sampling, c), _tok_s(result, m, "on", sampling, c))
+    return [(m, sampling, c, figure(result, model=m, arm="off", sampling=sampling, concurrency=c),
+             figure(result, model=m, arm="on", sampling=sampling, concurrency=c))
             for m in s["models"] for sampling in SAMPLING for c in s["concurrency"]]
 
 

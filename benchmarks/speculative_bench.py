@@ -18,6 +18,7 @@ speculates where it can) and `llama-cpp` (no speculation). The copying answers o
 """
 import argparse
 import contextlib
+import functools
 import os
 import time
 from collections.abc import AsyncIterator
@@ -30,7 +31,7 @@ from testing.procs import settle
 
 from .load import Transport, closed_loop, make_prompts
 from .metrics import Total, summarize
-from .report import measure_each, run_and_write, run_record
+from .report import figure, goal_line, measure_each, run_and_write, run_record
 from .systems import SPECULATION, _openai_chunks, _openai_model_id, _session, _this_openai, flow_server, llama_server
 
 SPEC_SYSTEMS = ("this", "this-spec", "llama-cpp")
@@ -135,31 +136,20 @@ async def measure_system(system: str, model: Path, args: argparse.Namespace, res
 
 
 # ----- the report -----
-def _tok_s(result: dict, system: str, workload: str, concurrency: int) -> Optional[float]:
-    for row in result["rows"]:
-        if (row["system"], row["workload"], row["concurrency"]) == (system, workload, concurrency):
-            return row["output_tok_s"] if row["completed"] == row["requests"] else None
-    return None
-
-
-def _ratio(label: str, num: Optional[float], den: Optional[float], goal: float) -> str:
-    if not num or not den:
-        return f"{label}: n/a"
-    return f"{label}: {num:.1f} / {den:.1f} tok/s = {num / den:.2f}x (goal >= {goal:g}: " \
-           f"{'met' if num / den >= goal else 'NOT met'})"
+_goal = functools.partial(goal_line, fmt=".1f")  # as its published runs print them
 
 
 def goals(result: dict) -> list[str]:
     def t(system: str, workload: str, c: int) -> Optional[float]:
-        return _tok_s(result, system, workload, c)
+        return figure(result, system=system, workload=workload, concurrency=c)
     plain, spec = result["answers"].get("this"), result["answers"].get("this-spec")
     same = "n/a" if not plain or not spec else (
         f"{sum(a == b for a, b in zip(plain, spec, strict=True))} of {len(plain)} answers identical")
-    return [_ratio("C=1 plain, this / llama-cpp", t("this", "plain", 1), t("llama-cpp", "plain", 1), 1.0),
-            _ratio("C=1 copying, this-spec / this", t("this-spec", "copying", 1), t("this", "copying", 1), 1.8)
+    return [_goal("C=1 plain, this / llama-cpp", t("this", "plain", 1), t("llama-cpp", "plain", 1), 1.0),
+            _goal("C=1 copying, this-spec / this", t("this-spec", "copying", 1), t("this", "copying", 1), 1.8)
             + f"; {same}",
-            _ratio("C=16 plain, this / llama-cpp", t("this", "plain", 16), t("llama-cpp", "plain", 16), 2.0),
-            _ratio("C=16 plain, this-spec / this (speculation on does not slow a full batch)",
+            _goal("C=16 plain, this / llama-cpp", t("this", "plain", 16), t("llama-cpp", "plain", 16), 2.0),
+            _goal("C=16 plain, this-spec / this (speculation on does not slow a full batch)",
                    t("this-spec", "plain", 16), t("this", "plain", 16), 0.95)]
 
 
