@@ -90,61 +90,80 @@ typedef struct {
  * query's numbers depend on its own keys only: not on the other queries of its task, nor on
  * where its keys' blocks lie, nor on how many queries the step holds. */
 
-/* One query's scores against one block's keys (stored transposed: row d at kt + d * block), for
- * G query heads that share the kv head (q_head floats apart), into scores rows `stride` apart,
- * C vectors of LANES keys each. The G x C sums run side by side, independent chains of fused
- * multiply-adds in registers (fixed sizes: a macro makes one function per shape). */
-#define BLOCK_SCORES(G, C)                                                                                  \
-    static void block_scores_##G##_##C(const float *q, int64_t q_head, const float *kt, int64_t block,   \
-                                        int64_t dim, float scale, float *scores, int64_t stride) {         \
-        vec acc[G][C];                                                                                      \
+/* Q queries' scores against one block's keys (stored transposed: row d at kt + d * block), for
+ * the G query heads of each that share the kv head (q_head floats apart; queries q_tok apart),
+ * into scores rows `stride` apart (query i's head g in row i * G + g), C vectors of LANES keys
+ * each. The Q x G x C sums run side by side, independent chains of fused multiply-adds in
+ * registers (fixed sizes: a macro makes one function per shape). Every variant computes each
+ * score with the same chain, so how many queries share a call changes no number. */
+#define BLOCK_SCORES(Q, G, C)                                                                               \
+    static void block_scores_##Q##_##G##_##C(const float *q, int64_t q_tok, int64_t q_head, const float *kt, \
+                                              int64_t block, int64_t dim, float scale, float *scores,        \
+                                              int64_t stride) {                                              \
+        vec acc[Q][G][C];                                                                                   \
         memset(acc, 0, sizeof acc);                                                                         \
         for (int64_t d = 0; d < dim; d++) {                                                                 \
             vec kd[C];                                                                                      \
             for (int c = 0; c < C; c++) memcpy(&kd[c], kt + d * block + c * LANES, sizeof kd[c]);          \
-            for (int g = 0; g < G; g++) {                                                                   \
-                float qd = q[g * q_head + d];                                                               \
-                for (int c = 0; c < C; c++) acc[g][c] += qd * kd[c];                                        \
-            }                                                                                               \
+            for (int i = 0; i < Q; i++)                                                                     \
+                for (int g = 0; g < G; g++) {                                                               \
+                    float qd = q[i * q_tok + g * q_head + d];                                               \
+                    for (int c = 0; c < C; c++) acc[i][g][c] += qd * kd[c];                                 \
+                }                                                                                           \
         }                                                                                                   \
-        for (int g = 0; g < G; g++)                                                                         \
-            for (int c = 0; c < C; c++) {                                                                   \
-                vec out = acc[g][c] * scale;                                                                \
-                memcpy(scores + g * stride + c * LANES, &out, sizeof out);                                  \
-            }                                                                                               \
+        for (int i = 0; i < Q; i++)                                                                         \
+            for (int g = 0; g < G; g++)                                                                     \
+                for (int c = 0; c < C; c++) {                                                               \
+                    vec out = acc[i][g][c] * scale;                                                         \
+                    memcpy(scores + (i * G + g) * stride + c * LANES, &out, sizeof out);                    \
+                }                                                                                           \
     }
-BLOCK_SCORES(1, 1)
-BLOCK_SCORES(1, 2)
-BLOCK_SCORES(2, 1)
-BLOCK_SCORES(2, 2)
-BLOCK_SCORES(3, 1)
-BLOCK_SCORES(3, 2)
-BLOCK_SCORES(4, 1)
-BLOCK_SCORES(4, 2)
+BLOCK_SCORES(1, 1, 1)
+BLOCK_SCORES(1, 1, 2)
+BLOCK_SCORES(1, 2, 1)
+BLOCK_SCORES(1, 2, 2)
+BLOCK_SCORES(1, 3, 1)
+BLOCK_SCORES(1, 3, 2)
+BLOCK_SCORES(1, 4, 1)
+BLOCK_SCORES(1, 4, 2)
+BLOCK_SCORES(6, 1, 1)
+BLOCK_SCORES(3, 1, 2)
+BLOCK_SCORES(6, 2, 1)
+BLOCK_SCORES(3, 2, 2)
+BLOCK_SCORES(4, 3, 1)
+BLOCK_SCORES(2, 3, 2)
+BLOCK_SCORES(3, 4, 1)
+BLOCK_SCORES(2, 4, 2)
 
-static void scores_of(const float *q, int64_t q_head, const float *kt, int64_t block, int64_t group, int64_t dim,
-                      float scale, float *scores, int64_t stride) {
-    int64_t chunks = block / LANES;
-    switch (group * 4 + (chunks < 3 ? chunks : 3)) {  /* the common shapes */
-        case 4 + 1: block_scores_1_1(q, q_head, kt, block, dim, scale, scores, stride); return;
-        case 4 + 2: block_scores_1_2(q, q_head, kt, block, dim, scale, scores, stride); return;
-        case 8 + 1: block_scores_2_1(q, q_head, kt, block, dim, scale, scores, stride); return;
-        case 8 + 2: block_scores_2_2(q, q_head, kt, block, dim, scale, scores, stride); return;
-        case 12 + 1: block_scores_3_1(q, q_head, kt, block, dim, scale, scores, stride); return;
-        case 12 + 2: block_scores_3_2(q, q_head, kt, block, dim, scale, scores, stride); return;
-        case 16 + 1: block_scores_4_1(q, q_head, kt, block, dim, scale, scores, stride); return;
-        case 16 + 2: block_scores_4_2(q, q_head, kt, block, dim, scale, scores, stride); return;
-    }
-    for (int64_t g = 0; g < group; g++)  /* any other: one head and one vector of keys at a time, the same sums */
-        for (int64_t c = 0; c < chunks; c++)
-            block_scores_1_1(q + g * q_head, q_head, kt + c * LANES, block, dim, scale,
-                             scores + g * stride + c * LANES, stride);
+/* How many queries the wide variant of a shape takes at once (0: no wide variant). */
+static int wide_queries(int64_t group, int64_t chunks) {
+    static const int queries[5][3] = {{0, 0, 0}, {0, 6, 3}, {0, 6, 3}, {0, 4, 2}, {0, 3, 2}};
+    return group <= 4 && chunks <= 2 ? queries[group][chunks] : 0;
 }
 
-/* Softmax over scores[lo..hi] (in place, weights after), then out = their weighted values
- * (chunks = head dim / LANES, a constant where it is inlined, so the sums stay in registers). */
-static inline __attribute__((always_inline)) void
-weigh_chunks(float *scores, int64_t lo, int64_t hi, pages v, const int64_t chunks, float *out) {
+/* `count` queries (1, or the shape's wide_queries) against one block: rows as BLOCK_SCORES. */
+static void scores_of(const float *q, int64_t q_tok, int64_t q_head, const float *kt, int64_t block, int64_t group,
+                      int64_t dim, float scale, float *scores, int64_t stride, int count) {
+    int64_t chunks = block / LANES;
+    int wide = count > 1;
+    switch (group * 8 + (chunks < 3 ? chunks : 3) * 2 + wide) {  /* the common shapes */
+#define SHAPE(Q, G, C, W) case G * 8 + C * 2 + W: \
+    block_scores_##Q##_##G##_##C(q, q_tok, q_head, kt, block, dim, scale, scores, stride); return;
+        SHAPE(1, 1, 1, 0) SHAPE(1, 1, 2, 0) SHAPE(1, 2, 1, 0) SHAPE(1, 2, 2, 0)
+        SHAPE(1, 3, 1, 0) SHAPE(1, 3, 2, 0) SHAPE(1, 4, 1, 0) SHAPE(1, 4, 2, 0)
+        SHAPE(6, 1, 1, 1) SHAPE(3, 1, 2, 1) SHAPE(6, 2, 1, 1) SHAPE(3, 2, 2, 1)
+        SHAPE(4, 3, 1, 1) SHAPE(2, 3, 2, 1) SHAPE(3, 4, 1, 1) SHAPE(2, 4, 2, 1)
+#undef SHAPE
+    }
+    for (int i = 0; i < count; i++)  /* any other: one head and one vector of keys at a time, the same sums */
+        for (int64_t g = 0; g < group; g++)
+            for (int64_t c = 0; c < chunks; c++)
+                block_scores_1_1_1(q + i * q_tok + g * q_head, q_tok, q_head, kt + c * LANES, block, dim, scale,
+                                   scores + (i * group + g) * stride + c * LANES, stride);
+}
+
+/* Softmax over one row of scores[lo..hi] (in place, weights after); returns the weights' sum. */
+static inline float softmax_row(float *scores, int64_t lo, int64_t hi) {
     int64_t from = lo / LANES * LANES, to = hi / LANES * LANES + LANES;  /* whole vectors */
     for (int64_t j = from; j < lo; j++) scores[j] = -3.4e38f;  /* lanes outside [lo, hi]: weight 0 */
     for (int64_t j = hi + 1; j < to; j++) scores[j] = -3.4e38f;
@@ -163,58 +182,107 @@ weigh_chunks(float *scores, int64_t lo, int64_t hi, pages v, const int64_t chunk
         sum += s;
         memcpy(scores + j, &s, sizeof s);
     }
-    float total = lane_sum(sum);
-    vec acc[chunks];
-    memset(acc, 0, sizeof acc);
-    for (int64_t j = lo; j <= hi;) {  /* block by block: one table read per block */
-        int64_t b = j / v.block, stop = (b + 1) * v.block <= hi ? (b + 1) * v.block : hi + 1;
-        const float *base = v.pool + ((int64_t)v.table[b] * v.block - b * v.block) * v.token;
-        for (; j < stop; j++) {
-            float w = scores[j];
-            for (int64_t c = 0; c < chunks; c++) {
-                vec x;
-                memcpy(&x, base + j * v.token + c * LANES, sizeof x);
-                acc[c] += w * x;
-            }
-        }
-    }
-    for (int64_t c = 0; c < chunks; c++) {
-        vec o = acc[c] / total;
-        memcpy(out + c * LANES, &o, sizeof o);
-    }
+    return lane_sum(sum);
 }
 
-static void weigh(float *scores, int64_t lo, int64_t hi, pages v, int64_t dim, float *out) {
-    switch (dim / LANES) {  /* a constant chunk count per case, for the compiler */
-        case 4: weigh_chunks(scores, lo, hi, v, 4, out); break;
-        case 8: weigh_chunks(scores, lo, hi, v, 8, out); break;
-        case 16: weigh_chunks(scores, lo, hi, v, 16, out); break;
-        default: weigh_chunks(scores, lo, hi, v, dim / LANES, out);
+/* One query's G heads: softmax of each head's scores row (rows `stride` apart) over [lo, hi],
+ * then each head's output = its weighted values, G heads' outputs adjacent (dim = CH vectors
+ * each). The heads share each value's load; each output element is still one chain over the
+ * keys in order. G and CH are literal sizes (a macro makes one function per shape), so the
+ * sums stay in registers. */
+#define WEIGH_HEADS(G, CH)                                                                                  \
+    static void weigh_##G##_##CH(float *scores, int64_t stride, int64_t lo, int64_t hi, pages v, float *out) { \
+        float total[G];                                                                                     \
+        for (int g = 0; g < G; g++) total[g] = softmax_row(scores + g * stride, lo, hi);                    \
+        vec acc[G][CH];                                                                                     \
+        _Pragma("GCC unroll 16") for (int g = 0; g < G; g++)                                                \
+            _Pragma("GCC unroll 16") for (int c = 0; c < CH; c++) acc[g][c] = (vec){0};                    \
+        for (int64_t j = lo; j <= hi;) {  /* block by block: one table read per block */                   \
+            int64_t b = j / v.block, stop = (b + 1) * v.block <= hi ? (b + 1) * v.block : hi + 1;           \
+            const float *base = v.pool + ((int64_t)v.table[b] * v.block - b * v.block) * v.token;           \
+            for (; j < stop; j++) {                                                                         \
+                float w[G];                                                                                 \
+                _Pragma("GCC unroll 16") for (int g = 0; g < G; g++) w[g] = scores[g * stride + j];        \
+                _Pragma("GCC unroll 16") for (int c = 0; c < CH; c++) {                                    \
+                    vec x;                                                                                  \
+                    memcpy(&x, base + j * v.token + c * LANES, sizeof x);                                   \
+                    _Pragma("GCC unroll 16") for (int g = 0; g < G; g++) acc[g][c] += w[g] * x;            \
+                }                                                                                           \
+            }                                                                                               \
+        }                                                                                                   \
+        _Pragma("GCC unroll 16") for (int g = 0; g < G; g++)                                                \
+            _Pragma("GCC unroll 16") for (int c = 0; c < CH; c++) {                                        \
+                vec o = acc[g][c] / total[g];                                                               \
+                memcpy(out + (g * CH + c) * LANES, &o, sizeof o);                                           \
+            }                                                                                               \
+    }
+WEIGH_HEADS(1, 2)
+WEIGH_HEADS(1, 4)
+WEIGH_HEADS(2, 4)
+WEIGH_HEADS(3, 4)
+WEIGH_HEADS(4, 4)
+WEIGH_HEADS(1, 8)
+WEIGH_HEADS(2, 8)
+WEIGH_HEADS(1, 16)
+
+static void weigh(float *scores, int64_t stride, int64_t lo, int64_t hi, pages v, int64_t group, int64_t dim,
+                  float *out) {
+    switch (group * 32 + dim / LANES) {  /* the common shapes */
+        case 1 * 32 + 4: weigh_1_4(scores, stride, lo, hi, v, out); return;
+        case 2 * 32 + 4: weigh_2_4(scores, stride, lo, hi, v, out); return;
+        case 3 * 32 + 4: weigh_3_4(scores, stride, lo, hi, v, out); return;
+        case 4 * 32 + 4: weigh_4_4(scores, stride, lo, hi, v, out); return;
+        case 1 * 32 + 8: weigh_1_8(scores, stride, lo, hi, v, out); return;
+        case 2 * 32 + 8: weigh_2_8(scores, stride, lo, hi, v, out); return;
+        case 1 * 32 + 16: weigh_1_16(scores, stride, lo, hi, v, out); return;
+    }
+    for (int64_t g = 0; g < group; g++) {  /* any other: a head and a vector of its dims at a time, the same sums */
+        float *row = scores + g * stride, total = softmax_row(row, lo, hi);
+        for (int64_t c = 0; c < dim / LANES; c++) {
+            vec acc = {0};
+            for (int64_t j = lo; j <= hi; j++) {
+                vec x;
+                memcpy(&x, v.pool + ((int64_t)v.table[j / v.block] * v.block + j % v.block) * v.token + c * LANES,
+                       sizeof x);
+                acc += row[j] * x;
+            }
+            acc /= total;
+            memcpy(out + g * dim + c * LANES, &acc, sizeof acc);
+        }
     }
 }
 
 /* Queries [first, last) of one sequence (ctx keys, q_len new tokens) for one kv head and the
  * `group` query heads that share it (q_head floats apart; their outputs adjacent). scores:
- * (last - first) x group rows of `stride` floats. keys: the layer's key pool, offset to this kv head. */
+ * (last - first) x group rows of `stride` floats. keys: the layer's key pool, offset to this kv
+ * head. Queries go through a block's keys `wide` at a time where they can: a query's row then
+ * also holds scores of keys after its own position, which it never reads. */
 static void task(const float *q, int64_t q_tok, int64_t q_head, const float *keys, pages v, float *out,
                  int64_t out_tok, int64_t first, int64_t last, int64_t q_len, int64_t ctx, int64_t window,
                  int64_t group, int64_t dim, float scale, float *scores, int64_t stride) {
     int64_t base = ctx - q_len;  /* query i sits at position base + i */
     int64_t lo_first = window > 0 && base + first - window + 1 > 0 ? base + first - window + 1 : 0;
     int64_t block = v.block, key_block = (v.token / dim) * dim * block;  /* floats per block of keys */
+    int wide = wide_queries(group, block / LANES);
     for (int64_t b = lo_first / block * block; b <= base + last - 1; b += block) {
         const float *kt = keys + (int64_t)v.table[b / block] * key_block;  /* this head's keys of the block */
-        for (int64_t i = first; i < last; i++) {
+        int64_t i = first;
+        for (; wide && i + wide <= last; i += wide) {
+            int64_t p = base + i + wide - 1, lo = window > 0 && base + i - window + 1 > 0 ? base + i - window + 1 : 0;
+            if (b > p || b + block <= lo) continue;  /* a block none of these queries sees */
+            scores_of(q + i * q_tok, q_tok, q_head, kt, block, group, dim, scale,
+                      scores + (i - first) * group * stride + b, stride, wide);
+        }
+        for (; i < last; i++) {
             int64_t p = base + i, lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
             if (b > p || b + block <= lo) continue;  /* a block this query does not see */
-            scores_of(q + i * q_tok, q_head, kt, block, group, dim, scale,
-                      scores + (i - first) * group * stride + b, stride);
+            scores_of(q + i * q_tok, q_tok, q_head, kt, block, group, dim, scale,
+                      scores + (i - first) * group * stride + b, stride, 1);
         }
     }
     for (int64_t i = first; i < last; i++) {
         int64_t p = base + i, lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
-        for (int64_t g = 0; g < group; g++)
-            weigh(scores + ((i - first) * group + g) * stride, lo, p, v, dim, out + i * out_tok + g * dim);
+        weigh(scores + (i - first) * group * stride, stride, lo, p, v, group, dim, out + i * out_tok);
     }
 }
 
