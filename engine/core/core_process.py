@@ -6,6 +6,7 @@ batch of commands, one `StepOutputs`. Commands are `AddRequest`, `AbortRequest` 
 `Shutdown` (messages.py). When the other end goes away (even killed with SIGKILL), the pipe
 reads EOF and this process exits: none is left behind.
 """
+import gc
 import logging
 import os
 import signal
@@ -129,6 +130,8 @@ def serve(commands: Connection, outputs: Connection) -> None:
         torch.set_num_threads(threads)
     log.info("torch threads: %d", torch.get_num_threads())
     core = EngineCore(loaded, config)
+    gc.collect()
+    gc.freeze()  # the model's and tokenizer's objects live as long as this process: the step loop's collections skip them
     outputs.send(Ready(loaded.info, loaded.tokenizer, core.stats()))
     CoreLoop(core, commands, outputs).run()
 
