@@ -2,6 +2,7 @@
 
     python -m benchmarks.commit_ab --base f2817d0 [--head HEAD] [--rounds 5] [--concurrency 1,16]
     python -m benchmarks.commit_ab --base f2817d0 --workload rows [--rounds 1]
+    python -m benchmarks.commit_ab --base f2817d0 --workload prefill
 
 Each commit is checked out into a temporary git worktree. Rounds alternate between them, each in
 a fresh process that imports that commit's engine (`AsyncEngine.generate`, which every version
@@ -10,6 +11,8 @@ has) with the default EngineConfig, and warms up. Workloads:
 - `decode` (the default): greedy streams of `--tokens` tokens (`ignore_eos`) at each level of
   `--concurrency`: output tok/s, all streams' tokens over the wall time from the first request
   to the last token. A noisy machine hurts both commits alike; medians over `--rounds`.
+- `prefill`: three prompts of about 1,300 tokens, each new to the engine, one at a time, one
+  token each: prompt tokens over the median time to that token (`prefill_tok_s`).
 - `rows`: one request with a 4,000-token prompt (256 tokens) and, once it decodes, 31 short ones
   (64 tokens each): the most rows that decode together while it does (the engine's stats, polled
   every millisecond).
@@ -71,11 +74,23 @@ async def rows(engine):
     assert long.result() == 256 and all(n == 64 for n in await asyncio.gather(*short))
     return {"prompt_tokens": len(engine.tokenizer(long_prompt)["input_ids"]), "most_rows_beside_it": most}
 
+async def prefill(engine):
+    times = []
+    for i in range(3):  # each prompt new to the engine: its first words differ
+        prompt = f"Document {i} of the round: " + " ".join(WORDS[(i + k) % len(WORDS)] for k in range(1200))
+        t0 = time.perf_counter()
+        async for _ in engine.generate(prompt, SamplingParams(max_tokens=1)):
+            pass
+        times.append(time.perf_counter() - t0)
+    tokens = len(engine.tokenizer(prompt)["input_ids"])
+    return {"prompt_tokens": tokens, "prefill_tok_s": tokens / sorted(times)[1]}
+
 async def main():
     engine = AsyncEngine(EngineConfig(model=model))
     try:
         await stream(engine, 999)
-        print(json.dumps(await (rows(engine) if workload == "rows" else decode(engine))))
+        run = {"rows": rows, "prefill": prefill}.get(workload, decode)
+        print(json.dumps(await run(engine)))
     finally:
         engine.shutdown()
 asyncio.run(main())
@@ -106,7 +121,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16])
-    p.add_argument("--workload", choices=["decode", "rows"], default="decode")
+    p.add_argument("--workload", choices=["decode", "prefill", "rows"], default="decode")
     p.add_argument("--out", type=Path, default=None, help="also write results.json here")
     args = p.parse_args()
     args.model = args.model.resolve()
