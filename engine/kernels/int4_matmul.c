@@ -40,14 +40,6 @@ static __m512i bf16_of_nibble(void) {  /* 16-bit lane i: bf16 of the integer i m
     return _mm512_loadu_si512(table);
 }
 
-/* acc + the dot products of q's bf16 pairs with the one pair at `pair`, broadcast by the load
- * itself (an embedded broadcast): a broadcast of its own would take the vector unit's slot that
- * the dot products need, and the compilers do not fold it. */
-static inline __m512 dot_pair(__m512 acc, __m512bh q, const uint32_t *pair) {
-    __asm__("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(q), "m"(*pair));
-    return acc;
-}
-
 /* One row of x: bf16 pairs, and each block's sum of those bf16 values, in input order. */
 static void prepare_row(const float *x, uint32_t *pairs, float *sums, int64_t width) {
     for (int64_t k = 0; k < width; k += CHANNELS) {
@@ -66,34 +58,26 @@ static void prepare_row(const float *x, uint32_t *pairs, float *sums, int64_t wi
     }
 }
 
-/* One pair of inputs' steps for 16 channels as bf16 pairs: w is [16 channels] bytes (low
- * nibble: the pair's first input). */
-static inline __m512bh unpack_pair(const uint8_t *w, __m512i table) {
-    __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)w));
-    __m512i index = _mm512_or_si512(_mm512_and_si512(bytes, _mm512_set1_epi32(0xF)),
-                                    _mm512_slli_epi32(_mm512_srli_epi32(bytes, 4), 16));
-    return (__m512bh)_mm512_permutexvar_epi16(index, table);
-}
-
 /* Outputs [group * 16, +16) for `count` rows: packed is [groups][blocks][16 pairs][16 channels]
- * bytes, scale and low [groups][blocks][16]. Where `unpacked`, the group's steps are read from
- * `steps` ([blocks][16 pairs], unpack_group) instead of unpacked here: the same values, so the
- * same numbers. */
+ * bytes (low nibble: the pair's first input), scale and low [groups][blocks][16]. */
 static inline __attribute__((always_inline)) void
 tile(const uint32_t *pairs, const float *sums, const uint8_t *packed, const uint16_t *scale, const uint16_t *low,
-     float *y, int64_t width, int64_t outputs, int64_t group, const int count, __m512i table,
-     const __m512bh *steps, const int unpacked) {
+     float *y, int64_t width, int64_t outputs, int64_t group, const int count, __m512i table) {
     int64_t blocks = width / BLOCK, half = width / 2;
     __m512 part[TILE];
     float total[TILE][CHANNELS] __attribute__((aligned(64)));  /* in L1: registers go to `part` */
+    const __m512i nibble = _mm512_set1_epi32(0xF);
     for (int r = 0; r < count; r++) _mm512_store_ps(total[r], _mm512_setzero_ps());
     for (int64_t b = 0; b < blocks; b++) {
         const uint8_t *w = packed + (group * blocks + b) * (BLOCK / 2) * CHANNELS;
         for (int r = 0; r < count; r++) part[r] = _mm512_setzero_ps();
         for (int j = 0; j < BLOCK / 2; j++) {
-            __m512bh q = unpacked ? steps[b * (BLOCK / 2) + j] : unpack_pair(w + j * CHANNELS, table);
+            __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w + j * CHANNELS)));
+            __m512i index = _mm512_or_si512(_mm512_and_si512(bytes, nibble),
+                                            _mm512_slli_epi32(_mm512_srli_epi32(bytes, 4), 16));
+            __m512bh q = (__m512bh)_mm512_permutexvar_epi16(index, table);
             for (int r = 0; r < count; r++)
-                part[r] = dot_pair(part[r], q, pairs + r * half + b * 16 + j);
+                part[r] = _mm512_dpbf16_ps(part[r], (__m512bh)_mm512_set1_epi32((int)pairs[r * half + b * 16 + j]), q);
         }
         __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(scale + (group * blocks + b) * CHANNELS)));
         __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(low + (group * blocks + b) * CHANNELS)));
@@ -105,34 +89,32 @@ tile(const uint32_t *pairs, const float *sums, const uint8_t *packed, const uint
     for (int r = 0; r < count; r++) _mm512_storeu_ps(y + r * outputs + group * CHANNELS, _mm512_load_ps(total[r]));
 }
 
-/* A group's steps, unpacked once for all its rows' tiles: with a prompt's hundreds of rows,
- * unpacking per tile took a fifth of the vector unit's slots. */
-static void unpack_group(const uint8_t *packed, int64_t blocks, int64_t group, __m512i table, __m512bh *steps) {
-    const uint8_t *w = packed + group * blocks * (BLOCK / 2) * CHANNELS;
-    for (int64_t i = 0; i < blocks * (BLOCK / 2); i++) steps[i] = unpack_pair(w + i * CHANNELS, table);
-}
-
-/* steps: room for one group's unpacked steps (width / 2 vectors), used where there is more than
- * one tile of rows. */
 static void rows_of_group(const uint32_t *pairs, const float *sums, const uint8_t *packed, const uint16_t *scale,
                           const uint16_t *low, float *y, int64_t rows, int64_t width, int64_t outputs, int64_t group,
-                          __m512i table, __m512bh *steps) {
+                          __m512i table) {
     int64_t half = width / 2, blocks = width / BLOCK;
-    int unpacked = rows > TILE;
-    if (unpacked) unpack_group(packed, blocks, group, table, steps);
     for (int64_t r0 = 0; r0 < rows; r0 += TILE) {
         const uint32_t *p = pairs + r0 * half;
         const float *s = sums + r0 * blocks;
         float *out = y + r0 * outputs;
-#define TILE_OF(N) case N: \
-    if (unpacked) tile(p, s, packed, scale, low, out, width, outputs, group, N, table, steps, 1); \
-    else tile(p, s, packed, scale, low, out, width, outputs, group, N, table, steps, 0); \
-    break;
         switch (rows - r0 < TILE ? rows - r0 : TILE) {  /* a constant count per case, for the compiler */
-            TILE_OF(16) TILE_OF(15) TILE_OF(14) TILE_OF(13) TILE_OF(12) TILE_OF(11) TILE_OF(10) TILE_OF(9)
-            TILE_OF(8) TILE_OF(7) TILE_OF(6) TILE_OF(5) TILE_OF(4) TILE_OF(3) TILE_OF(2) TILE_OF(1)
+            case 16: tile(p, s, packed, scale, low, out, width, outputs, group, 16, table); break;
+            case 15: tile(p, s, packed, scale, low, out, width, outputs, group, 15, table); break;
+            case 14: tile(p, s, packed, scale, low, out, width, outputs, group, 14, table); break;
+            case 13: tile(p, s, packed, scale, low, out, width, outputs, group, 13, table); break;
+            case 12: tile(p, s, packed, scale, low, out, width, outputs, group, 12, table); break;
+            case 11: tile(p, s, packed, scale, low, out, width, outputs, group, 11, table); break;
+            case 10: tile(p, s, packed, scale, low, out, width, outputs, group, 10, table); break;
+            case 9: tile(p, s, packed, scale, low, out, width, outputs, group, 9, table); break;
+            case 8: tile(p, s, packed, scale, low, out, width, outputs, group, 8, table); break;
+            case 7: tile(p, s, packed, scale, low, out, width, outputs, group, 7, table); break;
+            case 6: tile(p, s, packed, scale, low, out, width, outputs, group, 6, table); break;
+            case 5: tile(p, s, packed, scale, low, out, width, outputs, group, 5, table); break;
+            case 4: tile(p, s, packed, scale, low, out, width, outputs, group, 4, table); break;
+            case 3: tile(p, s, packed, scale, low, out, width, outputs, group, 3, table); break;
+            case 2: tile(p, s, packed, scale, low, out, width, outputs, group, 2, table); break;
+            default: tile(p, s, packed, scale, low, out, width, outputs, group, 1, table);
         }
-#undef TILE_OF
     }
 }
 
@@ -150,23 +132,18 @@ int int4_matmul(const float *x, const uint8_t *packed, const uint16_t *scale, co
     }
     __m512i table = bf16_of_nibble();
     int parallel = threads > 1 && rows * width * outputs > (1 << 16);
-    int failed = 0;
     #pragma omp parallel num_threads(threads) if (parallel)
     {
-        __m512bh *steps = rows > TILE ? aligned_alloc(64, width / 2 * sizeof(__m512bh)) : NULL;
-        if (rows > TILE && !steps) failed = -2;
         #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; r++)
             prepare_row(x + r * width, pairs + r * width / 2, sums + r * width / BLOCK, width);
         #pragma omp for schedule(static)
         for (int64_t group = 0; group < outputs / CHANNELS; group++)
-            if (rows <= TILE || steps)
-                rows_of_group(pairs, sums, packed, scale, low, y, rows, width, outputs, group, table, steps);
-        free(steps);
+            rows_of_group(pairs, sums, packed, scale, low, y, rows, width, outputs, group, table);
     }
     free(pairs);
     free(sums);
-    return failed;
+    return 0;
 }
 
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
