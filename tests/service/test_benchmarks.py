@@ -147,3 +147,20 @@ def test_the_cpu_records_goals_and_the_speculation_sweeps_ratios():
               "machine": {"cpu_count": 2, "device": "cpu", "torch": "x", "loadavg_at_start": [0, 0, 0]}}
     assert ("m", "greedy", 1, 100.0, 95.0) in spec_sweep.ratios(result)
     assert "| m | greedy | 1 | 100.0 | 95.0 | 0.95x |" in spec_sweep.markdown(result)
+
+
+def test_kernel_ab_builds_two_commits_kernels_and_compares_every_case(tmp_path):
+    """The kernel A/B tool end to end on one commit against itself: sources from git, two
+    libraries loaded side by side, every case run and compared (a kernel whose output varied
+    between calls would show here as not bit for bit equal)."""
+    import pytest
+
+    from benchmarks import kernel_ab
+    from engine.kernels import native
+    if native.library() is None:
+        pytest.skip("no C compiler on this machine")
+    assert kernel_ab.main(["--base", "HEAD", "--repeats", "1", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "results.json").read_text())
+    assert [r["case"] for r in result["rows"]] == list(kernel_ab.CASES)
+    assert all(r["bit_equal"] and r["base_us"] > 0 and r["head_us"] > 0 for r in result["rows"])
+    assert "| int8 output layer, 16 rows |" in (tmp_path / "results.md").read_text()

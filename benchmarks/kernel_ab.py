@@ -1,0 +1,189 @@
+"""python -m benchmarks.kernel_ab: two commits' C kernels in one process, the same inputs, side by side.
+
+    python -m benchmarks.kernel_ab --base ca2a07e [--head HEAD] [--repeats 15] [--out DIR]
+
+Each commit's engine/kernels sources (`git show`) are compiled as the engine compiles them
+(build.py's flags) into a library of their own; both are loaded here and called on the same inputs,
+bound from today's kernels.h (so the functions timed must keep their signatures between the two).
+Every output is checked bit for bit against the other commit's, and the calls alternate, the
+median of `--repeats` each. Cases, on the default model's shapes (SmolLM2-135M: hidden 576, 9
+heads, 3 kv heads of 64, 1,536 MLP, 49,152 outputs):
+- int4 matmul: one layer's four calls (q+k+v, o, gate+up, down) at 1, 16 and 512 rows;
+- int8 output layer at 1 and 16 rows;
+- attention: a decode step of 16 sequences of 300 to 600 keys, and a 1,286-token prompt as the
+  engine runs it, in chunks of 512 tokens.
+"""
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.kernels import build
+
+from .report import machine_info
+
+HIDDEN, HEADS, KV_HEADS, DIM, INTER, VOCAB, BLOCK = 576, 9, 3, 64, 1536, 49152, 16
+LAYER = [(HIDDEN, (HEADS + 2 * KV_HEADS) * DIM), (HIDDEN, HIDDEN), (HIDDEN, 2 * INTER), (INTER, HIDDEN)]
+Case = Callable[[ctypes.CDLL], list[torch.Tensor]]  # one library's outputs for the case's inputs
+
+
+def compile_rev(rev: str, folder: Path) -> ctypes.CDLL:
+    """The kernels of `rev`, compiled into a library of their own (in `folder`) and bound from kernels.h."""
+    folder.mkdir()
+    names = subprocess.run(["git", "-C", str(build.HERE), "ls-tree", "--name-only", rev, "."], capture_output=True,
+                           text=True, check=True).stdout.split()
+    sources = []
+    for name in (n for n in names if n.endswith((".c", ".h"))):
+        text = subprocess.run(["git", "-C", str(build.HERE), "show", f"{rev}:./{name}"], capture_output=True,
+                              text=True, check=True).stdout
+        (folder / name).write_text(text)
+        sources += [str(folder / name)] if name.endswith(".c") else []
+    subprocess.run([os.environ.get("CC") or "cc", *build.FLAGS, *sources, "-o", str(folder / "kernels.so")], check=True)
+    library = ctypes.CDLL(str(folder / "kernels.so"))
+    for name, (result, params) in build.FUNCTIONS.items():
+        function = getattr(library, name, None)
+        if function is not None:
+            function.restype, function.argtypes = result, params
+    return library
+
+
+def int4_case(rows: int) -> Case:
+    g = torch.Generator().manual_seed(rows)
+    weights = [(torch.randint(0, 256, (n // 16, k // 32, 16, 16), dtype=torch.uint8, generator=g),
+                (torch.rand(n // 16, k // 32, 16, generator=g) / 100).half(),
+                (-torch.rand(n // 16, k // 32, 16, generator=g) / 10).half(), k, n) for k, n in LAYER]
+    xs = [torch.randn(rows, k, generator=g) for k, _ in LAYER]
+
+    def run(lib: ctypes.CDLL) -> list[torch.Tensor]:
+        ys = []
+        for x, (packed, scale, low, k, n) in zip(xs, weights, strict=True):
+            ys.append(torch.empty(rows, n))
+            assert lib.int4_matmul(x.data_ptr(), packed.data_ptr(), scale.data_ptr(), low.data_ptr(),
+                                   ys[-1].data_ptr(), rows, k, n, torch.get_num_threads()) == 0
+        return ys
+    return run
+
+
+def int8_case(rows: int) -> Case:
+    g = torch.Generator().manual_seed(rows)
+    packed = torch.randint(-127, 128, (VOCAB // 16, HIDDEN, 16), dtype=torch.int8, generator=g)
+    scale, x = torch.rand(VOCAB, generator=g) / 100, torch.randn(rows, HIDDEN, generator=g)
+
+    def run(lib: ctypes.CDLL) -> list[torch.Tensor]:
+        y = torch.empty(rows, VOCAB)
+        assert lib.int8_matmul(x.data_ptr(), packed.data_ptr(), scale.data_ptr(), y.data_ptr(), rows, HIDDEN, VOCAB,
+                               torch.get_num_threads()) == 0
+        return [y]
+    return run
+
+
+def attention_case(steps: list[list[tuple[int, int]]]) -> Case:
+    """Steps of sequences (new tokens, keys), each sequence's blocks at random places in one pool."""
+    g = torch.Generator().manual_seed(len(steps))
+    blocks = sum(-(-ctx // BLOCK) for step in steps for _, ctx in step)
+    k_pool, v_pool = torch.randn(blocks, KV_HEADS, DIM, BLOCK, generator=g), torch.randn(blocks, BLOCK, KV_HEADS, DIM, generator=g)
+    order, calls = torch.randperm(blocks, generator=g).to(torch.int32), []
+    for step in steps:
+        width = max(-(-ctx // BLOCK) for _, ctx in step)
+        tables = torch.zeros(len(step), width, dtype=torch.int32)
+        for s, (_, ctx) in enumerate(step):
+            tables[s, :-(-ctx // BLOCK)], order = order[:-(-ctx // BLOCK)], order[-(-ctx // BLOCK):]
+        q_lens = torch.tensor([q for q, _ in step])
+        starts = torch.cumsum(q_lens, 0) - q_lens
+        calls.append((torch.randn(int(q_lens.sum()), HEADS * DIM, generator=g), starts, q_lens,
+                      torch.tensor([ctx for _, ctx in step]), tables))
+
+    def run(lib: ctypes.CDLL) -> list[torch.Tensor]:
+        outs = []
+        for q, starts, q_lens, ctx, tables in calls:
+            outs.append(torch.empty(q.shape[0], HEADS, DIM))
+            assert lib.paged_attention(q.data_ptr(), HEADS * DIM, DIM, k_pool.data_ptr(), v_pool.data_ptr(),
+                                       outs[-1].data_ptr(), starts.data_ptr(), q_lens.data_ptr(), ctx.data_ptr(),
+                                       tables.data_ptr(), tables.shape[1], tables.shape[0], HEADS, KV_HEADS, DIM,
+                                       BLOCK, 0, DIM ** -0.5, torch.get_num_threads()) == 0
+        return outs
+    return run
+
+
+CASES: dict[str, Callable[[], Case]] = {  # each makes its inputs when it runs
+    **{f"int4, a layer's 4 matmuls, {rows} rows": partial(int4_case, rows) for rows in (1, 16, 512)},
+    **{f"int8 output layer, {rows} rows": partial(int8_case, rows) for rows in (1, 16)},
+    "attention, decode step of 16 sequences (300 to 600 keys)":
+        partial(attention_case, [[(1, 300 + 20 * i) for i in range(16)]]),
+    "attention, a 1,286-token prompt in chunks of 512":
+        partial(attention_case, [[(512, 512)], [(512, 1024)], [(262, 1286)]]),
+}
+
+
+def timed(run: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
+
+
+def compare(libs: dict[str, ctypes.CDLL], repeats: int) -> list[dict[str, Any]]:
+    rows = []
+    for name, make in CASES.items():
+        case = make()
+        outputs = {rev: case(lib) for rev, lib in libs.items()}
+        same = all(torch.equal(a, b) for a, b in zip(*outputs.values(), strict=True))
+        times: dict[str, list[float]] = {rev: [] for rev in libs}
+        for _ in range(repeats):
+            for rev, lib in libs.items():
+                times[rev].append(timed(partial(case, lib)))
+        base, head = (statistics.median(t) * 1e6 for t in times.values())
+        rows.append({"case": name, "base_us": round(base, 1), "head_us": round(head, 1),
+                     "speedup": round(base / head, 3), "bit_equal": same})
+        print(f"{name}: {base:.1f} -> {head:.1f} us ({base / head:.2f}x), bit for bit: {same}", flush=True)
+    return rows
+
+
+def markdown(result: dict[str, Any]) -> str:
+    revs = result["revs"]
+    lines = ["# Two commits' C kernels side by side", "", f"{result['date']}, `{result['command']}`", "",
+             f"Machine: {result['machine']['cpu_count']} CPUs, torch {result['machine']['torch']} "
+             f"({result['machine']['torch_threads']} threads). Median of {result['repeats']} alternating calls.", "",
+             f"| case | {revs['base']} (us) | {revs['head']} (us) | speedup | outputs bit for bit equal |",
+             "| --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['case']} | {r['base_us']} | {r['head_us']} | {r['speedup']}x | {'yes' if r['bit_equal'] else 'NO'} |"
+              for r in result["rows"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.kernel_ab", description=__doc__.splitlines()[0])
+    p.add_argument("--base", required=True)
+    p.add_argument("--head", default="HEAD")
+    p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--out", type=Path, default=None, help="also write results.json and results.md here")
+    args = p.parse_args(argv)
+    revs = {name: subprocess.run(["git", "-C", str(build.HERE), "rev-parse", "--short", rev], capture_output=True,
+                                 text=True, check=True).stdout.strip() for name, rev in (("base", args.base),
+                                                                                         ("head", args.head))}
+    with tempfile.TemporaryDirectory(prefix="kernel-ab-") as tmp:
+        libs = {name: compile_rev(rev, Path(tmp) / name) for name, rev in revs.items()}
+        rows = compare(libs, args.repeats)
+    result = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "revs": revs, "repeats": args.repeats,
+              "command": "python -m benchmarks.kernel_ab " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "machine": machine_info(), "rows": rows}
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "results.json").write_text(json.dumps(result, indent=1))
+        (args.out / "results.md").write_text(markdown(result))
+    print(markdown(result))
+    return 0 if all(r["bit_equal"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
