@@ -4,6 +4,7 @@ See benchmarks/README.md. --quick finishes in a few minutes on a 2-core machine.
 """
 import argparse
 import asyncio
+import importlib
 import os
 import signal
 import sys
@@ -26,6 +27,32 @@ HERE = Path(__file__).resolve().parent
 QUICK_EXTRAS = ({"model": "gpt2-small", "systems": ("this", "raw-engine"), "concurrency": (1,), "requests": 4},
                 {"model": "smollm2", "systems": ("this", "raw-engine", "llama-cpp"), "concurrency": (1, 16),
                  "requests": None})
+
+
+# Each mode's defaults, where the command line leaves a setting out (the first mode given wins):
+# "systems" names the mode's module and its tuple (imported only when the mode runs), "out" the
+# folder under benchmarks/results.
+MODE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "cpu_record": {"models": ["smollm2"], "concurrency": [1, 16], "systems": ("cpu_record", "RECORD_SYSTEMS"),
+                   "num_requests": 32, "out": "cpu-record"},
+    "speculation_sweep": {"models": ["smollm2", "gpt2-small"], "concurrency": [1, 4, 16, 64],
+                          "out": "speculation-sweep"},
+    "replicas": {"models": ["smollm2"], "out": "replicas"},
+    "speculative": {"models": ["smollm2"], "concurrency": [1, 16], "systems": ("speculative_bench", "SPEC_SYSTEMS"),
+                    "num_requests": 32, "out": "speculative"},
+    "prefix": {"models": ["smollm2"], "concurrency": [16], "systems": ("prefix_bench", "PREFIX_SYSTEMS"),
+               "out": "prefix"},
+    "structured": {"models": ["smollm2"], "concurrency": [16]},
+}
+
+
+def _mode_default(key: str, value: Any) -> Any:
+    if key == "systems":
+        module, name = value
+        return list(getattr(importlib.import_module(f".{module}", __package__), name))
+    if key == "out":
+        return HERE / "results" / value
+    return value
 
 
 def _ints(text: str) -> list[int]:
@@ -100,38 +127,13 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                    help="speculation on against off (spec_sweep.py): greedy and sampled, --concurrency "
                         "(1,4,16,64), on smollm2 and gpt2-small unless --models says otherwise")
     args = p.parse_args(argv)
-    if args.cpu_record:
-        from .cpu_record import RECORD_SYSTEMS
-        args.models = args.models or ["smollm2"]
-        args.concurrency = args.concurrency or [1, 16]
-        args.systems = args.systems or list(RECORD_SYSTEMS)
-        args.num_requests = args.num_requests or 32
-        args.out = args.out or HERE / "results" / "cpu-record"
-    if args.speculation_sweep:
-        args.models = args.models or ["smollm2", "gpt2-small"]
-        args.concurrency = args.concurrency or [1, 4, 16, 64]
-        args.out = args.out or HERE / "results" / "speculation-sweep"
-    if args.replicas:
-        args.models = args.models or ["smollm2"]
-        args.out = args.out or HERE / "results" / "replicas"
-    if args.speculative:
-        from .speculative_bench import SPEC_SYSTEMS
-        args.models = args.models or ["smollm2"]
-        args.concurrency = args.concurrency or [1, 16]
-        args.systems = args.systems or list(SPEC_SYSTEMS)
-        args.num_requests = args.num_requests or 32
-        args.out = args.out or HERE / "results" / "speculative"
-    if args.prefix:
-        from .prefix_bench import PREFIX_SYSTEMS
-        args.models = args.models or ["smollm2"]
-        args.concurrency = args.concurrency or [16]
-        args.systems = args.systems or list(PREFIX_SYSTEMS)
-        args.out = args.out or HERE / "results" / "prefix"
+    for mode, defaults in MODE_DEFAULTS.items():
+        if getattr(args, mode):
+            for key, value in defaults.items():
+                if not getattr(args, key):
+                    setattr(args, key, _mode_default(key, value))
     args.out = args.out or HERE / "results"
     args.systems = args.systems or list(SYSTEMS)
-    if args.structured:
-        args.models = args.models or ["smollm2"]
-        args.concurrency = args.concurrency or [16]
     args.quick_extra = args.quick and args.models is None
     args.models = args.models or (["tiny"] if args.quick else ["tiny", "gpt2-small", "smollm2"])
     args.concurrency = args.concurrency or ([1, 16] if args.quick else [1, 4, 16, 64])

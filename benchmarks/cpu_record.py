@@ -31,10 +31,10 @@ import aiohttp
 from testing.procs import settle
 
 from .load import closed_loop, make_prompts
-from .metrics import summarize
+from .metrics import summarize, workload_row
 from .peers.llama_cpp import q4_0_of
 from .report import figure, goal_line, measure_each, run_and_write, run_record
-from .speculative_bench import PARAGRAPHS, _row
+from .speculative_bench import PARAGRAPHS
 from .systems import _openai_model_id, _session, _this_openai, flow_server, gguf_of, llama_server
 
 RECORD_SYSTEMS = ("this", "this-nospec", "this-q4_0", "llama-cpp-q4_1", "llama-cpp-q4_0")
@@ -79,7 +79,7 @@ async def measure_system(system: str, model: Path, args: argparse.Namespace, res
             prompts = make_prompts(256, args.seed, draw=f"closed {c}")
             records, duration, cut = await closed_loop(plain, prompts, c, max(args.num_requests, c), args.max_tokens,
                                                        args.time_limit)
-            result["rows"].append(_row(system, "plain", c, records, duration, cut))
+            result["rows"].append(workload_row(system, "plain", c, records, duration, cut))
         await settle()
         cold = [cold_prompt(i) for i in range(COLD_REQUESTS)]
         records, duration, cut = await closed_loop(plain, cold, 1, COLD_REQUESTS, 1, args.time_limit)

@@ -12,6 +12,7 @@
   the level's wall clock (first request sent -> last stream closed).
 Percentiles are numpy's linear p50/p99 over completed requests.
 """
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Optional
@@ -98,3 +99,12 @@ def cpu_per_token(before: dict[str, float], after: dict[str, float], tokens: int
     """Where the CPU went: milliseconds of each role's CPU time per output token."""
     return {role: round(1000 * (after[role] - before.get(role, 0.0)) / tokens, 3)
             for role in after if tokens and role != "gone"}
+
+
+def workload_row(system: str, workload: str, concurrency: int, records: list, duration: float, cut: bool) -> dict:
+    """A workload's row of a benchmark's results (summarize's figures), printed as it is made."""
+    row = {"system": system, "workload": workload, "concurrency": concurrency, **summarize(records, duration),
+           "cut_short": cut, "loadavg_1m": round(os.getloadavg()[0], 2)}
+    print(f"  {system} {workload} C={concurrency}: {row['completed']}/{row['requests']} ok, {row['output_tok_s']} "
+          f"tok/s, TTFT p50 {row['ttft_p50_ms']} ms, TPOT p50 {row['tpot_p50_ms']} ms", flush=True)
+    return row

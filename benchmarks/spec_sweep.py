@@ -16,9 +16,9 @@ from typing import Optional
 from testing.procs import settle
 
 from .load import closed_loop, make_prompts
+from .metrics import workload_row
 from .models import ensure_model
 from .report import figure, measure_each, run_and_write, run_record
-from .speculative_bench import _row
 from .systems import _openai_model_id, _session, _this_openai, flow_server
 
 ARMS = {"off": "0", "on": "8"}
@@ -43,7 +43,7 @@ async def measure_arm(model_name: str, arm: str, args: argparse.Namespace, resul
                     prompts = make_prompts(256, args.seed, draw=f"closed {c}")
                     n = args.num_requests or max(2 * c, 12)
                     records, duration, cut = await closed_loop(send, prompts, c, n, args.max_tokens, args.time_limit)
-                    row = _row(f"{model_name} {arm} {sampling}", "plain", c, records, duration, cut)
+                    row = workload_row(f"{model_name} {arm} {sampling}", "plain", c, records, duration, cut)
                     result["rows"].append({**row, "model": model_name, "arm": arm, "sampling": sampling})
 
 

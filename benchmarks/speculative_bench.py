@@ -19,7 +19,6 @@ speculates where it can) and `llama-cpp` (no speculation). The copying answers o
 import argparse
 import contextlib
 import functools
-import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -30,7 +29,7 @@ import aiohttp
 from testing.procs import settle
 
 from .load import Transport, closed_loop, make_prompts
-from .metrics import Total, summarize
+from .metrics import Total, workload_row
 from .report import figure, goal_line, measure_each, run_and_write, run_record
 from .systems import SPECULATION, _openai_chunks, _openai_model_id, _session, _this_openai, flow_server, llama_server
 
@@ -102,14 +101,6 @@ async def serve(system: str, model: Path, logs: Path) -> AsyncIterator[tuple[int
             yield port, http
 
 
-def _row(system: str, workload: str, concurrency: int, records: list, duration: float, cut: bool) -> dict:
-    row = {"system": system, "workload": workload, "concurrency": concurrency, **summarize(records, duration),
-           "cut_short": cut, "loadavg_1m": round(os.getloadavg()[0], 2)}
-    print(f"  {system} {workload} C={concurrency}: {row['completed']}/{row['requests']} ok, {row['output_tok_s']} "
-          f"tok/s, TTFT p50 {row['ttft_p50_ms']} ms, TPOT p50 {row['tpot_p50_ms']} ms", flush=True)
-    return row
-
-
 async def measure_system(system: str, model: Path, args: argparse.Namespace, result: dict) -> None:
     t0 = time.perf_counter()
     async with serve(system, model, args.out / "logs") as (port, http):
@@ -126,10 +117,10 @@ async def measure_system(system: str, model: Path, args: argparse.Namespace, res
             prompts = make_prompts(256, args.seed, draw=f"closed {c}")  # as the main benchmark's levels
             records, duration, cut = await closed_loop(plain, prompts, c, max(args.num_requests, c), args.max_tokens,
                                                        args.time_limit)
-            result["rows"].append(_row(system, "plain", c, records, duration, cut))
+            result["rows"].append(workload_row(system, "plain", c, records, duration, cut))
         records, duration, cut = await closed_loop(copying, list(COPY_TASKS), 1, len(COPY_TASKS), COPY_MAX_TOKENS,
                                                    args.time_limit)
-        row = _row(system, "copying", 1, records, duration, cut)
+        row = workload_row(system, "copying", 1, records, duration, cut)
         row["completion_tokens"] = [r.tokens for r in records]
         result["rows"].append(row)
         result["answers"][system] = [answers.get(p) for p in COPY_TASKS]
