@@ -8,13 +8,14 @@
  * prefix's blocks). Query i of a sequence of `q_len` new tokens and `ctx` keys sits at position
  * p = ctx - q_len + i and attends keys [lo, p], lo = 0 (or p - window + 1 with a sliding window).
  *
- * Every (sequence, kv head, 16 queries) is computed by one thread, with the same code for every
- * query of a given model shape, whatever else the step holds and however many threads run: a
- * query comes out bit for bit the same alone, batched, in a whole prefill or in a chunk after
- * cached keys. (Each score is a chain of fused multiply-adds over the head dim; each weight sum
- * and weighted value a chain over the keys in order; the compiler's choice of instructions can
- * differ between two functions, so one shape always takes the same one.) It runs in the OpenMP
- * runtime that torch already loaded (its libgomp), so it shares torch's threads.
+ * Every (sequence, kv head, 16 queries) is computed by one thread, whatever else the step holds
+ * and however many threads run: a query comes out bit for bit the same alone, batched, in a whole
+ * prefill or in a chunk after cached keys. Each score is one chain of fused multiply-adds over the
+ * head dim, each weight sum and weighted value one chain over the keys in order, whichever
+ * function computes it (one query, or several at once through a block's keys): build.py's
+ * -ffp-contract=fast makes every a * b + c of these one fused multiply-add, with any compiler.
+ * It runs in the OpenMP runtime that torch already loaded (its libgomp), so it shares torch's
+ * threads.
  *
  * Built at start-up by native.py with the machine's compiler (-O3 -march=native).
  */
