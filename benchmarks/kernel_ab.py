@@ -16,7 +16,6 @@ heads, 3 kv heads of 64, 1,536 MLP, 49,152 outputs):
 import argparse
 import ctypes
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -39,7 +38,8 @@ Case = Callable[[ctypes.CDLL], list[torch.Tensor]]  # one library's outputs for 
 
 
 def compile_rev(rev: str, folder: Path) -> ctypes.CDLL:
-    """The kernels of `rev`, compiled into a library of their own (in `folder`) and bound from kernels.h."""
+    """The kernels of `rev`, compiled as the engine compiles them into a library of their own (in
+    `folder`) and bound from kernels.h."""
     folder.mkdir()
     names = subprocess.run(["git", "-C", str(build.HERE), "ls-tree", "--name-only", rev, "."], capture_output=True,
                            text=True, check=True).stdout.split()
@@ -48,14 +48,9 @@ def compile_rev(rev: str, folder: Path) -> ctypes.CDLL:
         text = subprocess.run(["git", "-C", str(build.HERE), "show", f"{rev}:./{name}"], capture_output=True,
                               text=True, check=True).stdout
         (folder / name).write_text(text)
-        sources += [str(folder / name)] if name.endswith(".c") else []
-    subprocess.run([os.environ.get("CC") or "cc", *build.FLAGS, *sources, "-o", str(folder / "kernels.so")], check=True)
-    library = ctypes.CDLL(str(folder / "kernels.so"))
-    for name, (result, params) in build.FUNCTIONS.items():
-        function = getattr(library, name, None)
-        if function is not None:
-            function.restype, function.argtypes = result, params
-    return library
+        sources += [folder / name] if name.endswith(".c") else []
+    build.compile_into(build.find_compiler(), folder / "kernels.so", tuple(sources))
+    return build.bind(ctypes.CDLL(str(folder / "kernels.so")), missing_ok=True)
 
 
 def int4_case(rows: int) -> Case:

@@ -90,28 +90,41 @@ def _built() -> tuple[Optional[ctypes.CDLL], str]:
         return None, str(exc)
 
 
-def _build() -> ctypes.CDLL:
+def find_compiler() -> str:
+    """`$CC`, else cc, else gcc (Unbuilt where there is none)."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise Unbuilt("no C compiler")
+    return compiler
+
+
+def bind(library: ctypes.CDLL, missing_ok: bool = False) -> ctypes.CDLL:
+    """kernels.h's signatures on the library's functions (those it has, where `missing_ok`:
+    another commit's kernels, benchmarks/kernel_ab.py)."""
+    for name, (result, params) in FUNCTIONS.items():
+        function = getattr(library, name, None) if missing_ok else getattr(library, name)
+        if function is not None:
+            function.restype, function.argtypes = result, params
+    return library
+
+
+def _build() -> ctypes.CDLL:
+    compiler = find_compiler()
     started = time.perf_counter()
     cached = _cache_path(compiler)
     if cached is not None and cached.exists() and (built := _load(cached)) is not None:
         log.info("C kernels loaded from %s", cached)
     elif cached is not None:
-        _compile(compiler, cached)
+        compile_into(compiler, cached)
         built = ctypes.CDLL(str(cached))
         log.info("C kernels built in %.2f s, kept in %s", time.perf_counter() - started, cached.parent)
     else:
         with tempfile.TemporaryDirectory(prefix="llm-native-") as folder:
             target = Path(folder) / "kernels.so"
-            _compile(compiler, target)
+            compile_into(compiler, target)
             built = ctypes.CDLL(str(target))  # stays mapped once the file is gone
         log.info("C kernels built in %.2f s", time.perf_counter() - started)
-    for name, (result, params) in FUNCTIONS.items():
-        function = getattr(built, name)
-        function.restype, function.argtypes = result, params
-    return built
+    return bind(built)
 
 
 def _load(path: Path) -> Optional[ctypes.CDLL]:
@@ -122,14 +135,14 @@ def _load(path: Path) -> Optional[ctypes.CDLL]:
         return None
 
 
-def _compile(compiler: str, target: Path) -> None:
-    """Into `target`, whole or not at all: concurrent builds each write a file of their own and
-    the last rename wins, with the same bytes."""
+def compile_into(compiler: str, target: Path, sources: tuple[Path, ...] = SOURCES) -> None:
+    """The sources, with FLAGS, into `target`, whole or not at all: concurrent builds each write a
+    file of their own and the last rename wins, with the same bytes."""
     fd, partial = tempfile.mkstemp(prefix=".building-", suffix=".so", dir=target.parent)
     os.close(fd)
     try:
         try:
-            done = subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", partial],
+            done = subprocess.run([compiler, *FLAGS, *map(str, sources), "-o", partial],
                                   capture_output=True, text=True, check=False, timeout=120)
         except (OSError, subprocess.SubprocessError) as exc:
             raise Unbuilt(f"{compiler}: {exc}") from None
@@ -145,6 +158,15 @@ def _cache_path(compiler: str) -> Optional[Path]:
     """Where this build is kept, or None where the cache folder cannot be written."""
     root = os.environ.get("LLM_KERNEL_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "llm-stream", "kernels")
+    folder = Path(root)
+    if root.startswith("~"):  # no home folder to expand "~" into: nowhere to keep it
+        return None
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    if not os.access(folder, os.W_OK):
+        return None
     try:
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as exc:
@@ -154,14 +176,7 @@ def _cache_path(compiler: str) -> Optional[Path]:
         key.update(part.encode() + b"\0")
     for source in (*SOURCES, *INCLUDES):
         key.update(source.name.encode() + b"\0" + source.read_bytes() + b"\0")
-    folder = Path(root)
-    if root.startswith("~"):  # no home folder to expand "~" into: nowhere to keep it
-        return None
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return None
-    return folder / f"kernels-{key.hexdigest()[:24]}.so" if os.access(folder, os.W_OK) else None
+    return folder / f"kernels-{key.hexdigest()[:24]}.so"
 
 
 def _cpu_identity() -> str:
