@@ -119,42 +119,34 @@ typedef struct {
                     memcpy(scores + (i * G + g) * stride + c * LANES, &out, sizeof out);                    \
                 }                                                                                           \
     }
-BLOCK_SCORES(1, 1, 1)
-BLOCK_SCORES(1, 1, 2)
-BLOCK_SCORES(1, 2, 1)
-BLOCK_SCORES(1, 2, 2)
-BLOCK_SCORES(1, 3, 1)
-BLOCK_SCORES(1, 3, 2)
-BLOCK_SCORES(1, 4, 1)
-BLOCK_SCORES(1, 4, 2)
-BLOCK_SCORES(6, 1, 1)
-BLOCK_SCORES(3, 1, 2)
-BLOCK_SCORES(6, 2, 1)
-BLOCK_SCORES(3, 2, 2)
-BLOCK_SCORES(4, 3, 1)
-BLOCK_SCORES(2, 3, 2)
-BLOCK_SCORES(3, 4, 1)
-BLOCK_SCORES(2, 4, 2)
 
-/* How many queries the wide variant of a shape takes at once (0: no wide variant). */
+/* The shapes with functions of their own: (queries, heads per kv head, vectors of keys per
+ * block), one query at a time and the most queries at once that keep the sums in registers. */
+#define ONE_QUERY(X) X(1, 1, 1) X(1, 1, 2) X(1, 2, 1) X(1, 2, 2) X(1, 3, 1) X(1, 3, 2) X(1, 4, 1) X(1, 4, 2)
+#define WIDE(X) X(6, 1, 1) X(3, 1, 2) X(6, 2, 1) X(3, 2, 2) X(4, 3, 1) X(2, 3, 2) X(3, 4, 1) X(2, 4, 2)
+ONE_QUERY(BLOCK_SCORES)
+WIDE(BLOCK_SCORES)
+
+/* How many queries the wide variant of a shape takes at once (0: none). */
 static int wide_queries(int64_t group, int64_t chunks) {
-    static const int queries[5][3] = {{0, 0, 0}, {0, 6, 3}, {0, 6, 3}, {0, 4, 2}, {0, 3, 2}};
-    return group <= 4 && chunks <= 2 ? queries[group][chunks] : 0;
+    switch (group * 8 + (chunks < 3 ? chunks : 3) * 2) {  /* 3: no shape above */
+#define QUERIES_OF(Q, G, C) case G * 8 + C * 2: return Q;
+        WIDE(QUERIES_OF)
+#undef QUERIES_OF
+    }
+    return 0;
 }
 
 /* `count` queries (1, or the shape's wide_queries) against one block: rows as BLOCK_SCORES. */
 static void scores_of(const float *q, int64_t q_tok, int64_t q_head, const float *kt, int64_t block, int64_t group,
                       int64_t dim, float scale, float *scores, int64_t stride, int count) {
     int64_t chunks = block / LANES;
-    int wide = count > 1;
-    switch (group * 8 + (chunks < 3 ? chunks : 3) * 2 + wide) {  /* the common shapes */
-#define SHAPE(Q, G, C, W) case G * 8 + C * 2 + W: \
+    switch (group * 8 + (chunks < 3 ? chunks : 3) * 2 + (count > 1)) {  /* the shapes above (3: none) */
+#define CALL(Q, G, C) case G * 8 + C * 2 + (Q > 1): \
     block_scores_##Q##_##G##_##C(q, q_tok, q_head, kt, block, dim, scale, scores, stride); return;
-        SHAPE(1, 1, 1, 0) SHAPE(1, 1, 2, 0) SHAPE(1, 2, 1, 0) SHAPE(1, 2, 2, 0)
-        SHAPE(1, 3, 1, 0) SHAPE(1, 3, 2, 0) SHAPE(1, 4, 1, 0) SHAPE(1, 4, 2, 0)
-        SHAPE(6, 1, 1, 1) SHAPE(3, 1, 2, 1) SHAPE(6, 2, 1, 1) SHAPE(3, 2, 2, 1)
-        SHAPE(4, 3, 1, 1) SHAPE(2, 3, 2, 1) SHAPE(3, 4, 1, 1) SHAPE(2, 4, 2, 1)
-#undef SHAPE
+        ONE_QUERY(CALL)
+        WIDE(CALL)
+#undef CALL
     }
     for (int i = 0; i < count; i++)  /* any other: one head and one vector of keys at a time, the same sums */
         for (int64_t g = 0; g < group; g++)
