@@ -8,6 +8,8 @@ server runs with its defaults, both on 2 threads; llama.cpp with 16 slots.
 Systems, one after another in one run, each a fresh server warmed by two untimed requests:
 - `this`: `make serve`'s Flow on the model folder (the Q4_1 weights), its defaults (greedy requests
   speculate);
+- `this-engine`: the same engine with no serving at all (AsyncEngine in the benchmark's own
+  process, the service's defaults): what the Flow, the gateway and HTTP cost beside it;
 - `this-nospec`: the same with speculation off (LLM_SPECULATIVE_TOKENS=0);
 - `this-q4_0`: the same Flow on the Q4_0 GGUF (its weights, kept exactly);
 - `llama-cpp-q4_1`, `llama-cpp-q4_0`: llama.cpp's server on each file.
@@ -20,9 +22,11 @@ Workloads:
 """
 import argparse
 import contextlib
+import functools
 import statistics
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -30,14 +34,14 @@ import aiohttp
 
 from testing.procs import settle
 
-from .load import closed_loop, make_prompts
+from .load import Transport, closed_loop, make_prompts
 from .metrics import summarize, workload_row
 from .peers.llama_cpp import q4_0_of
 from .report import figure, goal_line, measure_each, run_and_write, run_record
 from .speculative_bench import PARAGRAPHS
-from .systems import _openai_model_id, _session, _this_openai, flow_server, gguf_of, llama_server
+from .systems import flow_server, gguf_of, http_session, llama_server, openai_model_id, raw_engine, this_openai
 
-RECORD_SYSTEMS = ("this", "this-nospec", "this-q4_0", "llama-cpp-q4_1", "llama-cpp-q4_0")
+RECORD_SYSTEMS = ("this", "this-engine", "this-nospec", "this-q4_0", "llama-cpp-q4_1", "llama-cpp-q4_0")
 COLD_REQUESTS = 5
 SLOT_TOKENS = 2048  # llama.cpp's context per slot (of 16): room for a cold prompt
 COLD_PARAGRAPHS = 24  # of PARAGRAPHS, repeated: about 1,300 tokens with the default model's tokenizer
@@ -49,43 +53,63 @@ def cold_prompt(i: int) -> str:
     return f"Document {i + 1} of the archive, read it carefully.\n\n{text}\n\nSummary:"
 
 
+@dataclass
+class Target:
+    """A system ready to measure: its plain transport, and how it counts a prompt's tokens."""
+    plain: Transport
+    prompt_tokens: Callable[[str], Awaitable[Optional[int]]]
+
+
+async def _uncounted(prompt: str) -> Optional[int]:
+    return None
+
+
 @contextlib.asynccontextmanager
-async def serve(system: str, model: Path, logs: Path) -> AsyncIterator[tuple[int, aiohttp.ClientSession]]:
-    """A fresh server of `system`, ready: (HTTP port, HTTP client)."""
+async def serve(system: str, model: Path, logs: Path) -> AsyncIterator[Target]:
+    """A fresh server of `system` (or the engine alone, in this process), ready."""
+    if system == "this-engine":
+        async with raw_engine(model, logs, [], sampling={"ignore_eos": True}) as transports:
+            yield Target(transports["in-process"], _uncounted)
+        return
     if system.startswith("llama-cpp"):
         gguf = q4_0_of(gguf_of(model)) if system.endswith("q4_0") else gguf_of(model)
         async with llama_server(model, logs, ctx_size=16 * SLOT_TOKENS, name=f"record-{system}",
                                 gguf=gguf) as (port, http):
-            yield port, http
+            yield await _http_target(http, port, model)
         return
     served = q4_0_of(gguf_of(model)) if system == "this-q4_0" else model
     env = {"LLM_SPECULATIVE_TOKENS": "0"} if system == "this-nospec" else {}
     with flow_server(served, logs, name=f"record-{system}", env=env) as (_, port):
-        async with _session() as http:
-            yield port, http
+        async with http_session() as http:
+            yield await _http_target(http, port, model)
+
+
+async def _http_target(http: aiohttp.ClientSession, port: int, model: Path) -> Target:
+    model_id = await openai_model_id(http, port, model.name)
+    return Target(this_openai(http, port, model_id, {"ignore_eos": True}),
+                  functools.partial(_prompt_tokens, http, port, model_id))
 
 
 async def measure_system(system: str, model: Path, args: argparse.Namespace, result: dict) -> None:
     t0 = time.perf_counter()
-    async with serve(system, model, args.out / "logs") as (port, http):
-        model_id = await _openai_model_id(http, port, model.name)
-        plain = _this_openai(http, port, model_id, {"ignore_eos": True})
+    async with serve(system, model, args.out / "logs") as target:
         for prompt in ("Warm-up: the first call", "Warm-up: and the second"):
-            async for _ in plain(prompt, 4):
+            async for _ in target.plain(prompt, 4):
                 pass
         print(f"{system}: ready and warm in {time.perf_counter() - t0:.1f}s, quiet after {await settle():.1f}s more",
               flush=True)
         for c in args.concurrency:
             prompts = make_prompts(256, args.seed, draw=f"closed {c}")
-            records, duration, cut = await closed_loop(plain, prompts, c, max(args.num_requests, c), args.max_tokens,
-                                                       args.time_limit)
+            records, duration, cut = await closed_loop(target.plain, prompts, c, max(args.num_requests, c),
+                                                       args.max_tokens, args.time_limit)
             result["rows"].append(workload_row(system, "plain", c, records, duration, cut))
         await settle()
         cold = [cold_prompt(i) for i in range(COLD_REQUESTS)]
-        records, duration, cut = await closed_loop(plain, cold, 1, COLD_REQUESTS, 1, args.time_limit)
+        records, duration, cut = await closed_loop(target.plain, cold, 1, COLD_REQUESTS, 1, args.time_limit)
         row = {"system": system, "workload": "cold prefill", "concurrency": 1, **summarize(records, duration),
-               "cut_short": cut, "prompt_tokens": await _prompt_tokens(http, port, model_id, cold[0])}
-        print(f"  {system} cold prefill of {row['prompt_tokens']} tokens: TTFT p50 {row['ttft_p50_ms']} ms", flush=True)
+               "cut_short": cut, "prompt_tokens": await target.prompt_tokens(cold[0])}
+        counted = f" of {row['prompt_tokens']} tokens" if row["prompt_tokens"] else ""
+        print(f"  {system} cold prefill{counted}: TTFT p50 {row['ttft_p50_ms']} ms", flush=True)
         result["rows"].append(row)
 
 

@@ -34,7 +34,7 @@ import aiohttp
 from testing.procs import settle
 
 from .report import run_and_write, run_record
-from .systems import NO_PREFIX_CACHE, _openai_chunks, _openai_model_id, _session, flow_server, llama_server
+from .systems import NO_PREFIX_CACHE, flow_server, http_session, llama_server, openai_chunks, openai_model_id
 
 PREFIX_SYSTEMS = ("this", "this-nocache", "llama-cpp")
 QUESTIONS = ("Hello! What is this place, and who are you?", "Which rooms should I visit first?",
@@ -86,7 +86,7 @@ async def chat(http: aiohttp.ClientSession, port: int, model_id: str, messages: 
     ttft = None
     t0 = time.perf_counter()
     async with http.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body) as resp:
-        async for chunk in _openai_chunks(resp):
+        async for chunk in openai_chunks(resp):
             for choice in chunk.get("choices") or []:
                 piece = (choice.get("delta") or {}).get("content")
                 if piece:
@@ -117,7 +117,7 @@ async def serve(system: str, model: Path, logs: Path, tag: str,
         return
     env = NO_PREFIX_CACHE if system == "this-nocache" else {"LLM_PREFIX_CACHING": "1"}  # not the shell's
     with flow_server(model, logs, name=name, env=env) as (_, port):
-        async with _session() as http:
+        async with http_session() as http:
             yield port, http, {}
 
 
@@ -127,7 +127,7 @@ async def _ready(system: str, model: Path, args: argparse.Namespace, tag: str, w
     t0 = time.perf_counter()
     port, http, extra = await stack.enter_async_context(
         serve(system, model, args.out / "logs", tag, slot_tokens(args)))
-    model_id = await _openai_model_id(http, port, model.name)
+    model_id = await openai_model_id(http, port, model.name)
     messages = [{"role": "system", "content": warm_up}, {"role": "user", "content": "Ready?"}]
     await chat(http, port, model_id, messages, 4, extra)
     print(f"  {system} ({tag}): ready and warm in {time.perf_counter() - t0:.1f}s, "

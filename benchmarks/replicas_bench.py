@@ -34,7 +34,7 @@ from testing.fleet import LocalFleet
 
 from .prefix_bench import chat, system_text
 from .report import run_and_write, run_record
-from .systems import _openai_chunks, _session
+from .systems import http_session, openai_chunks
 
 SYSTEMS = {"router": (2, "cache-aware"), "round-robin": (2, "round-robin"), "single": (1, "cache-aware")}
 
@@ -79,7 +79,7 @@ async def completion(http: aiohttp.ClientSession, port: int, prompt: str, max_to
             "ignore_eos": True}
     text, last, longest, chunks = "", time.perf_counter(), 0.0, 0
     async with http.post(f"http://127.0.0.1:{port}/v1/completions", json=body) as resp:
-        async for chunk in _openai_chunks(resp):
+        async for chunk in openai_chunks(resp):
             now = time.perf_counter()
             if chunks:
                 longest = max(longest, now - last)
@@ -157,7 +157,7 @@ async def measure(args: argparse.Namespace, model: Path, result: dict) -> None:
         logs.mkdir(parents=True, exist_ok=True)
         print(f"{name}: starting {replicas} replica(s)", flush=True)
         with LocalFleet(str(model), logs, replicas, env) as fleet:
-            async with _session() as http:
+            async with http_session() as http:
                 row: dict[str, Any] = {"system": name, "replicas": replicas, "policy": policy}
                 row["conversations"] = await conversations(http, fleet.http_port, tokenizer, args)
                 row["shared_prompt"] = await shared_prompt(http, fleet.http_port, tokenizer, args)

@@ -19,7 +19,7 @@ from .load import closed_loop, make_prompts
 from .metrics import workload_row
 from .models import ensure_model
 from .report import figure, measure_each, run_and_write, run_record
-from .systems import _openai_model_id, _session, _this_openai, flow_server
+from .systems import flow_server, http_session, openai_model_id, this_openai
 
 ARMS = {"off": "0", "on": "8"}
 SAMPLING = {"greedy": {}, "sampled": {"temperature": 1.0}}
@@ -30,15 +30,15 @@ async def measure_arm(model_name: str, arm: str, args: argparse.Namespace, resul
     t0 = time.perf_counter()
     with flow_server(model, args.out / "logs", name=f"sweep-{model_name}-{arm}",
                      env={"LLM_SPECULATIVE_TOKENS": ARMS[arm]}) as (_, port):
-        async with _session() as http:
-            model_id = await _openai_model_id(http, port, model.name)
+        async with http_session() as http:
+            model_id = await openai_model_id(http, port, model.name)
             for prompt in ("Warm-up: the first call", "Warm-up: and the second"):
-                async for _ in _this_openai(http, port, model_id, {"ignore_eos": True})(prompt, 4):
+                async for _ in this_openai(http, port, model_id, {"ignore_eos": True})(prompt, 4):
                     pass
             print(f"{model_name} {arm}: ready in {time.perf_counter() - t0:.1f}s, quiet after {await settle():.1f}s",
                   flush=True)
             for sampling, extra in SAMPLING.items():
-                send = _this_openai(http, port, model_id, {"ignore_eos": True, **extra})
+                send = this_openai(http, port, model_id, {"ignore_eos": True, **extra})
                 for c in args.concurrency:
                     prompts = make_prompts(256, args.seed, draw=f"closed {c}")
                     n = args.num_requests or max(2 * c, 12)

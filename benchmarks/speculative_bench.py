@@ -31,7 +31,7 @@ from testing.procs import settle
 from .load import Transport, closed_loop, make_prompts
 from .metrics import Total, workload_row
 from .report import figure, goal_line, measure_each, run_and_write, run_record
-from .systems import SPECULATION, _openai_chunks, _openai_model_id, _session, _this_openai, flow_server, llama_server
+from .systems import SPECULATION, flow_server, http_session, llama_server, openai_chunks, openai_model_id, this_openai
 
 SPEC_SYSTEMS = ("this", "this-spec", "llama-cpp")
 SPECULATIVE_TOKENS = int(SPECULATION["LLM_SPECULATIVE_TOKENS"])
@@ -76,7 +76,7 @@ def _chat(http: aiohttp.ClientSession, port: int, model_id: str, answers: dict[s
                 "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
         parts: list[str] = []
         async with http.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body) as resp:
-            async for chunk in _openai_chunks(resp):
+            async for chunk in openai_chunks(resp):
                 for choice in chunk.get("choices") or []:
                     piece = (choice.get("delta") or {}).get("content")
                     if piece:
@@ -97,15 +97,15 @@ async def serve(system: str, model: Path, logs: Path) -> AsyncIterator[tuple[int
         return
     env = SPECULATION if system == "this-spec" else {"LLM_SPECULATIVE_TOKENS": "0"}  # not the shell's
     with flow_server(model, logs, name=f"spec-{system}", env=env) as (_, port):
-        async with _session() as http:
+        async with http_session() as http:
             yield port, http
 
 
 async def measure_system(system: str, model: Path, args: argparse.Namespace, result: dict) -> None:
     t0 = time.perf_counter()
     async with serve(system, model, args.out / "logs") as (port, http):
-        model_id = await _openai_model_id(http, port, model.name)
-        plain = _this_openai(http, port, model_id, {"ignore_eos": True})
+        model_id = await openai_model_id(http, port, model.name)
+        plain = this_openai(http, port, model_id, {"ignore_eos": True})
         answers: dict[str, str] = {}
         copying = _chat(http, port, model_id, answers)
         for send, prompt in ((plain, "Warm-up: the first call"), (copying, "Warm-up: say hello.")):

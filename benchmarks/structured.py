@@ -27,7 +27,7 @@ from testing.procs import cpu_seconds, settle
 from .load import Transport, closed_loop, run_request
 from .metrics import RequestRecord, Total, cpu_per_token, summarize
 from .schema_corpus import compile_corpus
-from .systems import _openai_chunks, _openai_model_id, _session, flow_server
+from .systems import flow_server, http_session, openai_chunks, openai_model_id
 
 # (a): more objects than 64 tokens can hold, so no constrained answer ends before max_tokens
 LIST_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["items"], "properties": {
@@ -73,7 +73,7 @@ def chat_transport(session: aiohttp.ClientSession, port: int, model_id: str,
                 "temperature": 0, "ignore_eos": True, "stream": True,
                 "stream_options": {"include_usage": True}, **extra}
         async with session.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body) as resp:
-            async for chunk in _openai_chunks(resp):
+            async for chunk in openai_chunks(resp):
                 if chunk.get("choices") and "role" not in chunk["choices"][0].get("delta", {}):
                     yield 1
                 if (chunk.get("usage") or {}).get("completion_tokens") is not None:
@@ -158,8 +158,8 @@ async def serve_and_measure(model: Path, args: argparse.Namespace) -> dict:
     """(a) and (b) against `make serve`'s Flow on this model."""
     logs = args.out / "logs"
     with flow_server(model, logs, name="this-structured") as (_, http_port):
-        async with _session() as session:
-            model_id = await _openai_model_id(session, http_port, model.name)
+        async with http_session() as session:
+            model_id = await openai_model_id(session, http_port, model.name)
             arms = {"unconstrained": chat_transport(session, http_port, model_id),
                     "json_schema": chat_transport(session, http_port, model_id, LIST_SCHEMA)}
             cached = chat_transport(session, http_port, model_id, typical_schema())

@@ -44,7 +44,7 @@ def _jina() -> str:
     return str(Path(sys.executable).parent / "jina")
 
 
-def _session() -> aiohttp.ClientSession:
+def http_session() -> aiohttp.ClientSession:
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                  timeout=aiohttp.ClientTimeout(total=None, sock_read=600))
 
@@ -59,7 +59,7 @@ async def _sse_data(resp: aiohttp.ClientResponse) -> AsyncIterator[str]:
             yield line[5:].strip()
 
 
-async def _openai_chunks(resp: aiohttp.ClientResponse) -> AsyncIterator[dict]:
+async def openai_chunks(resp: aiohttp.ClientResponse) -> AsyncIterator[dict]:
     """An OpenAI stream's chunks, parsed, up to `[DONE]`; a chunk that carries an error raises."""
     async for data in _sse_data(resp):
         if data == "[DONE]":
@@ -107,7 +107,7 @@ def _this_sse(session: aiohttp.ClientSession, port: int, extra: dict) -> Transpo
     return send
 
 
-async def _openai_model_id(session: aiohttp.ClientSession, port: int, fallback: str) -> str:
+async def openai_model_id(session: aiohttp.ClientSession, port: int, fallback: str) -> str:
     try:
         async with session.get(f"http://127.0.0.1:{port}/v1/models") as resp:
             if resp.status == 200:
@@ -117,14 +117,14 @@ async def _openai_model_id(session: aiohttp.ClientSession, port: int, fallback: 
     return fallback
 
 
-def _this_openai(session: aiohttp.ClientSession, port: int, model: str, extra: dict) -> Transport:
+def this_openai(session: aiohttp.ClientSession, port: int, model: str, extra: dict) -> Transport:
     """OpenAI streaming completions: a chunk counts as one token unless it says otherwise;
     the usage chunk (stream_options.include_usage), when sent, gives the exact total."""
     async def send(prompt: str, max_tokens: int) -> AsyncIterator[int]:
         body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
                 "temperature": 0, "stream_options": {"include_usage": True}, **extra}
         async with session.post(f"http://127.0.0.1:{port}/v1/completions", json=body) as resp:
-            async for chunk in _openai_chunks(resp):
+            async for chunk in openai_chunks(resp):
                 if chunk.get("choices"):
                     choice = chunk["choices"][0]
                     ids = choice.get("token_ids") or (choice.get("logprobs") or {}).get("tokens")
@@ -156,9 +156,9 @@ async def this_service(model: Path, logs: Path, notes: list[str], extra: Optiona
         flow = _flow_variant(logs, name, uses_with=uses_with)
     with flow_server(model, logs, flow, name, env) as (grpc_port, http_port):
         from client import connect
-        async with _session() as session, connect("127.0.0.1", grpc_port) as channel:
+        async with http_session() as session, connect("127.0.0.1", grpc_port) as channel:
             transports = {"grpc": _this_grpc(channel, extra), "http-sse": _this_sse(session, http_port, extra)}
-            openai = _this_openai(session, http_port, await _openai_model_id(session, http_port, str(model)), extra)
+            openai = this_openai(session, http_port, await openai_model_id(session, http_port, str(model)), extra)
             why = await _probe_openai(openai)
             if why is None:
                 transports["openai"] = openai
@@ -216,14 +216,16 @@ async def this_thread(model: Path, logs: Path, notes: list[str], extra: Optional
 
 # ----- the engine alone -----
 @contextlib.asynccontextmanager
-async def raw_engine(model: Path, logs: Path, notes: list[str]) -> AsyncIterator[dict[str, Transport]]:
-    """AsyncEngine in this process with the service's limits: no serving at all."""
+async def raw_engine(model: Path, logs: Path, notes: list[str],
+                     sampling: Optional[dict] = None) -> AsyncIterator[dict[str, Transport]]:
+    """AsyncEngine in this process with the service's limits: no serving at all. `sampling` adds
+    to each request's SamplingParams (`ignore_eos`, as the HTTP systems' `extra`)."""
     from contract import EngineConfig, SamplingParams
     from engine import AsyncEngine
     engine = AsyncEngine(EngineConfig(model=str(model)))  # the service's defaults
 
     async def send(prompt: str, max_tokens: int) -> AsyncIterator[int]:
-        async for chunk in engine.generate(prompt, SamplingParams(max_tokens=max_tokens)):
+        async for chunk in engine.generate(prompt, SamplingParams(max_tokens=max_tokens, **(sampling or {}))):
             yield len(chunk.token_ids)
     try:
         yield {"in-process": send}
@@ -261,7 +263,7 @@ def _fastapi_peer(module: str, name: str, *extra: str) -> Callable:
         server = ServerProcess(cmd, logs / f"{name}.log", _env())
         try:
             server.wait_http(f"http://127.0.0.1:{port}/docs")
-            async with _session() as session:
+            async with http_session() as session:
                 async def send(prompt: str, max_tokens: int) -> AsyncIterator[int]:
                     params = {"prompt": prompt, "max_tokens": str(max_tokens)}
                     async with session.post(f"http://127.0.0.1:{port}/", params=params) as resp:
@@ -307,7 +309,7 @@ async def llama_server(model: Path, logs: Path, ctx_size: int = 16384, name: str
 async def llama_cpp(model: Path, logs: Path, notes: list[str]) -> AsyncIterator[dict[str, Transport]]:
     """llama_server with 16 slots of 1,024 tokens; OpenAI streaming completions."""
     async with llama_server(model, logs) as (port, client):
-        yield {"openai": _this_openai(client, port, "smollm2", {})}
+        yield {"openai": this_openai(client, port, "smollm2", {})}
 
 
 def gguf_of(model: Path) -> Path:
