@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -63,10 +63,11 @@ def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x]
 
 
-def _names(allowed) -> Callable[[str], list[str]]:
+def _names(allowed: Optional[Sequence[str]]) -> Callable[[str], list[str]]:
+    """A comma-separated list of names, each of `allowed` (None: checked later, by the mode)."""
     def parse(text: str) -> list[str]:
         names = [x for x in text.split(",") if x]
-        bad = [x for x in names if x not in allowed]
+        bad = [x for x in names if allowed is not None and x not in allowed]
         if bad:
             raise argparse.ArgumentTypeError(f"unknown {bad}; choose from {', '.join(allowed)}")
         return names
@@ -81,9 +82,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                    help="tiny model, C=1,16, fewer requests (plus this vs raw-engine on gpt2-small at C=1 "
                         "and on smollm2 at C=1,16)")
     p.add_argument("--models", type=_names(MODELS), default=None, help=f"of {','.join(MODELS)}")
-    p.add_argument("--systems", type=_names(SYSTEMS + NAMED_ONLY), default=None,
-                   help=f"of {','.join(SYSTEMS + NAMED_ONLY)} (default all but {','.join(NAMED_ONLY)}; "
-                        "--prefix: this,this-nocache,llama-cpp)")
+    p.add_argument("--systems", type=_names(None), default=None,
+                   help=f"of {','.join(SYSTEMS + NAMED_ONLY)} (default all but {','.join(NAMED_ONLY)}); "
+                        "a mode with systems of its own takes its own names (--prefix: this,this-nocache,llama-cpp; "
+                        "--cpu-record: this,this-engine,this-nospec,this-q4_0,llama-cpp-q4_1,llama-cpp-q4_0)")
     p.add_argument("--concurrency", type=_ints, default=None, help="closed-loop levels (default 1,4,16,64)")
     p.add_argument("--rate", type=_floats, default=[], help="open-loop Poisson rates in requests/s")
     p.add_argument("--num-requests", type=int, default=None,
@@ -120,18 +122,23 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                         "under round robin, and one replica: conversations, a shared prompt, a uniform load, a "
                         "killed replica and a rolling restart; on smollm2 unless --models names another")
     p.add_argument("--cpu-record", action="store_true",
-                   help="the CPU record instead (cpu_record.py): this with its defaults, with speculation off and "
-                        "on a Q4_0 GGUF, against llama.cpp on the Q4_1 and Q4_0 GGUF: plain prompts at "
+                   help="the CPU record instead (cpu_record.py): this with its defaults, its engine alone, with "
+                        "speculation off and on a Q4_0 GGUF, against llama.cpp on the Q4_1 and Q4_0 GGUF: plain prompts at "
                         "--concurrency (1,16), and cold prefill of about 1,300 tokens; on smollm2")
     p.add_argument("--speculation-sweep", action="store_true",
                    help="speculation on against off (spec_sweep.py): greedy and sampled, --concurrency "
                         "(1,4,16,64), on smollm2 and gpt2-small unless --models says otherwise")
     args = p.parse_args(argv)
+    allowed: Sequence[str] = SYSTEMS + NAMED_ONLY
     for mode, defaults in MODE_DEFAULTS.items():
         if getattr(args, mode):
+            allowed = _mode_default("systems", defaults["systems"]) if "systems" in defaults else allowed
             for key, value in defaults.items():
                 if not getattr(args, key):
                     setattr(args, key, _mode_default(key, value))
+    unknown = [x for x in args.systems or () if x not in allowed]
+    if unknown:
+        p.error(f"argument --systems: unknown {unknown}; choose from {', '.join(allowed)}")
     args.out = args.out or HERE / "results"
     args.systems = args.systems or list(SYSTEMS)
     args.quick_extra = args.quick and args.models is None

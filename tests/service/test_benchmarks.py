@@ -149,6 +149,20 @@ def test_the_cpu_records_goals_and_the_speculation_sweeps_ratios():
     assert "| m | greedy | 1 | 100.0 | 95.0 | 0.95x |" in spec_sweep.markdown(result)
 
 
+def test_each_mode_takes_its_own_systems_by_name(capsys):
+    import pytest
+
+    from benchmarks.__main__ import parse_args
+    assert parse_args(["--cpu-record", "--systems", "this-engine,llama-cpp-q4_0"]).systems == [
+        "this-engine", "llama-cpp-q4_0"]
+    assert "this-engine" in parse_args(["--cpu-record"]).systems  # the record's default: all of its own
+    assert parse_args(["--systems", "raw-engine"]).systems == ["raw-engine"]
+    for argv in (["--systems", "this-engine"], ["--prefix", "--systems", "raw-engine"]):
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+        assert "unknown" in capsys.readouterr().err
+
+
 def test_kernel_ab_builds_two_commits_kernels_and_compares_every_case(tmp_path):
     """The kernel A/B tool end to end on one commit against itself: sources from git, two
     libraries loaded side by side, every case run and compared (a kernel whose output varied
