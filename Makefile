@@ -21,10 +21,12 @@ UV_FLAGS := $(if $(FIND_LINKS),--find-links $(FIND_LINKS),)
 
 .PHONY: setup serve test test-fast soak lint model toy-model protos image-test compose-test k8s compose llama-cpp eval-venv bench bench-quick bench-engine clean
 
+# Bytecode compiled at install (uv does not by default): where PYTHONDONTWRITEBYTECODE is set, every
+# process would otherwise compile torch, transformers and jina again, seconds per process (a Flow is four)
 $(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check uv==0.13.9
-	$(VENV)/bin/uv pip install --python $(PY) $(UV_FLAGS) -r requirements.txt -c constraints.txt
+	$(VENV)/bin/uv pip install --python $(PY) $(UV_FLAGS) --compile-bytecode -r requirements.txt -c constraints.txt
 	$(VENV)/bin/uv pip install --python $(PY) --no-deps -e .
 	touch $@
 
@@ -35,7 +37,7 @@ CLIENTS_VENV := .venv-clients
 $(CLIENTS_VENV)/.installed: tests/clients/requirements.txt tests/clients/constraints.txt
 	test -x $(CLIENTS_VENV)/bin/python || $(PYTHON) -m venv $(CLIENTS_VENV)
 	$(CLIENTS_VENV)/bin/python -m pip install -q --disable-pip-version-check uv==0.13.9
-	$(CLIENTS_VENV)/bin/uv pip install --python $(CLIENTS_VENV)/bin/python -r tests/clients/requirements.txt -c tests/clients/constraints.txt
+	$(CLIENTS_VENV)/bin/uv pip install --python $(CLIENTS_VENV)/bin/python --compile-bytecode -r tests/clients/requirements.txt -c tests/clients/constraints.txt
 	touch $@
 
 # lm-evaluation-harness, for `python -m benchmarks.lm_eval_compare` (its pins are its own)
