@@ -132,13 +132,15 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     allowed: Sequence[str] = SYSTEMS + NAMED_ONLY
     for mode, defaults in MODE_DEFAULTS.items():
         if getattr(args, mode):
-            allowed = _mode_default("systems", defaults["systems"]) if "systems" in defaults else allowed
-            for key, value in defaults.items():
+            resolved = {key: _mode_default(key, value) for key, value in defaults.items()}
+            allowed = resolved.get("systems", allowed)
+            for key, value in resolved.items():
                 if not getattr(args, key):
-                    setattr(args, key, _mode_default(key, value))
-    unknown = [x for x in args.systems or () if x not in allowed]
-    if unknown:
-        p.error(f"argument --systems: unknown {unknown}; choose from {', '.join(allowed)}")
+                    setattr(args, key, value)
+    try:  # the mode's own names, now that the mode is known
+        _names(allowed)(",".join(args.systems or ()))
+    except argparse.ArgumentTypeError as exc:
+        p.error(f"argument --systems: {exc}")
     args.out = args.out or HERE / "results"
     args.systems = args.systems or list(SYSTEMS)
     args.quick_extra = args.quick and args.models is None
