@@ -1,10 +1,13 @@
 """python -m benchmarks.kernel_ab: two commits' C kernels in one process, the same inputs, side by side.
 
     python -m benchmarks.kernel_ab --base ca2a07e [--head HEAD] [--repeats 15] [--out DIR]
+    python -m benchmarks.kernel_ab --base HEAD --base-flags=-mno-avx512f --head-flags=-mno-avx512bf16
 
 Each commit's engine/kernels sources (`git show`) are compiled as the engine compiles them
 (build.py's flags) into a library of their own; both are loaded here and called on the same inputs,
 bound from today's kernels.h (so the functions timed must keep their signatures between the two).
+`--base-flags` and `--head-flags` go after build.py's flags: one commit built for two narrower
+CPUs (above: the AVX2 versions against the AVX512-VNNI ones, as a CPU without BF16 builds them).
 Every output is checked bit for bit against the other commit's, and the calls alternate, the
 median of `--repeats` each. Cases, on the default model's shapes (SmolLM2-135M: hidden 576, 9
 heads, 3 kv heads of 64, 1,536 MLP, 49,152 outputs):
@@ -16,6 +19,7 @@ heads, 3 kv heads of 64, 1,536 MLP, 49,152 outputs):
 import argparse
 import ctypes
 import json
+import shlex
 import statistics
 import subprocess
 import sys
@@ -37,9 +41,9 @@ LAYER = [(HIDDEN, (HEADS + 2 * KV_HEADS) * DIM), (HIDDEN, HIDDEN), (HIDDEN, 2 * 
 Case = Callable[[ctypes.CDLL], list[torch.Tensor]]  # one library's outputs for the case's inputs
 
 
-def compile_rev(rev: str, folder: Path) -> ctypes.CDLL:
-    """The kernels of `rev`, compiled as the engine compiles them into a library of their own (in
-    `folder`) and bound from kernels.h."""
+def compile_rev(rev: str, folder: Path, flags: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """The kernels of `rev`, compiled as the engine compiles them (then `flags`) into a library of
+    their own (in `folder`) and bound from kernels.h."""
     folder.mkdir()
     names = subprocess.run(["git", "-C", str(build.HERE), "ls-tree", "--name-only", rev, "."], capture_output=True,
                            text=True, check=True).stdout.split()
@@ -49,7 +53,7 @@ def compile_rev(rev: str, folder: Path) -> ctypes.CDLL:
                               text=True, check=True).stdout
         (folder / name).write_text(text)
         sources += [folder / name] if name.endswith(".c") else []
-    build.compile_into(build.find_compiler(), folder / "kernels.so", tuple(sources))
+    build.compile_into(build.find_compiler(), folder / "kernels.so", tuple(sources), flags)
     return build.bind(ctypes.CDLL(str(folder / "kernels.so")), missing_ok=True)
 
 
@@ -160,16 +164,20 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.kernel_ab", description=__doc__.splitlines()[0])
     p.add_argument("--base", required=True)
     p.add_argument("--head", default="HEAD")
+    p.add_argument("--base-flags", default="", help="compiler flags after build.py's, for --base")
+    p.add_argument("--head-flags", default="", help="compiler flags after build.py's, for --head")
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--out", type=Path, default=None, help="also write results.json and results.md here")
     args = p.parse_args(argv)
     revs = {name: subprocess.run(["git", "-C", str(build.HERE), "rev-parse", "--short", rev], capture_output=True,
                                  text=True, check=True).stdout.strip() for name, rev in (("base", args.base),
                                                                                          ("head", args.head))}
+    flags = {"base": tuple(shlex.split(args.base_flags)), "head": tuple(shlex.split(args.head_flags))}
     with tempfile.TemporaryDirectory(prefix="kernel-ab-") as tmp:
-        libs = {name: compile_rev(rev, Path(tmp) / name) for name, rev in revs.items()}
+        libs = {name: compile_rev(rev, Path(tmp) / name, flags[name]) for name, rev in revs.items()}
         rows = compare(libs, args.repeats)
-    result = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "revs": revs, "repeats": args.repeats,
+    labels = {name: " ".join((rev, *flags[name])) for name, rev in revs.items()}  # the table's columns
+    result = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "revs": labels, "repeats": args.repeats,
               "command": "python -m benchmarks.kernel_ab " + " ".join(argv if argv is not None else sys.argv[1:]),
               "machine": machine_info(), "rows": rows}
     if args.out:

@@ -11,7 +11,7 @@ over keys gathered from the pool (its fallback), for a 16-row decode step and a 
 prefill, packed and paged as the engine runs them. Each pair is
 timed in alternation, `--repeats` times; the table gives microseconds per call (median) and the
 error of each matmul kernel against float64: the int4 kernels' on the activations as they round
-them (bf16, or int8 blocks in the C kernel's AVX2 version), the output layer's on fp32 x.
+them (bf16, or int8 blocks in the C kernel's VNNI and AVX2 versions), the output layer's on fp32 x.
 """
 import argparse
 import statistics
@@ -158,7 +158,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args(argv)
     if not native.int4_ready():
-        raise SystemExit("the C kernels do not run here (no C compiler, or neither AVX512-BF16 nor AVX2 + FMA): "
+        raise SystemExit("the C kernels do not run here (no C compiler, or none of AVX512-BF16, AVX512-VNNI, AVX2 + FMA): "
                          "nothing to compare")
     header = ["| kernel | rows | C (us) | PyTorch (us) | C speed-up | C error | PyTorch error |",
               "| --- | --- | --- | --- | --- | --- | --- |"]

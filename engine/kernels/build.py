@@ -135,14 +135,15 @@ def _load(path: Path) -> Optional[ctypes.CDLL]:
         return None
 
 
-def compile_into(compiler: str, target: Path, sources: tuple[Path, ...] = SOURCES) -> None:
-    """The sources, with FLAGS, into `target`, whole or not at all: concurrent builds each write a
-    file of their own and the last rename wins, with the same bytes."""
+def compile_into(compiler: str, target: Path, sources: tuple[Path, ...] = SOURCES, extra: tuple[str, ...] = ()) -> None:
+    """The sources, with FLAGS (and `extra` after them: a test builds for a narrower CPU), into
+    `target`, whole or not at all: concurrent builds each write a file of their own and the last
+    rename wins, with the same bytes."""
     fd, partial = tempfile.mkstemp(prefix=".building-", suffix=".so", dir=target.parent)
     os.close(fd)
     try:
         try:
-            done = subprocess.run([compiler, *FLAGS, *map(str, sources), "-o", partial],
+            done = subprocess.run([compiler, *FLAGS, *extra, *map(str, sources), "-o", partial],
                                   capture_output=True, text=True, check=False, timeout=120)
         except (OSError, subprocess.SubprocessError) as exc:
             raise Unbuilt(f"{compiler}: {exc}") from None

@@ -41,7 +41,8 @@ int paged_attention(const float *q, int64_t q_tok, int64_t q_head, const float *
                     const int32_t *tables, int64_t table_width, int64_t sequences, int64_t heads,
                     int64_t kv_heads, int64_t dim, int64_t block, int64_t window, float scale, int threads);
 
-/* int4_matmul.c: y = x W^T for int4 weights; ready: 1 bf16 activations (AVX512-BF16), 2 int8 (AVX2) */
+/* int4_matmul.c: y = x W^T for int4 weights; ready: 1 bf16 activations (AVX512-BF16), 3 int8 (AVX512-VNNI),
+ * 2 int8 (AVX2; the same bits as 3) */
 int int4_matmul_ready(void);
 int int4_matmul(const float *x, const uint8_t *packed, const uint16_t *scale, const uint16_t *low, float *y,
                 int64_t rows, int64_t width, int64_t outputs, int threads);

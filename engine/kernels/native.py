@@ -47,13 +47,13 @@ def paged_attention(query: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Ten
 
 
 def int4_ready() -> bool:
-    """Whether `int4_matmul` runs here (built, and the CPU has AVX512-BF16 or AVX2 + FMA)."""
+    """Whether `int4_matmul` runs here (built, and the CPU has AVX512-BF16, AVX512-VNNI or AVX2 + FMA)."""
     return choose(Op.INT4_MATMUL, "int4").c
 
 
 def int4_activations() -> Optional[str]:
-    """What int4_matmul.c rounds x to here: "bf16" (AVX512-BF16), "int8" (AVX2: int4.py's
-    `int8_blocks`), or None where it does not run."""
+    """What int4_matmul.c rounds x to here: "bf16" (AVX512-BF16), "int8" (AVX512-VNNI or AVX2:
+    int4.py's `int8_blocks`), or None where it does not run."""
     kernel = choose(Op.INT4_MATMUL, "int4")
     return None if not kernel.c else "bf16" if "bf16" in kernel.why else "int8"
 

@@ -9,10 +9,10 @@ A decode step of SmolLM2-135M then reads about 66 MB of int4 weights (106 M weig
 bytes: half a byte, and fp16 scale and low per 32) and 28 MB of int8 output layer, instead of
 540 MB. The output layer (Q8_0 in that GGUF) becomes int8 per output channel.
 
-The products run in int4_matmul.c (native.py) where it is built and the CPU has AVX512-BF16 or
-AVX2 + FMA + F16C: exact products, fp16 scales (the GGUF's own), fp32 sums and output, on
-activations rounded to bf16 (AVX512-BF16) or to int8 per block of 32 (AVX2, `int8_blocks`, as
-llama.cpp does). Elsewhere
+The products run in int4_matmul.c (native.py) where it is built and the CPU has AVX512-BF16,
+AVX512-VNNI or AVX2 + FMA + F16C: exact products, fp16 scales (the GGUF's own), fp32 sums and
+output, on activations rounded to bf16 (AVX512-BF16) or to int8 per block of 32 (AVX512-VNNI or
+AVX2, the same bits with either; `int8_blocks`, as llama.cpp does). Elsewhere
 they run in PyTorch's `_weight_int4pack_mm_for_cpu`, which rounds the activations, scales and
 output to bf16. The output layer runs in int8_matmul.c (fp32 activations, exact products, fp32
 output), else in PyTorch's `_weight_int8pack_mm` (bf16 activations, scales and output). All of
@@ -117,7 +117,7 @@ def _finish(y: torch.Tensor, x: torch.Tensor, width: int, bias: Optional[torch.T
 
 
 def int8_blocks(x: torch.Tensor) -> torch.Tensor:
-    """x [rows, width] fp32 as int4_matmul.c's AVX2 version multiplies it, in float64: per block
+    """x [rows, width] fp32 as int4_matmul.c's int8 versions (VNNI, AVX2) multiply it, in float64: per block
     of GROUP, steps round(x * (1 / scale)) (to nearest even) with scale = max |x| / 127."""
     blocks = x.float().reshape(x.shape[0], -1, GROUP)
     scale = blocks.abs().amax(dim=-1, keepdim=True) / 127

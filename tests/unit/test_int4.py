@@ -1,6 +1,7 @@
 """int4 weights on CPU: the kernels' row invariance that batched == alone rests on, the
 choice `auto` makes, refusals that name the field, and batched == alone end to end."""
 import asyncio
+import ctypes
 
 import pytest
 import torch
@@ -96,6 +97,41 @@ def test_int8_blocks_round_as_llama_cpp_q8():
     scale = 1.27 / 127
     assert torch.allclose(got[0, :4], torch.tensor([50, -127, 0, 1], dtype=torch.float64) * scale)
     assert not got[0, 32:].any()  # a block of zeros stays zeros
+
+
+def _int4_build(folder, flags: tuple[str, ...], ready: int) -> ctypes.CDLL:
+    """int4_matmul.c alone, built here with `flags` after the engine's; skipped where this CPU
+    does not give the version that `ready` names."""
+    folder.mkdir()
+    build.compile_into(build.find_compiler(), folder / "int4.so", (build.HERE / "int4_matmul.c",), flags)
+    library = build.bind(ctypes.CDLL(str(folder / "int4.so")), missing_ok=True)
+    if library.int4_matmul_ready() != ready:
+        pytest.skip(f"this CPU does not build int4_matmul.c's version {ready} with {' '.join(flags)}")
+    return library
+
+
+@pytest.mark.parametrize("shape", [(576, 960), (1536, 576)])
+def test_the_int8_versions_of_the_int4_kernel_give_the_same_bits(tmp_path, shape):
+    """AVX512-VNNI (as a CPU without BF16 builds it) against AVX2, side by side: the same bits for
+    every row count around their tiles (8 and 4 rows), and exact but for x's int8 blocks."""
+    if not native.int4_ready():
+        pytest.skip("int4_matmul.c does not run here")
+    vnni = _int4_build(tmp_path / "vnni", ("-mno-avx512bf16",), 3)
+    avx2 = _int4_build(tmp_path / "avx2", ("-mno-avx512f",), 2)
+    torch.manual_seed(0)
+    linear = nn.Linear(*shape, bias=False)
+    steps, scale, low, _ = _quantize(linear.weight.detach())
+    layer, weight = Int4Linear(linear, steps, scale, low), dequantize(steps, scale, low, torch.float64)
+    x = torch.randn(17, shape[0])
+    x[3, :32] = 0  # a block of zeros (scale 0)
+    x[4, 40] = 300.0  # an outlier that flattens its block
+    for rows in (1, 3, 4, 5, 8, 9, 16, 17):
+        ys = [torch.empty(rows, shape[1]) for _ in range(2)]
+        for library, y in zip((vnni, avx2), ys, strict=True):
+            assert library.int4_matmul(x.data_ptr(), layer.packed.data_ptr(), layer.scale.data_ptr(),
+                                       layer.low.data_ptr(), y.data_ptr(), rows, *shape, 2) == 0
+        assert torch.equal(ys[0], ys[1]), rows
+        assert (ys[0].double() - int8_blocks(x[:rows]) @ weight.t()).abs().max().item() < 2e-5
 
 
 @pytest.mark.parametrize("shape", [(576, 49152), (64, 48)])
