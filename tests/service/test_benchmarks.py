@@ -178,3 +178,19 @@ def test_kernel_ab_builds_two_commits_kernels_and_compares_every_case(tmp_path):
     assert [r["case"] for r in result["rows"]] == list(kernel_ab.CASES)
     assert all(r["bit_equal"] and r["base_us"] > 0 and r["head_us"] > 0 for r in result["rows"])
     assert "| int8 output layer, 16 rows |" in (tmp_path / "results.md").read_text()
+
+
+def test_kernel_ab_hands_each_sides_flags_to_its_build(tmp_path):
+    """--head-flags reaches the head's compiler (a flag no compiler knows fails that build only,
+    naming it), and the table's columns name the flags of each side."""
+    import pytest
+
+    from benchmarks import kernel_ab
+    from engine.kernels import build, native
+    if native.library() is None:
+        pytest.skip("no C compiler on this machine")
+    with pytest.raises(build.Unbuilt, match="no-such-flag"):
+        kernel_ab.main(["--base", "HEAD", "--head-flags=-fno-such-flag", "--repeats", "1"])
+    assert kernel_ab.main(["--base", "HEAD", "--base-flags=-DKERNEL_AB_SIDE", "--repeats", "1", "--out", str(tmp_path)]) == 0
+    header = (tmp_path / "results.md").read_text().split("| case | ")[1].splitlines()[0]
+    assert " -DKERNEL_AB_SIDE (us) |" in header and header.count("KERNEL_AB_SIDE") == 1
