@@ -164,6 +164,8 @@ int int4_matmul(const float *x, const uint8_t *packed, const uint16_t *scale, co
 
 int int4_matmul_ready(void) { return 3; }
 
+typedef int32_t __attribute__((may_alias)) four_steps;  /* four int8 inputs, read as one operand */
+
 /* Outputs [group * 16, +16) for `count` rows: packed is [groups][blocks][16 pairs][16 channels]
  * bytes (low nibble: the pair's first input). A 32-byte load holds pairs 2k and 2k + 1 for the
  * 16 channels; widened to 16 bits, its nibbles split into (first, second) bytes and its halves
@@ -190,7 +192,7 @@ tile(const int8_t *q, const float *dx, const float *dsum, const uint8_t *packed,
             steps = _mm512_permutexvar_epi16(order, steps);
             for (int r = 0; r < count; r++)
                 __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(sum[r]) : "v"(steps),
-                        "m"(*(const int32_t *)(q + r * width + b * BLOCK + 4 * k)));
+                        "m"(*(const four_steps *)(q + r * width + b * BLOCK + 4 * k)));
         }
         __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(scale + (group * blocks + b) * CHANNELS)));
         __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(low + (group * blocks + b) * CHANNELS)));
