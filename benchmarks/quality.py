@@ -204,7 +204,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--out", type=Path, default=None, help="write results.json and results.md here")
     args = parser.parse_args(argv)
     threads = torch.get_num_threads()
-    loaded = load_model(EngineConfig(model=str(args.model), dtype="fp32"))
+    loaded = load_model(EngineConfig(model=str(args.model), dtype="fp32", kv_cache_dtype="fp32"))
     ref = reference(loaded, args.tokens)
     result = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "git": _git(), "command": "python -m benchmarks.quality "
               + shlex.join(argv if argv is not None else sys.argv[1:]), "machine": machine_info(), "model": args.model.name,

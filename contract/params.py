@@ -213,6 +213,9 @@ def field_type_annotation(f: Field) -> Any:
     return annotation
 
 
+KV_CACHE_DTYPES = ("auto", "fp32", "fp16")  # EngineConfig.kv_cache_dtype's choices
+
+
 def engine_option(default: Any, env: str) -> Any:
     """An operator's option that an environment variable may also set (`with:` wins)."""
     return field(default=default, metadata={"env": env})
@@ -233,6 +236,8 @@ class EngineConfig:
     # the KV cache, in tokens: every row's blocks, and the prefix cache's; or in bytes (0: by tokens)
     max_batch_tokens: int = engine_option(32768, "LLM_MAX_BATCH_TOKENS")
     kv_cache_bytes: int = engine_option(0, "LLM_KV_CACHE_BYTES")
+    # what the KV cache holds keys and values in (KV_CACHE_DTYPES); auto: fp16 for int4 weights (loader.pick_kv_dtype)
+    kv_cache_dtype: str = engine_option("auto", "LLM_KV_CACHE_DTYPE")
     max_prefill_tokens: int = 512  # prompt tokens prefilled per step (chunked beyond)
     eos_token_ids: Optional[list[int]] = None  # None: from the model's generation config
     torch_threads: Optional[int] = None
@@ -262,6 +267,9 @@ class EngineConfig:
             raise ValidationError("speculative_ngram_min", "must be at least 1 and at most speculative_ngram_max")
         if self.kv_cache_bytes < 0:
             raise ValidationError("kv_cache_bytes", f"must be >= 0, got {self.kv_cache_bytes}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValidationError("kv_cache_dtype", f"must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                                                    f"got {self.kv_cache_dtype!r}")
         if not 0 <= self.stream_interval_ms < 60_000:
             raise ValidationError("stream_interval_ms", f"must be from 0 to 60000, got {self.stream_interval_ms}")
         return self

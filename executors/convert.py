@@ -86,4 +86,4 @@ def server_info(engine: EngineClient, name: str) -> ServerInfo:
                       device=info.device, dtype=info.dtype,
                       chat_template=bool(getattr(engine.tokenizer, "chat_template", None)),
                       kv_cache_tokens=engine.stats()["kv_blocks"] * BLOCK_SIZE, kv_block_size=BLOCK_SIZE,
-                      prefix_caching=config.prefix_caching)
+                      kv_cache_dtype=info.kv_cache_dtype, prefix_caching=config.prefix_caching)

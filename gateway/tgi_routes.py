@@ -227,7 +227,7 @@ def tgi_info(info: ServerInfo) -> dict:
             "max_client_batch_size": 1, "validation_workers": 1, "waiting_served_ratio": 0,
             "max_waiting_tokens": 0, "router": "llm-stream (Jina)", "version": "0.1.0", "sha": None,
             "docker_label": None,
-            # beyond TGI's: the KV cache's pool and blocks, whether prompts reuse cached prefixes, and
+            # beyond TGI's: the KV cache's pool, blocks and dtype, whether prompts reuse cached prefixes, and
             # the replicas behind the gateway with its router's policy
             "kv_cache_tokens": info.kv_cache_tokens, "kv_block_size": info.kv_block_size,
-            "prefix_caching": info.prefix_caching, "replicas": info.replicas, "routing": info.routing}
+            "kv_cache_dtype": info.kv_cache_dtype, "prefix_caching": info.prefix_caching, "replicas": info.replicas, "routing": info.routing}

@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 class EngineCore:
     def __init__(self, loaded: LoadedModel, config: EngineConfig):
         self.loaded, self.config, self.tokenizer = loaded, config, loaded.tokenizer
-        shape = KVShape.of(loaded.model.config, loaded.model.dtype)
+        shape = KVShape.of(loaded.model.config, loaded.kv_dtype)
         pool = KVPool(shape, shape.blocks_for(config.max_batch_tokens, config.kv_cache_bytes), loaded.device)
         self.kv = KVCacheManager(pool, config.prefix_caching)
         self.scheduler = Scheduler(config, self.kv, lambda: self.observer.preempted())

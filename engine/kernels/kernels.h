@@ -35,11 +35,18 @@ typedef struct {
     int64_t tokens, sequences, table_width, block;
 } LlamaStep;
 
-/* paged_attention.c: each sequence's queries over its own keys, through its block table */
+/* paged_attention.c: each sequence's queries over its own keys, through its block table; the
+ * pool's keys and values in fp32, or in fp16 (their bits) for paged_attention_f16 */
 int paged_attention(const float *q, int64_t q_tok, int64_t q_head, const float *k_pool, const float *v_pool,
                     float *out, const int64_t *q_starts, const int64_t *q_lens, const int64_t *ctx_lens,
                     const int32_t *tables, int64_t table_width, int64_t sequences, int64_t heads,
                     int64_t kv_heads, int64_t dim, int64_t block, int64_t window, float scale, int threads);
+int paged_attention_f16_ready(void);  /* 1: built with F16C, 0: paged_attention_f16 takes no call */
+int paged_attention_f16(const float *q, int64_t q_tok, int64_t q_head, const uint16_t *k_pool,
+                        const uint16_t *v_pool, float *out, const int64_t *q_starts, const int64_t *q_lens,
+                        const int64_t *ctx_lens, const int32_t *tables, int64_t table_width, int64_t sequences,
+                        int64_t heads, int64_t kv_heads, int64_t dim, int64_t block, int64_t window, float scale,
+                        int threads);
 
 /* int4_matmul.c: y = x W^T for int4 weights; ready: 1 bf16 activations (AVX512-BF16), 3 int8 (AVX512-VNNI),
  * 2 int8 (AVX2; the same bits as 3) */
@@ -52,11 +59,13 @@ int int8_matmul_ready(void);
 int int8_matmul(const float *x, const int8_t *packed, const float *scale, float *y, int64_t rows, int64_t width,
                 int64_t outputs, int threads);
 
-/* llama_layer.c: whole decoder layers, and the norms and SiLU the model's modules share with them */
+/* llama_layer.c: whole decoder layers, and the norms and SiLU the model's modules share with them;
+ * the pool's keys and values in fp32 (kv_half 0) or fp16 (1), pool_stride in values */
 int llama_layer(const LlamaLayer *layer, const LlamaStep *step, const float *cos, const float *sin,
-                const float *in, float *out, float *k_pool, float *v_pool, int threads);
+                const float *in, float *out, void *k_pool, void *v_pool, int kv_half, int threads);
 int llama_layers(const LlamaLayer *layers, int64_t count, const LlamaStep *step, const float *cos, const float *sin,
-                 const float *in, float *out, float *k_pools, float *v_pools, int64_t pool_stride, int threads);
+                 const float *in, float *out, void *k_pools, void *v_pools, int64_t pool_stride, int kv_half,
+                 int threads);
 void rms_norm_rows(const float *x, const float *weight, float *y, int64_t rows, int64_t n, float eps);
 void silu_rows(const float *x, float *y, int64_t rows, int64_t n, int64_t x_stride);
 

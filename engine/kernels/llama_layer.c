@@ -81,14 +81,30 @@ __attribute__((optimize("fp-contract=off"))) static void rotate(float *v, const 
     }
 }
 
-/* keys [blocks, kv_heads, dim, block] (transposed), values [blocks, block, kv_heads, dim] */
-static void write_kv(const float *k, const float *v, int64_t slot, float *k_pool, float *v_pool, int64_t kv_heads,
-                     int64_t dim, int64_t block) {
+#if defined(__F16C__)
+#include <immintrin.h>
+#define HALF_KV 1  /* fp16 pools: F16C rounds to nearest even, as PyTorch's .to(torch.float16) does */
+#else
+#define HALF_KV 0
+#define _cvtss_sh(x, mode) 0
+#endif
+
+/* keys [blocks, kv_heads, dim, block] (transposed), values [blocks, block, kv_heads, dim]: fp32,
+ * or fp16 where `half` */
+static void write_kv(const float *k, const float *v, int64_t slot, void *k_pool, void *v_pool, int half,
+                     int64_t kv_heads, int64_t dim, int64_t block) {
     int64_t b = slot / block, offset = slot % block;
     for (int64_t h = 0; h < kv_heads; h++)
         for (int64_t d = 0; d < dim; d++) {
-            k_pool[((b * kv_heads + h) * dim + d) * block + offset] = k[h * dim + d];
-            v_pool[((b * block + offset) * kv_heads + h) * dim + d] = v[h * dim + d];
+            int64_t key = ((b * kv_heads + h) * dim + d) * block + offset;
+            int64_t value = ((b * block + offset) * kv_heads + h) * dim + d;
+            if (half) {
+                ((uint16_t *)k_pool)[key] = _cvtss_sh(k[h * dim + d], _MM_FROUND_TO_NEAREST_INT);
+                ((uint16_t *)v_pool)[value] = _cvtss_sh(v[h * dim + d], _MM_FROUND_TO_NEAREST_INT);
+            } else {
+                ((float *)k_pool)[key] = k[h * dim + d];
+                ((float *)v_pool)[value] = v[h * dim + d];
+            }
         }
 }
 
@@ -102,12 +118,12 @@ static int matmul(const Int4 *w, const float *x, float *y, int64_t rows, int thr
  * take (before anything is written but this step's keys and values, which a retry rewrites),
  * -2 when out of memory. */
 int llama_layer(const LlamaLayer *layer, const LlamaStep *step, const float *cos, const float *sin,
-                const float *in, float *out, float *k_pool, float *v_pool, int threads) {
+                const float *in, float *out, void *k_pool, void *v_pool, int kv_half, int threads) {
     const int64_t n = step->tokens, hidden = layer->hidden, dim = layer->dim, heads = layer->heads;
     const int64_t qkv_width = layer->qkv.outputs, inter = layer->inter, q_width = heads * dim;
     const int64_t kv_width = layer->kv_heads * dim;
     if (n < 1 || dim % 2 || qkv_width != q_width + 2 * kv_width || layer->gate_up.outputs != 2 * inter
-        || layer->o.outputs != hidden || layer->down.outputs != hidden)
+        || layer->o.outputs != hidden || layer->down.outputs != hidden || (kv_half && !HALF_KV))
         return -1;
     float *buffer = malloc(n * (2 * hidden + qkv_width + q_width + 3 * inter) * sizeof(float));
     if (!buffer) return -2;
@@ -123,12 +139,16 @@ int llama_layer(const LlamaLayer *layer, const LlamaStep *step, const float *cos
     for (int64_t t = 0; t < n; t++) {
         float *row = qkv + t * qkv_width;
         for (int64_t h = 0; h < heads + layer->kv_heads; h++) rotate(row + h * dim, cos + t * dim, sin + t * dim, dim);
-        write_kv(row + q_width, row + q_width + kv_width, step->slots[t], k_pool, v_pool, layer->kv_heads, dim,
-                 step->block);
+        write_kv(row + q_width, row + q_width + kv_width, step->slots[t], k_pool, v_pool, kv_half,
+                 layer->kv_heads, dim, step->block);
     }
-    status = paged_attention(qkv, qkv_width, dim, k_pool, v_pool, attended, step->q_starts, step->q_lens,
-                             step->ctx_lens, step->tables, step->table_width, step->sequences, heads,
-                             layer->kv_heads, dim, step->block, 0, layer->scale, threads);
+    status = kv_half ? paged_attention_f16(qkv, qkv_width, dim, k_pool, v_pool, attended, step->q_starts,
+                                           step->q_lens, step->ctx_lens, step->tables, step->table_width,
+                                           step->sequences, heads, layer->kv_heads, dim, step->block, 0,
+                                           layer->scale, threads)
+                     : paged_attention(qkv, qkv_width, dim, k_pool, v_pool, attended, step->q_starts, step->q_lens,
+                                       step->ctx_lens, step->tables, step->table_width, step->sequences, heads,
+                                       layer->kv_heads, dim, step->block, 0, layer->scale, threads);
     if (status || (status = matmul(&layer->o, attended, sum, n, threads))) goto done;
     #pragma omp parallel for schedule(static) num_threads(threads) if (wide)
     for (int64_t t = 0; t < n; t++) {
@@ -152,22 +172,24 @@ done:
 }
 
 /* Every layer of a step, one after another: layer i reads layer i - 1's output and its own
- * keys and values at k_pools + i * pool_stride (and v_pools'). One call per step instead of one
+ * keys and values pool_stride values apart (k_pools', v_pools'). One call per step instead of one
  * per layer: with one stream, Python's share of a step (calls, checks, views of the pool) was a
  * sixth of it. The same numbers as llama_layer layer by layer. Returns as llama_layer does. */
 int llama_layers(const LlamaLayer *layers, int64_t count, const LlamaStep *step, const float *cos, const float *sin,
-                 const float *in, float *out, float *k_pools, float *v_pools, int64_t pool_stride, int threads) {
+                 const float *in, float *out, void *k_pools, void *v_pools, int64_t pool_stride, int kv_half,
+                 int threads) {
     if (count < 1) return -1;
     const int64_t size = step->tokens * layers[0].hidden;
     float *between = count > 1 ? malloc(size * sizeof(float)) : NULL;
     if (count > 1 && !between) return -2;
     int status = 0;
+    const int64_t stride = pool_stride * (kv_half ? 2 : 4);  /* bytes from one layer's pool to the next */
     for (int64_t i = 0; i < count && !status; i++) {  /* the last layer writes `out`; the others alternate */
         float *target = (count - 1 - i) % 2 == 0 ? out : between;
         const float *source = i == 0 ? in : (target == out ? between : out);
         if (layers[i].hidden != layers[0].hidden) status = -1;
-        else status = llama_layer(layers + i, step, cos, sin, source, target, k_pools + i * pool_stride,
-                                  v_pools + i * pool_stride, threads);
+        else status = llama_layer(layers + i, step, cos, sin, source, target, (char *)k_pools + i * stride,
+                                  (char *)v_pools + i * stride, kv_half, threads);
     }
     free(between);
     return status;

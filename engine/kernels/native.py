@@ -26,24 +26,32 @@ def library() -> Any:
 def paged_attention(query: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                     step: tuple[torch.Tensor, ...], scale: float, window: int) -> Optional[torch.Tensor]:
     """query [1, heads, tokens, dim] (any strides but a contiguous dim); k_pool [blocks, kv_heads,
-    dim, block_size] and v_pool [blocks, block_size, kv_heads, dim], contiguous; step: q_starts,
+    dim, block_size] and v_pool [blocks, block_size, kv_heads, dim], contiguous, fp32 or fp16; step: q_starts,
     q_lens, ctx_lens (int64) and the block tables [sequences, width] (int32), as PagedStep.c_args
     makes them. Returns [tokens, heads, dim], or None where the kernels are missing or do not take
     these tensors."""
     built = library()
-    if built is None or not choose(Op.PAGED_ATTENTION, "fp32", query.device.type).c or not _fits(query, k_pool, v_pool):
+    half = k_pool.dtype == torch.float16
+    op = Op.PAGED_ATTENTION_FP16 if half else Op.PAGED_ATTENTION
+    if built is None or not choose(op, "fp32", query.device.type).c or not _fits(query, k_pool, v_pool):
         return None
     _, heads, tokens, dim = query.shape
     q_starts, q_lens, ctx_lens, tables = step
     out = torch.empty((tokens, heads, dim))
     blocks, block_size, kv_heads, _ = v_pool.shape
-    status = built.paged_attention(query.data_ptr(), query.stride(2), query.stride(1), k_pool.data_ptr(),
-                                   v_pool.data_ptr(), out.data_ptr(), q_starts.data_ptr(), q_lens.data_ptr(),
-                                   ctx_lens.data_ptr(), tables.data_ptr(), tables.shape[1], tables.shape[0], heads,
-                                   kv_heads, dim, block_size, window, scale, torch.get_num_threads())
+    attend = built.paged_attention_f16 if half else built.paged_attention
+    status = attend(query.data_ptr(), query.stride(2), query.stride(1), k_pool.data_ptr(), v_pool.data_ptr(),
+                    out.data_ptr(), q_starts.data_ptr(), q_lens.data_ptr(), ctx_lens.data_ptr(), tables.data_ptr(),
+                    tables.shape[1], tables.shape[0], heads, kv_heads, dim, block_size, window, scale,
+                    torch.get_num_threads())
     if status == -2:
         raise MemoryError("paged attention: out of memory for its scores")
     return out if status == 0 else None
+
+
+def kv_half_ready() -> bool:
+    """Whether the C attention (and so the whole C layers) read an fp16 KV pool here (built, with F16C)."""
+    return choose(Op.PAGED_ATTENTION_FP16).c
 
 
 def int4_ready() -> bool:
@@ -153,8 +161,8 @@ def llama_step(slots: torch.Tensor, c_args: tuple[torch.Tensor, ...], block: int
 def llama_layer(layer: Struct, step: Struct, rotary: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor,
                 k_pool: torch.Tensor, v_pool: torch.Tensor) -> Optional[torch.Tensor]:
     """One decoder layer of a step (llama_layer.c): x [1, tokens, hidden] fp32 in, the layer's
-    output out; rotary: cos and sin [1, tokens, head_dim]. None where the kernels do not take
-    these tensors (the caller runs the layer otherwise)."""
+    output out; rotary: cos and sin [1, tokens, head_dim]; the pool fp32 or fp16 (KVPool's). None
+    where the kernels do not take these tensors (the caller runs the layer otherwise)."""
     return _layers(ctypes.byref(layer), 1, layer, step, rotary, x, k_pool, v_pool)
 
 
@@ -177,15 +185,17 @@ def _layers(layers: Any, count: int, first: Struct, step: Struct, rotary: tuple[
             x: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> Optional[torch.Tensor]:
     built = library()
     cos, sin = (t.float().contiguous() for t in rotary)
-    stride = k_pool.stride(0) if count > 1 else 0  # floats from one layer's pool to the next
-    if (built is None or not _cpu_fp32(x, k_pool, v_pool) or not all(t.is_contiguous() for t in (x, k_pool, v_pool))
+    stride = k_pool.stride(0) if count > 1 else 0  # values from one layer's pool to the next
+    if (built is None or not _cpu_fp32(x) or not _kv_pool(k_pool, v_pool)
+            or not all(t.is_contiguous() for t in (x, k_pool, v_pool))
             or x.shape[-1] != first.hidden or x.numel() != step.tokens * first.hidden
             or cos.shape[-2] != step.tokens or cos.shape[-1] != first.dim
             or (count > 1 and v_pool.stride(0) != stride)):
         return None
     out = torch.empty_like(x)
     status = built.llama_layers(layers, count, ctypes.byref(step), cos.data_ptr(), sin.data_ptr(), x.data_ptr(),
-                                out.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), stride, torch.get_num_threads())
+                                out.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), stride,
+                                int(k_pool.dtype == torch.float16), torch.get_num_threads())
     if status == -2:
         raise MemoryError("llama layer: out of memory")
     return out if status == 0 else None
@@ -234,8 +244,14 @@ def _cpu_fp32(*tensors: torch.Tensor) -> bool:
     return all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
 
 
+def _kv_pool(k_pool: torch.Tensor, v_pool: torch.Tensor) -> bool:
+    """Keys and values the kernels read: both fp32 or both fp16, on CPU."""
+    return (k_pool.dtype == v_pool.dtype and k_pool.dtype in (torch.float32, torch.float16)
+            and k_pool.device.type == v_pool.device.type == "cpu")
+
+
 def _fits(query: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> bool:
     tensors = (query, k_pool, v_pool)
-    return (_cpu_fp32(*tensors) and all(t.stride(-1) == 1 for t in tensors)
+    return (_cpu_fp32(query) and _kv_pool(k_pool, v_pool) and all(t.stride(-1) == 1 for t in tensors)
             and k_pool.is_contiguous() and v_pool.is_contiguous()
             and k_pool.shape == v_pool.shape[:1] + v_pool.shape[2:] + v_pool.shape[1:2])

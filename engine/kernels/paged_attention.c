@@ -17,6 +17,11 @@
  * It runs in the OpenMP runtime that torch already loaded (its libgomp), so it shares torch's
  * threads.
  *
+ * The pool holds fp32 here, or fp16 where paged_attention_f16.c includes this file with KV_HALF
+ * (EngineConfig.kv_cache_dtype): each key and value is widened to fp32 exactly as it is loaded,
+ * and everything after is the fp32 computation above, so fp16 keys give the numbers that fp32
+ * keys of those same values give.
+ *
  * Built at start-up by native.py with the machine's compiler (-O3 -march=native).
  */
 #include <stdint.h>
@@ -33,6 +38,29 @@
 typedef float vec __attribute__((vector_size(LANES * 4)));  /* loaded and stored with memcpy: unaligned */
 typedef int32_t ivec __attribute__((vector_size(LANES * 4)));
 #define QUERIES 16    /* queries per task */
+
+#ifndef KV_HALF
+typedef float kv_t;
+#define ATTEND paged_attention
+
+static inline vec load_kv(const float *p) {
+    vec x;
+    memcpy(&x, p, sizeof x);
+    return x;
+}
+#else
+typedef uint16_t kv_t;  /* IEEE fp16 bits */
+#define ATTEND paged_attention_f16
+#include <immintrin.h>
+
+static inline vec load_kv(const uint16_t *p) {  /* LANES fp16 values widened to fp32 (exact) */
+#if LANES == 16
+    return (vec)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+#else
+    return (vec)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+#endif
+}
+#endif
 
 static inline vec select_not(ivec drop, vec x) {
     ivec bits;
@@ -81,9 +109,9 @@ static inline float lane_sum(vec v) {  /* pairwise, in a fixed order */
 /* Where one sequence's values of one kv head lie: value j at
  * pool + (table[j / block] * block + j % block) * token. */
 typedef struct {
-    const float *pool;     /* the layer's pool, offset to this kv head */
+    const kv_t *pool;      /* the layer's pool, offset to this kv head */
     const int32_t *table;  /* the sequence's block table */
-    int64_t block, token;  /* tokens per block; floats per token slot (kv_heads x dim) */
+    int64_t block, token;  /* tokens per block; values per token slot (kv_heads x dim) */
 } pages;
 
 /* Each score is q . k summed over the head dim in order, one fused multiply-add per element,
@@ -98,14 +126,14 @@ typedef struct {
  * registers (fixed sizes: a macro makes one function per shape). Every variant computes each
  * score with the same chain, so how many queries share a call changes no number. */
 #define BLOCK_SCORES(Q, G, C)                                                                               \
-    static void block_scores_##Q##_##G##_##C(const float *q, int64_t q_tok, int64_t q_head, const float *kt, \
+    static void block_scores_##Q##_##G##_##C(const float *q, int64_t q_tok, int64_t q_head, const kv_t *kt,  \
                                               int64_t block, int64_t dim, float scale, float *scores,        \
                                               int64_t stride) {                                              \
         vec acc[Q][G][C];                                                                                   \
         memset(acc, 0, sizeof acc);                                                                         \
         for (int64_t d = 0; d < dim; d++) {                                                                 \
             vec kd[C];                                                                                      \
-            for (int c = 0; c < C; c++) memcpy(&kd[c], kt + d * block + c * LANES, sizeof kd[c]);          \
+            for (int c = 0; c < C; c++) kd[c] = load_kv(kt + d * block + c * LANES);                        \
             for (int i = 0; i < Q; i++)                                                                     \
                 for (int g = 0; g < G; g++) {                                                               \
                     float qd = q[i * q_tok + g * q_head + d];                                               \
@@ -138,7 +166,7 @@ static int wide_queries(int64_t group, int64_t chunks) {
 }
 
 /* `count` queries (1, or the shape's wide_queries) against one block: rows as BLOCK_SCORES. */
-static void scores_of(const float *q, int64_t q_tok, int64_t q_head, const float *kt, int64_t block, int64_t group,
+static void scores_of(const float *q, int64_t q_tok, int64_t q_head, const kv_t *kt, int64_t block, int64_t group,
                       int64_t dim, float scale, float *scores, int64_t stride, int count) {
     int64_t chunks = block / LANES;
     switch (group * 8 + (chunks < 3 ? chunks : 3) * 2 + (count > 1)) {  /* the shapes above (3: none) */
@@ -192,13 +220,12 @@ static inline float softmax_row(float *scores, int64_t lo, int64_t hi) {
             _Pragma("GCC unroll 16") for (int c = 0; c < CH; c++) acc[g][c] = (vec){0};                    \
         for (int64_t j = lo; j <= hi;) {  /* block by block: one table read per block */                   \
             int64_t b = j / v.block, stop = (b + 1) * v.block <= hi ? (b + 1) * v.block : hi + 1;           \
-            const float *base = v.pool + ((int64_t)v.table[b] * v.block - b * v.block) * v.token;           \
+            const kv_t *base = v.pool + ((int64_t)v.table[b] * v.block - b * v.block) * v.token;            \
             for (; j < stop; j++) {                                                                         \
                 float w[G];                                                                                 \
                 _Pragma("GCC unroll 16") for (int g = 0; g < G; g++) w[g] = scores[g * stride + j];        \
                 _Pragma("GCC unroll 16") for (int c = 0; c < CH; c++) {                                    \
-                    vec x;                                                                                  \
-                    memcpy(&x, base + j * v.token + c * LANES, sizeof x);                                   \
+                    vec x = load_kv(base + j * v.token + c * LANES);                                        \
                     _Pragma("GCC unroll 16") for (int g = 0; g < G; g++) acc[g][c] += w[g] * x;            \
                 }                                                                                           \
             }                                                                                               \
@@ -234,9 +261,8 @@ static void weigh(float *scores, int64_t stride, int64_t lo, int64_t hi, pages v
         for (int64_t c = 0; c < dim / LANES; c++) {
             vec acc = {0};
             for (int64_t j = lo; j <= hi; j++) {
-                vec x;
-                memcpy(&x, v.pool + ((int64_t)v.table[j / v.block] * v.block + j % v.block) * v.token + c * LANES,
-                       sizeof x);
+                vec x = load_kv(v.pool + ((int64_t)v.table[j / v.block] * v.block + j % v.block) * v.token
+                                + c * LANES);
                 acc += row[j] * x;
             }
             acc /= total;
@@ -250,15 +276,15 @@ static void weigh(float *scores, int64_t stride, int64_t lo, int64_t hi, pages v
  * (last - first) x group rows of `stride` floats. keys: the layer's key pool, offset to this kv
  * head. Queries go through a block's keys `wide` at a time where they can: a query's row then
  * also holds scores of keys after its own position, which it never reads. */
-static void task(const float *q, int64_t q_tok, int64_t q_head, const float *keys, pages v, float *out,
+static void task(const float *q, int64_t q_tok, int64_t q_head, const kv_t *keys, pages v, float *out,
                  int64_t out_tok, int64_t first, int64_t last, int64_t q_len, int64_t ctx, int64_t window,
                  int64_t group, int64_t dim, float scale, float *scores, int64_t stride) {
     int64_t base = ctx - q_len;  /* query i sits at position base + i */
     int64_t lo_first = window > 0 && base + first - window + 1 > 0 ? base + first - window + 1 : 0;
-    int64_t block = v.block, key_block = (v.token / dim) * dim * block;  /* floats per block of keys */
+    int64_t block = v.block, key_block = (v.token / dim) * dim * block;  /* values per block of keys */
     int wide = wide_queries(group, block / LANES);
     for (int64_t b = lo_first / block * block; b <= base + last - 1; b += block) {
-        const float *kt = keys + (int64_t)v.table[b / block] * key_block;  /* this head's keys of the block */
+        const kv_t *kt = keys + (int64_t)v.table[b / block] * key_block;  /* this head's keys of the block */
         int64_t i = first;
         for (; wide && i + wide <= last; i += wide) {
             int64_t p = base + i + wide - 1, lo = window > 0 && base + i - window + 1 > 0 ? base + i - window + 1 : 0;
@@ -286,10 +312,10 @@ static void task(const float *q, int64_t q_tok, int64_t q_head, const float *key
  * tokens' included, already written), through tables[s * table_width ...]. window: a sliding
  * window in keys (0: none). threads: torch's count. Returns 0, -1 for a shape it does not take,
  * -2 when out of memory. */
-int paged_attention(const float *q, int64_t q_tok, int64_t q_head, const float *k_pool, const float *v_pool,
-                    float *out, const int64_t *q_starts, const int64_t *q_lens, const int64_t *ctx_lens,
-                    const int32_t *tables, int64_t table_width, int64_t sequences, int64_t heads,
-                    int64_t kv_heads, int64_t dim, int64_t block, int64_t window, float scale, int threads) {
+int ATTEND(const float *q, int64_t q_tok, int64_t q_head, const kv_t *k_pool, const kv_t *v_pool, float *out,
+           const int64_t *q_starts, const int64_t *q_lens, const int64_t *ctx_lens, const int32_t *tables,
+           int64_t table_width, int64_t sequences, int64_t heads, int64_t kv_heads, int64_t dim, int64_t block,
+           int64_t window, float scale, int threads) {
     if (kv_heads < 1 || heads % kv_heads || dim % LANES || dim > 256
         || block < 1 || block % LANES || sequences < 1)
         return -1;

@@ -11,6 +11,7 @@ from transformers.utils import logging as hf_logging
 
 from contract import EngineConfig
 
+from ..kernels.native import kv_half_ready
 from ..kernels.table import report as kernel_report
 from .fast_layers import install as lean_layers
 from .gguf import find_gguf, load_gguf
@@ -31,6 +32,7 @@ class ModelInfo:
     dtype: str
     max_context: int
     load_seconds: float
+    kv_cache_dtype: str = "float32"  # what the KV cache holds keys and values in
 
 
 @dataclass
@@ -43,11 +45,13 @@ class LoadedModel:
     load_seconds: float = 0.0
     int4: bool = False  # its Linear layers are int4 (int4.py)
     parameters: int = 0  # counted before quantization: int4 keeps its weights in buffers
+    kv_dtype: torch.dtype = torch.float32  # the KV cache's (pick_kv_dtype)
 
     @property
     def info(self) -> ModelInfo:
         dtype = "int4" if self.int4 else str(self.model.dtype).removeprefix("torch.")
-        return ModelInfo(str(self.device), dtype, self.max_context, self.load_seconds)
+        return ModelInfo(str(self.device), dtype, self.max_context, self.load_seconds,
+                         str(self.kv_dtype).removeprefix("torch."))
 
 
 def pick_device(requested: str | None) -> torch.device:
@@ -71,6 +75,18 @@ def pick_dtype(requested: str, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
+def pick_kv_dtype(requested: str, model_dtype: torch.dtype, int4: bool) -> torch.dtype:
+    """The KV cache's dtype (EngineConfig.kv_cache_dtype): as asked; auto is fp16 for int4 weights
+    where the C attention reads fp16 (F16C), as llama.cpp keeps its cache: half the memory, and
+    decode's attention reads half the bytes. There each row's numbers are its own whatever the
+    batch, so rounding its keys keeps batched == alone bit for bit; PyTorch's fp32 matmuls round
+    a row by its batch, and fp16 would magnify that, so other models keep their own dtype (fp32 on
+    CPU, bf16 or fp16 on GPU)."""
+    if requested != "auto":
+        return _DTYPES[requested]
+    return torch.float16 if int4 and kv_half_ready() else model_dtype
+
+
 def pick_int4(requested: str, device: torch.device, model: PreTrainedModel) -> bool:
     """int4 when asked for; and by default on CPU when the weights already are 4-bit in
     groups of 32 (a Q4_1 GGUF's, as the default model's): int4 then loses nothing."""
@@ -83,12 +99,16 @@ def pick_int4(requested: str, device: torch.device, model: PreTrainedModel) -> b
     return True
 
 
-def use_paged_attention(model: PreTrainedModel) -> None:
-    """Every attention layer reads and writes the engine's paged KV pool (paged_attention.py)."""
+def use_paged_attention(model: PreTrainedModel, kv_dtype: torch.dtype) -> None:
+    """Every attention layer reads and writes the engine's paged KV pool (paged_attention.py), and
+    rounds its keys and values to the pool's dtype in a direct forward too (`kv_dtype` on each)."""
     try:
         model.set_attn_implementation(PAGED)
     except (ValueError, ImportError) as exc:
         raise RuntimeError(f"this model cannot use the engine's paged attention: {exc}") from exc
+    for module in model.modules():
+        if hasattr(module, "layer_idx"):
+            setattr(module, "kv_dtype", kv_dtype)  # noqa: B010 - nn.Module's typed __setattr__
 
 
 def pick_attention_backends(device: torch.device) -> None:
@@ -125,11 +145,13 @@ def load_model(config: EngineConfig) -> LoadedModel:
     model.to(device).eval()
     parameters = model.num_parameters()
     int4 = pick_int4(config.dtype, device, model)
-    use_paged_attention(model)
+    kv_dtype = pick_kv_dtype(config.kv_cache_dtype, model.dtype, int4)
+    use_paged_attention(model, kv_dtype)
     lean_layers(model)
     log.info("kernels: %s", "; ".join(kernel_report("int4" if int4 else "fp32", device.type)))
     return LoadedModel(model, tokenizer, device, _max_context(model, tokenizer),
-                       _eos_ids(model, tokenizer, config), time.perf_counter() - started, int4, parameters)
+                       _eos_ids(model, tokenizer, config), time.perf_counter() - started, int4, parameters,
+                       kv_dtype)
 
 
 def _from_source(source: str, dtype: torch.dtype, trust_remote_code: bool):

@@ -8,7 +8,9 @@ writes the new keys and values into their slots, then each sequence's queries at
 over that sequence's keys, read through its block table:
 
 - on CPU in fp32, the C kernel (paged_attention.c): one call per layer, and each query computed
-  the same way whatever else the step holds, so batched equals alone bit for bit;
+  the same way whatever else the step holds, so batched equals alone bit for bit. The pool holds
+  fp32 or fp16 (EngineConfig.kv_cache_dtype); every path widens fp16 keys and values to the
+  queries' dtype as it reads them;
 - elsewhere on CPU, one SDPA call per sequence over its keys gathered from the pool: a row's
   rounding then depends on its own length only, as before, at about 20 us of overhead a call;
 - on CUDA, one SDPA call for the whole step, over keys gathered into a padded batch and masked
@@ -129,8 +131,12 @@ def _outside_the_engine(module: torch.nn.Module, query: torch.Tensor, key: torch
                         mask: Optional[torch.Tensor], dropout: float, scaling: Optional[float],
                         sliding_window: Optional[int], **kwargs: Any) -> tuple[torch.Tensor, None]:
     """One sequence, causal (a direct forward, transformers' generate): the same C kernel as the
-    engine, its keys laid out in the pool's blocks, so such a forward computes exactly what the
-    engine does (tests compare the two). Anything else: transformers' SDPA."""
+    engine, its keys laid out in the pool's blocks and dtype (the loader's `kv_dtype` on the
+    module), so such a forward computes exactly what the engine does (tests compare the two).
+    Anything else: transformers' SDPA, over keys and values rounded to the pool's dtype."""
+    kv_dtype = getattr(module, "kv_dtype", key.dtype)
+    if kv_dtype != key.dtype:
+        key, value = key.to(kv_dtype), value.to(kv_dtype)
     rows, heads, q_len, dim = query.shape
     width = key.shape[2]
     causal = q_len == 1 or q_len == width if mask is None else _end_aligned_causal(mask, q_len, width)
@@ -146,6 +152,7 @@ def _outside_the_engine(module: torch.nn.Module, query: torch.Tensor, key: torch
                                 sliding_window or 0)
         if out is not None:
             return out[None], None
+    key, value = key.to(query.dtype), value.to(query.dtype)
     return sdpa_attention_forward(module, query, key, value, mask, dropout=dropout, scaling=scaling,
                                   sliding_window=sliding_window, **kwargs)
 
@@ -179,7 +186,7 @@ def _per_sequence(query: torch.Tensor, layer: int, step: PagedStep, scale: float
     out = query.new_empty((query.shape[2], heads, dim))
     gqa = heads != step.pool.shape.kv_heads
     for s, (start, n, ctx) in enumerate(zip(step.q_starts, step.q_lens, step.ctx_lens, strict=True)):
-        keys, values = (t[None] for t in step.pool.gather(layer, step.block_tables[s], ctx))
+        keys, values = (t[None].to(query.dtype) for t in step.pool.gather(layer, step.block_tables[s], ctx))
         one_by_one = n <= 1 + MAX_SPECULATIVE_TOKENS
         for q0, q1 in ([(i, i + 1) for i in range(n)] if one_by_one else [(0, n)]):
             seen = ctx - n + q1  # keys up to the last of these queries
@@ -199,8 +206,8 @@ def _padded(query: torch.Tensor, layer: int, step: PagedStep, scale: float, wind
     heads, dim = query.shape[1], query.shape[-1]
     k_pool, v_pool = step.pool.layer(layer)
     most = mask.shape[-1]
-    keys = k_pool[tables].permute(0, 2, 1, 4, 3).flatten(2, 3)[:, :, :most]  # [seqs, kv_heads, ctx, dim]
-    values = v_pool[tables].flatten(1, 2)[:, :most].transpose(1, 2)
+    keys = k_pool[tables].permute(0, 2, 1, 4, 3).flatten(2, 3)[:, :, :most].to(query.dtype)  # [seqs, kv_heads, ctx, dim]
+    values = v_pool[tables].flatten(1, 2)[:, :most].transpose(1, 2).to(query.dtype)
     q = query[0].transpose(0, 1)[queries].transpose(1, 2)  # [seqs, heads, max q, dim]
     o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale,
                                        enable_gqa=heads != step.pool.shape.kv_heads)

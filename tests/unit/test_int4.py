@@ -245,15 +245,15 @@ async def _answers(engine, requests) -> list[tuple[list[int], list[float]]]:
     return answers
 
 
-def _lean_and_full(four_bit_llama, make_engine, monkeypatch, prefill: int = 16):
+def _lean_and_full(four_bit_llama, make_engine, monkeypatch, prefill: int = 16, **config):
     if not native.int4_ready():
         pytest.skip("int4_matmul.c does not run here")
-    lean = make_engine(four_bit_llama, max_prefill_tokens=prefill)
+    lean = make_engine(four_bit_llama, max_prefill_tokens=prefill, **config)
     layers = lean.core.loaded.model.config.num_hidden_layers
     assert sum(hasattr(m, "lean_qkv") for m in lean.core.loaded.model.modules()) == layers
     with monkeypatch.context() as patch:  # transformers' layers, with the native norms and SiLU
         patch.setattr(loader, "lean_layers", fast_layers.native_ops)
-        full = make_engine(four_bit_llama, max_prefill_tokens=prefill)
+        full = make_engine(four_bit_llama, max_prefill_tokens=prefill, **config)
     assert not any(hasattr(m, "lean_qkv") for m in full.core.loaded.model.modules())
     requests = mixed_requests(6, seed=3) + mixed_requests(6, seed=4, sample=True)
     if prefill > 16:  # prompts long enough to fill wide steps

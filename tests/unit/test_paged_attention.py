@@ -131,32 +131,35 @@ class Layer(torch.nn.Module):
     layer_idx = 0
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("path", ["c", "per_sequence", "padded"])
-def test_every_path_writes_the_new_keys_then_attends_as_sdpa(monkeypatch, path):
+def test_every_path_writes_the_new_keys_then_attends_as_sdpa(monkeypatch, path, dtype):
     """paged_attention as transformers' layers call it: this step's keys and values go into
-    their slots, then each sequence attends over all its keys. The C kernel, one SDPA call per
-    sequence (CPU without the kernel), and one padded SDPA call (CUDA's) agree."""
-    if path == "c" and native.library() is None:
-        pytest.skip("no C compiler")
+    their slots (rounded to the pool's dtype), then each sequence attends over all its keys. The
+    C kernel, one SDPA call per sequence (CPU without the kernel), and one padded SDPA call
+    (CUDA's) agree, over an fp32 pool and an fp16 one."""
+    if path == "c" and (native.library() is None or (dtype == torch.float16 and not native.kv_half_ready())):
+        pytest.skip("no C kernel for this pool here")
     if path != "c":
         monkeypatch.setattr(paged_attention, "c_paged_attention", lambda *args: None)
     if path == "padded":
         monkeypatch.setattr(paged_attention, "_per_sequence", paged_attention._padded)
     heads, kv_heads, dim = 6, 2, 32
     query, k_pool, v_pool, tables, q_lens, ctx_lens = step(MIXED, heads, kv_heads, dim, seed=4)
-    pool = KVPool(KVShape(1, kv_heads, dim, torch.float32), k_pool.shape[0] - 1, torch.device("cpu"))
+    k_pool, v_pool = k_pool.to(dtype), v_pool.to(dtype)
+    pool = KVPool(KVShape(1, kv_heads, dim, dtype), k_pool.shape[0] - 1, torch.device("cpu"))
     pool.keys[0], pool.values[0] = k_pool, v_pool
     slots = [t[p // 16] * 16 + p % 16 for t, q, ctx in zip(tables, q_lens, ctx_lens, strict=True)
              for p in range(ctx - q, ctx)]
     new_k, new_v = torch.randn(2, 1, kv_heads, len(slots), dim)
     paged = paged_attention.PagedStep(pool, torch.tensor(slots), q_lens, ctx_lens, tables)
     out, _ = paged_attention.paged_attention(Layer(), query, new_k, new_v, None, scaling=0.3, paged=paged)
-    rows = k_pool.permute(0, 3, 1, 2).reshape(-1, kv_heads, dim).clone(), v_pool.reshape(-1, kv_heads, dim).clone()
-    rows[0][slots], rows[1][slots] = new_k[0].transpose(0, 1), new_v[0].transpose(0, 1)
+    rows = k_pool.permute(0, 3, 1, 2).reshape(-1, kv_heads, dim).float(), v_pool.reshape(-1, kv_heads, dim).float()
+    rows[0][slots], rows[1][slots] = (new[0].transpose(0, 1).to(dtype).float() for new in (new_k, new_v))
     expected = reference(query, rows[0].view(-1, 16, kv_heads, dim).permute(0, 2, 3, 1), rows[1].view_as(v_pool),
                          tables, q_lens, ctx_lens, 0.3)
     torch.testing.assert_close(out[0], expected, rtol=1e-5, atol=1e-5)
-    assert paged.counted == [0]
+    assert paged.counted == [0] and pool.keys.dtype == dtype
 
 
 @pytest.mark.parametrize("compiler", ["false", "/no/such/cc"])
