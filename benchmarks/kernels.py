@@ -12,6 +12,11 @@ prefill, packed and paged as the engine runs them. Each pair is
 timed in alternation, `--repeats` times; the table gives microseconds per call (median) and the
 error of each matmul kernel against float64: the int4 kernels' on the activations as they round
 them (bf16, or int8 blocks in the C kernel's VNNI and AVX2 versions), the output layer's on fp32 x.
+
+A second table times the C attention over an fp16 pool against an fp32 one (EngineConfig's
+kv_cache_dtype) for a 16-row decode step through 30 layers' pools, as a step of the default
+model reads them (each layer's keys once, from memory), and checks that the fp16 pool gives
+the fp32 kernel's bits on the same (fp16) values.
 """
 import argparse
 import statistics
@@ -131,6 +136,32 @@ def attention_rows(repeats: int) -> list[str]:
     return lines
 
 
+def kv_dtype_rows(repeats: int, layers: int = 30) -> list[str]:
+    """A 16-row decode step's attention through `layers` pools, fp32 against fp16."""
+    lines = []
+    for keys in (200, 600, 2000):
+        ctx, blocks = [keys] * 16, 16 * -(-keys // 16)
+        tables = [list(range(1 + s * (blocks // 16), 1 + (s + 1) * (blocks // 16))) for s in range(16)]
+        args = paged_attention.PagedStep(KVPool(KVShape(1, 3, 64, torch.float32), 1, torch.device("cpu")),
+                                         torch.zeros(16, dtype=torch.long), [1] * 16, ctx, tables).c_args
+        query = torch.randn(1, 16, 9, 64).transpose(1, 2)
+        pools = {dtype: [tuple(torch.randn(blocks + 1, 3, 64, 16).to(dtype) for _ in range(2)) for _ in range(layers)]
+                 for dtype in (torch.float32, torch.float16)}
+        pools[torch.float32] = [(k.float(), v.float()) for k, v in pools[torch.float16]]  # the same values
+        wide, half = (_decode_step(query, pools[dtype], args) for dtype in (torch.float32, torch.float16))
+        equal = all(a is not None and b is not None and torch.equal(a, b) for a, b in zip(wide, half, strict=True))
+        times = alternate([partial(_decode_step, query, pools[dtype], args) for dtype in (torch.float32, torch.float16)],
+                          repeats)
+        lines.append(f"| decode step, 16 sequences of {keys} keys, {layers} layers | {times[0]:.0f} | {times[1]:.0f} | "
+                     f"{times[0] / times[1]:.2f}x | {'yes' if equal else 'NO'} |")
+    return lines
+
+
+def _decode_step(query: torch.Tensor, pools: list[tuple[torch.Tensor, torch.Tensor]],
+                 args: tuple[torch.Tensor, ...]) -> list[Optional[torch.Tensor]]:
+    return [native.paged_attention(query, k, v.view(-1, 16, 3, 64), args, 0.125, 0) for k, v in pools]
+
+
 class _Layer(nn.Module):
     layer_idx = 0
 
@@ -165,6 +196,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     body = int4_rows(args.repeats) + int8_rows(args.repeats) + attention_rows(args.repeats)
     text = (f"# C kernels against PyTorch's\n\n{torch.get_num_threads()} torch threads, torch {torch.__version__}, "
             f"{args.repeats} alternating repeats (median).\n\n" + "\n".join(header + body) + "\n")
+    if native.kv_half_ready():
+        kv = ["| the C attention | fp32 pool (us) | fp16 pool (us) | fp16 speed-up | bit for bit fp32's on the same values |",
+              "| --- | --- | --- | --- | --- |"] + kv_dtype_rows(args.repeats)
+        text += "\n## The KV cache's dtype\n\n" + "\n".join(kv) + "\n"
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.md").write_text(text)
     print(text)
