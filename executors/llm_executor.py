@@ -48,8 +48,8 @@ class LLMExecutor(Executor):
         info = self.engine.info
         where = "its own process" if config.core_process else "a thread"
         self.logger.info(f"model {self.model_name} ({options['model']}) on {info.device}, {info.dtype}, "
-                         f"context {info.max_context} tokens, loaded in {info.load_seconds:.1f} s; "
-                         f"decode loop in {where}")
+                         f"context {info.max_context} tokens, KV cache in {info.kv_cache_dtype}, loaded in "
+                         f"{info.load_seconds:.1f} s; decode loop in {where}")
 
     @requests(on="/stream")
     async def stream(self, doc: PromptDocument, **kwargs) -> AsyncGenerator[ModelOutputDocument, None]:
