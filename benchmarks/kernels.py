@@ -145,9 +145,8 @@ def kv_dtype_rows(repeats: int, layers: int = 30) -> list[str]:
         args = paged_attention.PagedStep(KVPool(KVShape(1, 3, 64, torch.float32), 1, torch.device("cpu")),
                                          torch.zeros(16, dtype=torch.long), [1] * 16, ctx, tables).c_args
         query = torch.randn(1, 16, 9, 64).transpose(1, 2)
-        pools = {dtype: [tuple(torch.randn(blocks + 1, 3, 64, 16).to(dtype) for _ in range(2)) for _ in range(layers)]
-                 for dtype in (torch.float32, torch.float16)}
-        pools[torch.float32] = [(k.float(), v.float()) for k, v in pools[torch.float16]]  # the same values
+        half = [tuple(torch.randn(blocks + 1, 3, 64, 16).half() for _ in range(2)) for _ in range(layers)]
+        pools = {torch.float16: half, torch.float32: [(k.float(), v.float()) for k, v in half]}  # the same values
         wide, half = (_decode_step(query, pools[dtype], args) for dtype in (torch.float32, torch.float16))
         equal = all(a is not None and b is not None and torch.equal(a, b) for a, b in zip(wide, half, strict=True))
         times = alternate([partial(_decode_step, query, pools[dtype], args) for dtype in (torch.float32, torch.float16)],

@@ -84,9 +84,10 @@ __attribute__((optimize("fp-contract=off"))) static void rotate(float *v, const 
 #if defined(__F16C__)
 #include <immintrin.h>
 #define HALF_KV 1  /* fp16 pools: F16C rounds to nearest even, as PyTorch's .to(torch.float16) does */
+static inline uint16_t half_of(float x) { return _cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT); }
 #else
 #define HALF_KV 0
-#define _cvtss_sh(x, mode) 0
+static inline uint16_t half_of(float x) { return (void)x, 0; }  /* never called: llama_layer refuses fp16 pools */
 #endif
 
 /* keys [blocks, kv_heads, dim, block] (transposed), values [blocks, block, kv_heads, dim]: fp32,
@@ -99,8 +100,8 @@ static void write_kv(const float *k, const float *v, int64_t slot, void *k_pool,
             int64_t key = ((b * kv_heads + h) * dim + d) * block + offset;
             int64_t value = ((b * block + offset) * kv_heads + h) * dim + d;
             if (half) {
-                ((uint16_t *)k_pool)[key] = _cvtss_sh(k[h * dim + d], _MM_FROUND_TO_NEAREST_INT);
-                ((uint16_t *)v_pool)[value] = _cvtss_sh(v[h * dim + d], _MM_FROUND_TO_NEAREST_INT);
+                ((uint16_t *)k_pool)[key] = half_of(k[h * dim + d]);
+                ((uint16_t *)v_pool)[value] = half_of(v[h * dim + d]);
             } else {
                 ((float *)k_pool)[key] = k[h * dim + d];
                 ((float *)v_pool)[value] = v[h * dim + d];

@@ -14,16 +14,12 @@ from tests.unit.test_int4 import _answers, _lean_and_full, four_bit_llama  # noq
 from tests.unit.test_paged_attention import MIXED, c_args, step
 
 
-def _halved(*pools: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    return tuple(p.half() for p in pools)
-
-
 @pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (4, 2, 16), (8, 8, 128), (2, 1, 80)])
 def test_fp16_keys_give_the_bits_of_fp32_keys_of_the_same_values(heads, kv_heads, dim):
     if native.library() is None or not native.kv_half_ready():
         pytest.skip("no C kernels for an fp16 pool here")
     query, k_pool, v_pool, tables, q_lens, ctx_lens = step(MIXED, heads, kv_heads, dim, seed=5)
-    k_half, v_half = _halved(k_pool, v_pool)
+    k_half, v_half = k_pool.half(), v_pool.half()
     args = c_args(tables, q_lens, ctx_lens)
     half = native.paged_attention(query, k_half, v_half, args, dim ** -0.5, 0)
     widened = native.paged_attention(query, k_half.float(), v_half.float(), args, dim ** -0.5, 0)
