@@ -19,7 +19,7 @@ export PYTHONWARNINGS ?= ignore:pkg_resources is deprecated:UserWarning
 FIND_LINKS := $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
 UV_FLAGS := $(if $(FIND_LINKS),--find-links $(FIND_LINKS),)
 
-.PHONY: setup serve test test-fast soak lint model toy-model protos image-test compose-test k8s compose llama-cpp eval-venv bench bench-quick bench-engine clean
+.PHONY: setup serve test test-fast test-gpu soak lint model toy-model protos image-test compose-test k8s compose llama-cpp eval-venv bench bench-quick bench-engine clean
 
 # Bytecode compiled at install (uv does not by default): where PYTHONDONTWRITEBYTECODE is set, every
 # process would otherwise compile torch, transformers and jina again, seconds per process (a Flow is four)
@@ -92,6 +92,15 @@ test: setup lint model $(CLIENTS_VENV)/.installed
 # the unit and gateway tiers: no server, no real model (under a minute)
 test-fast: setup
 	$(PY) -m pytest -q tests/unit tests/gateway
+
+# on a machine with CUDA (where torch sees it, the engine's tests run there): the tests marked gpu and
+# the engine's own; GPU_PY is that machine's Python, with the service's packages (benchmarks/gpu_check.sh)
+GPU_PY ?= $(PY)
+GPU_TESTS := tests/unit/test_cuda_graphs.py tests/unit/test_batching.py tests/unit/test_engine.py \
+	tests/unit/test_speculation.py tests/unit/test_prefix_cache.py tests/unit/test_logprobs.py
+test-gpu:
+	$(GPU_PY) -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else "make test-gpu: torch sees no CUDA device")'
+	$(GPU_PY) -m pytest -q -p no:cacheprovider -rfE --tb=short $(GPU_TESTS)
 
 # longer than the suite's: 1,000 mixed requests, 50 disconnects of every kind
 soak: setup

@@ -239,6 +239,8 @@ class EngineConfig:
     # what the KV cache holds keys and values in (KV_CACHE_DTYPES); auto: fp16 for int4 weights (loader.pick_kv_dtype)
     kv_cache_dtype: str = engine_option("auto", "LLM_KV_CACHE_DTYPE")
     max_prefill_tokens: int = 512  # prompt tokens prefilled per step (chunked beyond)
+    # on a GPU, decode steps replayed from captured CUDA graphs (cuda_graphs.py); no effect on CPU
+    cuda_graphs: bool = engine_option(True, "LLM_CUDA_GRAPHS")
     eos_token_ids: Optional[list[int]] = None  # None: from the model's generation config
     torch_threads: Optional[int] = None
     stream_interval: int = 1  # tokens per streamed document, unless a request sets its own

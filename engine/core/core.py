@@ -21,6 +21,7 @@ import torch
 from contract import EngineConfig, FinishReason
 
 from ..messages import Prepared
+from ..model.cuda_graphs import DecodeGraphs
 from ..model.loader import LoadedModel
 from ..model.model_runner import ModelRunner, StepResult
 from ..observer import EngineObserver
@@ -48,7 +49,7 @@ class EngineCore:
         pool = KVPool(shape, shape.blocks_for(config.max_batch_tokens, config.kv_cache_bytes), loaded.device)
         self.kv = KVCacheManager(pool, config.prefix_caching)
         self.scheduler = Scheduler(config, self.kv, lambda: self.observer.preempted())
-        self.runner = ModelRunner(loaded, self.kv)
+        self.runner = ModelRunner(loaded, self.kv, DecodeGraphs.for_model(loaded, pool, config))
         self.runner.probe()
         self.grammars = GrammarCompiler(self.tokenizer, config.limits)
         self.token_texts = TokenTexts(self.tokenizer)

@@ -7,7 +7,8 @@ Keys are stored transposed within a block, [kv_heads, head_dim, block_size], so 
 kernel scores a block's keys as the lanes of one vector; values as rows, [block_size, kv_heads,
 head_dim] (PagedAttention keeps its keys in a layout of their own for the same reason).
 
-Block 0 is never handed out: it stays zero, the block that padded reads point at.
+Block 0 is never handed out: padded reads point at it, masked. It starts zero; only a decode
+step that a CUDA graph replays writes there, its padding rows' keys (cuda_graphs.py).
 """
 from dataclasses import dataclass
 

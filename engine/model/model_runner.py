@@ -1,6 +1,7 @@
 """One forward pass for a step's work (scheduler.py): every row's new tokens packed into one
 sequence with their own positions, their keys and values written to and read from the paged
-pool (paged_attention.py). Decoding rows and prompt chunks share the pass; nothing is padded.
+pool (paged_attention.py). Decoding rows and prompt chunks share the pass; nothing is padded,
+except in a decode step that a CUDA graph replays (cuda_graphs.py).
 """
 from dataclasses import dataclass
 from typing import Optional
@@ -11,6 +12,7 @@ from ..core.kv_manager import KVCacheManager
 from ..core.scheduler import Work
 from ..policies.prompt_logprobs import final_hidden_states
 from . import fast_layers
+from .cuda_graphs import DecodeGraphs
 from .loader import LoadedModel
 from .paged_attention import PagedStep
 
@@ -28,10 +30,11 @@ class StepResult:
 
 
 class ModelRunner:
-    def __init__(self, loaded: LoadedModel, kv: KVCacheManager):
+    def __init__(self, loaded: LoadedModel, kv: KVCacheManager, graphs: Optional[DecodeGraphs] = None):
         self.model = loaded.model
         self.device = loaded.device
         self.kv = kv
+        self.graphs = graphs
 
     @torch.inference_mode()
     def run(self, work: list[Work], keep_hidden: bool = False) -> StepResult:
@@ -42,6 +45,10 @@ class ModelRunner:
             ids += w.request.tokens(w.start, w.start + w.count) + w.drafts
             positions += range(w.start, w.start + w.tokens)
             slots += self.kv.slots(w.request, w.start, w.tokens)
+        if self.graphs and not keep_hidden and all(w.tokens == 1 and w.samples for w in work):
+            replayed = self.graphs.run(ids, positions, slots, [self.kv.table(w.request) for w in work])
+            if replayed is not None:
+                return StepResult(replayed.float(), list(range(len(work))), None)
         step = PagedStep(self.kv.pool, torch.tensor(slots, device=self.device), [w.tokens for w in work],
                          [w.start + w.tokens for w in work], [self.kv.table(w.request) for w in work])
         chosen = [start + i for w, start in zip(work, step.q_starts, strict=True) if w.samples

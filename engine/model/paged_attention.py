@@ -14,7 +14,10 @@ over that sequence's keys, read through its block table:
 - elsewhere on CPU, one SDPA call per sequence over its keys gathered from the pool: a row's
   rounding then depends on its own length only, as before, at about 20 us of overhead a call;
 - on CUDA, one SDPA call for the whole step, over keys gathered into a padded batch and masked
-  (a call per sequence costs a kernel launch per row and layer there).
+  (a call per sequence costs a kernel launch per row and layer there);
+- in a decode step that a CUDA graph replays (a DecodeStep, cuda_graphs.py), the same padded
+  SDPA call over tables of a fixed width, its mask computed on the device: no shape or address
+  changes between steps.
 
 transformers' own continuous batching (`paged|sdpa`) gathers every key of the batch into one
 sequence and masks a [tokens x all keys] product: too slow on CPU, and its rounding depends on
@@ -101,9 +104,31 @@ class PagedStep:
         return tables.to(device), queries.to(device), real.to(device), mask[:, None].to(device)
 
 
+@dataclass
+class DecodeStep:
+    """A decode step whose tensors keep their shapes and addresses from step to step
+    (cuda_graphs.py fills them, then replays the kernels captured over them): one query per
+    sequence, its keys read through a block table padded with the null block to a fixed width."""
+
+    pool: KVPool
+    slots: torch.Tensor  # [sequences] int64: where each new token's keys go
+    tables: torch.Tensor  # [sequences, width] int64
+    ctx_lens: torch.Tensor  # [sequences] int64: keys once this step's are written
+    counted: list[int] = field(default_factory=list)
+    where: tuple[torch.Tensor, torch.Tensor] = field(init=False)
+    mask: torch.Tensor = field(init=False)  # [sequences, 1, 1, width * block_size]: the keys each row sees
+
+    def prepare(self) -> None:
+        """The step's derived tensors, computed by device operations (inside the captured region)."""
+        size = self.pool.shape.block_size
+        self.where = torch.div(self.slots, size, rounding_mode="floor"), self.slots % size
+        keys = torch.arange(self.tables.shape[1] * size, device=self.slots.device)
+        self.mask = (keys[None, :] < self.ctx_lens[:, None])[:, None, None, :]
+
+
 def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     attention_mask: Optional[torch.Tensor], dropout: float = 0.0, scaling: Optional[float] = None,
-                    paged: Optional[PagedStep] = None, sliding_window: Optional[int] = None,
+                    paged: Optional[PagedStep | DecodeStep] = None, sliding_window: Optional[int] = None,
                     **kwargs: Any) -> tuple[torch.Tensor, None]:
     """query [1, heads, tokens, dim], key/value [1, kv_heads, tokens, dim] (this step's new
     tokens, packed); returns [1, tokens, heads, dim], as transformers' SDPA does. Outside the
@@ -119,6 +144,11 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     k_pool, v_pool = paged.pool.layer(layer)
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
     window = sliding_window or 0
+    if isinstance(paged, DecodeStep):
+        if window:
+            raise ValueError("paged attention: a captured decode step knows no sliding window")
+        paged.counted.append(layer)
+        return _fixed_width(query, layer, paged, scale)[None], None
     out = c_paged_attention(query, k_pool, v_pool, paged.c_args, scale, window)
     if out is None:
         padded = query.device.type == "cuda"
@@ -214,6 +244,18 @@ def _padded(query: torch.Tensor, layer: int, step: PagedStep, scale: float, wind
     out = query.new_empty((query.shape[2], heads, dim))
     out[queries[real]] = o.transpose(1, 2)[real]
     return out
+
+
+def _fixed_width(query: torch.Tensor, layer: int, step: DecodeStep, scale: float) -> torch.Tensor:
+    """_padded's SDPA call for one query a sequence, over tables of the step's fixed width: [tokens, heads, dim]."""
+    k_pool, v_pool = step.pool.layer(layer)
+    heads = query.shape[1]
+    keys = k_pool[step.tables].permute(0, 2, 1, 4, 3).flatten(2, 3).to(query.dtype)  # [seqs, kv_heads, keys, dim]
+    values = v_pool[step.tables].flatten(1, 2).transpose(1, 2).to(query.dtype)
+    q = query[0].transpose(0, 1)[:, :, None]  # [seqs, heads, 1, dim]
+    o = F.scaled_dot_product_attention(q, keys, values, attn_mask=step.mask, scale=scale,
+                                       enable_gqa=heads != step.pool.shape.kv_heads)
+    return o[:, :, 0]
 
 
 AttentionInterface.register(NAME, paged_attention)

@@ -1,0 +1,94 @@
+"""python -m benchmarks.cuda_graphs: the engine alone on a GPU, decode steps replayed from CUDA
+graphs against eager steps, side by side in one process.
+
+Both engines are loaded once per model (the service's defaults, `cuda_graphs` on and off), then
+measured in alternating rounds: at each concurrency, that many greedy streams of `--tokens`
+tokens each, started together, over the benchmark's prompts. A warm-up round captures the
+graphs first, as a served engine does with its first requests. Reports output tokens per second
+(all streams' tokens over the wall clock), the median of the rounds, and whether each stream's
+tokens were the same in both arms.
+"""
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from contract import EngineConfig, SamplingParams
+from engine import AsyncEngine
+
+from .load import make_prompts
+from .models import DEFAULT_CACHE, MODELS, ensure_model
+from .report import machine_info
+
+
+async def level(engine: AsyncEngine, prompts: list[str], tokens: int) -> tuple[float, list[list[int]]]:
+    """(output tok/s, each stream's tokens) of len(prompts) streams started together."""
+    params = SamplingParams(max_tokens=tokens, ignore_eos=True)
+
+    async def one(prompt: str) -> list[int]:
+        return [t async for chunk in engine.generate(prompt, params) for t in chunk.token_ids]
+    started = time.perf_counter()
+    answers = await asyncio.gather(*(one(p) for p in prompts))
+    return sum(map(len, answers)) / (time.perf_counter() - started), answers
+
+
+async def compare(model: Path, concurrency: list[int], tokens: int, rounds: int) -> dict:
+    arms = {"eager": AsyncEngine(EngineConfig(model=str(model), cuda_graphs=False)),
+            "graphs": AsyncEngine(EngineConfig(model=str(model)))}
+    prompts = make_prompts(max(concurrency), seed=0)
+    try:
+        answers: dict[str, dict[int, list]] = {arm: {} for arm in arms}
+        for arm, engine in arms.items():  # warm-up: graphs captured, kernels chosen
+            for c in concurrency:
+                answers[arm][c] = (await level(engine, prompts[:c], tokens))[1]
+        rates: dict[str, dict[int, list[float]]] = {arm: {c: [] for c in concurrency} for arm in arms}
+        for r in range(rounds):
+            for arm in (("eager", "graphs") if r % 2 == 0 else ("graphs", "eager")):
+                for c in concurrency:
+                    rates[arm][c].append((await level(arms[arm], prompts[:c], tokens))[0])
+        graphs = arms["graphs"].core.runner.graphs
+        return {"levels": [{"concurrency": c, **{f"{arm}_tok_s": round(statistics.median(rates[arm][c]), 1)
+                                                for arm in arms},
+                            "speedup": round(statistics.median(rates["graphs"][c])
+                                             / statistics.median(rates["eager"][c]), 2),
+                            "same_tokens": answers["graphs"][c] == answers["eager"][c],
+                            "rounds": {arm: [round(x, 1) for x in rates[arm][c]] for arm in arms}}
+                           for c in concurrency],
+                "graphs_captured": len(graphs.captured) if graphs else 0,
+                "graph_failure": graphs.failed if graphs else "no graphs on this device"}
+    finally:
+        for engine in arms.values():
+            engine.shutdown()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.cuda_graphs", description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="gpt2-small,llama-1b", help=f"of {','.join(MODELS)}")
+    p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16, 64])
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--out", type=Path, default=None, help="also write results.json here")
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("python -m benchmarks.cuda_graphs needs a CUDA GPU")
+    results = {"machine": machine_info(), "command": "python -m benchmarks.cuda_graphs " + " ".join(
+        f"--{k.replace('_', '-')} {','.join(map(str, v)) if isinstance(v, list) else v}"
+        for k, v in vars(args).items() if k != "out"), "models": {}}
+    for name in args.models.split(","):
+        results["models"][name] = run = asyncio.run(compare(ensure_model(name, DEFAULT_CACHE), args.concurrency,
+                                                            args.tokens, args.rounds))
+        print(f"{name}: {run['graphs_captured']} graphs captured; failure: {run['graph_failure']}", flush=True)
+        for row in run["levels"]:
+            print(f"  C={row['concurrency']:>3}  eager {row['eager_tok_s']:>8} tok/s  graphs {row['graphs_tok_s']:>8}"
+                  f"  x{row['speedup']}  same tokens: {row['same_tokens']}", flush=True)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "results.json").write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""Decode steps replayed from CUDA graphs (EngineConfig.cuda_graphs).
+
+On a GPU, a small model's decode step is mostly the CPU launching kernels: transformers' eager
+forward of GPT-2 small took about 9 ms of CPU a step on an H100, for far less GPU work. A CUDA
+graph records a step's kernels once and launches them all again with one call.
+
+A graph fixes every shape and address, so a step is captured per shape met: its rows padded to
+the next power of two (up to max_running) and its block tables to the next power of two of
+blocks (up to the model's context). The graphs share one memory pool (one replays at a time).
+Padding rows decode token 0 at position 0 into the null block and read only it; a real row's
+table is padded with the null block, masked (DecodeStep in paged_attention.py).
+
+Only steps where every row decodes one token run so: prompt chunks, speculative drafts and rows
+that score their prompt run eagerly, as do models with a sliding window. A capture that fails
+turns graphs off for the engine's life, with a warning; steps then run eagerly.
+"""
+import logging
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from contract import EngineConfig
+
+from ..core.kv_pool import NULL_BLOCK, KVPool
+from .loader import LoadedModel
+from .paged_attention import DecodeStep
+
+log = logging.getLogger(__name__)
+
+
+def bucket(n: int, most: int) -> int:
+    """The next power of two from n, at most `most` (a shape to capture)."""
+    return min(1 << (n - 1).bit_length(), most)
+
+
+@dataclass
+class Captured:
+    """One shape's static inputs, the step over them, its output and graph."""
+
+    ids: torch.Tensor  # [1, rows]
+    positions: torch.Tensor  # [1, rows]
+    step: DecodeStep
+    logits: Optional[torch.Tensor] = None  # [1, rows, vocab]: the graph writes here at each replay
+    graph: Optional[torch.cuda.CUDAGraph] = None  # None: the step runs eagerly over the buffers (tests on CPU)
+
+
+class DecodeGraphs:
+    """Captures decode steps by shape, then replays them; `run` returns None where it does not serve."""
+
+    def __init__(self, model: torch.nn.Module, pool: KVPool, max_rows: int, max_context: int, capture: bool = True):
+        self.model, self.pool, self.capture = model, pool, capture
+        self.max_rows = max_rows
+        self.max_width = -(-max_context // pool.shape.block_size)
+        self.no_mask = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=pool.device)  # read by no layer
+        self.captured: dict[tuple[int, int], Captured] = {}
+        self.replays = 0
+        self.failed: Optional[str] = None  # why capturing stopped
+        self._mempool = torch.cuda.graph_pool_handle() if capture else None
+
+    @classmethod
+    def for_model(cls, loaded: LoadedModel, pool: KVPool, config: EngineConfig) -> Optional["DecodeGraphs"]:
+        """Graphs where they apply: on CUDA, asked for, and a model without sliding windows."""
+        text = loaded.model.config.get_text_config()
+        if not config.cuda_graphs or getattr(text, "sliding_window", None) or loaded.device.type != "cuda":
+            return None
+        return cls(loaded.model, pool, config.max_running, loaded.max_context)
+
+    def run(self, ids: list[int], positions: list[int], slots: list[int],
+            tables: list[list[int]]) -> Optional[torch.Tensor]:
+        """Logits [rows, vocab] of a step where row i decodes ids[i] at positions[i] into slots[i]."""
+        size = self.pool.shape.block_size
+        rows, width = len(ids), -(-(max(positions) + 1) // size)
+        if self.failed or rows > self.max_rows or width > self.max_width:
+            return None
+        shape = bucket(rows, self.max_rows), bucket(width, self.max_width)
+        captured = self.captured.get(shape) or self._capture(*shape)
+        if captured is None:
+            return None
+        self._fill(captured, ids, positions, slots, tables)
+        if captured.graph is not None:
+            captured.graph.replay()
+        else:
+            captured.logits = self._forward(captured)
+        self.replays += 1
+        assert captured.logits is not None
+        return captured.logits[0, :rows]
+
+    def _fill(self, captured: Captured, ids: list[int], positions: list[int], slots: list[int],
+              tables: list[list[int]]) -> None:
+        """This step's rows into the shape's buffers; the rest is padding (token 0 in the null block)."""
+        step = captured.step
+        rows, (padded, width) = len(ids), step.tables.shape
+        pad = padded - rows
+        columns = torch.tensor([ids + [0] * pad, positions + [0] * pad, slots + [NULL_BLOCK] * pad,
+                                [p + 1 for p in positions] + [1] * pad])
+        table = torch.full((padded, width), NULL_BLOCK, dtype=torch.long)
+        for row, blocks in enumerate(tables):
+            kept = blocks[:width]
+            table[row, :len(kept)] = torch.tensor(kept)
+        captured.ids[0].copy_(columns[0], non_blocking=True)
+        captured.positions[0].copy_(columns[1], non_blocking=True)
+        step.slots.copy_(columns[2], non_blocking=True)
+        step.ctx_lens.copy_(columns[3], non_blocking=True)
+        step.tables.copy_(table, non_blocking=True)
+
+    def _forward(self, captured: Captured) -> torch.Tensor:
+        captured.step.prepare()
+        return self.model(input_ids=captured.ids, position_ids=captured.positions, attention_mask=self.no_mask,
+                          use_cache=False, paged=captured.step).logits
+
+    def _capture(self, rows: int, width: int) -> Optional[Captured]:
+        device = self.pool.device
+
+        def buffer(*shape: int) -> torch.Tensor:
+            return torch.zeros(shape, dtype=torch.long, device=device)
+        step = DecodeStep(self.pool, buffer(rows), buffer(rows, width), buffer(rows) + 1)
+        captured = Captured(buffer(1, rows), buffer(1, rows), step)
+        if not self.capture:
+            self.captured[rows, width] = captured
+            return captured
+        try:
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):  # a warm-up: lazy initialisations happen outside the capture
+                self._forward(captured)
+            torch.cuda.current_stream(device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._mempool, capture_error_mode="thread_local"):
+                captured.logits = self._forward(captured)
+        except Exception as exc:  # the engine goes on eagerly: a failed capture must not fail requests
+            self.failed = f"{type(exc).__name__}: {exc}"
+            log.warning("CUDA graphs off: capturing a decode step of %d rows failed (%s); steps run eagerly",
+                        rows, self.failed)
+            return None
+        captured.graph = graph
+        self.captured[rows, width] = captured
+        log.info("captured a CUDA graph: decode step of %d rows, %d keys each", rows, width * self.pool.shape.block_size)
+        return captured
