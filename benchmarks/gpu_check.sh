@@ -17,10 +17,12 @@ part() {  # part NAME SECONDS COMMAND...: one part's output to $OUT/NAME.txt, it
   timeout "$limit" "$@" > "$OUT/$name.txt" 2>&1
   echo "== $name: exit $? in $((SECONDS - t0)) s"; tail -n "${TAIL:-14}" "$OUT/$name.txt"
 }
+tests=$(awk '/^GPU_TESTS :=/{f=1} f{print} f&&!/\\$/{exit}' Makefile | sed 's/^GPU_TESTS :=//; s/\\//g')
+part tests "${TESTS_S:-200}" python3 -m pytest -q -p no:cacheprovider -rfE --tb=short $tests  # make test-gpu's
 part ab "${AB_S:-200}" python3 -m benchmarks.cuda_graphs --out "$OUT/ab"
-part tests "${TESTS_S:-170}" make test-gpu GPU_PY=python3
-part served "${SERVED_S:-170}" python3 -m benchmarks --models gpt2-small,llama-1b --systems raw-engine,this \
-  --concurrency 1,16,64 --num-requests 32 --time-limit 6 --out "$OUT/served"
+part served "$(( ${DEADLINE_S:-540} - SECONDS > 30 ? ${DEADLINE_S:-540} - SECONDS : 30 ))" \
+  python3 -m benchmarks --models gpt2-small,llama-1b --systems raw-engine,this --concurrency 1,16,64 \
+  --num-requests 32 --time-limit 6 --out "$OUT/served"
 # what comes back from a lent machine is at most 8 files: the servers' logs as one, no chart
 [ -d "$OUT/served/logs" ] && tar czf "$OUT/served-logs.tgz" -C "$OUT/served" logs && rm -rf "$OUT/served/logs"
 rm -f "$OUT/served/results.png"
