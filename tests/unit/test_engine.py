@@ -37,7 +37,7 @@ async def test_greedy_equals_transformers_generate(engines, style):
     model, tok = engine.core.loaded.model, engine.tokenizer
     for prompt in PROMPTS:
         ids, chunks = await run(engine, prompt, max_tokens=24, ignore_eos=True)
-        enc = tok(prompt, return_tensors="pt")
+        enc = tok(prompt, return_tensors="pt").to(model.device)
         ref = model.generate(**enc, max_new_tokens=24, min_new_tokens=24, do_sample=False)
         assert ids == ref[0, enc.input_ids.shape[1]:].tolist(), prompt
         assert "".join(c.text for c in chunks) == tok.decode(ids, skip_special_tokens=True)

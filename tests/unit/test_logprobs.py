@@ -27,7 +27,7 @@ def flat(outs) -> tuple:
 
 @pytest.mark.parametrize("sample", [False, True], ids=["greedy", "sampled"])
 async def test_alternatives_equal_a_direct_forward_pass(any_model, make_engine, sample):
-    engine = make_engine(any_model)
+    engine = make_engine(any_model, device="cpu")  # fp32 both sides, to 1e-4
     params = SamplingParams(max_tokens=12, top_logprobs=5, logprobs=True, do_sample=sample, seed=3, temperature=0.7,
                             top_k=20, repetition_penalty=1.3, ignore_eos=True)
     ids, logprobs, alternatives, strs = flat(await run(engine, params))
@@ -49,7 +49,7 @@ async def test_batched_and_slow_readers_get_each_tokens_own_numbers(four_bit_lla
                                                                     weights):
     """On int4 weights (the C kernels, as the default model runs) bit for bit; on the fp32
     fallback the same tokens, and numbers within float rounding (batched matmuls round differently)."""
-    engine = make_engine(four_bit_llama if weights == "int4" else gpt2_model)
+    engine = make_engine(four_bit_llama if weights == "int4" else gpt2_model, device="cpu")
     requests = [SamplingParams(max_tokens=20, top_logprobs=k, logprobs=True, do_sample=k % 2 == 1, seed=k,
                                ignore_eos=True) for k in range(1, 7)]
     requests += [SamplingParams(max_tokens=20, regex="[a-z ]{5,30}", top_logprobs=3)]

@@ -60,8 +60,8 @@ async def test_speculation_changes_no_token_and_no_number(looping_llama, make_en
         monkeypatch.setattr(build, "library", lambda: None)
     elif native.library() is None:
         pytest.skip("no C compiler")
-    plain = make_engine(looping_llama, max_prefill_tokens=16, speculative_tokens=0)
-    fast = make_engine(looping_llama, max_prefill_tokens=16, speculative_tokens=0)
+    plain = make_engine(looping_llama, device="cpu", max_prefill_tokens=16, speculative_tokens=0)  # int4: CPU only
+    fast = make_engine(looping_llama, device="cpu", max_prefill_tokens=16, speculative_tokens=0)
     assert fast.core.loaded.info.dtype == "int4"
     cases = [(COPY, {"max_tokens": 40}), (COPY, {"max_tokens": 40, "do_sample": True, "seed": 3, "top_k": 20}),
              (COPY, {"max_tokens": 7}), ("a b a b a b a b", {"max_tokens": 30, "top_logprobs": 3}),
