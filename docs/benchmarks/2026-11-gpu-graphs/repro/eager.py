@@ -1,7 +1,14 @@
-"""pytest -p eager: every EngineConfig without cuda_graphs given gets cuda_graphs=False."""
-import contract.params as p
-_orig = p.EngineConfig.__init__
-def _init(self, *a, **kw):
-    kw.setdefault("cuda_graphs", False)
-    _orig(self, *a, **kw)
-p.EngineConfig.__init__ = _init
+"""pytest -p eager: every EngineConfig that does not name cuda_graphs gets cuda_graphs=False."""
+from typing import Any
+
+import contract.params as params
+
+_original = params.EngineConfig.__init__
+
+
+def _eager(self: params.EngineConfig, *args: Any, **kwargs: Any) -> None:
+    kwargs.setdefault("cuda_graphs", False)
+    _original(self, *args, **kwargs)
+
+
+params.EngineConfig.__init__ = _eager  # type: ignore[method-assign]

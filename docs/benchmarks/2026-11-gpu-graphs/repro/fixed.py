@@ -1,3 +1,4 @@
-"""pytest -p fixed: captured steps always at the largest shape (rows and width)."""
-import engine.model.cuda_graphs as g
-g.bucket = lambda n, most: most
+"""pytest -p fixed: every captured step at its largest shape (max_running rows, the widest tables)."""
+import engine.model.cuda_graphs as graphs
+
+graphs.bucket = lambda n, most: most
