@@ -79,7 +79,8 @@ class DecodeGraphs:
             return None
         self._fill(captured, ids, positions, slots, tables)
         if captured.graph is not None:
-            captured.graph.replay()
+            with torch.cuda.device(self.pool.device):  # a graph replays on its own device's stream
+                captured.graph.replay()
         else:
             captured.logits = self._forward(captured)
         self.replays += 1
@@ -120,20 +121,26 @@ class DecodeGraphs:
             self.captured[rows, width] = captured
             return captured
         try:
-            side = torch.cuda.Stream(device)
-            side.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(side):  # a warm-up: lazy initialisations happen outside the capture
-                self._forward(captured)
-            torch.cuda.current_stream(device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._mempool, capture_error_mode="thread_local"):
-                captured.logits = self._forward(captured)
+            with torch.cuda.device(device):
+                captured.graph = self._record(captured)
         except Exception as exc:  # the engine goes on eagerly: a failed capture must not fail requests
             self.failed = f"{type(exc).__name__}: {exc}"
             log.warning("CUDA graphs off: capturing a decode step of %d rows failed (%s); steps run eagerly",
                         rows, self.failed)
             return None
-        captured.graph = graph
         self.captured[rows, width] = captured
         log.info("captured a CUDA graph: decode step of %d rows, %d keys each", rows, width * self.pool.shape.block_size)
         return captured
+
+    def _record(self, captured: Captured) -> torch.cuda.CUDAGraph:
+        """A warm-up forward on a side stream (lazy initialisations happen outside the capture), then the capture."""
+        device = self.pool.device
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            self._forward(captured)
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._mempool, capture_error_mode="thread_local"):
+            captured.logits = self._forward(captured)
+        return graph
