@@ -11,7 +11,7 @@ import torch
 
 from contract import EngineConfig, SamplingParams
 from engine.model.cuda_graphs import DecodeGraphs, bucket
-from tests.unit.test_batching import collect, mixed_requests
+from tests.unit.test_batching import collect, mixed_requests, settled
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -55,10 +55,9 @@ def test_graphs_only_on_cuda_when_asked_and_without_sliding_windows(llama_model)
 
 
 async def test_fixed_shape_steps_give_the_engines_own_answers(any_model, make_engine):
-    """Rows padded to powers of two, tables to a fixed width and masked: the same greedy tokens,
-    and log probabilities to float32's rounding (the keys' widths differ, so their sums' order)."""
-    params = [dataclasses.replace(p, logprobs=True) for _, p in mixed_requests(20)]
-    requests = [(prompt, p) for (prompt, _), p in zip(mixed_requests(20), params, strict=True)]
+    """Rows padded to powers of two, tables to a fixed width and masked: the same tokens, text and
+    finish for 20 mixed requests at once, and no block left held."""
+    requests = mixed_requests(20)
     plain = make_engine(any_model, device="cpu", max_prefill_tokens=16)
     fixed = make_engine(any_model, device="cpu", max_prefill_tokens=16)
     graphs = with_fixed_shapes(fixed)
@@ -66,10 +65,12 @@ async def test_fixed_shape_steps_give_the_engines_own_answers(any_model, make_en
     assert graphs.replays > 0 and len({rows for rows, _ in graphs.captured}) > 2
     for (ids, text, reason), (ids2, text2, reason2) in zip(expected, got, strict=True):
         assert (ids2, text2, reason2) == (ids, text, reason)
-    assert plain.stats()["kv_blocks_used"] == fixed.stats()["kv_blocks_used"] == 0
+    assert (await settled(plain))["kv_blocks_used"] == (await settled(fixed))["kv_blocks_used"] == 0
 
 
 async def test_fixed_shape_steps_keep_log_probabilities(llama_model, make_engine):
+    """The same tokens, log probabilities to float32's rounding (the keys' widths differ, so their
+    sums' order) and the same alternatives."""
     params = SamplingParams(max_tokens=30, ignore_eos=True, logprobs=True, top_logprobs=3)
     plain = make_engine(llama_model, device="cpu")
     fixed = make_engine(llama_model, device="cpu")
