@@ -19,7 +19,7 @@ part() {  # part NAME SECONDS COMMAND...: one part's output to $OUT/NAME.txt, it
 }
 tests=$(awk '/^GPU_TESTS :=/{f=1} f{print} f&&!/\\$/{exit}' Makefile | sed 's/^GPU_TESTS :=//; s/\\//g')
 part tests "${TESTS_S:-200}" python3 -m pytest -q -p no:cacheprovider -rfE --tb=short $tests  # make test-gpu's
-part ab "${AB_S:-200}" python3 -m benchmarks.cuda_graphs --out "$OUT/ab"
+part ab "${AB_S:-260}" python3 -m benchmarks.cuda_graphs --arms eager,graphs,graphs-no-spec --out "$OUT/ab"
 part served "$(( ${DEADLINE_S:-540} - SECONDS > 30 ? ${DEADLINE_S:-540} - SECONDS : 30 ))" \
   python3 -m benchmarks --models gpt2-small,llama-1b --systems raw-engine,this --concurrency 1,16,64 \
   --num-requests 32 --time-limit 6 --out "$OUT/served"
