@@ -10,7 +10,7 @@ mkdir -p "$OUT"
 . docs/benchmarks/2026-11-gpu/cudnn/repro/setup.sh
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c 'import sys, torch, transformers; print(sys.version.split()[0], torch.__version__, transformers.__version__)'
-  git rev-parse --short HEAD 2>/dev/null; date -u; } | tee "$OUT/gpu.txt"
+  date -u; } | tee "$OUT/gpu.txt"  # no commit: the machine's copy may carry older git metadata
 part() {  # part NAME SECONDS COMMAND...: one part's output to $OUT/NAME.txt, its end to the terminal
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS
