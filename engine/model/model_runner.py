@@ -45,12 +45,13 @@ class ModelRunner:
             ids += w.request.tokens(w.start, w.start + w.count) + w.drafts
             positions += range(w.start, w.start + w.tokens)
             slots += self.kv.slots(w.request, w.start, w.tokens)
+        tables = [self.kv.table(w.request) for w in work]
         if self.graphs and not keep_hidden and all(w.tokens == 1 and w.samples for w in work):
-            replayed = self.graphs.run(ids, positions, slots, [self.kv.table(w.request) for w in work])
+            replayed = self.graphs.run(ids, positions, slots, tables)
             if replayed is not None:
                 return StepResult(replayed.float(), list(range(len(work))), None)
         step = PagedStep(self.kv.pool, torch.tensor(slots, device=self.device), [w.tokens for w in work],
-                         [w.start + w.tokens for w in work], [self.kv.table(w.request) for w in work])
+                         [w.start + w.tokens for w in work], tables)
         chosen = [start + i for w, start in zip(work, step.q_starts, strict=True) if w.samples
                   for i in range(w.count - 1, w.tokens)]  # a row's last token's logits, and each draft's
         keep = 0 if len(chosen) == len(ids) else torch.tensor(chosen or [0], device=self.device)

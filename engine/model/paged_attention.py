@@ -144,15 +144,16 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     k_pool, v_pool = paged.pool.layer(layer)
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
     window = sliding_window or 0
+    out: Optional[torch.Tensor]
     if isinstance(paged, DecodeStep):
         if window:
             raise ValueError("paged attention: a captured decode step knows no sliding window")
-        paged.counted.append(layer)
-        return _fixed_width(query, layer, paged, scale)[None], None
-    out = c_paged_attention(query, k_pool, v_pool, paged.c_args, scale, window)
-    if out is None:
-        padded = query.device.type == "cuda"
-        out = (_padded if padded else _per_sequence)(query, layer, paged, scale, window)
+        out = _fixed_width(query, k_pool, v_pool, paged, scale)
+    else:
+        out = c_paged_attention(query, k_pool, v_pool, paged.c_args, scale, window)
+        if out is None:
+            padded = query.device.type == "cuda"
+            out = (_padded if padded else _per_sequence)(query, layer, paged, scale, window)
     paged.counted.append(layer)
     return out[None], None
 
@@ -234,10 +235,7 @@ def _padded(query: torch.Tensor, layer: int, step: PagedStep, scale: float, wind
         return _per_sequence(query, layer, step, scale, window)
     tables, queries, real, mask = step.padded
     heads, dim = query.shape[1], query.shape[-1]
-    k_pool, v_pool = step.pool.layer(layer)
-    most = mask.shape[-1]
-    keys = k_pool[tables].permute(0, 2, 1, 4, 3).flatten(2, 3)[:, :, :most].to(query.dtype)  # [seqs, kv_heads, ctx, dim]
-    values = v_pool[tables].flatten(1, 2)[:, :most].transpose(1, 2).to(query.dtype)
+    keys, values = _gather(*step.pool.layer(layer), tables, mask.shape[-1], query.dtype)
     q = query[0].transpose(0, 1)[queries].transpose(1, 2)  # [seqs, heads, max q, dim]
     o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale,
                                        enable_gqa=heads != step.pool.shape.kv_heads)
@@ -246,16 +244,24 @@ def _padded(query: torch.Tensor, layer: int, step: PagedStep, scale: float, wind
     return out
 
 
-def _fixed_width(query: torch.Tensor, layer: int, step: DecodeStep, scale: float) -> torch.Tensor:
+def _fixed_width(query: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, step: DecodeStep,
+                 scale: float) -> torch.Tensor:
     """_padded's SDPA call for one query a sequence, over tables of the step's fixed width: [tokens, heads, dim]."""
-    k_pool, v_pool = step.pool.layer(layer)
     heads = query.shape[1]
-    keys = k_pool[step.tables].permute(0, 2, 1, 4, 3).flatten(2, 3).to(query.dtype)  # [seqs, kv_heads, keys, dim]
-    values = v_pool[step.tables].flatten(1, 2).transpose(1, 2).to(query.dtype)
+    keys, values = _gather(k_pool, v_pool, step.tables, step.mask.shape[-1], query.dtype)
     q = query[0].transpose(0, 1)[:, :, None]  # [seqs, heads, 1, dim]
     o = F.scaled_dot_product_attention(q, keys, values, attn_mask=step.mask, scale=scale,
                                        enable_gqa=heads != step.pool.shape.kv_heads)
     return o[:, :, 0]
+
+
+def _gather(k_pool: torch.Tensor, v_pool: torch.Tensor, tables: torch.Tensor, keys: int,
+            dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each sequence's first `keys` keys and values, read through its table padded with the null
+    block: [seqs, kv_heads, keys, dim] each, in `dtype`."""
+    k = k_pool[tables].permute(0, 2, 1, 4, 3).flatten(2, 3)[:, :, :keys].to(dtype)
+    v = v_pool[tables].flatten(1, 2)[:, :keys].transpose(1, 2).to(dtype)
+    return k, v
 
 
 AttentionInterface.register(NAME, paged_attention)
