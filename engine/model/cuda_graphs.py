@@ -5,13 +5,15 @@ forward of GPT-2 small took about 9 ms of CPU a step on an H100, for far less GP
 graph records a step's kernels once and launches them all again with one call.
 
 A graph fixes every shape and address, so a step is captured per shape met: its rows padded to
-the next power of two (up to max_running) and its block tables to the next power of two of
-blocks (up to the model's context). The graphs share one memory pool (one replays at a time).
-Padding rows decode token 0 at position 0 into the null block and read only it; a real row's
-table is padded with the null block, masked (DecodeStep in paged_attention.py).
+the next power of two (up to max_running), each row's queries (its next token, then the
+speculative drafts that the step checks) to the next power of two (up to 1 + the most drafts),
+and its block tables to the next power of two of blocks (up to the model's context). The graphs
+share one memory pool (one replays at a time). Padding rows and queries decode token 0 at
+position 0 into the null block and see one key; a real row's table is padded with the null block,
+masked (DecodeStep in paged_attention.py).
 
-Only steps where every row decodes one token run so: prompt chunks, speculative drafts and rows
-that score their prompt run eagerly, as do models with a sliding window. A capture that fails
+Steps where every row decodes its next token, with or without drafts, run so: prompt chunks and
+rows that score their prompt run eagerly, as do models with a sliding window. A capture that fails
 turns graphs off for the engine's life, with a warning; steps then run eagerly.
 """
 import logging
@@ -20,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from contract import EngineConfig
+from contract import MAX_SPECULATIVE_TOKENS, EngineConfig
 
 from ..core.kv_pool import NULL_BLOCK, KVPool
 from .loader import LoadedModel
@@ -38,10 +40,10 @@ def bucket(n: int, most: int) -> int:
 class Captured:
     """One shape's static inputs, the step over them, its output and graph."""
 
-    ids: torch.Tensor  # [1, rows]
-    positions: torch.Tensor  # [1, rows]
+    ids: torch.Tensor  # [1, rows * queries]
+    positions: torch.Tensor  # [1, rows * queries]
     step: DecodeStep
-    logits: Optional[torch.Tensor] = None  # [1, rows, vocab]: the graph writes here at each replay
+    logits: Optional[torch.Tensor] = None  # [1, rows * queries, vocab]: the graph writes here at each replay
     graph: Optional[torch.cuda.CUDAGraph] = None  # None: the step runs eagerly over the buffers (tests on CPU)
 
 
@@ -51,9 +53,10 @@ class DecodeGraphs:
     def __init__(self, model: torch.nn.Module, pool: KVPool, max_rows: int, max_context: int, capture: bool = True):
         self.model, self.pool, self.capture = model, pool, capture
         self.max_rows = max_rows
+        self.max_queries = 1 + MAX_SPECULATIVE_TOKENS
         self.max_width = -(-max_context // pool.shape.block_size)
         self.no_mask = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=pool.device)  # read by no layer
-        self.captured: dict[tuple[int, int], Captured] = {}
+        self.captured: dict[tuple[int, int, int], Captured] = {}  # by (rows, queries, width)
         self.replays = 0
         self.failed: Optional[str] = None  # why capturing stopped
         self._mempool = torch.cuda.graph_pool_handle() if capture else None
@@ -66,14 +69,16 @@ class DecodeGraphs:
             return None
         return cls(loaded.model, pool, config.max_running, loaded.max_context)
 
-    def run(self, ids: list[int], positions: list[int], slots: list[int],
+    def run(self, ids: list[list[int]], positions: list[list[int]], slots: list[list[int]],
             tables: list[list[int]]) -> Optional[torch.Tensor]:
-        """Logits [rows, vocab] of a step where row i decodes ids[i] at positions[i] into slots[i]."""
+        """Logits [tokens, vocab], in order, of a step where row i decodes ids[i] (its next token,
+        then its drafts) at positions[i] into slots[i]."""
         size = self.pool.shape.block_size
-        rows, width = len(ids), -(-(max(positions) + 1) // size)
-        if self.failed or rows > self.max_rows or width > self.max_width:
+        rows, most = len(ids), max(map(len, ids))
+        width = -(-(max(p[-1] for p in positions) + 1) // size)
+        if self.failed or rows > self.max_rows or most > self.max_queries or width > self.max_width:
             return None
-        shape = bucket(rows, self.max_rows), bucket(width, self.max_width)
+        shape = bucket(rows, self.max_rows), bucket(most, self.max_queries), bucket(width, self.max_width)
         captured = self.captured.get(shape) or self._capture(*shape)
         if captured is None:
             return None
@@ -85,16 +90,25 @@ class DecodeGraphs:
             captured.logits = self._forward(captured)
         self.replays += 1
         assert captured.logits is not None
-        return captured.logits[0, :rows]
+        queries = shape[1]
+        if queries == 1:
+            return captured.logits[0, :rows]
+        kept = [row * queries + j for row, row_ids in enumerate(ids) for j in range(len(row_ids))]
+        return captured.logits[0, torch.tensor(kept, device=self.pool.device)]
 
-    def _fill(self, captured: Captured, ids: list[int], positions: list[int], slots: list[int],
+    def _fill(self, captured: Captured, ids: list[list[int]], positions: list[list[int]], slots: list[list[int]],
               tables: list[list[int]]) -> None:
         """This step's rows into the shape's buffers; the rest is padding (token 0 in the null block)."""
         step = captured.step
-        rows, (padded, width) = len(ids), step.tables.shape
-        pad = padded - rows
-        columns = torch.tensor([ids + [0] * pad, positions + [0] * pad, slots + [NULL_BLOCK] * pad,
-                                [p + 1 for p in positions] + [1] * pad])
+        padded, width = step.tables.shape
+        queries = step.seen.shape[1]
+        n = padded * queries
+        flat = [[0] * n, [0] * n, [NULL_BLOCK] * n, [1] * n]  # a padding query sees one key
+        for row, (row_ids, row_positions, row_slots) in enumerate(zip(ids, positions, slots, strict=True)):
+            at = slice(row * queries, row * queries + len(row_ids))
+            flat[0][at], flat[1][at], flat[2][at] = row_ids, row_positions, row_slots
+            flat[3][at] = [p + 1 for p in row_positions]
+        columns = torch.tensor(flat)
         table = torch.full((padded, width), NULL_BLOCK, dtype=torch.long)
         for row, blocks in enumerate(tables):
             kept = blocks[:width]
@@ -102,7 +116,7 @@ class DecodeGraphs:
         captured.ids[0].copy_(columns[0], non_blocking=True)
         captured.positions[0].copy_(columns[1], non_blocking=True)
         step.slots.copy_(columns[2], non_blocking=True)
-        step.ctx_lens.copy_(columns[3], non_blocking=True)
+        step.seen.view(-1).copy_(columns[3], non_blocking=True)
         step.tables.copy_(table, non_blocking=True)
 
     def _forward(self, captured: Captured) -> torch.Tensor:
@@ -110,15 +124,15 @@ class DecodeGraphs:
         return self.model(input_ids=captured.ids, position_ids=captured.positions, attention_mask=self.no_mask,
                           use_cache=False, paged=captured.step).logits
 
-    def _capture(self, rows: int, width: int) -> Optional[Captured]:
+    def _capture(self, rows: int, queries: int, width: int) -> Optional[Captured]:
         device = self.pool.device
 
         def buffer(*shape: int) -> torch.Tensor:
             return torch.zeros(shape, dtype=torch.long, device=device)
-        step = DecodeStep(self.pool, buffer(rows), buffer(rows, width), buffer(rows) + 1)
-        captured = Captured(buffer(1, rows), buffer(1, rows), step)
+        step = DecodeStep(self.pool, buffer(rows * queries), buffer(rows, width), buffer(rows, queries) + 1)
+        captured = Captured(buffer(1, rows * queries), buffer(1, rows * queries), step)
         if not self.capture:
-            self.captured[rows, width] = captured
+            self.captured[rows, queries, width] = captured
             return captured
         try:
             with torch.cuda.device(device):
@@ -128,8 +142,9 @@ class DecodeGraphs:
             log.warning("CUDA graphs off: capturing a decode step of %d rows failed (%s); steps run eagerly",
                         rows, self.failed)
             return None
-        self.captured[rows, width] = captured
-        log.info("captured a CUDA graph: decode step of %d rows, %d keys each", rows, width * self.pool.shape.block_size)
+        self.captured[rows, queries, width] = captured
+        log.info("captured a CUDA graph: decode step of %d rows, %d queries and %d keys each", rows, queries,
+                 width * self.pool.shape.block_size)
         return captured
 
     def _record(self, captured: Captured) -> torch.cuda.CUDAGraph:

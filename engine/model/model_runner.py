@@ -1,9 +1,10 @@
 """One forward pass for a step's work (scheduler.py): every row's new tokens packed into one
 sequence with their own positions, their keys and values written to and read from the paged
 pool (paged_attention.py). Decoding rows and prompt chunks share the pass; nothing is padded,
-except in a decode step that a CUDA graph replays (cuda_graphs.py).
+except in a decode step that a CUDA graph replays (cuda_graphs.py), speculative drafts and all.
 """
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Optional
 
 import torch
@@ -38,18 +39,19 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, work: list[Work], keep_hidden: bool = False) -> StepResult:
-        ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        for w in work:
-            ids += w.request.tokens(w.start, w.start + w.count) + w.drafts
-            positions += range(w.start, w.start + w.tokens)
-            slots += self.kv.slots(w.request, w.start, w.tokens)
+        ids = [w.request.tokens(w.start, w.start + w.count) + w.drafts for w in work]
+        positions = [list(range(w.start, w.start + w.tokens)) for w in work]
+        slots = [self.kv.slots(w.request, w.start, w.tokens) for w in work]
         tables = [self.kv.table(w.request) for w in work]
-        if self.graphs and not keep_hidden and all(w.tokens == 1 and w.samples for w in work):
+        if self.graphs and not keep_hidden and all(w.count == 1 and w.samples for w in work):
             replayed = self.graphs.run(ids, positions, slots, tables)
             if replayed is not None:
-                return StepResult(replayed.float(), list(range(len(work))), None)
+                return StepResult(replayed.float(), list(accumulate((len(i) for i in ids[:-1]), initial=0)), None)
+        return self._eager(work, [t for i in ids for t in i], [p for ps in positions for p in ps],
+                           [s for ss in slots for s in ss], tables, keep_hidden)
+
+    def _eager(self, work: list[Work], ids: list[int], positions: list[int], slots: list[int],
+               tables: list[list[int]], keep_hidden: bool) -> StepResult:
         step = PagedStep(self.kv.pool, torch.tensor(slots, device=self.device), [w.tokens for w in work],
                          [w.start + w.tokens for w in work], tables)
         chosen = [start + i for w, start in zip(work, step.q_starts, strict=True) if w.samples

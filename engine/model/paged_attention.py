@@ -16,8 +16,8 @@ over that sequence's keys, read through its block table:
 - on CUDA, one SDPA call for the whole step, over keys gathered into a padded batch and masked
   (a call per sequence costs a kernel launch per row and layer there);
 - in a decode step that a CUDA graph replays (a DecodeStep, cuda_graphs.py), the same padded
-  SDPA call over tables of a fixed width, its mask computed on the device: no shape or address
-  changes between steps.
+  SDPA call over tables of a fixed width, as many queries for each sequence (its token and its
+  drafts, padded), its mask computed on the device: no shape or address changes between steps.
 
 transformers' own continuous batching (`paged|sdpa`) gathers every key of the batch into one
 sequence and masks a [tokens x all keys] product: too slow on CPU, and its rounding depends on
@@ -107,23 +107,24 @@ class PagedStep:
 @dataclass
 class DecodeStep:
     """A decode step whose tensors keep their shapes and addresses from step to step
-    (cuda_graphs.py fills them, then replays the kernels captured over them): one query per
-    sequence, its keys read through a block table padded with the null block to a fixed width."""
+    (cuda_graphs.py fills them, then replays the kernels captured over them): the same number of
+    queries for every sequence (its next token, then its drafts, then padding), its keys read
+    through a block table padded with the null block to a fixed width."""
 
     pool: KVPool
-    slots: torch.Tensor  # [sequences] int64: where each new token's keys go
+    slots: torch.Tensor  # [sequences * queries] int64: where each new token's keys go
     tables: torch.Tensor  # [sequences, width] int64
-    ctx_lens: torch.Tensor  # [sequences] int64: keys once this step's are written
+    seen: torch.Tensor  # [sequences, queries] int64: the keys each query sees (its position + 1)
     counted: list[int] = field(default_factory=list)
     where: tuple[torch.Tensor, torch.Tensor] = field(init=False)
-    mask: torch.Tensor = field(init=False)  # [sequences, 1, 1, width * block_size]: the keys each row sees
+    mask: torch.Tensor = field(init=False)  # [sequences, 1, queries, width * block_size]
 
     def prepare(self) -> None:
         """The step's derived tensors, computed by device operations (inside the captured region)."""
         size = self.pool.shape.block_size
         self.where = torch.div(self.slots, size, rounding_mode="floor"), self.slots % size
         keys = torch.arange(self.tables.shape[1] * size, device=self.slots.device)
-        self.mask = (keys[None, :] < self.ctx_lens[:, None])[:, None, None, :]
+        self.mask = (keys[None, None, :] < self.seen[:, :, None])[:, None]
 
 
 def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -246,13 +247,15 @@ def _padded(query: torch.Tensor, layer: int, step: PagedStep, scale: float, wind
 
 def _fixed_width(query: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, step: DecodeStep,
                  scale: float) -> torch.Tensor:
-    """_padded's SDPA call for one query a sequence, over tables of the step's fixed width: [tokens, heads, dim]."""
-    heads = query.shape[1]
+    """_padded's SDPA call for the same number of queries a sequence, over tables of the step's
+    fixed width: [tokens, heads, dim]."""
+    heads, dim = query.shape[1], query.shape[-1]
+    seqs, queries = step.seen.shape
     keys, values = _gather(k_pool, v_pool, step.tables, step.mask.shape[-1], query.dtype)
-    q = query[0].transpose(0, 1)[:, :, None]  # [seqs, heads, 1, dim]
+    q = query[0].transpose(0, 1).reshape(seqs, queries, heads, dim).transpose(1, 2)  # [seqs, heads, queries, dim]
     o = F.scaled_dot_product_attention(q, keys, values, attn_mask=step.mask, scale=scale,
                                        enable_gqa=heads != step.pool.shape.kv_heads)
-    return o[:, :, 0]
+    return o.transpose(1, 2).reshape(seqs * queries, heads, dim)
 
 
 def _gather(k_pool: torch.Tensor, v_pool: torch.Tensor, tables: torch.Tensor, keys: int,

@@ -62,10 +62,27 @@ async def test_fixed_shape_steps_give_the_engines_own_answers(any_model, make_en
     fixed = make_engine(any_model, device="cpu", max_prefill_tokens=16)
     graphs = with_fixed_shapes(fixed)
     expected, got = await answers(plain, requests), await answers(fixed, requests)
-    assert graphs.replays > 0 and len({rows for rows, _ in graphs.captured}) > 2
+    assert graphs.replays > 0 and len({rows for rows, _, _ in graphs.captured}) > 2
     for (ids, text, reason), (ids2, text2, reason2) in zip(expected, got, strict=True):
         assert (ids2, text2, reason2) == (ids, text, reason)
     assert (await settled(plain))["kv_blocks_used"] == (await settled(fixed))["kv_blocks_used"] == 0
+
+
+async def test_drafts_go_through_fixed_shapes_and_change_no_answer(any_model, make_engine):
+    """Greedy streams speculate (prompt lookup): the steps that check their drafts run through
+    DecodeGraphs too, each row's queries padded to a power of two, and the answers are those of an
+    engine that does not speculate, with several tokens to a step where drafts held."""
+    params = SamplingParams(max_tokens=60, ignore_eos=True)
+    requests = [("a lazy dog while streams of tokens flow " * 6, params), ("the quick brown fox " * 5, params)]
+    plain = make_engine(any_model, device="cpu", speculative_tokens=0)
+    fixed = make_engine(any_model, device="cpu", speculative_tokens=8)
+    graphs = with_fixed_shapes(fixed)
+    expected = await answers(plain, requests)
+    steps = [[len(c.token_ids) async for c in fixed.generate(p, params)] for p, params in requests]
+    assert await answers(fixed, requests) == expected
+    assert any(queries > 1 for _, queries, _ in graphs.captured) and max(max(s) for s in steps) > 1
+    assert {queries for _, queries, _ in graphs.captured} <= {1, 2, 4, 8, 16}  # 9: 1 + 8 drafts
+    assert (await settled(fixed))["kv_blocks_used"] == 0
 
 
 async def test_fixed_shape_steps_keep_log_probabilities(llama_model, make_engine):
@@ -107,6 +124,19 @@ async def test_replayed_steps_give_the_eager_answers_and_batched_equals_alone(an
 
 @pytest.mark.gpu
 @needs_cuda
+async def test_replayed_steps_check_drafts_as_eager_steps_do(any_model, make_engine):
+    """fp32 on the GPU: steps that check speculative drafts replay graphs too, with eager's answers."""
+    params = SamplingParams(max_tokens=60, ignore_eos=True)
+    requests = [("a lazy dog while streams of tokens flow " * 6, params), ("the quick brown fox " * 5, params)]
+    eager = make_engine(any_model, dtype="fp32", cuda_graphs=False, speculative_tokens=8)
+    graphed = make_engine(any_model, dtype="fp32", speculative_tokens=8)
+    assert await answers(graphed, requests) == await answers(eager, requests)
+    graphs = graphed.core.runner.graphs
+    assert graphs.failed is None and any(queries > 1 and c.graph for (_, queries, _), c in graphs.captured.items())
+
+
+@pytest.mark.gpu
+@needs_cuda
 async def test_a_failed_capture_leaves_the_engine_eager_and_answering(gpt2_model, make_engine, monkeypatch):
     engine = make_engine(gpt2_model, dtype="fp32")
     expected = await collect(make_engine(gpt2_model, dtype="fp32", cuda_graphs=False), "the quick brown",
@@ -130,4 +160,4 @@ async def test_a_long_stream_crosses_widths_and_the_bf16_default_batches_as_alon
     together = await answers(engine, requests)
     alone = [await collect(engine, p, params) for p, params in requests]
     graphs = engine.core.runner.graphs
-    assert together == alone and len({width for _, width in graphs.captured}) >= 3
+    assert together == alone and len({width for _, _, width in graphs.captured}) >= 3
