@@ -5,7 +5,7 @@
 (A published run: docs/benchmarks/2026-11-kernels/by-kernel/results.md.)
 
 int4 matmul: `int4_matmul.c` against `_weight_int4pack_mm_for_cpu`, on SmolLM2-135M's layer
-shapes at 1, 16 and 512 rows. int8 matmul (the output layer): `int8_matmul.c` against
+shapes at 1, 16 and 512 rows. int8 matmul (the output layer): `dense_matmul.c` against
 `_weight_int8pack_mm` at 1 and 16 rows. Attention: `paged_attention.c` against one SDPA call per sequence
 over keys gathered from the pool (its fallback), for a 16-row decode step and a 16-prompt
 prefill, packed and paged as the engine runs them. Each pair is
@@ -91,7 +91,7 @@ def int4_rows(repeats: int) -> list[str]:
 
 
 def int8_rows(repeats: int) -> list[str]:
-    """The output layer, 576 to 49,152 (SmolLM2's vocabulary): int8_matmul.c against
+    """The output layer, 576 to 49,152 (SmolLM2's vocabulary): dense_matmul.c against
     `_weight_int8pack_mm`, errors against float64 on the same int8 weights."""
     torch.manual_seed(0)
     linear = nn.Linear(576, 49152, bias=False)

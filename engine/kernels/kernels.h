@@ -54,10 +54,13 @@ int int4_matmul_ready(void);
 int int4_matmul(const float *x, const uint8_t *packed, const uint16_t *scale, const uint16_t *low, float *y,
                 int64_t rows, int64_t width, int64_t outputs, int threads);
 
-/* int8_matmul.c: y = (x W^T) * scale for the int8 output layer; ready: 1 (AVX2) */
-int int8_matmul_ready(void);
+/* dense_matmul.c: y = x W^T for weights packed [outputs / 16][width][16]: int8 with a scale per output
+ * (the int8 output layer), or fp32 (fp32 Linear layers); ready: 1 (AVX2 + FMA) */
+int dense_matmul_ready(void);
 int int8_matmul(const float *x, const int8_t *packed, const float *scale, float *y, int64_t rows, int64_t width,
                 int64_t outputs, int threads);
+int fp32_matmul(const float *x, const float *packed, float *y, int64_t rows, int64_t width, int64_t outputs,
+                int threads);
 
 /* llama_layer.c: whole decoder layers, and the norms and SiLU the model's modules share with them;
  * the pool's keys and values in fp32 (kv_half 0) or fp16 (1), pool_stride in values */

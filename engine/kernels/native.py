@@ -13,7 +13,7 @@ from . import build
 from .table import Op, choose
 
 INT4_CHANNELS = 16  # int4_matmul.c's outputs per group
-INT8_CHANNELS = 16  # int8_matmul.c's
+DENSE_CHANNELS = 16  # dense_matmul.c's outputs per group (int8 and fp32 weights)
 _Int4, LlamaLayer, LlamaStep = (build.STRUCTS[name] for name in ("Int4", "LlamaLayer", "LlamaStep"))
 Struct = ctypes.Structure  # a LlamaLayer or a LlamaStep, as annotations name them
 
@@ -111,20 +111,36 @@ def int8_ready() -> bool:
 def int8_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x [rows, width] on CPU times int8 weights packed [outputs / 16, width, 16] (int8) with fp32
     scales [outputs]; returns [rows, outputs] fp32. Only where `int8_ready()`."""
+    if packed.dtype != torch.int8 or scale.dtype != torch.float32 or packed.device.type != "cpu":
+        raise ValueError("dtype: int8 layers run on CPU with fp32 scales; load the model again instead")
+    return _dense("int8_matmul", x, packed, scale.data_ptr())
+
+
+def fp32_ready() -> bool:
+    """Whether `fp32_matmul` runs here (built, and the CPU has AVX2 + FMA)."""
+    return choose(Op.FP32_MATMUL, "fp32").c
+
+
+def fp32_matmul(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """x [rows, width] on CPU times fp32 weights packed [outputs / 16, width, 16]; returns [rows,
+    outputs] fp32. Only where `fp32_ready()`."""
+    return _dense("fp32_matmul", x, packed)
+
+
+def _dense(function: str, x: torch.Tensor, packed: torch.Tensor, *between: int) -> torch.Tensor:
+    """One of dense_matmul.c's products: x, the packed weights, `between` (an int8 layer's scales), y."""
     built = library()
     if built is None:
-        raise RuntimeError("int8 matmul: the C kernels are not built (check int8_ready() first)")
+        raise RuntimeError(f"{function}: the C kernels are not built (check its *_ready() first)")
     if x.dtype != torch.float32 or not x.is_contiguous():
         x = x.float().contiguous()
     groups, width, channels = packed.shape
-    if packed.dtype != torch.int8 or scale.dtype != torch.float32 or packed.device.type != "cpu":
-        raise ValueError("dtype: int8 layers run on CPU with fp32 scales; load the model again instead")
     if x.shape[1] != width:
-        raise ValueError(f"int8 matmul: x {tuple(x.shape)} does not fit weights of {width} inputs")
+        raise ValueError(f"{function}: x {tuple(x.shape)} does not fit weights of {width} inputs")
     y = torch.empty((x.shape[0], groups * channels), dtype=torch.float32)
-    if x.shape[0] and built.int8_matmul(x.data_ptr(), packed.data_ptr(), scale.data_ptr(), y.data_ptr(),
-                                        x.shape[0], width, groups * channels, torch.get_num_threads()):
-        raise ValueError(f"int8 matmul: weights {tuple(packed.shape)} are not int8_matmul.c's layout")
+    if x.shape[0] and getattr(built, function)(x.data_ptr(), packed.data_ptr(), *between, y.data_ptr(), x.shape[0],
+                                               width, groups * channels, torch.get_num_threads()):
+        raise ValueError(f"{function}: weights {tuple(packed.shape)} are not dense_matmul.c's layout")
     return y
 
 

@@ -22,22 +22,28 @@ class Op(enum.StrEnum):
     PAGED_ATTENTION_FP16 = "paged_attention_fp16"  # the same over a pool of fp16 keys and values
     INT4_MATMUL = "int4_matmul"  # an int4 layer's product
     INT8_MATMUL = "int8_matmul"  # the int8 output layer's product
+    FP32_MATMUL = "fp32_matmul"  # an fp32 Linear's product (any model served in fp32 on CPU)
     DECODER_LAYERS = "decoder_layers"  # whole Llama decoder layers (and their norms and SiLU)
     GREEDY = "greedy"  # the plain greedy rows' argmax and log probability
 
 
 # what each C kernel needs beyond being built: its `*_ready` answer, what that answer means, and
 # the weights it takes (None: any)
-_READY = {Op.INT4_MATMUL: "int4_matmul_ready", Op.INT8_MATMUL: "int8_matmul_ready", Op.GREEDY: "greedy_ready",
+_READY = {Op.INT4_MATMUL: "int4_matmul_ready", Op.INT8_MATMUL: "dense_matmul_ready",
+          Op.FP32_MATMUL: "dense_matmul_ready", Op.GREEDY: "greedy_ready",
           Op.PAGED_ATTENTION_FP16: "paged_attention_f16_ready"}
 _READY_MEANS = {Op.INT4_MATMUL: {1: "AVX512-BF16, bf16 activations", 2: "AVX2 + FMA + F16C, int8 activations",
                                   3: "AVX512-VNNI, int8 activations"},
-                Op.INT8_MATMUL: {1: "AVX2 + FMA"}, Op.GREEDY: {1: "AVX2 + FMA"}, Op.PAGED_ATTENTION_FP16: {1: "F16C"}}
-_NEEDS = {Op.INT4_MATMUL: "AVX512-BF16, AVX512-VNNI or AVX2 + FMA + F16C", Op.INT8_MATMUL: "AVX2 + FMA", Op.GREEDY: "AVX2 + FMA",
+                Op.INT8_MATMUL: {1: "AVX2 + FMA"}, Op.FP32_MATMUL: {1: "AVX2 + FMA"}, Op.GREEDY: {1: "AVX2 + FMA"},
+                Op.PAGED_ATTENTION_FP16: {1: "F16C"}}
+_NEEDS = {Op.INT4_MATMUL: "AVX512-BF16, AVX512-VNNI or AVX2 + FMA + F16C", Op.INT8_MATMUL: "AVX2 + FMA",
+          Op.FP32_MATMUL: "AVX2 + FMA", Op.GREEDY: "AVX2 + FMA",
           Op.PAGED_ATTENTION_FP16: "F16C"}
-_WEIGHTS = {Op.INT4_MATMUL: ("int4",), Op.INT8_MATMUL: ("int8",), Op.DECODER_LAYERS: ("int4",)}
+_WEIGHTS = {Op.INT4_MATMUL: ("int4",), Op.INT8_MATMUL: ("int8",), Op.FP32_MATMUL: ("fp32",),
+            Op.DECODER_LAYERS: ("int4",)}
 _SOURCES = {Op.PAGED_ATTENTION: "paged_attention.c", Op.PAGED_ATTENTION_FP16: "paged_attention_f16.c",
-            Op.INT4_MATMUL: "int4_matmul.c", Op.INT8_MATMUL: "int8_matmul.c",
+            Op.INT4_MATMUL: "int4_matmul.c", Op.INT8_MATMUL: "dense_matmul.c",
+            Op.FP32_MATMUL: "dense_matmul.c",
             Op.DECODER_LAYERS: "llama_layer.c", Op.GREEDY: "greedy.c"}
 
 

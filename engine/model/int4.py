@@ -14,7 +14,7 @@ AVX512-VNNI or AVX2 + FMA + F16C: exact products, fp16 scales (the GGUF's own), 
 output, on activations rounded to bf16 (AVX512-BF16) or to int8 per block of 32 (AVX512-VNNI or
 AVX2, the same bits with either; `int8_blocks`, as llama.cpp does). Elsewhere
 they run in PyTorch's `_weight_int4pack_mm_for_cpu`, which rounds the activations, scales and
-output to bf16. The output layer runs in int8_matmul.c (fp32 activations, exact products, fp32
+output to bf16. The output layer runs in dense_matmul.c (fp32 activations, exact products, fp32
 output), else in PyTorch's `_weight_int8pack_mm` (bf16 activations, scales and output). All of
 them compute each row of a batch the same way whatever the batch holds (tests/test_int4.py
 checks batches of 2 to 64 rows bit for bit), so a request still comes out as it does alone.
@@ -95,9 +95,9 @@ class Int8Linear(nn.Module):
         weight = linear.weight.detach().float()
         scale = (weight.abs().amax(dim=1) / 127).clamp(min=1e-12)
         steps = (weight / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
-        self.c_kernel = self.out_features % native.INT8_CHANNELS == 0 and choose(Op.INT8_MATMUL, "int8").c
-        if self.c_kernel:  # int8_matmul.c's layout: [out/16][in][16]
-            steps = steps.view(-1, native.INT8_CHANNELS, self.in_features).transpose(1, 2)
+        self.c_kernel = self.out_features % native.DENSE_CHANNELS == 0 and choose(Op.INT8_MATMUL, "int8").c
+        if self.c_kernel:  # dense_matmul.c's layout: [out/16][in][16]
+            steps = steps.view(-1, native.DENSE_CHANNELS, self.in_features).transpose(1, 2)
         self.register_buffer("weight_int8", steps.contiguous())
         self.register_buffer("scales", scale if self.c_kernel else scale.to(torch.bfloat16))
         self.bias = linear.bias

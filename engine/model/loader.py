@@ -14,6 +14,7 @@ from contract import EngineConfig
 from ..kernels.native import kv_half_ready
 from ..kernels.table import report as kernel_report
 from .fast_layers import install as lean_layers
+from .fp32 import install as fp32_layers
 from .gguf import find_gguf, load_gguf
 from .int4 import quantize
 from .paged_attention import NAME as PAGED
@@ -145,6 +146,8 @@ def load_model(config: EngineConfig) -> LoadedModel:
     model.to(device).eval()
     parameters = model.num_parameters()
     int4 = pick_int4(config.dtype, device, model)
+    if not int4 and device.type == "cpu" and fp32_layers(model):  # batch-invariant fp32 products
+        log.info("fp32 Linear layers run in dense_matmul.c")
     kv_dtype = pick_kv_dtype(config.kv_cache_dtype, model.dtype, int4)
     use_paged_attention(model, kv_dtype)
     lean_layers(model)

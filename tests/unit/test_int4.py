@@ -32,9 +32,9 @@ def _int4(linear: nn.Linear, kernel: str = "c") -> Int4Linear:
 
 
 def _int8(linear: nn.Linear, kernel: str = "c") -> Int8Linear:
-    """The output layer's int8: int8_matmul.c, or PyTorch's kernel as without a compiler."""
+    """The output layer's int8: dense_matmul.c, or PyTorch's kernel as without a compiler."""
     if kernel == "c" and not native.int8_ready():
-        pytest.skip("int8_matmul.c does not run here (no compiler, or no AVX2 + FMA)")
+        pytest.skip("dense_matmul.c does not run here (no compiler, or no AVX2 + FMA)")
     with pytest.MonkeyPatch.context() as patch:
         if kernel != "c":
             patch.setattr(build, "library", lambda: None)
