@@ -34,7 +34,7 @@ static inline __m512 fma_x(__m512 acc, __m512 w, const float *x) {  /* acc + *x 
     return acc;
 }
 
-static inline __m512 weights16(const void *w, int64_t at, const int fp32) {
+static inline __attribute__((always_inline)) __m512 weights16(const void *w, int64_t at, const int fp32) {
     if (fp32) return _mm512_loadu_ps((const float *)w + at);
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((const int8_t *)w + at))));
 }
@@ -59,7 +59,7 @@ tile(const float *x, const void *packed, const float *scale, float *y, int64_t w
 #else
 #define TILE 6  /* rows that share one load of the weights: twelve sums in registers */
 
-static inline void weights16(const void *w, int64_t at, const int fp32, __m256 *low, __m256 *high) {
+static inline __attribute__((always_inline)) void weights16(const void *w, int64_t at, const int fp32, __m256 *low, __m256 *high) {
     if (fp32) {
         *low = _mm256_loadu_ps((const float *)w + at);
         *high = _mm256_loadu_ps((const float *)w + at + 8);
