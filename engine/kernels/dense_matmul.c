@@ -52,9 +52,10 @@ tile(const float *x, const void *packed, const float *scale, float *y, int64_t w
     }
     if (scale) {
         __m512 d = _mm512_loadu_ps(scale + group * CHANNELS);
-        for (int r = 0; r < count; r++) sum[r] = _mm512_mul_ps(sum[r], d);
+        for (int r = 0; r < count; r++) _mm512_storeu_ps(y + r * outputs + group * CHANNELS, _mm512_mul_ps(sum[r], d));
+    } else {
+        for (int r = 0; r < count; r++) _mm512_storeu_ps(y + r * outputs + group * CHANNELS, sum[r]);
     }
-    for (int r = 0; r < count; r++) _mm512_storeu_ps(y + r * outputs + group * CHANNELS, sum[r]);
 }
 #else
 #define TILE 6  /* rows that share one load of the weights: twelve sums in registers */
