@@ -3,10 +3,11 @@
     python -m benchmarks.commit_ab --base f2817d0 [--head HEAD] [--rounds 5] [--concurrency 1,16]
     python -m benchmarks.commit_ab --base f2817d0 --workload rows [--rounds 1]
     python -m benchmarks.commit_ab --base f2817d0 --workload prefill
+    python -m benchmarks.commit_ab --base f2817d0 --dtype fp32
 
 Each commit is checked out into a temporary git worktree. Rounds alternate between them, each in
 a fresh process that imports that commit's engine (`AsyncEngine.generate`, which every version
-has) with the default EngineConfig, and warms up. Workloads:
+has) with the default EngineConfig (or `--dtype`), and warms up. Workloads:
 
 - `decode` (the default): greedy streams of `--tokens` tokens (`ignore_eos`) at each level of
   `--concurrency`: output tok/s, all streams' tokens over the wall time from the first request
@@ -37,6 +38,7 @@ try:  # the engine's package before it moved to the top level (an editable insta
 except ImportError:
     from engine import AsyncEngine
 model, tokens, levels, workload = sys.argv[1], int(sys.argv[2]), [int(c) for c in sys.argv[3].split(",")], sys.argv[4]
+dtype = sys.argv[5]
 WORDS = "the river runs past the old mill where children play and the baker sells bread at dawn".split()
 
 async def stream(engine, i):
@@ -86,7 +88,7 @@ async def prefill(engine):
     return {"prompt_tokens": tokens, "prefill_tok_s": tokens / sorted(times)[1]}
 
 async def main():
-    engine = AsyncEngine(EngineConfig(model=model))
+    engine = AsyncEngine(EngineConfig(model=model, dtype=dtype))
     try:
         await stream(engine, 999)
         run = {"rows": rows, "prefill": prefill}.get(workload, decode)
@@ -106,7 +108,7 @@ def worktree(rev: str, into: Path) -> Path:
 
 def one_round(tree: Path, args: argparse.Namespace) -> dict[str, float]:
     done = subprocess.run([sys.executable, "-c", PROBE, str(args.model), str(args.tokens),
-                           ",".join(map(str, args.concurrency)), args.workload], cwd=tree, capture_output=True, text=True,
+                           ",".join(map(str, args.concurrency)), args.workload, args.dtype], cwd=tree, capture_output=True, text=True,
                           check=False, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"}, timeout=1800)
     if done.returncode:
         raise RuntimeError(f"{tree.name}: {done.stderr[-2000:]}")
@@ -122,6 +124,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16])
     p.add_argument("--workload", choices=["decode", "prefill", "rows"], default="decode")
+    p.add_argument("--dtype", default="auto", help="EngineConfig.dtype (auto: the service's default)")
     p.add_argument("--out", type=Path, default=None, help="also write results.json here")
     args = p.parse_args()
     args.model = args.model.resolve()
