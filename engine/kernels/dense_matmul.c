@@ -1,9 +1,10 @@
 /* y = x W^T for weights packed in groups of 16 outputs, [outputs / 16][width][16]: int8 weights with
- * one fp32 scale per output (int4.py's output layer), or fp32 weights (fp32.py's Linear layers).
+ * one fp32 scale per output (int4.py's output layer), or fp32 weights (fp32.py's Linear layers),
+ * kept as bf16 where every one of them is a bf16 value (half the bytes to read, the same numbers).
  *
- * Each weight becomes fp32 (int8's exactly: small integers) and x . w is a chain of fused
- * multiply-adds in input order on fp32 x, so each product is exact and each sum rounds once; an
- * int8 layer's scale multiplies the total. PyTorch's `_weight_int8pack_mm` rounds x, the scales and
+ * Each weight becomes fp32 (int8's and bf16's exactly) and x . w is a chain of fused
+ * multiply-adds in input order on fp32 x, each rounding once; an int8 layer's scale multiplies
+ * the total. PyTorch's `_weight_int8pack_mm` rounds x, the scales and
  * its output to bf16 instead, and at 16 rows it is several times slower (python -m
  * benchmarks.kernels); its fp32 matmul sums a row in an order that depends on how many rows share
  * the call.
@@ -34,20 +35,25 @@ static inline __m512 fma_x(__m512 acc, __m512 w, const float *x) {  /* acc + *x 
     return acc;
 }
 
-static inline __attribute__((always_inline)) __m512 weights16(const void *w, int64_t at, const int fp32) {
-    if (fp32) return _mm512_loadu_ps((const float *)w + at);
+enum { INT8, FP32, BF16 };  /* the packed weights' type */
+
+static inline __attribute__((always_inline)) __m512 weights16(const void *w, int64_t at, const int kind) {
+    if (kind == FP32) return _mm512_loadu_ps((const float *)w + at);
+    if (kind == BF16)  /* a bf16 value is the top half of its fp32 bits */
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)w + at))), 16));
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((const int8_t *)w + at))));
 }
 
 /* Outputs [group * 16, +16) for `count` rows; scale NULL: none. */
 static inline __attribute__((always_inline)) void
 tile(const float *x, const void *packed, const float *scale, float *y, int64_t width, int64_t outputs,
-     int64_t group, const int count, const int fp32) {
+     int64_t group, const int count, const int kind) {
     __m512 sum[TILE];
     const int64_t base = group * width * CHANNELS;
     for (int r = 0; r < count; r++) sum[r] = _mm512_setzero_ps();
     for (int64_t k = 0; k < width; k++) {
-        __m512 weights = weights16(packed, base + k * CHANNELS, fp32);
+        __m512 weights = weights16(packed, base + k * CHANNELS, kind);
         for (int r = 0; r < count; r++) sum[r] = fma_x(sum[r], weights, x + r * width + k);
     }
     if (scale) {
@@ -60,10 +66,20 @@ tile(const float *x, const void *packed, const float *scale, float *y, int64_t w
 #else
 #define TILE 6  /* rows that share one load of the weights: twelve sums in registers */
 
-static inline __attribute__((always_inline)) void weights16(const void *w, int64_t at, const int fp32, __m256 *low, __m256 *high) {
-    if (fp32) {
+enum { INT8, FP32, BF16 };  /* the packed weights' type */
+
+static inline __attribute__((always_inline)) void weights16(const void *w, int64_t at, const int kind, __m256 *low,
+                                                            __m256 *high) {
+    if (kind == FP32) {
         *low = _mm256_loadu_ps((const float *)w + at);
         *high = _mm256_loadu_ps((const float *)w + at + 8);
+        return;
+    }
+    if (kind == BF16) {  /* a bf16 value is the top half of its fp32 bits */
+        __m128i lo = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + at));
+        __m128i hi = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + at + 8));
+        *low = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(lo), 16));
+        *high = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(hi), 16));
         return;
     }
     __m128i bytes = _mm_loadu_si128((const __m128i *)((const int8_t *)w + at));
@@ -74,13 +90,13 @@ static inline __attribute__((always_inline)) void weights16(const void *w, int64
 /* Outputs [group * 16, +16) for `count` rows; scale NULL: none. */
 static inline __attribute__((always_inline)) void
 tile(const float *x, const void *packed, const float *scale, float *y, int64_t width, int64_t outputs,
-     int64_t group, const int count, const int fp32) {
+     int64_t group, const int count, const int kind) {
     __m256 sum[TILE][2];
     const int64_t base = group * width * CHANNELS;
     for (int r = 0; r < count; r++) sum[r][0] = sum[r][1] = _mm256_setzero_ps();
     for (int64_t k = 0; k < width; k++) {
         __m256 low, high;
-        weights16(packed, base + k * CHANNELS, fp32, &low, &high);
+        weights16(packed, base + k * CHANNELS, kind, &low, &high);
         for (int r = 0; r < count; r++) {
             __m256 a = _mm256_broadcast_ss(x + r * width + k);
             sum[r][0] = _mm256_fmadd_ps(a, low, sum[r][0]);
@@ -100,7 +116,7 @@ tile(const float *x, const void *packed, const float *scale, float *y, int64_t w
 /* x [rows, width] and y [rows, outputs], contiguous fp32; each group's rows TILE at a time. */
 static inline __attribute__((always_inline)) int
 dense(const float *x, const void *packed, const float *scale, float *y, int64_t rows, int64_t width,
-      int64_t outputs, int threads, const int fp32) {
+      int64_t outputs, int threads, const int kind) {
     if (rows < 1 || width < 1 || outputs % CHANNELS) return -1;
     int parallel = threads > 1 && rows * width * outputs > (1 << 16);
     #pragma omp parallel for schedule(dynamic, 16) num_threads(threads) if (parallel)
@@ -108,7 +124,7 @@ dense(const float *x, const void *packed, const float *scale, float *y, int64_t 
         for (int64_t r0 = 0; r0 < rows; r0 += TILE) {
             const float *xr = x + r0 * width;
             float *out = y + r0 * outputs;
-#define TILE_OF(N) case N: tile(xr, packed, scale, out, width, outputs, group, N, fp32); break;
+#define TILE_OF(N) case N: tile(xr, packed, scale, out, width, outputs, group, N, kind); break;
             switch (rows - r0 < TILE ? rows - r0 : TILE) {  /* a constant count per case */
 #if TILE == 16
                 TILE_OF(16) TILE_OF(15) TILE_OF(14) TILE_OF(13) TILE_OF(12) TILE_OF(11) TILE_OF(10) TILE_OF(9)
@@ -123,12 +139,17 @@ dense(const float *x, const void *packed, const float *scale, float *y, int64_t 
 
 int int8_matmul(const float *x, const int8_t *packed, const float *scale, float *y, int64_t rows, int64_t width,
                 int64_t outputs, int threads) {
-    return dense(x, packed, scale, y, rows, width, outputs, threads, 0);
+    return dense(x, packed, scale, y, rows, width, outputs, threads, INT8);
 }
 
 int fp32_matmul(const float *x, const float *packed, float *y, int64_t rows, int64_t width, int64_t outputs,
                 int threads) {
-    return dense(x, packed, 0, y, rows, width, outputs, threads, 1);
+    return dense(x, packed, 0, y, rows, width, outputs, threads, FP32);
+}
+
+int bf16_matmul(const float *x, const uint16_t *packed, float *y, int64_t rows, int64_t width, int64_t outputs,
+                int threads) {
+    return dense(x, packed, 0, y, rows, width, outputs, threads, BF16);
 }
 
 #else
@@ -141,6 +162,12 @@ int int8_matmul(const float *x, const int8_t *packed, const float *scale, float 
 }
 
 int fp32_matmul(const float *x, const float *packed, float *y, int64_t rows, int64_t width, int64_t outputs,
+                int threads) {
+    (void)x, (void)packed, (void)y, (void)rows, (void)width, (void)outputs, (void)threads;
+    return -1;
+}
+
+int bf16_matmul(const float *x, const uint16_t *packed, float *y, int64_t rows, int64_t width, int64_t outputs,
                 int threads) {
     (void)x, (void)packed, (void)y, (void)rows, (void)width, (void)outputs, (void)threads;
     return -1;

@@ -55,12 +55,14 @@ int int4_matmul(const float *x, const uint8_t *packed, const uint16_t *scale, co
                 int64_t rows, int64_t width, int64_t outputs, int threads);
 
 /* dense_matmul.c: y = x W^T for weights packed [outputs / 16][width][16]: int8 with a scale per output
- * (the int8 output layer), or fp32 (fp32 Linear layers); ready: 1 (AVX2 + FMA) */
+ * (the int8 output layer), or fp32 (fp32 Linear layers; as bf16 where they are bf16 values); ready: 1 (AVX2 + FMA) */
 int dense_matmul_ready(void);
 int int8_matmul(const float *x, const int8_t *packed, const float *scale, float *y, int64_t rows, int64_t width,
                 int64_t outputs, int threads);
 int fp32_matmul(const float *x, const float *packed, float *y, int64_t rows, int64_t width, int64_t outputs,
                 int threads);
+int bf16_matmul(const float *x, const uint16_t *packed, float *y, int64_t rows, int64_t width, int64_t outputs,
+                int threads);  /* fp32 weights that are bf16 values, kept as bf16 */
 
 /* llama_layer.c: whole decoder layers, and the norms and SiLU the model's modules share with them;
  * the pool's keys and values in fp32 (kv_half 0) or fp16 (1), pool_stride in values */

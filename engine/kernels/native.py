@@ -127,6 +127,12 @@ def fp32_matmul(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     return _dense("fp32_matmul", x, packed)
 
 
+def bf16_matmul(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """fp32_matmul for weights that are bf16 values, packed as bf16 [outputs / 16, width, 16]: the
+    same numbers from half the bytes."""
+    return _dense("bf16_matmul", x, packed)
+
+
 def _dense(function: str, x: torch.Tensor, packed: torch.Tensor, *between: int) -> torch.Tensor:
     """One of dense_matmul.c's products: x, the packed weights, `between` (an int8 layer's scales), y."""
     built = library()

@@ -1,6 +1,7 @@
 """fp32 models on CPU (fp32.py): their Linear and Conv1D products in dense_matmul.c, a row's bits
 whatever the batch; and end to end, log probabilities batched bit for bit as alone."""
 import asyncio
+import ctypes
 
 import pytest
 import torch
@@ -32,6 +33,37 @@ def test_a_rows_bits_do_not_depend_on_the_batch(inputs, outputs):
     for rows in (1, 2, 3, 15, 16, 17, 64, 129):
         assert torch.equal(layer(x[:rows]), full[:rows]), rows
     assert all(torch.equal(layer(x[i:i + 1]), full[i:i + 1]) for i in (5, 77, 129))
+
+
+@needs_kernel
+def test_weights_that_are_bf16_values_are_kept_as_bf16_with_the_same_numbers():
+    """A checkpoint published in bf16 and loaded in fp32: half the bytes, and the fp32 packing's bits."""
+    torch.manual_seed(0)
+    weight = torch.randn(100, 576).to(torch.bfloat16).float()
+    layer, plain = Fp32Linear(weight, None), Fp32Linear(weight + 1e-3, None)
+    assert layer.packed.dtype == torch.bfloat16 and plain.packed.dtype == torch.float32
+    x = torch.randn(37, 576)
+    assert torch.equal(layer(x), native.fp32_matmul(x, layer.packed.float())[:, :100])
+    assert torch.equal(layer(x[5:6]), layer(x)[5:6])
+
+
+@needs_kernel
+def test_the_avx2_version_gives_the_same_bits(tmp_path):
+    """dense_matmul.c as a CPU without AVX-512 builds it (6 rows a tile, two vectors a group)
+    against the engine's build here, fp32 and bf16 weights, every row count around the tiles."""
+    build.compile_into(build.find_compiler(), tmp_path / "avx2.so", (build.HERE / "dense_matmul.c",),
+                       ("-mno-avx512f",))
+    avx2 = build.bind(ctypes.CDLL(str(tmp_path / "avx2.so")), missing_ok=True)
+    assert avx2.dense_matmul_ready() == 1
+    torch.manual_seed(0)
+    x = torch.randn(17, 576)
+    for weight in (torch.randn(64, 576), torch.randn(64, 576).to(torch.bfloat16).float()):
+        layer = Fp32Linear(weight, None)
+        function = "bf16_matmul" if layer.packed.dtype == torch.bfloat16 else "fp32_matmul"
+        for rows in (1, 5, 6, 7, 12, 16, 17):
+            y = torch.empty(rows, 64)
+            assert getattr(avx2, function)(x.data_ptr(), layer.packed.data_ptr(), y.data_ptr(), rows, 576, 64, 2) == 0
+            assert torch.equal(y, layer(x[:rows])), (function, rows)
 
 
 @needs_kernel
