@@ -13,6 +13,7 @@ import time
 import psutil
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from contract import EngineConfig, GenerationError, OverloadedError, SamplingParams, ValidationError
 from engine import AsyncEngine, EngineProcess
@@ -186,10 +187,12 @@ def test_a_small_model_leaves_a_core_to_serving(gpt2_model):
 
 
 def test_the_size_that_picks_threads_counts_int4_weights(llama_model):
-    """int4 moves a model's weights from parameters to buffers: the default model once
-    counted as small that way, and its engine ran one torch thread instead of two."""
+    """int4, and fp32's layers in the C kernel, move a model's weights from parameters to buffers:
+    the default model once counted as small that way, and its engine ran one torch thread instead
+    of two. The loader counts them before."""
     fp32 = load_model(EngineConfig(model=llama_model, device="cpu", dtype="fp32"))
     int4 = load_model(EngineConfig(model=llama_model, device="cpu", dtype="int4"))
     assert int4.info.dtype == "int4"
-    assert sum(p.numel() for p in int4.model.parameters()) < fp32.parameters  # what it counted
-    assert int4.parameters == fp32.parameters == sum(p.numel() for p in fp32.model.parameters())
+    assert sum(p.numel() for p in int4.model.parameters()) < int4.parameters  # what it counted
+    published = AutoModelForCausalLM.from_pretrained(llama_model).num_parameters()
+    assert int4.parameters == fp32.parameters == published
