@@ -4,10 +4,9 @@
  *
  * Each weight becomes fp32 (int8's and bf16's exactly) and x . w is a chain of fused
  * multiply-adds in input order on fp32 x, each rounding once; an int8 layer's scale multiplies
- * the total. PyTorch's `_weight_int8pack_mm` rounds x, the scales and
- * its output to bf16 instead, and at 16 rows it is several times slower (python -m
- * benchmarks.kernels); its fp32 matmul sums a row in an order that depends on how many rows share
- * the call.
+ * the total. PyTorch's `_weight_int8pack_mm` rounds x, the scales and its output to bf16 instead,
+ * and at 16 rows it is several times slower (python -m benchmarks.kernels); its fp32 matmul sums a
+ * row in an order that depends on how many rows share the call.
  *
  * Each output is computed by one thread with the same instructions for a row whatever the other
  * rows are, so a row comes out bit for bit as it does alone. Needs AVX2 and FMA in -march=native;

@@ -2,7 +2,7 @@
 
 PyTorch's fp32 matmul on CPU sums a row in an order that depends on how many rows share the call
 (on this project's EPYC, row 0 of every shape tried came out with other bits beside 3 or more rows
-than beside 1: oneDNN picks its blocking by the shape). A model served in fp32, which is what any
+than beside 1). A model served in fp32, which is what any
 Hugging Face model that is not 4-bit is on CPU, then gave other log probabilities batched than
 alone, and a greedy answer could turn at a near-tie. dense_matmul.c sums each output in input
 order whatever the batch, and a decode step's products (1 to 16 rows) run faster in it.
