@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
-from contract import SamplingParams
+from contract import EngineConfig, SamplingParams
 from engine.kernels import build, native
 from engine.model.fp32 import Fp32Linear, install
 from engine.model.loader import load_model
@@ -69,7 +69,7 @@ def test_the_avx2_version_gives_the_same_bits(tmp_path):
 @needs_kernel
 def test_linear_and_conv1d_layers_are_swapped_in_fp32_models_only(gpt2_model, llama_model, int4_llama_model):
     for path, kind in ((gpt2_model, Conv1D), (llama_model, nn.Linear)):
-        model = load_model_fp32(path, swap=False)
+        model = unswapped_fp32_model(path)
         x = torch.randn(3, 5, model.config.hidden_size)
         layers = {name: m for name, m in model.named_modules() if type(m) is kind}
         expected = {name: m(x) for name, m in layers.items() if m.weight.shape[-1 if kind is nn.Linear else 0]
@@ -79,15 +79,15 @@ def test_linear_and_conv1d_layers_are_swapped_in_fp32_models_only(gpt2_model, ll
         assert all(type(swapped[name]) is Fp32Linear for name in layers)
         for name, want in expected.items():
             assert torch.allclose(swapped[name](x), want, atol=1e-5), name
-    int4 = load_model(EngineConfig_cpu(int4_llama_model))
+    int4 = load_model(cpu_config(int4_llama_model))
     assert int4.int4 and not any(isinstance(m, Fp32Linear) for m in int4.model.modules())
-    bf16 = load_model(EngineConfig_cpu(llama_model, dtype="bf16")).model
+    bf16 = load_model(cpu_config(llama_model, dtype="bf16")).model
     assert not any(isinstance(m, Fp32Linear) for m in bf16.modules())
 
 
 def test_without_the_kernels_the_layers_stay_pytorchs(llama_model, monkeypatch):
     monkeypatch.setattr(build, "library", lambda: None)
-    model = load_model(EngineConfig_cpu(llama_model, dtype="fp32")).model
+    model = load_model(cpu_config(llama_model, dtype="fp32")).model
     assert not any(isinstance(m, Fp32Linear) for m in model.modules())
     assert any(type(m) is nn.Linear for m in model.modules())
 
@@ -112,14 +112,12 @@ async def test_fp32_log_probabilities_batched_are_bit_for_bit_alone(any_model, m
     assert await asyncio.gather(*(scored(p, params) for p, params in requests)) == alone
 
 
-def EngineConfig_cpu(path: str, dtype: str = "auto"):  # noqa: N802 - reads as the config it makes
-    from contract import EngineConfig
+def cpu_config(path: str, dtype: str = "auto") -> EngineConfig:
     return EngineConfig(model=path, device="cpu", dtype=dtype)
 
 
-def load_model_fp32(path: str, swap: bool) -> nn.Module:
-    """The model as the loader leaves it in fp32, with its layers swapped or as transformers made them."""
+def unswapped_fp32_model(path: str) -> nn.Module:
+    """The model as the loader leaves it in fp32, but with transformers' own layers."""
     with pytest.MonkeyPatch.context() as patch:
-        if not swap:
-            patch.setattr("engine.model.loader.fp32_layers", lambda model: 0)
-        return load_model(EngineConfig_cpu(path, dtype="fp32")).model
+        patch.setattr("engine.model.loader.fp32_layers", lambda model: 0)
+        return load_model(cpu_config(path, dtype="fp32")).model
