@@ -3,9 +3,10 @@ graphs against eager steps, side by side in one process.
 
 Each arm's engine is loaded once per model (the service's defaults, `cuda_graphs` on and off, and
 with `--arms eager,graphs,graphs-no-spec` graphs without speculation too: whether one greedy
-stream, which speculates by default, gains by it with graphs), then measured in alternating rounds: at each concurrency, that many greedy
-streams of `--tokens` tokens each, started together, over the benchmark's prompts. A warm-up round captures the
-graphs first, as a served engine does with its first requests. Reports output tokens per second
+stream, which speculates by default, gains by it with graphs), then measured in alternating
+rounds: at each concurrency, that many greedy streams of `--tokens` tokens each, started
+together, over the benchmark's prompts. A warm-up round captures the graphs first, as a served
+engine does with its first requests. Reports output tokens per second
 (all streams' tokens over the wall clock), the median of the rounds, its ratio to the first arm's,
 and whether each stream's tokens were the first arm's.
 """

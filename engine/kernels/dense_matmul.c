@@ -23,6 +23,8 @@
 
 int dense_matmul_ready(void) { return 1; }
 
+enum { INT8, FP32, BF16 };  /* the packed weights' type */
+
 #if defined(__AVX512F__)
 /* With AVX-512 a group's 16 sums are one vector, so 16 rows share each load of the weights, and x
  * is broadcast by the load itself (an embedded broadcast). Each lane's chain of fused
@@ -33,8 +35,6 @@ static inline __m512 fma_x(__m512 acc, __m512 w, const float *x) {  /* acc + *x 
     __asm__("vfmadd231ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*x));
     return acc;
 }
-
-enum { INT8, FP32, BF16 };  /* the packed weights' type */
 
 static inline __attribute__((always_inline)) __m512 weights16(const void *w, int64_t at, const int kind) {
     if (kind == FP32) return _mm512_loadu_ps((const float *)w + at);
@@ -64,8 +64,6 @@ tile(const float *x, const void *packed, const float *scale, float *y, int64_t w
 }
 #else
 #define TILE 6  /* rows that share one load of the weights: twelve sums in registers */
-
-enum { INT8, FP32, BF16 };  /* the packed weights' type */
 
 static inline __attribute__((always_inline)) void weights16(const void *w, int64_t at, const int kind, __m256 *low,
                                                             __m256 *high) {

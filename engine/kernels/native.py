@@ -13,7 +13,7 @@ from . import build
 from .table import Op, choose
 
 INT4_CHANNELS = 16  # int4_matmul.c's outputs per group
-DENSE_CHANNELS = 16  # dense_matmul.c's outputs per group (int8 and fp32 weights)
+DENSE_CHANNELS = 16  # dense_matmul.c's outputs per group (int8, fp32 and bf16 weights)
 _Int4, LlamaLayer, LlamaStep = (build.STRUCTS[name] for name in ("Int4", "LlamaLayer", "LlamaStep"))
 Struct = ctypes.Structure  # a LlamaLayer or a LlamaStep, as annotations name them
 
