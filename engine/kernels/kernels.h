@@ -55,8 +55,10 @@ int int4_matmul(const float *x, const uint8_t *packed, const uint16_t *scale, co
                 int64_t rows, int64_t width, int64_t outputs, int threads);
 
 /* dense_matmul.c: y = x W^T for weights packed [outputs / 16][width][16]: int8 with a scale per output
- * (the int8 output layer), or fp32 (fp32 Linear layers; as bf16 where they are bf16 values); ready: 1 (AVX2 + FMA) */
+ * (the int8 output layer), or fp32 (fp32 Linear layers; as bf16 where they are bf16 values); ready: 1 (AVX2 + FMA).
+ * int8's ready: 2 bf16 activations (AVX512-BF16, even widths), 1 fp32 activations (AVX2 + FMA) */
 int dense_matmul_ready(void);
+int int8_matmul_ready(void);
 int int8_matmul(const float *x, const int8_t *packed, const float *scale, float *y, int64_t rows, int64_t width,
                 int64_t outputs, int threads);
 int fp32_matmul(const float *x, const float *packed, float *y, int64_t rows, int64_t width, int64_t outputs,

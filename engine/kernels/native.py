@@ -108,6 +108,13 @@ def int8_ready() -> bool:
     return choose(Op.INT8_MATMUL, "int8").c
 
 
+def int8_activations() -> Optional[str]:
+    """What int8_matmul rounds x to here: "bf16" (AVX512-BF16, even widths), "fp32" (none: AVX2 +
+    FMA, and odd widths), or None where it does not run."""
+    kernel = choose(Op.INT8_MATMUL, "int8")
+    return None if not kernel.c else "bf16" if "bf16" in kernel.why else "fp32"
+
+
 def int8_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x [rows, width] on CPU times int8 weights packed [outputs / 16, width, 16] (int8) with fp32
     scales [outputs]; returns [rows, outputs] fp32. Only where `int8_ready()`."""

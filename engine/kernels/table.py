@@ -29,12 +29,12 @@ class Op(enum.StrEnum):
 
 # what each C kernel needs beyond being built: its `*_ready` answer, what that answer means, and
 # the weights it takes (None: any)
-_READY = {Op.INT4_MATMUL: "int4_matmul_ready", Op.INT8_MATMUL: "dense_matmul_ready",
+_READY = {Op.INT4_MATMUL: "int4_matmul_ready", Op.INT8_MATMUL: "int8_matmul_ready",
           Op.FP32_MATMUL: "dense_matmul_ready", Op.GREEDY: "greedy_ready",
           Op.PAGED_ATTENTION_FP16: "paged_attention_f16_ready"}
 _READY_MEANS = {Op.INT4_MATMUL: {1: "AVX512-BF16, bf16 activations", 2: "AVX2 + FMA + F16C, int8 activations",
                                   3: "AVX512-VNNI, int8 activations"},
-                Op.INT8_MATMUL: {1: "AVX2 + FMA"}, Op.FP32_MATMUL: {1: "AVX2 + FMA"}, Op.GREEDY: {1: "AVX2 + FMA"},
+                Op.INT8_MATMUL: {1: "AVX2 + FMA", 2: "AVX512-BF16, bf16 activations"}, Op.FP32_MATMUL: {1: "AVX2 + FMA"}, Op.GREEDY: {1: "AVX2 + FMA"},
                 Op.PAGED_ATTENTION_FP16: {1: "F16C"}}
 _NEEDS = {Op.INT4_MATMUL: "AVX512-BF16, AVX512-VNNI or AVX2 + FMA + F16C", Op.INT8_MATMUL: "AVX2 + FMA",
           Op.FP32_MATMUL: "AVX2 + FMA", Op.GREEDY: "AVX2 + FMA",

@@ -14,8 +14,9 @@ AVX512-VNNI or AVX2 + FMA + F16C: exact products, fp16 scales (the GGUF's own), 
 output, on activations rounded to bf16 (AVX512-BF16) or to int8 per block of 32 (AVX512-VNNI or
 AVX2, the same bits with either; `int8_blocks`, as llama.cpp does). Elsewhere
 they run in PyTorch's `_weight_int4pack_mm_for_cpu`, which rounds the activations, scales and
-output to bf16. The output layer runs in dense_matmul.c (fp32 activations, exact products, fp32
-output), else in PyTorch's `_weight_int8pack_mm` (bf16 activations, scales and output). All of
+output to bf16. The output layer runs in dense_matmul.c (activations rounded to bf16 with
+AVX512-BF16, else fp32; exact products, fp32 sums and output), else in PyTorch's
+`_weight_int8pack_mm` (bf16 activations, scales and output). All of
 them compute each row of a batch the same way whatever the batch holds (tests/test_int4.py
 checks batches of 2 to 64 rows bit for bit), so a request still comes out as it does alone.
 """

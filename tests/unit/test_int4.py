@@ -135,19 +135,36 @@ def test_the_int8_versions_of_the_int4_kernel_give_the_same_bits(tmp_path, shape
 
 
 @pytest.mark.parametrize("shape", [(576, 49152), (64, 48)])
-def test_the_c_int8_kernel_is_exact_but_for_fp32_sums(shape):
-    """The output layer: fp32 activations and sums against float64 on the same int8 weights;
-    PyTorch's kernel rounds its activations, scales and output to bf16."""
+def test_the_c_int8_kernel_is_exact_but_for_its_rounded_activations(shape):
+    """The output layer against float64 on the same int8 weights and on x as the kernel rounds it
+    (to bf16 with AVX512-BF16, else not at all): its error is fp32 rounding. PyTorch's kernel
+    also rounds its scales and output to bf16, and errs a hundred times more."""
     torch.manual_seed(0)
     linear = nn.Linear(*shape, bias=False)
     x = torch.randn(7, shape[0])
     c, pytorch = _int8(linear, "c"), _int8(linear, "pytorch")
     weight = pytorch.weight_int8.double() * c.scales.double()[:, None]
-    exact = x.double() @ weight.t()
-    c_err, pytorch_err = ((layer(x).double() - exact).abs().max().item() for layer in (c, pytorch))
+    bf16 = x.to(torch.bfloat16).double()
+    rounded = bf16 if native.int8_activations() == "bf16" else x.double()
+    c_err = (c(x).double() - rounded @ weight.t()).abs().max().item()
+    pytorch_err = (pytorch(x).double() - bf16 @ weight.t()).abs().max().item()
     assert c_err < 2e-5 and c_err * 100 < pytorch_err
     with pytest.raises(ValueError, match="^dtype: int8 layers run on CPU with fp32 scales"):
         c.to(torch.bfloat16)(x)
+
+
+@pytest.mark.parametrize("width", [63, 40])
+def test_the_c_int8_kernel_takes_any_width(width):
+    """bf16 dot products take inputs in pairs: an odd width keeps fp32 activations; an even one
+    that is not whole vectors pads its last. Either way each row comes out as it does alone."""
+    torch.manual_seed(0)
+    linear = nn.Linear(width, 48, bias=False)
+    layer, unpacked = _int8(linear, "c"), _int8(linear, "pytorch")  # PyTorch's kernel takes no odd width
+    x = torch.randn(17, width)
+    rounded = x.to(torch.bfloat16).double() if native.int8_activations() == "bf16" and width % 2 == 0 else x.double()
+    exact = rounded @ (unpacked.weight_int8.double() * layer.scales.double()[:, None]).t()
+    assert (layer(x).double() - exact).abs().max().item() < 2e-5
+    assert torch.equal(torch.cat([layer(x[i:i + 1]) for i in range(17)]), layer(x))
 
 
 @pytest.fixture(scope="module")
