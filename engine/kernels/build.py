@@ -1,7 +1,8 @@
 """The C kernels compiled where the engine runs, and bound from their one header (kernels.h).
 
 They are compiled on the machine that runs them, with its C compiler (`$CC`, else `cc`; `-O3
--march=native`), about 2 s. The library is kept in `$LLM_KERNEL_CACHE` (else the user's cache
+-march=native`, then `$LLM_KERNEL_FLAGS`: `-mno-avx512bf16` builds the int8-activation version
+on a CPU that also has BF16), about 2 s. The library is kept in `$LLM_KERNEL_CACHE` (else the user's cache
 folder, `llm-stream/kernels`) under a key of the sources, the flags, the compiler's version and
 this CPU's model and feature flags, so the next engine process (a replica restarted, the engine
 process replaced) loads it at once, and a build never meets a CPU it was not made for. Where the
@@ -18,6 +19,7 @@ import logging
 import os
 import platform
 import re
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -36,6 +38,11 @@ SCALARS: dict[str, Any] = {"int": ctypes.c_int, "int64_t": ctypes.c_int64, "floa
 _STRUCT = re.compile(r"typedef struct \{(?P<body>[^}]*)\} (?P<name>\w+);")
 _FUNCTION = re.compile(r"^(?P<result>int|void) (?P<name>\w+)\((?P<params>[^)]*)\);", re.M)
 _COMMENT = re.compile(r"/\*.*?\*/", re.S)
+
+
+def flags() -> tuple[str, ...]:
+    """FLAGS, then the operator's `$LLM_KERNEL_FLAGS`."""
+    return FLAGS + tuple(shlex.split(os.environ.get("LLM_KERNEL_FLAGS", "")))
 
 
 class Unbuilt(OSError):
@@ -136,14 +143,14 @@ def _load(path: Path) -> Optional[ctypes.CDLL]:
 
 
 def compile_into(compiler: str, target: Path, sources: tuple[Path, ...] = SOURCES, extra: tuple[str, ...] = ()) -> None:
-    """The sources, with FLAGS (and `extra` after them: a test builds for a narrower CPU), into
+    """The sources, with `flags()` (and `extra` after them: a test builds for a narrower CPU), into
     `target`, whole or not at all: concurrent builds each write a file of their own and the last
     rename wins, with the same bytes."""
     fd, partial = tempfile.mkstemp(prefix=".building-", suffix=".so", dir=target.parent)
     os.close(fd)
     try:
         try:
-            done = subprocess.run([compiler, *FLAGS, *extra, *map(str, sources), "-o", partial],
+            done = subprocess.run([compiler, *flags(), *extra, *map(str, sources), "-o", partial],
                                   capture_output=True, text=True, check=False, timeout=120)
         except (OSError, subprocess.SubprocessError) as exc:
             raise Unbuilt(f"{compiler}: {exc}") from None
@@ -173,7 +180,7 @@ def _cache_path(compiler: str) -> Optional[Path]:
     except (OSError, subprocess.SubprocessError) as exc:
         raise Unbuilt(f"{compiler}: {exc}") from None
     key = hashlib.sha256()
-    for part in (compiler, version, " ".join(FLAGS), _cpu_identity()):
+    for part in (compiler, version, " ".join(flags()), _cpu_identity()):
         key.update(part.encode() + b"\0")
     for source in (*SOURCES, *INCLUDES):
         key.update(source.name.encode() + b"\0" + source.read_bytes() + b"\0")
