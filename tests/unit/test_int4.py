@@ -204,7 +204,7 @@ def test_int4_is_refused_where_it_cannot_run(gpt2_model):
 @pytest.mark.parametrize("sample", [False, True], ids=["greedy", "seeded"])
 async def test_int4_batched_output_equals_output_alone(four_bit_llama, make_engine, sample, seed):  # noqa: F811
     """24 concurrent requests, prompts chunked (16-token budget) or padded: same tokens as alone."""
-    engine = make_engine(four_bit_llama, max_prefill_tokens=16)
+    engine = make_engine(four_bit_llama, device="cpu", max_prefill_tokens=16)
     assert engine.core.loaded.info.dtype == "int4"
     await _assert_batched_equals_alone(engine, seed, sample)
 
@@ -220,7 +220,7 @@ async def test_int4_batched_output_equals_output_alone_without_the_c_kernels(fou
                                                                              monkeypatch):
     """Where no C compiler builds native.py's kernels: PyTorch's int4 kernel and one SDPA call per sequence."""
     monkeypatch.setattr(build, "library", lambda: None)
-    engine = make_engine(four_bit_llama, max_prefill_tokens=16)
+    engine = make_engine(four_bit_llama, device="cpu", max_prefill_tokens=16)
     assert not any(getattr(m, "c_kernel", False) for m in engine.core.loaded.model.modules())
     await _assert_batched_equals_alone(engine, 0, False)
 
@@ -246,7 +246,7 @@ async def test_int4_prefill_and_decode_steps_run_the_c_kernels(four_bit_llama, m
     else:
         monkeypatch.setattr(fast_layers, "_native", lambda layer: None)
         monkeypatch.setattr(paged_attention, "c_paged_attention", spy(native.paged_attention))
-    engine = make_engine(four_bit_llama)
+    engine = make_engine(four_bit_llama, device="cpu")
     ids, _, _ = await collect(engine, "the quick brown fox", SamplingParams(max_tokens=4, ignore_eos=True))
     layers = engine.core.loaded.model.config.num_hidden_layers
     assert len(ids) == 4 and len(results) == (layers + 4 if whole_layers else 5 * layers)
@@ -265,12 +265,12 @@ async def _answers(engine, requests) -> list[tuple[list[int], list[float]]]:
 def _lean_and_full(four_bit_llama, make_engine, monkeypatch, prefill: int = 16, **config):
     if not native.int4_ready():
         pytest.skip("int4_matmul.c does not run here")
-    lean = make_engine(four_bit_llama, max_prefill_tokens=prefill, **config)
+    lean = make_engine(four_bit_llama, device="cpu", max_prefill_tokens=prefill, **config)
     layers = lean.core.loaded.model.config.num_hidden_layers
     assert sum(hasattr(m, "lean_qkv") for m in lean.core.loaded.model.modules()) == layers
     with monkeypatch.context() as patch:  # transformers' layers, with the native norms and SiLU
         patch.setattr(loader, "lean_layers", fast_layers.native_ops)
-        full = make_engine(four_bit_llama, max_prefill_tokens=prefill, **config)
+        full = make_engine(four_bit_llama, device="cpu", max_prefill_tokens=prefill, **config)
     assert not any(hasattr(m, "lean_qkv") for m in full.core.loaded.model.modules())
     requests = mixed_requests(6, seed=3) + mixed_requests(6, seed=4, sample=True)
     if prefill > 16:  # prompts long enough to fill wide steps
