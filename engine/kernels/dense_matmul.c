@@ -53,8 +53,6 @@ static inline __attribute__((always_inline)) __m512 weights16(const void *w, int
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 #define INT8_BF16  /* an int8 layer's x in bf16 pairs, through bf16 dot products */
 
-int int8_matmul_ready(void) { return 2; }
-
 /* Weights [k, +16) and [k + 1, +16) as the pairs `vdpbf16ps` takes: channel c's lane holds bf16 of
  * w[k][c] (low half) and w[k + 1][c]. An integer of at most 8 significant bits is its fp32 value's
  * top half, so each is exact. */
@@ -81,8 +79,6 @@ static uint32_t *bf16_pairs(const float *x, int64_t rows, int64_t width) {
         }
     return pairs;
 }
-#else
-int int8_matmul_ready(void) { return 1; }
 #endif
 
 /* Outputs [group * 16, +16) for `count` rows; scale NULL: none. x is fp32 [rows][width], or for
@@ -116,8 +112,6 @@ tile(const void *x, const void *packed, const float *scale, float *y, int64_t wi
 }
 #else
 #define TILE 6  /* rows that share one load of the weights: twelve sums in registers */
-
-int int8_matmul_ready(void) { return 1; }
 
 static inline __attribute__((always_inline)) void weights16(const void *w, int64_t at, const int kind, __m256 *low,
                                                             __m256 *high) {
@@ -163,6 +157,14 @@ tile(const void *x, const void *packed, const float *scale, float *y, int64_t wi
     }
 }
 #endif
+
+int int8_matmul_ready(void) {
+#ifdef INT8_BF16
+    return 2;
+#else
+    return 1;
+#endif
+}
 
 /* x [rows, width] (fp32, or bf16 pairs for INT8_PAIRS) and y [rows, outputs], contiguous; each
  * group's rows TILE at a time. */

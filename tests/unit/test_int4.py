@@ -134,6 +134,12 @@ def test_the_int8_versions_of_the_int4_kernel_give_the_same_bits(tmp_path, shape
         assert (ys[0].double() - int8_blocks(x[:rows]) @ weight.t()).abs().max().item() < 2e-5
 
 
+def _as_the_int8_kernel_rounds(x: torch.Tensor) -> torch.Tensor:
+    """x in float64 as int8_matmul takes it: rounded to bf16 with AVX512-BF16 at even widths, else as is."""
+    pairs = native.int8_activations() == "bf16" and x.shape[1] % 2 == 0
+    return (x.to(torch.bfloat16) if pairs else x).double()
+
+
 @pytest.mark.parametrize("shape", [(576, 49152), (64, 48)])
 def test_the_c_int8_kernel_is_exact_but_for_its_rounded_activations(shape):
     """The output layer against float64 on the same int8 weights and on x as the kernel rounds it
@@ -144,10 +150,8 @@ def test_the_c_int8_kernel_is_exact_but_for_its_rounded_activations(shape):
     x = torch.randn(7, shape[0])
     c, pytorch = _int8(linear, "c"), _int8(linear, "pytorch")
     weight = pytorch.weight_int8.double() * c.scales.double()[:, None]
-    bf16 = x.to(torch.bfloat16).double()
-    rounded = bf16 if native.int8_activations() == "bf16" else x.double()
-    c_err = (c(x).double() - rounded @ weight.t()).abs().max().item()
-    pytorch_err = (pytorch(x).double() - bf16 @ weight.t()).abs().max().item()
+    c_err = (c(x).double() - _as_the_int8_kernel_rounds(x) @ weight.t()).abs().max().item()
+    pytorch_err = (pytorch(x).double() - x.to(torch.bfloat16).double() @ weight.t()).abs().max().item()
     assert c_err < 2e-5 and c_err * 100 < pytorch_err
     with pytest.raises(ValueError, match="^dtype: int8 layers run on CPU with fp32 scales"):
         c.to(torch.bfloat16)(x)
@@ -161,8 +165,7 @@ def test_the_c_int8_kernel_takes_any_width(width):
     linear = nn.Linear(width, 48, bias=False)
     layer, unpacked = _int8(linear, "c"), _int8(linear, "pytorch")  # PyTorch's kernel takes no odd width
     x = torch.randn(17, width)
-    rounded = x.to(torch.bfloat16).double() if native.int8_activations() == "bf16" and width % 2 == 0 else x.double()
-    exact = rounded @ (unpacked.weight_int8.double() * layer.scales.double()[:, None]).t()
+    exact = _as_the_int8_kernel_rounds(x) @ (unpacked.weight_int8.double() * layer.scales.double()[:, None]).t()
     assert (layer(x).double() - exact).abs().max().item() < 2e-5
     assert torch.equal(torch.cat([layer(x[i:i + 1]) for i in range(17)]), layer(x))
 
