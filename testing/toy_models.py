@@ -87,10 +87,13 @@ SIZES = {"tiny": (2, 64, 4, 512), "medium": (4, 256, 4, 1024), "slow": (12, 768,
          "gpt2-small": (12, 768, 12, 1024)}
 
 
-def build(path: str | Path, style: str = "gpt2", size: str = "tiny", seed: int = 0, four_bit: bool = False) -> Path:
+def build(path: str | Path, style: str = "gpt2", size: str = "tiny", seed: int = 0, four_bit: bool = False,
+          integer_weights: bool = False) -> Path:
     """Write a tokenizer and a randomly initialised model to `path`; return it. `four_bit`: its
     Linear layers' weights snapped to 4-bit groups (a Q4_1 GGUF's shape), so that the engine runs
-    them as int4 with the C kernels, where every number is batch- and history-invariant."""
+    them as int4 with the C kernels, where every number is batch- and history-invariant.
+    `integer_weights`: drawn from integers (`_integer_init`), so that every CPU builds the very
+    same model, as a golden file needs (PyTorch's normal draws round by its vector width)."""
     path = Path(path)
     torch.manual_seed(seed)
     if size not in SIZES:
@@ -116,11 +119,28 @@ def build(path: str | Path, style: str = "gpt2", size: str = "tiny", seed: int =
     else:
         raise ValueError(f"style: expected 'gpt2' or 'llama', got {style!r}")
     model.generation_config.pad_token_id = tokenizer.eos_token_id
+    if integer_weights:
+        _integer_init(model, seed)
     if four_bit:
         _snap_to_four_bits(model)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def _integer_init(model: torch.nn.Module, seed: int) -> None:
+    """Every weight k / 2^17 for an integer k drawn uniformly from [-2^15, 2^15) (within +-0.25),
+    norms' weights 1 and biases 0: the same values on every CPU."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in sorted(model.named_parameters()):
+            if name.endswith("bias"):
+                parameter.zero_()
+            elif "norm" in name or "ln_" in name:
+                parameter.fill_(1.0)
+            else:
+                draws = torch.randint(-2 ** 15, 2 ** 15, parameter.shape, generator=generator)
+                parameter.copy_(draws.to(parameter.dtype) / 2 ** 17)
 
 
 def _snap_to_four_bits(model: torch.nn.Module) -> None:

@@ -102,3 +102,34 @@ def real_flow(real_model, tmp_path_factory):
     server, grpc_port, http_port = start_flow(real_model, tmp_path_factory.mktemp("real_flow"))
     yield grpc_port, http_port
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def kernel_libraries(tmp_path_factory) -> dict:
+    """The C kernels built for every path this CPU runs (testing/golden.py's kernel_paths), by name."""
+    from testing.golden import build_paths
+    libraries = build_paths(tmp_path_factory.mktemp("kernel-paths"))
+    if not libraries:
+        pytest.skip("no C compiler here: the kernel paths cannot be built")
+    return libraries
+
+
+@pytest.fixture(scope="session")
+def golden_llama(models_dir) -> str:
+    """The golden file's tiny llama: 4-bit weights drawn from integers, the same on every CPU."""
+    return str(build(models_dir / "golden-llama", "llama", four_bit=True, integer_weights=True))
+
+
+@pytest.fixture
+async def make_engine():
+    """AsyncEngine(EngineConfig(model=..., **kw)) made in-process, each shut down after the test."""
+    from contract import EngineConfig
+    from engine import AsyncEngine
+    made = []
+
+    def factory(model: str, **kw) -> AsyncEngine:
+        made.append(AsyncEngine(EngineConfig(model=model, **kw)))
+        return made[-1]
+    yield factory
+    for engine in made:
+        engine.shutdown()

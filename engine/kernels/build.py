@@ -1,13 +1,17 @@
 """The C kernels compiled where the engine runs, and bound from their one header (kernels.h).
 
 They are compiled on the machine that runs them, with its C compiler (`$CC`, else `cc`; `-O3
--march=native`, then `$LLM_KERNEL_FLAGS`: `-mno-avx512bf16` builds the int8-activation version
-on a CPU that also has BF16), about 2 s. The library is kept in `$LLM_KERNEL_CACHE` (else the user's cache
-folder, `llm-stream/kernels`) under a key of the sources, the flags, the compiler's version and
-this CPU's model and feature flags, so the next engine process (a replica restarted, the engine
-process replaced) loads it at once, and a build never meets a CPU it was not made for. Where the
-folder cannot be written, the build goes to a temporary file. Where no compiler builds them,
-`library()` is None and table.py picks PyTorch's ops instead (the same guarantees, slower).
+-march=native -ffp-contract=off`, then `$LLM_KERNEL_FLAGS`), about 2 s. -ffp-contract=off keeps
+every a * b + c two roundings, as arith.h's one arithmetic defines it, with any compiler and on
+any CPU. `$LLM_KERNEL_FLAGS` narrow the path: `-mno-avx512f` builds the AVX2 version on an
+AVX-512 CPU, and PORTABLE (`-mno-avx -mno-avx2 -mno-fma -mno-f16c`) the plain C one; each gives
+the same bits (tests/unit/test_kernel_paths.py compares them). The library is kept in
+`$LLM_KERNEL_CACHE` (else the user's cache folder, `llm-stream/kernels`) under a key of the
+sources, the flags, the compiler's version and this CPU's model and feature flags, so the next
+engine process (a replica restarted, the engine process replaced) loads it at once, and a build
+never meets a CPU it was not made for. Where the folder cannot be written, the build goes to a
+temporary file. Where no compiler builds them, `library()` is None and table.py picks PyTorch's
+ops instead (the same guarantees of batched == alone, slower, and other bits).
 
 The ctypes signatures and structures are read from kernels.h, so the C interface is written in
 one place: a function or a field added there is bound here with no second declaration.
@@ -24,6 +28,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Optional
 
@@ -33,7 +38,8 @@ HERE = Path(__file__).resolve().parent
 HEADER = HERE / "kernels.h"
 SOURCES = tuple(sorted(HERE.glob("*.c")))
 INCLUDES = tuple(sorted(HERE.glob("*.h")))
-FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC")  # fast: GCC's default, not clang's
+FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
+PORTABLE = "-mno-avx -mno-avx2 -mno-fma -mno-f16c"  # LLM_KERNEL_FLAGS for the plain C path, on any x86 CPU
 SCALARS: dict[str, Any] = {"int": ctypes.c_int, "int64_t": ctypes.c_int64, "float": ctypes.c_float, "void": None}
 _STRUCT = re.compile(r"typedef struct \{(?P<body>[^}]*)\} (?P<name>\w+);")
 _FUNCTION = re.compile(r"^(?P<result>int|void) (?P<name>\w+)\((?P<params>[^)]*)\);", re.M)
@@ -145,21 +151,25 @@ def _load(path: Path) -> Optional[ctypes.CDLL]:
 def compile_into(compiler: str, target: Path, sources: tuple[Path, ...] = SOURCES, extra: tuple[str, ...] = ()) -> None:
     """The sources, with `flags()` (and `extra` after them: a test builds for a narrower CPU), into
     `target`, whole or not at all: concurrent builds each write a file of their own and the last
-    rename wins, with the same bytes."""
-    fd, partial = tempfile.mkstemp(prefix=".building-", suffix=".so", dir=target.parent)
-    os.close(fd)
-    try:
-        try:
-            done = subprocess.run([compiler, *flags(), *extra, *map(str, sources), "-o", partial],
-                                  capture_output=True, text=True, check=False, timeout=120)
-        except (OSError, subprocess.SubprocessError) as exc:
-            raise Unbuilt(f"{compiler}: {exc}") from None
-        if done.returncode != 0:
-            raise Unbuilt(f"{compiler} failed: {done.stderr.strip()[-500:]}")
+    rename wins, with the same bytes. Each source compiles in a process of its own, side by side
+    (the attention's many shapes take most of the time), then they are linked."""
+    with tempfile.TemporaryDirectory(prefix=".building-", dir=target.parent) as folder:
+        objects = [Path(folder) / f"{source.stem}.o" for source in sources]
+        with ThreadPoolExecutor(max_workers=len(sources)) as pool:
+            list(pool.map(lambda pair: _run([compiler, *flags(), *extra, "-c", str(pair[0]), "-o", str(pair[1])]),
+                          zip(sources, objects, strict=True)))
+        partial = Path(folder) / "kernels.so"
+        _run([compiler, *flags(), *extra, *map(str, objects), "-o", str(partial)])
         os.replace(partial, target)
-    finally:
-        if os.path.exists(partial):
-            os.unlink(partial)
+
+
+def _run(command: list[str]) -> None:
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=120)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise Unbuilt(f"{command[0]}: {exc}") from None
+    if done.returncode != 0:
+        raise Unbuilt(f"{command[0]} failed: {done.stderr.strip()[-500:]}")
 
 
 def _cache_path(compiler: str) -> Optional[Path]:

@@ -1,59 +1,70 @@
-/* The plain greedy rows of a step (sampling.py's greedy_choices): each row's likeliest token,
- * the first of equal maxima as torch.argmax picks it, and its log probability -log(sum(e^(x -
- * max))). PyTorch's argmax and logsumexp over the default model's 49,152 logits took 2.4 ms for
- * 16 rows on this project's 2-core machine (their decode step's layers: 32 ms); this, 0.3 ms.
+/* The plain greedy rows of a step (sampling.py's greedy_choices), and log-softmax rows for the
+ * log probabilities clients ask for (logprobs.py), in arith.h's arithmetic: the same bits on
+ * every CPU, where PyTorch's reductions sum in an order that depends on the vector width it was
+ * built for.
  *
- * Each row is computed by one thread with the same instructions whatever the other rows, so a
- * row's token and log probability do not depend on the batch. Needs AVX2 and FMA; elsewhere
- * `greedy_ready` says 0 and sampling.py keeps PyTorch's ops.
+ * A row's log-softmax is (x - max) - ln(sum(e^(x - max))): the sum in 8 lanes and 4 vectors side
+ * by side, then one fixed tree; ln by arith.h's `log_positive`. Its greedy token is the first of
+ * equal maxima, as torch.argmax picks it, whose log probability is then -ln(sum), the same
+ * number log_softmax_rows gives it. PyTorch's argmax and logsumexp over the default model's
+ * 49,152 logits took 2.4 ms for 16 rows on this project's 2-core machine (their decode step's
+ * layers: 32 ms); this, 0.3 ms.
+ *
+ * Each row is computed by one thread with the same operations whatever the other rows, so a
+ * row's token and log probabilities do not depend on the batch.
  */
 #include <math.h>
 #include <stdint.h>
 
+#include "arith.h"
 #include "kernels.h"
-
-#if defined(__AVX2__) && defined(__FMA__)
-#include "vector_exp.h"
 
 #define ACCUMULATORS 4  /* vectors summed side by side, then added in a fixed order */
 
 int greedy_ready(void) { return 1; }
 
-/* One row: its token and log probability; -1 where it holds a NaN or its largest logit is
- * infinite (the caller then keeps PyTorch's ops, which give those their own answers). */
-static int64_t row(const float *x, int64_t vocab, float *logprob) {
+/* A row's largest logit; NaN where it holds a NaN. */
+static float row_max(const float *x, int64_t vocab) {
     int64_t whole = vocab / 8 * 8;
-    __m256 top = _mm256_set1_ps(-INFINITY), nan = _mm256_setzero_ps();
+    f8 top = splat8(-INFINITY);
+    i8 nan = {0};
     for (int64_t i = 0; i < whole; i += 8) {
-        __m256 v = _mm256_loadu_ps(x + i);
-        top = _mm256_max_ps(top, v);
-        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        f8 v = load8(x + i);
+        top = max8(v, top);
+        nan |= v != v;
     }
-    float lanes[8], most = -INFINITY;
-    _mm256_storeu_ps(lanes, top);
-    for (int i = 0; i < 8; i++) most = lanes[i] > most ? lanes[i] : most;
-    if (_mm256_movemask_ps(nan)) return -1;
+    float most = lane_max(top);
+    for (int i = 0; i < 8; i++)
+        if (nan[i]) return NAN;
     for (int64_t i = whole; i < vocab; i++) {
-        if (x[i] != x[i]) return -1;
+        if (x[i] != x[i]) return NAN;
         most = x[i] > most ? x[i] : most;
     }
-    if (isinf(most)) return -1;  /* every logit forbidden, or an infinite one */
-    int64_t token = 0;
-    while (x[token] != most) token++;
-    __m256 sum[ACCUMULATORS], shift = _mm256_set1_ps(most);
-    for (int a = 0; a < ACCUMULATORS; a++) sum[a] = _mm256_setzero_ps();
+    return most;
+}
+
+/* ln(sum(e^(x - most))) over a row */
+static float log_sum(const float *x, int64_t vocab, float most) {
+    f8 sum[ACCUMULATORS];
+    for (int a = 0; a < ACCUMULATORS; a++) sum[a] = splat8(0.0f);
     int64_t i = 0;
     for (; i + 8 * ACCUMULATORS <= vocab; i += 8 * ACCUMULATORS)
-        for (int a = 0; a < ACCUMULATORS; a++)
-            sum[a] = _mm256_add_ps(sum[a], exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i + 8 * a), shift)));
+        for (int a = 0; a < ACCUMULATORS; a++) sum[a] += exp8(load8(x + i + 8 * a) - most);
     float rest[8 * ACCUMULATORS];
     for (int64_t j = 0; j < 8 * ACCUMULATORS; j++) rest[j] = i + j < vocab ? x[i + j] : -INFINITY;
     for (int a = 0; a < ACCUMULATORS; a++)  /* the tail, padded with logits of weight 0 */
-        sum[a] = _mm256_add_ps(sum[a], exp8(_mm256_sub_ps(_mm256_loadu_ps(rest + 8 * a), shift)));
-    __m256 total = _mm256_add_ps(_mm256_add_ps(sum[0], sum[1]), _mm256_add_ps(sum[2], sum[3]));
-    _mm256_storeu_ps(lanes, total);
-    float s = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
-    *logprob = -logf(s);
+        sum[a] += exp8(load8(rest + 8 * a) - most);
+    return log_positive(lane_sum((sum[0] + sum[1]) + (sum[2] + sum[3])));
+}
+
+/* One row: its token and log probability; -1 where it holds a NaN or its largest logit is
+ * infinite (the caller then keeps PyTorch's ops, which give those their own answers). */
+static int64_t row(const float *x, int64_t vocab, float *logprob) {
+    float most = row_max(x, vocab);
+    if (isnan(most) || isinf(most)) return -1;  /* every logit forbidden, or an infinite one */
+    int64_t token = 0;
+    while (x[token] != most) token++;
+    *logprob = -log_sum(x, vocab, most);
     return token;
 }
 
@@ -71,11 +82,22 @@ int greedy_rows(const float *logits, int64_t rows, int64_t vocab, int64_t *token
     return failed ? -1 : 0;
 }
 
-#else
-int greedy_ready(void) { return 0; }
-
-int greedy_rows(const float *logits, int64_t rows, int64_t vocab, int64_t *tokens, float *logprobs, int threads) {
-    (void)logits, (void)rows, (void)vocab, (void)tokens, (void)logprobs, (void)threads;
-    return -1;
+/* out[r] = log_softmax(logits[r]); -inf logits stay -inf. Returns -1 (nothing counts) where a
+ * row holds a NaN or an infinite largest logit. */
+int log_softmax_rows(const float *logits, int64_t rows, int64_t vocab, float *out, int threads) {
+    if (rows < 1 || vocab < 1) return -1;
+    int failed = 0;
+    #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && rows >= 4) \
+        reduction(|| : failed)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *x = logits + r * vocab;
+        float most = row_max(x, vocab);
+        if (isnan(most) || isinf(most)) {
+            failed = 1;
+            continue;
+        }
+        float total = log_sum(x, vocab, most);
+        for (int64_t i = 0; i < vocab; i++) out[r * vocab + i] = (x[i] - most) - total;
+    }
+    return failed ? -1 : 0;
 }
-#endif

@@ -36,31 +36,32 @@ typedef struct {
 } LlamaStep;
 
 /* paged_attention.c: each sequence's queries over its own keys, through its block table; the
- * pool's keys and values in fp32, or in fp16 (their bits) for paged_attention_f16 */
+ * pool's keys and values in fp32, or in fp16 (their bits) for paged_attention_f16 (ready: 1) */
 int paged_attention(const float *q, int64_t q_tok, int64_t q_head, const float *k_pool, const float *v_pool,
                     float *out, const int64_t *q_starts, const int64_t *q_lens, const int64_t *ctx_lens,
                     const int32_t *tables, int64_t table_width, int64_t sequences, int64_t heads,
                     int64_t kv_heads, int64_t dim, int64_t block, int64_t window, float scale, int threads);
-int paged_attention_f16_ready(void);  /* 1: built with F16C, 0: paged_attention_f16 takes no call */
+int paged_attention_f16_ready(void);
 int paged_attention_f16(const float *q, int64_t q_tok, int64_t q_head, const uint16_t *k_pool,
                         const uint16_t *v_pool, float *out, const int64_t *q_starts, const int64_t *q_lens,
                         const int64_t *ctx_lens, const int32_t *tables, int64_t table_width, int64_t sequences,
                         int64_t heads, int64_t kv_heads, int64_t dim, int64_t block, int64_t window, float scale,
                         int threads);
 
-/* int4_matmul.c: y = x W^T for int4 weights; ready: 1 bf16 activations (AVX512-BF16), 3 int8 (AVX512-VNNI),
- * 2 int8 (AVX2; the same bits as 3) */
+/* quant_matmul.c: y = x W^T for int4 weights (int4.py's Q4_1 blocks) and for int8 weights packed
+ * [outputs / 16][width][16] with a scale per output (the int8 output layer), on x rounded to int16
+ * per block of 32: arith.h's arithmetic, the same bits on every path; ready: 2 (AVX2 integer
+ * products), 1 (plain C) */
 int int4_matmul_ready(void);
 int int4_matmul(const float *x, const uint8_t *packed, const uint16_t *scale, const uint16_t *low, float *y,
                 int64_t rows, int64_t width, int64_t outputs, int threads);
-
-/* dense_matmul.c: y = x W^T for weights packed [outputs / 16][width][16]: int8 with a scale per output
- * (the int8 output layer), or fp32 (fp32 Linear layers; as bf16 where they are bf16 values); ready: 1 (AVX2 + FMA).
- * int8's ready: 2 bf16 activations (AVX512-BF16, even widths), 1 fp32 activations (AVX2 + FMA) */
-int dense_matmul_ready(void);
 int int8_matmul_ready(void);
 int int8_matmul(const float *x, const int8_t *packed, const float *scale, float *y, int64_t rows, int64_t width,
                 int64_t outputs, int threads);
+
+/* dense_matmul.c: y = x W^T for fp32 weights packed [outputs / 16][width][16] (fp32 Linear layers;
+ * as bf16 where they are bf16 values); ready: 1 (AVX2 + FMA) */
+int dense_matmul_ready(void);
 int fp32_matmul(const float *x, const float *packed, float *y, int64_t rows, int64_t width, int64_t outputs,
                 int threads);
 int bf16_matmul(const float *x, const uint16_t *packed, float *y, int64_t rows, int64_t width, int64_t outputs,
@@ -75,9 +76,12 @@ int llama_layers(const LlamaLayer *layers, int64_t count, const LlamaStep *step,
                  int threads);
 void rms_norm_rows(const float *x, const float *weight, float *y, int64_t rows, int64_t n, float eps);
 void silu_rows(const float *x, float *y, int64_t rows, int64_t n, int64_t x_stride);
+void fp16_rows(const float *x, uint16_t *out, int64_t n);  /* rounded as the fp16 KV cache keeps them */
 
-/* greedy.c: the plain greedy rows' argmax and its log probability; ready: 1 (AVX2) */
+/* greedy.c: the plain greedy rows' argmax and its log probability, and log-softmax rows, in arith.h's
+ * arithmetic; ready: 1 */
 int greedy_ready(void);
 int greedy_rows(const float *logits, int64_t rows, int64_t vocab, int64_t *tokens, float *logprobs, int threads);
+int log_softmax_rows(const float *logits, int64_t rows, int64_t vocab, float *out, int threads);
 
 #endif

@@ -23,6 +23,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "arith.h"
 #include "kernels.h"
 
 /* LlamaRMSNorm: y = weight (x / sqrt(mean(x^2) + eps)), each row on its own. One function for
@@ -37,31 +38,22 @@ __attribute__((noinline)) void rms_norm_rows(const float *x, const float *weight
     }
 }
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include "vector_exp.h"
-
-/* SiLU of 8 values, x / (1 + e^-x): relative error under 5e-7 against float64. */
-static inline __m256 silu8(__m256 x) {
-    return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), x))));
-}
+/* SiLU of 8 values, x / (1 + e^-x), in arith.h's exponential: relative error under 5e-7 against
+ * float64. */
+static inline f8 silu8(f8 x) { return x / (1.0f + exp8(-x)); }
 
 /* n values: whole vectors, then the rest through one padded vector, so every value gets the same
- * instructions wherever it sits. */
+ * operations wherever it sits. */
 static inline void silu_span(const float *x, float *y, int64_t n) {
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, silu8(_mm256_loadu_ps(x + i)));
+    for (; i + 8 <= n; i += 8) store8(y + i, silu8(load8(x + i)));
     if (i < n) {
         float pad[8] = {0};
         for (int64_t j = i; j < n; j++) pad[j - i] = x[j];
-        _mm256_storeu_ps(pad, silu8(_mm256_loadu_ps(pad)));
+        store8(pad, silu8(load8(pad)));
         for (int64_t j = i; j < n; j++) y[j] = pad[j - i];
     }
 }
-#else
-static inline void silu_span(const float *x, float *y, int64_t n) {
-    for (int64_t i = 0; i < n; i++) y[i] = x[i] / (1.0f + expf(-x[i]));
-}
-#endif
 
 /* SiLU, x / (1 + exp(-x)), of n values per row; rows of x are x_stride apart, y's n. */
 __attribute__((noinline)) void silu_rows(const float *x, float *y, int64_t rows, int64_t n, int64_t x_stride) {
@@ -70,7 +62,7 @@ __attribute__((noinline)) void silu_rows(const float *x, float *y, int64_t rows,
 
 /* transformers' apply_rotary_pos_emb on one head: v cos + rotate_half(v) sin, where rotate_half
  * turns halves (a, b) into (-b, a); each product and sum rounded on its own, as PyTorch does. */
-__attribute__((optimize("fp-contract=off"))) static void rotate(float *v, const float *cos, const float *sin,
+static void rotate(float *v, const float *cos, const float *sin,
                                                                int64_t dim) {
     int64_t half = dim / 2;
     for (int64_t i = 0; i < half; i++) {
@@ -81,14 +73,10 @@ __attribute__((optimize("fp-contract=off"))) static void rotate(float *v, const 
     }
 }
 
-#if defined(__F16C__)
-#include <immintrin.h>
-#define HALF_KV 1  /* fp16 pools: F16C rounds to nearest even, as PyTorch's .to(torch.float16) does */
-static inline uint16_t half_of(float x) { return _cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT); }
-#else
-#define HALF_KV 0
-static inline uint16_t half_of(float x) { return (void)x, 0; }  /* never called: llama_layer refuses fp16 pools */
-#endif
+/* n values rounded to fp16 bits, as the KV cache keeps them */
+void fp16_rows(const float *x, uint16_t *out, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = float_to_half(x[i]);
+}
 
 /* keys [blocks, kv_heads, dim, block] (transposed), values [blocks, block, kv_heads, dim]: fp32,
  * or fp16 where `half` */
@@ -100,8 +88,8 @@ static void write_kv(const float *k, const float *v, int64_t slot, void *k_pool,
             int64_t key = ((b * kv_heads + h) * dim + d) * block + offset;
             int64_t value = ((b * block + offset) * kv_heads + h) * dim + d;
             if (half) {
-                ((uint16_t *)k_pool)[key] = half_of(k[h * dim + d]);
-                ((uint16_t *)v_pool)[value] = half_of(v[h * dim + d]);
+                ((uint16_t *)k_pool)[key] = float_to_half(k[h * dim + d]);
+                ((uint16_t *)v_pool)[value] = float_to_half(v[h * dim + d]);
             } else {
                 ((float *)k_pool)[key] = k[h * dim + d];
                 ((float *)v_pool)[value] = v[h * dim + d];
@@ -124,7 +112,7 @@ int llama_layer(const LlamaLayer *layer, const LlamaStep *step, const float *cos
     const int64_t qkv_width = layer->qkv.outputs, inter = layer->inter, q_width = heads * dim;
     const int64_t kv_width = layer->kv_heads * dim;
     if (n < 1 || dim % 2 || qkv_width != q_width + 2 * kv_width || layer->gate_up.outputs != 2 * inter
-        || layer->o.outputs != hidden || layer->down.outputs != hidden || (kv_half && !HALF_KV))
+        || layer->o.outputs != hidden || layer->down.outputs != hidden)
         return -1;
     float *buffer = malloc(n * (2 * hidden + qkv_width + q_width + 3 * inter) * sizeof(float));
     if (!buffer) return -2;

@@ -55,15 +55,14 @@ def kv_half_ready() -> bool:
 
 
 def int4_ready() -> bool:
-    """Whether `int4_matmul` runs here (built, and the CPU has AVX512-BF16, AVX512-VNNI or AVX2 + FMA)."""
+    """Whether `int4_matmul` runs here (built: any CPU the compiler builds for)."""
     return choose(Op.INT4_MATMUL, "int4").c
 
 
 def int4_activations() -> Optional[str]:
-    """What int4_matmul.c rounds x to here: "bf16" (AVX512-BF16), "int8" (AVX512-VNNI or AVX2:
-    int4.py's `int8_blocks`), or None where it does not run."""
-    kernel = choose(Op.INT4_MATMUL, "int4")
-    return None if not kernel.c else "bf16" if "bf16" in kernel.why else "int8"
+    """What quant_matmul.c rounds x to: "int16" (int4.py's `int16_blocks`) on every path, or None
+    where it does not run."""
+    return "int16" if int4_ready() else None
 
 
 @dataclass(frozen=True)
@@ -104,15 +103,8 @@ def int4_matmul(x: torch.Tensor, weights: Int4Weights) -> torch.Tensor:
 
 
 def int8_ready() -> bool:
-    """Whether `int8_matmul` runs here (built, and the CPU has AVX2 + FMA)."""
+    """Whether `int8_matmul` runs here (built: any CPU the compiler builds for)."""
     return choose(Op.INT8_MATMUL, "int8").c
-
-
-def int8_activations() -> Optional[str]:
-    """What int8_matmul rounds x to here: "bf16" (AVX512-BF16, even widths), "fp32" (none: AVX2 +
-    FMA, and odd widths), or None where it does not run."""
-    kernel = choose(Op.INT8_MATMUL, "int8")
-    return None if not kernel.c else "bf16" if "bf16" in kernel.why else "fp32"
 
 
 def int8_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -255,7 +247,7 @@ def silu(x: torch.Tensor) -> Optional[torch.Tensor]:
 
 def greedy(logits: torch.Tensor) -> Optional[tuple[list[int], list[float]]]:
     """Each row's argmax and its log probability, as greedy.c computes them; None where it
-    cannot (not built, not AVX2, not fp32 on CPU, or a row with a NaN or an infinite maximum)."""
+    cannot (not built, not fp32 on CPU, or a row with a NaN or an infinite maximum)."""
     built = library()
     if built is None or not choose(Op.GREEDY).c or not _cpu_fp32(logits) or logits.dim() != 2:
         return None
@@ -267,6 +259,21 @@ def greedy(logits: torch.Tensor) -> Optional[tuple[list[int], list[float]]]:
                          torch.get_num_threads()):
         return None
     return tokens.tolist(), logprobs.tolist()
+
+
+def log_softmax(logits: torch.Tensor) -> Optional[torch.Tensor]:
+    """log_softmax over the last dimension of [rows, vocab] fp32 logits as greedy.c computes it
+    (arith.h's arithmetic: the same bits on every CPU); None where it cannot (not built, not fp32
+    on CPU, or a row with a NaN or an infinite maximum)."""
+    built = library()
+    if built is None or not choose(Op.GREEDY).c or not _cpu_fp32(logits) or logits.dim() != 2:
+        return None
+    logits = logits.contiguous()
+    out = torch.empty_like(logits)
+    if built.log_softmax_rows(logits.data_ptr(), logits.shape[0], logits.shape[1], out.data_ptr(),
+                              torch.get_num_threads()):
+        return None
+    return out
 
 
 def _cpu_fp32(*tensors: torch.Tensor) -> bool:

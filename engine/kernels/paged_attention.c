@@ -10,10 +10,11 @@
  *
  * Every (sequence, kv head, 16 queries) is computed by one thread, whatever else the step holds
  * and however many threads run: a query comes out bit for bit the same alone, batched, in a whole
- * prefill or in a chunk after cached keys. Each score is one chain of fused multiply-adds over the
+ * prefill or in a chunk after cached keys. Each score is one chain of products and sums over the
  * head dim, each weight sum and weighted value one chain over the keys in order, whichever
- * function computes it (one query, or several at once through a block's keys): build.py's
- * -ffp-contract=fast makes every a * b + c of these one fused multiply-add, with any compiler.
+ * function computes it (one query, or several at once through a block's keys), in arith.h's
+ * arithmetic: 8 lanes, each operation rounded on its own (no fused multiply-adds), one
+ * exponential, so every CPU computes the same bits.
  * It runs in the OpenMP runtime that torch already loaded (its libgomp), so it shares torch's
  * threads.
  *
@@ -22,89 +23,31 @@
  * and everything after is the fp32 computation above, so fp16 keys give the numbers that fp32
  * keys of those same values give.
  *
- * Built at start-up by native.py with the machine's compiler (-O3 -march=native).
+ * Built at start-up by build.py with the machine's compiler.
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "arith.h"
 #include "kernels.h"
 
-#if defined(__AVX512F__)  /* the machine's own vector width: wider types spill on narrower machines */
-#define LANES 16
-#else
-#define LANES 8
-#endif
-typedef float vec __attribute__((vector_size(LANES * 4)));  /* loaded and stored with memcpy: unaligned */
-typedef int32_t ivec __attribute__((vector_size(LANES * 4)));
+#define LANES 8  /* arith.h's vectors: the same sums on every CPU, whatever its vector width */
+typedef f8 vec;
+typedef i8 ivec;
 #define QUERIES 16    /* queries per task */
 
 #ifndef KV_HALF
 typedef float kv_t;
 #define ATTEND paged_attention
 
-static inline vec load_kv(const float *p) {
-    vec x;
-    memcpy(&x, p, sizeof x);
-    return x;
-}
+static inline vec load_kv(const float *p) { return load8(p); }
 #else
 typedef uint16_t kv_t;  /* IEEE fp16 bits */
 #define ATTEND paged_attention_f16
-#include <immintrin.h>
 
-static inline vec load_kv(const uint16_t *p) {  /* LANES fp16 values widened to fp32 (exact) */
-#if LANES == 16
-    return (vec)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-#else
-    return (vec)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+static inline vec load_kv(const uint16_t *p) { return half8(p); }  /* widened to fp32, exactly */
 #endif
-}
-#endif
-
-static inline vec select_not(ivec drop, vec x) {
-    ivec bits;
-    memcpy(&bits, &x, sizeof x);
-    bits &= ~drop;
-    memcpy(&x, &bits, sizeof x);
-    return x;
-}
-
-/* e^x for x <= 0: 2^n e^r with |r| <= ln2/2 and a degree-6 Taylor polynomial (under 2 ulp);
- * 0 below -87, where e^x is under float's smallest normal. */
-static inline vec exp_le0(vec x) {
-    ivec tiny = x < -87.0f;
-    x = select_not(tiny, x);
-    vec n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  /* round to nearest */
-    vec r = x - n * 0.693359375f + n * 2.12194440e-4f;  /* x - n ln2, ln2 in two parts */
-    vec p = 1.0f + r * (1.0f + r * (0.5f + r * (1.6666667e-1f + r * (4.1666668e-2f
-            + r * (8.3333338e-3f + r * 1.3888889e-3f)))));
-    ivec bits = (__builtin_convertvector(n, ivec) + 127) << 23;
-    vec two_n;
-    memcpy(&two_n, &bits, sizeof two_n);
-    return select_not(tiny, p * two_n);
-}
-
-static inline vec vmax(vec a, vec b) {
-    ivec take_a = a > b, x, y;
-    memcpy(&x, &a, sizeof x);
-    memcpy(&y, &b, sizeof y);
-    x = (x & take_a) | (y & ~take_a);
-    memcpy(&a, &x, sizeof a);
-    return a;
-}
-
-static inline float lane_max(vec v) {
-    float m = v[0];
-    for (int i = 1; i < LANES; i++) m = v[i] > m ? v[i] : m;
-    return m;
-}
-
-static inline float lane_sum(vec v) {  /* pairwise, in a fixed order */
-    for (int width = LANES / 2; width > 0; width /= 2)
-        for (int i = 0; i < width; i++) v[i] += v[i + width];
-    return v[0];
-}
 
 /* Where one sequence's values of one kv head lie: value j at
  * pool + (table[j / block] * block + j % block) * token. */
@@ -114,7 +57,7 @@ typedef struct {
     int64_t block, token;  /* tokens per block; values per token slot (kv_heads x dim) */
 } pages;
 
-/* Each score is q . k summed over the head dim in order, one fused multiply-add per element,
+/* Each score is q . k summed over the head dim in order, a product and a sum per element,
  * in a lane of its own; each output element sums its keys' weighted values in key order. So a
  * query's numbers depend on its own keys only: not on the other queries of its task, nor on
  * where its keys' blocks lie, nor on how many queries the step holds. */
@@ -122,7 +65,7 @@ typedef struct {
 /* Q queries' scores against one block's keys (stored transposed: row d at kt + d * block), for
  * the G query heads of each that share the kv head (q_head floats apart; queries q_tok apart),
  * into scores rows `stride` apart (query i's head g in row i * G + g), C vectors of LANES keys
- * each. The Q x G x C sums run side by side, independent chains of fused multiply-adds in
+ * each. The Q x G x C sums run side by side, independent chains of products and sums in
  * registers (fixed sizes: a macro makes one function per shape). Every variant computes each
  * score with the same chain, so how many queries share a call changes no number. */
 #define BLOCK_SCORES(Q, G, C)                                                                               \
@@ -193,13 +136,13 @@ static inline float softmax_row(float *scores, int64_t lo, int64_t hi) {
     for (int64_t j = from; j < to; j += LANES) {
         vec s;
         memcpy(&s, scores + j, sizeof s);
-        most = vmax(s, most);
+        most = max8(s, most);
     }
     float top = lane_max(most);
     for (int64_t j = from; j < to; j += LANES) {  /* each lane sums its keys in order, then the lanes in order */
         vec s;
         memcpy(&s, scores + j, sizeof s);
-        s = exp_le0(s - top);
+        s = exp8(s - top);
         sum += s;
         memcpy(scores + j, &s, sizeof s);
     }
@@ -243,17 +186,20 @@ WEIGH_HEADS(3, 4)
 WEIGH_HEADS(4, 4)
 WEIGH_HEADS(1, 8)
 WEIGH_HEADS(2, 8)
+WEIGH_HEADS(3, 8)
 WEIGH_HEADS(1, 16)
 
 static void weigh(float *scores, int64_t stride, int64_t lo, int64_t hi, pages v, int64_t group, int64_t dim,
                   float *out) {
     switch (group * 32 + dim / LANES) {  /* the common shapes */
+        case 1 * 32 + 2: weigh_1_2(scores, stride, lo, hi, v, out); return;
         case 1 * 32 + 4: weigh_1_4(scores, stride, lo, hi, v, out); return;
         case 2 * 32 + 4: weigh_2_4(scores, stride, lo, hi, v, out); return;
         case 3 * 32 + 4: weigh_3_4(scores, stride, lo, hi, v, out); return;
         case 4 * 32 + 4: weigh_4_4(scores, stride, lo, hi, v, out); return;
         case 1 * 32 + 8: weigh_1_8(scores, stride, lo, hi, v, out); return;
         case 2 * 32 + 8: weigh_2_8(scores, stride, lo, hi, v, out); return;
+        case 3 * 32 + 8: weigh_3_8(scores, stride, lo, hi, v, out); return;
         case 1 * 32 + 16: weigh_1_16(scores, stride, lo, hi, v, out); return;
     }
     for (int64_t g = 0; g < group; g++) {  /* any other: a head and a vector of its dims at a time, the same sums */

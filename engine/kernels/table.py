@@ -32,17 +32,14 @@ class Op(enum.StrEnum):
 _READY = {Op.INT4_MATMUL: "int4_matmul_ready", Op.INT8_MATMUL: "int8_matmul_ready",
           Op.FP32_MATMUL: "dense_matmul_ready", Op.GREEDY: "greedy_ready",
           Op.PAGED_ATTENTION_FP16: "paged_attention_f16_ready"}
-_READY_MEANS = {Op.INT4_MATMUL: {1: "AVX512-BF16, bf16 activations", 2: "AVX2 + FMA + F16C, int8 activations",
-                                  3: "AVX512-VNNI, int8 activations"},
-                Op.INT8_MATMUL: {1: "AVX2 + FMA", 2: "AVX512-BF16, bf16 activations"}, Op.FP32_MATMUL: {1: "AVX2 + FMA"}, Op.GREEDY: {1: "AVX2 + FMA"},
-                Op.PAGED_ATTENTION_FP16: {1: "F16C"}}
-_NEEDS = {Op.INT4_MATMUL: "AVX512-BF16, AVX512-VNNI or AVX2 + FMA + F16C", Op.INT8_MATMUL: "AVX2 + FMA",
-          Op.FP32_MATMUL: "AVX2 + FMA", Op.GREEDY: "AVX2 + FMA",
-          Op.PAGED_ATTENTION_FP16: "F16C"}
+_QUANT = {1: "plain C, int16 activations", 2: "AVX2, int16 activations"}
+_READY_MEANS = {Op.INT4_MATMUL: _QUANT, Op.INT8_MATMUL: _QUANT, Op.FP32_MATMUL: {1: "AVX2 + FMA"},
+                Op.GREEDY: {1: "built for this CPU"}, Op.PAGED_ATTENTION_FP16: {1: "built for this CPU"}}
+_NEEDS = {Op.FP32_MATMUL: "AVX2 + FMA"}
 _WEIGHTS = {Op.INT4_MATMUL: ("int4",), Op.INT8_MATMUL: ("int8",), Op.FP32_MATMUL: ("fp32",),
             Op.DECODER_LAYERS: ("int4",)}
 _SOURCES = {Op.PAGED_ATTENTION: "paged_attention.c", Op.PAGED_ATTENTION_FP16: "paged_attention_f16.c",
-            Op.INT4_MATMUL: "int4_matmul.c", Op.INT8_MATMUL: "dense_matmul.c",
+            Op.INT4_MATMUL: "quant_matmul.c", Op.INT8_MATMUL: "quant_matmul.c",
             Op.FP32_MATMUL: "dense_matmul.c",
             Op.DECODER_LAYERS: "llama_layer.c", Op.GREEDY: "greedy.c"}
 
@@ -82,7 +79,7 @@ def _decide(op: Op, weights: str, device: str) -> Kernel:
         return Kernel(op, True, "built for this CPU")
     ready = _ready(library, _READY[op])
     if not ready:
-        return Kernel(op, False, f"this CPU lacks {_NEEDS[op]}")
+        return Kernel(op, False, f"this CPU lacks {_NEEDS.get(op, 'what it needs')}")
     return Kernel(op, True, _READY_MEANS[op][ready])
 
 

@@ -9,16 +9,15 @@ A decode step of SmolLM2-135M then reads about 66 MB of int4 weights (106 M weig
 bytes: half a byte, and fp16 scale and low per 32) and 28 MB of int8 output layer, instead of
 540 MB. The output layer (Q8_0 in that GGUF) becomes int8 per output channel.
 
-The products run in int4_matmul.c (native.py) where it is built and the CPU has AVX512-BF16,
-AVX512-VNNI or AVX2 + FMA + F16C: exact products, fp16 scales (the GGUF's own), fp32 sums and
-output, on activations rounded to bf16 (AVX512-BF16) or to int8 per block of 32 (AVX512-VNNI or
-AVX2, the same bits with either; `int8_blocks`, as llama.cpp does). Elsewhere
-they run in PyTorch's `_weight_int4pack_mm_for_cpu`, which rounds the activations, scales and
-output to bf16. The output layer runs in dense_matmul.c (activations rounded to bf16 with
-AVX512-BF16, else fp32; exact products, fp32 sums and output), else in PyTorch's
-`_weight_int8pack_mm` (bf16 activations, scales and output). All of
-them compute each row of a batch the same way whatever the batch holds (tests/test_int4.py
-checks batches of 2 to 64 rows bit for bit), so a request still comes out as it does alone.
+The products run in quant_matmul.c (native.py) wherever the kernels are built: exact integer
+products of the weights' steps and the activations rounded to int16 per block of 32
+(`int16_blocks`), fp16 scales (the GGUF's own), fp32 sums and output in one fixed order, so every
+CPU computes the same bits (kernels/arith.h). The output layer runs there too, on the same
+int16 activations. Where the kernels cannot be built, the products run in PyTorch's
+`_weight_int4pack_mm_for_cpu` and `_weight_int8pack_mm`, which round the activations, scales
+and output to bf16. All of them compute each row of a batch the same way whatever the batch
+holds (tests/test_int4.py checks batches of 2 to 64 rows bit for bit), so a request still comes
+out as it does alone.
 """
 from collections.abc import Callable
 from typing import Optional
@@ -117,13 +116,17 @@ def _finish(y: torch.Tensor, x: torch.Tensor, width: int, bias: Optional[torch.T
     return y if bias is None else y + bias
 
 
-def int8_blocks(x: torch.Tensor) -> torch.Tensor:
-    """x [rows, width] fp32 as int4_matmul.c's int8 versions (VNNI, AVX2) multiply it, in float64: per block
-    of GROUP, steps round(x * (1 / scale)) (to nearest even) with scale = max |x| / 127."""
-    blocks = x.float().reshape(x.shape[0], -1, GROUP)
-    scale = blocks.abs().amax(dim=-1, keepdim=True) / 127
-    inverse = torch.where(scale > 0, 1 / scale, torch.zeros_like(scale))
-    return (torch.round(blocks * inverse).double() * scale.double()).reshape(x.shape)
+def int16_blocks(x: torch.Tensor) -> torch.Tensor:
+    """x [rows, width] fp32 as quant_matmul.c multiplies it, in float64: per block of GROUP (the
+    last one padded with zeros), steps round(x * (32767 / top)) (to nearest even) times the scale
+    top / 32767, where top is the block's largest magnitude."""
+    rows, width = x.shape
+    padded = torch.nn.functional.pad(x.float(), (0, -width % GROUP))
+    blocks = padded.reshape(rows, -1, GROUP)
+    top = blocks.abs().amax(dim=-1, keepdim=True)
+    inverse = torch.where(top > 0, 32767 / top, torch.zeros_like(top))  # fp32, as the kernel divides
+    steps = torch.round(blocks * inverse)
+    return (steps.double() * (top / 32767).double()).reshape(rows, -1)[:, :width]
 
 
 def dequantize(steps: torch.Tensor, scale: torch.Tensor, low: torch.Tensor,

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from ..kernels import native
+
 Alternative = tuple[int, str, float]  # token id, its text alone, log probability
 
 
@@ -27,11 +29,19 @@ class TokenTexts:
         return text
 
 
+def log_softmax(logits: torch.Tensor) -> torch.Tensor:
+    """[rows, vocab] logits' log-softmax: greedy.c's on CPU (the same bits on every CPU, and the
+    greedy rows' own log probabilities), else PyTorch's."""
+    logits = logits.float()
+    ours = native.log_softmax(logits)
+    return ours if ours is not None else torch.log_softmax(logits, dim=-1)
+
+
 @torch.inference_mode()
 def raw_logprob(logits: torch.Tensor, token: int, top_n: int, texts: TokenTexts) -> tuple[float, list[Alternative]]:
     """(log probability of `token`, the top_n likeliest tokens). logits: [vocab] of one row,
     -inf where a constraint forbids; forbidden tokens are never alternatives."""
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    logprobs = log_softmax(logits[None])[0]
     alternatives: list[Alternative] = []
     if top_n:
         values, ids = logprobs.topk(top_n)

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from .logprobs import Alternative, TokenTexts
+from .logprobs import Alternative, TokenTexts, log_softmax
 
 
 @dataclass
@@ -60,7 +60,7 @@ def score(model: PreTrainedModel, hidden: torch.Tensor, next_ids: list[int], top
     if not next_ids:
         return
     logits = model.get_output_embeddings()(hidden[None])[0].float()
-    logprobs = torch.log_softmax(logits, dim=-1)
+    logprobs = log_softmax(logits)
     targets = torch.tensor(next_ids, device=logprobs.device)
     scores.logprobs += logprobs.gather(1, targets[:, None])[:, 0].tolist()
     if top_n:

@@ -1,7 +1,6 @@
 """int4 weights on CPU: the kernels' row invariance that batched == alone rests on, the
 choice `auto` makes, refusals that name the field, and batched == alone end to end."""
 import asyncio
-import ctypes
 
 import pytest
 import torch
@@ -11,17 +10,17 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from contract import EngineConfig, SamplingParams
 from engine.kernels import build, native
 from engine.model import fast_layers, loader, paged_attention
-from engine.model.int4 import Int4Linear, Int8Linear, _quantize, dequantize, int8_blocks, quantize
+from engine.model.int4 import Int4Linear, Int8Linear, _quantize, dequantize, int16_blocks, quantize
 from engine.model.loader import load_model, pick_dtype
 from tests.unit.test_batching import collect, mixed_requests
 
 
 def _int4(linear: nn.Linear, kernel: str = "c") -> Int4Linear:
-    """kernel: "c" (int4_matmul.c, where it runs here) or "pytorch" (as without a compiler)."""
+    """kernel: "c" (quant_matmul.c, where it runs here) or "pytorch" (as without a compiler)."""
     steps, scale, low, _ = _quantize(linear.weight.detach().float())
     if kernel == "c":
         if not native.int4_ready():
-            pytest.skip("int4_matmul.c does not run here (no compiler, or no AVX512-BF16)")
+            pytest.skip("quant_matmul.c does not run here (no compiler)")
         layer = Int4Linear(linear, steps, scale, low)
     else:
         with pytest.MonkeyPatch.context() as patch:
@@ -32,9 +31,9 @@ def _int4(linear: nn.Linear, kernel: str = "c") -> Int4Linear:
 
 
 def _int8(linear: nn.Linear, kernel: str = "c") -> Int8Linear:
-    """The output layer's int8: dense_matmul.c, or PyTorch's kernel as without a compiler."""
+    """The output layer's int8: quant_matmul.c, or PyTorch's kernel as without a compiler."""
     if kernel == "c" and not native.int8_ready():
-        pytest.skip("dense_matmul.c does not run here (no compiler, or no AVX2 + FMA)")
+        pytest.skip("quant_matmul.c does not run here (no compiler)")
     with pytest.MonkeyPatch.context() as patch:
         if kernel != "c":
             patch.setattr(build, "library", lambda: None)
@@ -73,9 +72,9 @@ def test_weights_on_the_4bit_grid_are_kept_exactly():
 
 @pytest.mark.parametrize("shape", [(576, 1536), (1536, 576), (192, 576)])
 def test_the_c_kernel_is_exact_but_for_its_rounded_activations(shape):
-    """Against float64 on the activations as each kernel rounds them (the C kernel: to bf16, or
-    to int8 per block with AVX2; PyTorch's: to bf16): the C kernel's error is fp32 rounding;
-    PyTorch's kernel also rounds its scales and output to bf16, and errs a hundred times more."""
+    """Against float64 on the activations as each kernel rounds them (the C kernel: to int16 per
+    block; PyTorch's: to bf16): the C kernel's error is fp32 rounding; PyTorch's kernel also
+    rounds its scales and output to bf16, and errs a hundred times more."""
     torch.manual_seed(0)
     linear = nn.Linear(*shape, bias=False)
     x = torch.randn(16, shape[0])
@@ -85,72 +84,33 @@ def test_the_c_kernel_is_exact_but_for_its_rounded_activations(shape):
     steps, scale, low, _ = _quantize(linear.weight.detach())
     weight = dequantize(steps, scale, low, torch.float64)
     bf16 = x.to(torch.bfloat16).double()
-    rounded = int8_blocks(x) if native.int4_activations() == "int8" else bf16
-    c_err = (c(x).double() - rounded @ weight.t()).abs().max().item()
+    c_err = (c(x).double() - int16_blocks(x) @ weight.t()).abs().max().item()
     pytorch_err = (pytorch(x).double() - bf16 @ weight.t()).abs().max().item()
     assert c_err < 2e-5 and c_err * 100 < pytorch_err
 
 
-def test_int8_blocks_round_as_llama_cpp_q8():
-    x = torch.tensor([[0.5, -1.27, 0.004, 0.006] + [0.0] * 28 + [0.0] * 32])
-    got = int8_blocks(x)
-    scale = 1.27 / 127
-    assert torch.allclose(got[0, :4], torch.tensor([50, -127, 0, 1], dtype=torch.float64) * scale)
-    assert not got[0, 32:].any()  # a block of zeros stays zeros
-
-
-def _int4_build(folder, flags: tuple[str, ...], ready: int) -> ctypes.CDLL:
-    """int4_matmul.c alone, built here with `flags` after the engine's; skipped where this CPU
-    does not give the version that `ready` names."""
-    folder.mkdir()
-    build.compile_into(build.find_compiler(), folder / "int4.so", (build.HERE / "int4_matmul.c",), flags)
-    library = build.bind(ctypes.CDLL(str(folder / "int4.so")), missing_ok=True)
-    if library.int4_matmul_ready() != ready:
-        pytest.skip(f"this CPU does not build int4_matmul.c's version {ready} with {' '.join(flags)}")
-    return library
-
-
-@pytest.mark.parametrize("shape", [(576, 960), (1536, 576)])
-def test_the_int8_versions_of_the_int4_kernel_give_the_same_bits(tmp_path, shape):
-    """AVX512-VNNI (as a CPU without BF16 builds it) against AVX2, side by side: the same bits for
-    every row count around their tiles (8 and 4 rows), and exact but for x's int8 blocks."""
-    if not native.int4_ready():
-        pytest.skip("int4_matmul.c does not run here")
-    vnni = _int4_build(tmp_path / "vnni", ("-mno-avx512bf16",), 3)
-    avx2 = _int4_build(tmp_path / "avx2", ("-mno-avx512f",), 2)
-    torch.manual_seed(0)
-    linear = nn.Linear(*shape, bias=False)
-    steps, scale, low, _ = _quantize(linear.weight.detach())
-    layer, weight = Int4Linear(linear, steps, scale, low), dequantize(steps, scale, low, torch.float64)
-    x = torch.randn(17, shape[0])
-    x[3, :32] = 0  # a block of zeros (scale 0)
-    x[4, 40] = 300.0  # an outlier that flattens its block
-    for rows in (1, 3, 4, 5, 8, 9, 16, 17):
-        ys = [torch.empty(rows, shape[1]) for _ in range(2)]
-        for library, y in zip((vnni, avx2), ys, strict=True):
-            assert library.int4_matmul(x.data_ptr(), layer.packed.data_ptr(), layer.scale.data_ptr(),
-                                       layer.low.data_ptr(), y.data_ptr(), rows, *shape, 2) == 0
-        assert torch.equal(ys[0], ys[1]), rows
-        assert (ys[0].double() - int8_blocks(x[:rows]) @ weight.t()).abs().max().item() < 2e-5
-
-
-def _as_the_int8_kernel_rounds(x: torch.Tensor) -> torch.Tensor:
-    """x in float64 as int8_matmul takes it: rounded to bf16 with AVX512-BF16 at even widths, else as is."""
-    pairs = native.int8_activations() == "bf16" and x.shape[1] % 2 == 0
-    return (x.to(torch.bfloat16) if pairs else x).double()
+def test_int16_blocks_round_to_nearest_even_steps_of_the_blocks_largest():
+    x = torch.tensor([[0.5, -1.0, 1.0, 0.75, 2.0] + [0.0] * 27 + [0.0] * 32 + [3.0]])
+    got = int16_blocks(x)
+    step = torch.tensor(2.0, dtype=torch.float32).div(32767).double()  # the largest / 32767, in fp32
+    # x * (32767 / 2): 8191.75, -16383.5 (to even: -16384), 16383.5 (16384), 12287.625, 32767
+    expected = torch.tensor([8192, -16384, 16384, 12288, 32767], dtype=torch.float64) * step
+    assert torch.equal(got[0, :5], expected)
+    assert not got[0, 32:64].any()  # a block of zeros stays zeros
+    assert got[0, 64].item() == pytest.approx(3.0)  # a last block of one input, padded with zeros
 
 
 @pytest.mark.parametrize("shape", [(576, 49152), (64, 48)])
 def test_the_c_int8_kernel_is_exact_but_for_its_rounded_activations(shape):
     """The output layer against float64 on the same int8 weights and on x as the kernel rounds it
-    (to bf16 with AVX512-BF16, else not at all): its error is fp32 rounding. PyTorch's kernel
-    also rounds its scales and output to bf16, and errs a hundred times more."""
+    (to int16 per block): its error is fp32 rounding. PyTorch's kernel rounds x, its scales and
+    its output to bf16, and errs a hundred times more."""
     torch.manual_seed(0)
     linear = nn.Linear(*shape, bias=False)
     x = torch.randn(7, shape[0])
     c, pytorch = _int8(linear, "c"), _int8(linear, "pytorch")
     weight = pytorch.weight_int8.double() * c.scales.double()[:, None]
-    c_err = (c(x).double() - _as_the_int8_kernel_rounds(x) @ weight.t()).abs().max().item()
+    c_err = (c(x).double() - int16_blocks(x) @ weight.t()).abs().max().item()
     pytorch_err = (pytorch(x).double() - x.to(torch.bfloat16).double() @ weight.t()).abs().max().item()
     assert c_err < 2e-5 and c_err * 100 < pytorch_err
     with pytest.raises(ValueError, match="^dtype: int8 layers run on CPU with fp32 scales"):
@@ -159,13 +119,13 @@ def test_the_c_int8_kernel_is_exact_but_for_its_rounded_activations(shape):
 
 @pytest.mark.parametrize("width", [63, 40])
 def test_the_c_int8_kernel_takes_any_width(width):
-    """bf16 dot products take inputs in pairs: an odd width keeps fp32 activations; an even one
-    that is not whole vectors pads its last. Either way each row comes out as it does alone."""
+    """A width that is not whole blocks pads its last block with zeros (an odd one ends on a
+    single input); each row still comes out as it does alone."""
     torch.manual_seed(0)
     linear = nn.Linear(width, 48, bias=False)
     layer, unpacked = _int8(linear, "c"), _int8(linear, "pytorch")  # PyTorch's kernel takes no odd width
     x = torch.randn(17, width)
-    exact = _as_the_int8_kernel_rounds(x) @ (unpacked.weight_int8.double() * layer.scales.double()[:, None]).t()
+    exact = int16_blocks(x) @ (unpacked.weight_int8.double() * layer.scales.double()[:, None]).t()
     assert (layer(x).double() - exact).abs().max().item() < 2e-5
     assert torch.equal(torch.cat([layer(x[i:i + 1]) for i in range(17)]), layer(x))
 

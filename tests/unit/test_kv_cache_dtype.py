@@ -9,6 +9,7 @@ import torch
 
 from contract import EngineConfig, SamplingParams, ValidationError
 from engine.kernels import native
+from engine.policies.logprobs import log_softmax
 from tests.unit.test_batching import collect, mixed_requests
 from tests.unit.test_int4 import _answers, _lean_and_full, four_bit_llama  # noqa: F401 - a fixture
 from tests.unit.test_paged_attention import MIXED, c_args, step
@@ -99,6 +100,6 @@ async def test_a_direct_forward_rounds_its_keys_as_the_engine_does(four_bit_llam
     model, tokens = engine.core.loaded.model, engine.tokenizer(prompt)["input_ids"]
     with torch.inference_mode():
         generated = model.generate(torch.tensor([tokens]), max_new_tokens=16, do_sample=False, min_new_tokens=16)
-        rows = torch.log_softmax(model(torch.tensor([tokens + ids])).logits[0].float(), -1)
+        rows = log_softmax(model(torch.tensor([tokens + ids])).logits[0])
     assert generated[0, len(tokens):].tolist() == ids
     assert [float(rows[len(tokens) - 1 + k, t]) for k, t in enumerate(ids)] == logprobs

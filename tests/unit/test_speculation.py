@@ -101,7 +101,7 @@ async def test_speculation_saves_steps_where_the_answer_copies(looping_llama, ma
 
 async def test_by_default_greedy_requests_speculate_and_sampled_ones_when_they_ask(looping_llama, make_engine):
     engine = make_engine(looping_llama)  # the server's default
-    sampled = {"max_tokens": 25, "do_sample": True, "seed": 11}
+    sampled = {"max_tokens": 25, "do_sample": True, "seed": 11, "temperature": 0.2}  # repeats: drafts to check
     await answer(engine, "the the the the the", **sampled)
     assert engine.stats()["spec_drafts"] == 0
     await answer(engine, "the the the the the", **sampled, speculative_tokens=4)

@@ -1,0 +1,266 @@
+/* y = x W^T for quantized weights (int4.py's layers), on activations rounded to int16 per block
+ * of 32 (arith.h's `quantize_block`): the one arithmetic, the same bits on every CPU.
+ *
+ * - int4: Q4_1 blocks of 32 inputs, w = d q + m with q in 0..15 and d, m in fp16 as a GGUF holds
+ *   them (Q4_0's d (q - 8) is the same form), packed [outputs / 16][blocks][16 input pairs][16
+ *   outputs] bytes, low nibble the pair's first input. Per block, x . w = d dx (q . qx) + m dx
+ *   sum(qx), where q . qx is an integer sum (at most 15 * 32767 * 32 < 2^24, so exact in fp32 too).
+ * - int8 (the output layer): packed [outputs / 16][width][16] with an fp32 scale per output; per
+ *   block x . w = dx (w . qx), integer, and the output's scale multiplies the total.
+ *
+ * Each output sums its blocks in input order, in fp32, each operation rounded on its own:
+ * total = (total + (q . qx) dx d) + (dx sum(qx)) m. The integer sums run in AVX2's `pmaddwd`
+ * (16 products an instruction) where the CPU has AVX2, else in plain C; either gives the same
+ * integers, and everything after is arith.h's fp32, so every path gives the same bits.
+ * `int4_matmul_ready` and `int8_matmul_ready` say which: 2 (AVX2), 1 (plain C).
+ *
+ * Against float64 on the same inputs, x's rounding errs by at most 2^-16 of its block's largest
+ * magnitude (bf16 rounding: 2^-9 of each value; int8: 2^-8 of the largest). Each output is
+ * computed by one thread, with the same instructions for a row whatever the other rows are, so
+ * a row comes out bit for bit as it does alone. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "arith.h"
+#include "kernels.h"
+
+#define CHANNELS 16  /* outputs per group */
+#define PAIRS (QBLOCK / 2)
+
+/* x [rows, width] as int16 steps [rows][blocks * 32], each block's scale dx and dx sum(steps). */
+typedef struct {
+    int16_t *steps;
+    float *dx, *dsum;
+    int64_t blocks, width;
+} Rows;
+
+static int rows_alloc(Rows *q, int64_t rows, int64_t width) {
+    q->width = width;
+    q->blocks = (width + QBLOCK - 1) / QBLOCK;
+    q->steps = malloc(rows * q->blocks * QBLOCK * sizeof(int16_t));
+    q->dx = malloc(rows * q->blocks * sizeof(float));
+    q->dsum = malloc(rows * q->blocks * sizeof(float));
+    return q->steps && q->dx && q->dsum ? 0 : -2;
+}
+
+static void rows_free(Rows *q) {
+    free(q->steps);
+    free(q->dx);
+    free(q->dsum);
+}
+
+static void quantize_row(const float *x, const Rows *q, int64_t r) {
+    for (int64_t b = 0; b < q->blocks; b++) {
+        int64_t at = r * q->blocks + b, n = q->width - b * QBLOCK < QBLOCK ? q->width - b * QBLOCK : QBLOCK;
+        int32_t sum;
+        float dx = quantize_block(x + r * q->width + b * QBLOCK, (int)n, q->steps + at * QBLOCK, &sum);
+        q->dx[at] = dx;
+        q->dsum[at] = dx * (float)sum;
+    }
+}
+
+#if defined(__AVX2__)
+#define PATH 2
+#define TILE 3  /* rows that share one unpacking of a block's weights */
+
+/* int4: one block's integer sums q . qx for 16 channels and `count` rows. A 32-byte load holds
+ * input pairs 2k and 2k + 1 for the 16 channels; its nibbles, as 16-bit (first, second) steps,
+ * give per 128-bit lane one pair's four channels, which pmaddwd multiplies with that pair's two
+ * steps of x. */
+static inline __attribute__((always_inline)) void
+int4_sums(const uint8_t *w, const int16_t *xq, int64_t stride, int32_t sums[][CHANNELS], const int count) {
+    const __m256i nibble = _mm256_set1_epi8(0x0F), zero = _mm256_setzero_si256();
+    const __m256i spread = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+    __m256i acc[TILE][4];
+    for (int r = 0; r < count; r++)
+        for (int j = 0; j < 4; j++) acc[r][j] = zero;
+    for (int k = 0; k < PAIRS / 2; k++) {
+        __m256i bytes = _mm256_loadu_si256((const __m256i *)(w + k * 2 * CHANNELS));
+        __m256i first = _mm256_and_si256(bytes, nibble), second = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
+        __m256i low = _mm256_unpacklo_epi8(first, second), high = _mm256_unpackhi_epi8(first, second);
+        __m256i q[4] = {_mm256_unpacklo_epi8(low, zero), _mm256_unpackhi_epi8(low, zero),
+                        _mm256_unpacklo_epi8(high, zero), _mm256_unpackhi_epi8(high, zero)};
+        for (int r = 0; r < count; r++) {
+            __m256i x = _mm256_permutevar8x32_epi32(
+                _mm256_castsi128_si256(_mm_loadl_epi64((const __m128i *)(xq + r * stride + 4 * k))), spread);
+            for (int j = 0; j < 4; j++) acc[r][j] = _mm256_add_epi32(acc[r][j], _mm256_madd_epi16(q[j], x));
+        }
+    }
+    for (int r = 0; r < count; r++)  /* lanes: even pairs | odd pairs, channels 4j..4j+3 */
+        for (int h = 0; h < 2; h++) {
+            __m256i even = _mm256_permute2x128_si256(acc[r][2 * h], acc[r][2 * h + 1], 0x20);
+            __m256i odd = _mm256_permute2x128_si256(acc[r][2 * h], acc[r][2 * h + 1], 0x31);
+            _mm256_storeu_si256((__m256i *)(sums[r] + 8 * h), _mm256_add_epi32(even, odd));
+        }
+}
+
+/* int8: one block's integer sums w . qx (n inputs, from input `first`) for 16 channels and `count` rows */
+static inline __attribute__((always_inline)) void
+int8_sums(const int8_t *w, const int16_t *xq, int64_t stride, int n, int32_t sums[][CHANNELS], const int count) {
+    __m256i acc[TILE][2];
+    for (int r = 0; r < count; r++) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    int j = 0;
+    for (; 2 * j + 1 < n; j++) {
+        __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 2 * j * CHANNELS)));
+        __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + (2 * j + 1) * CHANNELS)));
+        __m256i a = _mm256_unpacklo_epi16(w0, w1), b = _mm256_unpackhi_epi16(w0, w1);  /* c0-3|c8-11, c4-7|c12-15 */
+        for (int r = 0; r < count; r++) {
+            int32_t pair;
+            memcpy(&pair, xq + r * stride + 2 * j, sizeof pair);
+            __m256i x = _mm256_set1_epi32(pair);
+            acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(a, x));
+            acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(b, x));
+        }
+    }
+    for (int r = 0; r < count; r++) {
+        _mm256_storeu_si256((__m256i *)sums[r], _mm256_permute2x128_si256(acc[r][0], acc[r][1], 0x20));
+        _mm256_storeu_si256((__m256i *)(sums[r] + 8), _mm256_permute2x128_si256(acc[r][0], acc[r][1], 0x31));
+        for (int i = 2 * j; i < n; i++)  /* an odd block's last input */
+            for (int c = 0; c < CHANNELS; c++) sums[r][c] += (int32_t)w[i * CHANNELS + c] * xq[r * stride + i];
+    }
+}
+#else
+#define PATH 1
+#define TILE 4
+
+static inline void int4_sums(const uint8_t *w, const int16_t *xq, int64_t stride, int32_t sums[][CHANNELS],
+                             const int count) {
+    for (int r = 0; r < count; r++) {
+        int32_t acc[CHANNELS] = {0};
+        for (int j = 0; j < PAIRS; j++) {
+            int32_t a = xq[r * stride + 2 * j], b = xq[r * stride + 2 * j + 1];
+            for (int c = 0; c < CHANNELS; c++) acc[c] += (w[j * CHANNELS + c] & 15) * a + (w[j * CHANNELS + c] >> 4) * b;
+        }
+        memcpy(sums[r], acc, sizeof acc);
+    }
+}
+
+static inline void int8_sums(const int8_t *w, const int16_t *xq, int64_t stride, int n, int32_t sums[][CHANNELS],
+                             const int count) {
+    for (int r = 0; r < count; r++) {
+        int32_t acc[CHANNELS] = {0};
+        for (int i = 0; i < n; i++)
+            for (int c = 0; c < CHANNELS; c++) acc[c] += (int32_t)w[i * CHANNELS + c] * xq[r * stride + i];
+        memcpy(sums[r], acc, sizeof acc);
+    }
+}
+#endif
+
+int int4_matmul_ready(void) { return PATH; }
+
+int int8_matmul_ready(void) { return PATH; }
+
+/* Outputs [group * 16, +16) for rows [r0, r0 + count). */
+static inline __attribute__((always_inline)) void
+int4_tile(const Rows *x, const uint8_t *packed, const uint16_t *scale, const uint16_t *low, float *y,
+          int64_t outputs, int64_t group, int64_t r0, const int count) {
+    const int64_t blocks = x->blocks, stride = blocks * QBLOCK;
+    f8 total[TILE][2];
+    int32_t sums[TILE][CHANNELS];
+    for (int r = 0; r < count; r++) total[r][0] = total[r][1] = splat8(0.0f);
+    for (int64_t b = 0; b < blocks; b++) {
+        const int64_t at = (group * blocks + b) * CHANNELS;
+        int4_sums(packed + at * PAIRS, x->steps + r0 * stride + b * QBLOCK, stride, sums, count);
+        for (int h = 0; h < 2; h++) {
+            f8 d = half8(scale + at + 8 * h), m = half8(low + at + 8 * h);
+            for (int r = 0; r < count; r++) {
+                i8 n;
+                memcpy(&n, sums[r] + 8 * h, sizeof n);
+                const int64_t xb = (r0 + r) * blocks + b;
+                f8 dot = __builtin_convertvector(n, f8) * x->dx[xb];
+                total[r][h] = (total[r][h] + dot * d) + x->dsum[xb] * m;
+            }
+        }
+    }
+    for (int r = 0; r < count; r++)
+        for (int h = 0; h < 2; h++) store8(y + (r0 + r) * outputs + group * CHANNELS + 8 * h, total[r][h]);
+}
+
+static inline __attribute__((always_inline)) void
+int8_tile(const Rows *x, const int8_t *packed, const float *scale, float *y, int64_t outputs, int64_t group,
+          int64_t r0, const int count) {
+    const int64_t blocks = x->blocks, stride = blocks * QBLOCK;
+    f8 total[TILE][2];
+    int32_t sums[TILE][CHANNELS];
+    for (int r = 0; r < count; r++) total[r][0] = total[r][1] = splat8(0.0f);
+    for (int64_t b = 0; b < blocks; b++) {
+        int n = x->width - b * QBLOCK < QBLOCK ? (int)(x->width - b * QBLOCK) : QBLOCK;
+        int8_sums(packed + (group * x->width + b * QBLOCK) * CHANNELS, x->steps + r0 * stride + b * QBLOCK, stride,
+                  n, sums, count);
+        for (int h = 0; h < 2; h++)
+            for (int r = 0; r < count; r++) {
+                i8 s;
+                memcpy(&s, sums[r] + 8 * h, sizeof s);
+                total[r][h] = total[r][h] + __builtin_convertvector(s, f8) * x->dx[(r0 + r) * blocks + b];
+            }
+    }
+    for (int r = 0; r < count; r++)
+        for (int h = 0; h < 2; h++)
+            store8(y + (r0 + r) * outputs + group * CHANNELS + 8 * h, total[r][h] * load8(scale + group * CHANNELS + 8 * h));
+}
+
+#if TILE == 4
+#define TILE_4(CALL) case 4: CALL(4); break;
+#else
+#define TILE_4(CALL)
+#endif
+#define EACH_TILE(CALL) \
+    switch (rows - r0 < TILE ? rows - r0 : TILE) {  /* a constant count per case, for the compiler */ \
+        TILE_4(CALL)                                                                                  \
+        case 3: CALL(3); break;                                                                       \
+        case 2: CALL(2); break;                                                                       \
+        default: CALL(1);                                                                             \
+    }
+
+/* What one call multiplies x by: int4 (packed, scale, low) or int8 (packed8, scale8). */
+typedef struct {
+    const uint8_t *packed;
+    const uint16_t *scale, *low;
+    const int8_t *packed8;
+    const float *scale8;
+} Weights;
+
+/* x [rows, width] and y [rows, outputs], contiguous fp32: x's rows quantized, then each group of
+ * outputs by one thread. Returns 0, or -2 when out of memory. */
+static int product(const float *x, Weights w, float *y, int64_t rows, int64_t width, int64_t outputs, int threads,
+                   int64_t parallel_from) {
+    Rows q;
+    if (rows_alloc(&q, rows, width)) {
+        rows_free(&q);
+        return -2;
+    }
+    int parallel = threads > 1 && rows * width * outputs > parallel_from;  /* below, starting threads costs more */
+    #pragma omp parallel num_threads(threads) if (parallel)
+    {
+        #pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) quantize_row(x, &q, r);
+        #pragma omp for schedule(dynamic, 4)
+        for (int64_t group = 0; group < outputs / CHANNELS; group++)
+            for (int64_t r0 = 0; r0 < rows; r0 += TILE) {
+#define INT4_TILE(N) int4_tile(&q, w.packed, w.scale, w.low, y, outputs, group, r0, N)
+#define INT8_TILE(N) int8_tile(&q, w.packed8, w.scale8, y, outputs, group, r0, N)
+                if (w.packed) {
+                    EACH_TILE(INT4_TILE)
+                } else {
+                    EACH_TILE(INT8_TILE)
+                }
+#undef INT4_TILE
+#undef INT8_TILE
+            }
+    }
+    rows_free(&q);
+    return 0;
+}
+
+int int4_matmul(const float *x, const uint8_t *packed, const uint16_t *scale, const uint16_t *low, float *y,
+                int64_t rows, int64_t width, int64_t outputs, int threads) {
+    if (rows < 1 || width % QBLOCK || outputs % CHANNELS) return -1;
+    return product(x, (Weights){packed, scale, low, 0, 0}, y, rows, width, outputs, threads, 1 << 18);
+}
+
+int int8_matmul(const float *x, const int8_t *packed, const float *scale, float *y, int64_t rows, int64_t width,
+                int64_t outputs, int threads) {
+    if (rows < 1 || width < 1 || outputs % CHANNELS) return -1;
+    return product(x, (Weights){0, 0, 0, packed, scale}, y, rows, width, outputs, threads, 1 << 16);
+}
