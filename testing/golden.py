@@ -18,6 +18,7 @@ from typing import Any
 from contract import SamplingParams
 from engine.client.async_engine import EngineClient
 from engine.kernels import build
+from engine.torch_vectors import cpu_flags
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden" / "cpu.json"
@@ -69,16 +70,6 @@ def check(section: str, got: list[dict[str, Any]], path: str) -> None:
             assert have[key] == want[key], (
                 f"{section}, kernel path {path}: {want['prompt']!r}'s {key} differ from the golden file "
                 f"({GOLDEN.relative_to(ROOT)}):\n  golden {want[key]}\n  here   {have[key]}")
-
-
-def cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.split(":")[0].strip() in ("flags", "Features"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
 
 
 def kernel_paths() -> dict[str, tuple[str, ...]]:

@@ -12,6 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import engine  # noqa: E402, F401 - first: it pins PyTorch's vector width (engine/torch_vectors.py)
 from testing.flows import start_flow  # noqa: E402
 from testing.procs import free_port  # noqa: E402, F401 - the tests' import of it
 from testing.toy_models import build  # noqa: E402
