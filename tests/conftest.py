@@ -132,5 +132,5 @@ async def make_engine():
         made.append(AsyncEngine(EngineConfig(model=model, **kw)))
         return made[-1]
     yield factory
-    for engine in made:
-        engine.shutdown()
+    for made_engine in made:
+        made_engine.shutdown()
