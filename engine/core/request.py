@@ -17,7 +17,7 @@ from ..outputs import RequestOutput
 from ..policies.output import OutputPipeline
 from ..policies.prompt_logprobs import PromptScores
 from ..policies.sampling import TokenChooser
-from ..policies.speculation import PromptLookup
+from ..policies.speculation import Acceptance, PromptLookup
 
 ROW_STATE = ("state", "computed", "generated", "cached_tokens")  # the scheduler's to write (a test checks)
 
@@ -41,6 +41,8 @@ class Request:
     choice: int = 0  # which of the request's n answers this is (each is a batch row)
     drafter: Optional[PromptLookup] = None  # speculative decoding: drafts its next tokens
     speculative: int = 0  # drafts per decode step (0: none)
+    adaptive: bool = False  # drafts only as many as pay (the server's default; a request's own number is kept)
+    acceptance: Acceptance = field(default_factory=Acceptance)  # its drafts so far
     prompt_scores: Optional[PromptScores] = None  # prompt_logprobs: filled while prefilling
     parent: Optional["ParentRequest"] = None  # n > 1: the answers still to fan out from this row
     arrival: float = field(default_factory=time.perf_counter)  # for queue, TTFT and e2e times

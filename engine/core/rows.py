@@ -61,7 +61,8 @@ class RowFactory:
             if speculative else None
         return Request(request_id, prepared.prompt_ids, params, seed,
                        TokenChooser(params, seed, len(prepared.prompt_ids)), pipeline, sink, choice=choice,
-                       drafter=drafter, speculative=speculative, generated=list(prepared.generated))
+                       drafter=drafter, speculative=speculative, adaptive=params.speculative_tokens is None,
+                       generated=list(prepared.generated))
 
 
 def row_output(row: Request, piece: Optional[TokenPiece], index: int) -> RequestOutput:

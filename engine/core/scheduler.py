@@ -22,6 +22,7 @@ writes a row's state (ROW_STATE; a test checks).
 """
 import collections
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Optional
@@ -29,6 +30,7 @@ from typing import Optional
 from contract import EngineConfig, EngineDeadError, OverloadedError, ValidationError
 
 from ..outputs import RequestOutput
+from ..policies.speculation import StepCosts, worth
 from .kv_manager import KVCacheManager
 from .request import Request, RequestState
 
@@ -84,6 +86,8 @@ class Scheduler:
         self.running: list[Request] = []  # rows holding blocks, oldest admission first
         self.preemptions = 0
         self.closed = False
+        self.costs = StepCosts()  # decode steps' seconds by size: what drafts cost here
+        self._decode_plan: Optional[tuple[int, float]] = None  # the last plan's positions and start, if decode only
 
     @property
     def num_waiting(self) -> int:
@@ -130,6 +134,7 @@ class Scheduler:
         plan, budget = StepPlan(), self.config.max_prefill_tokens
         preempted = False
         speculate = len(self.running) <= self.config.speculative_max_rows
+        positions = sum(1 for r in self.running if r.state is RequestState.RUNNING and r.todo == 1)
         for req in list(self.running):
             if req.state is not RequestState.RUNNING:  # preempted for an older row this step
                 continue
@@ -137,7 +142,8 @@ class Scheduler:
             count = 1 if todo == 1 else min(todo, budget)
             if count == 0:
                 continue
-            drafts = self._drafts(req) if todo == 1 and speculate else []
+            drafts = self._drafts(req, positions) if todo == 1 and speculate else []
+            positions += len(drafts)
             while not self.kv.grow(req, count + len(drafts)):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -149,15 +155,20 @@ class Scheduler:
                 budget -= count if todo > 1 else 0
         if not preempted:
             self._admit(plan, budget)
+        decode_only = plan.work and all(w.count == 1 and w.start > 0 for w in plan.work)
+        self._decode_plan = (sum(w.tokens for w in plan.work), time.perf_counter()) if decode_only else None
         return plan
 
-    @staticmethod
-    def _drafts(req: Request) -> list[int]:
-        """A decoding row's drafts, no more than the tokens it may still generate after the next."""
+    def _drafts(self, req: Request, positions: int) -> list[int]:
+        """A decoding row's drafts, no more than the tokens it may still generate after the next,
+        and, where it adapts, no more than pay in a step of `positions` without them."""
         room = min(req.speculative, req.params.max_tokens - len(req.generated) - 1)
         if req.drafter is None or room <= 0:
             return []
-        return req.drafter.propose(req.history(), room)
+        drafts = req.drafter.propose(req.history(), room)
+        if req.adaptive and drafts:
+            drafts = drafts[:worth(len(drafts), req.acceptance.rate(), lambda k: self.costs.ratio(positions, k))]
+        return drafts
 
     def _admit(self, plan: StepPlan, budget: int) -> None:
         """Waiting requests start, first come first served, while rows, blocks and the
@@ -213,12 +224,18 @@ class Scheduler:
     # ----- one step: its outcome (the one writer of row state) -----
     def update(self, outcomes: list[RowOutcome]) -> None:
         """A step's outcome, row by row: answers fan out of their row (which comes first), tokens
-        join the history, computed tokens key their blocks; then the rows that ended go."""
+        join the history, computed tokens key their blocks; then the rows that ended go. A decode
+        step's time since it was planned (its forward pass and choices) is what its size costs."""
+        if self._decode_plan is not None:
+            positions, started = self._decode_plan
+            self.costs.record(positions, time.perf_counter() - started)
         for outcome in outcomes:
             row = outcome.row
             if outcome.forked_from is not None:
                 self._fork(outcome.forked_from, row)
             before = row.computed
+            if outcome.drafted:
+                row.acceptance.record(outcome.drafted, max(0, len(outcome.tokens) - 1))
             row.generated += outcome.tokens
             row.computed += outcome.kept
             self.kv.computed(row, before)

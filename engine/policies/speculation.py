@@ -14,7 +14,15 @@ tokens chosen from them are the plain decode's: greedy output is unchanged, and 
 draws from the same distributions with the same generator, one draw per token, so it is
 unchanged too. (For a draft that is one token for sure, accepting it when the sampled token is
 the draft is the standard acceptance rule: accepted with probability p(draft).)
+
+Drafts cost: a step that checks k of them computes k more positions, and on a CPU whose matmuls
+are compute-bound at a few rows that is far from free. So each row drafts only as many as pay
+(`worth`): its own acceptance so far (`Acceptance`), against what steps of each size have cost
+on this machine (`StepCosts`, measured as the engine runs). Where drafts stop paying, a row
+decodes plainly; sizes not measured lately are tried again, so a row whose answer starts to copy
+picks speculation up again.
 """
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -49,3 +57,60 @@ class SpeculationCounts:
     spec_drafts: int = 0
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
+
+
+@dataclass
+class Acceptance:
+    """One row's drafts so far: tokens accepted, and the checks that refused one (at most one a step)."""
+
+    accepted: int = 0
+    refused: int = 0
+
+    def record(self, drafted: int, accepted: int) -> None:
+        self.accepted += accepted
+        self.refused += accepted < drafted
+
+    def rate(self) -> float:
+        """The chance that a draft is accepted after the one before was: a geometric fit, with one
+        of each to start from."""
+        return (self.accepted + 1) / (self.accepted + self.refused + 2)
+
+
+RETRY_STEPS = 256  # a size not measured for this many steps is tried again
+EXPLORE = 0.05  # an unmeasured size's assumed extra cost per draft (relative): low, so it gets tried
+
+
+@dataclass
+class StepCosts:
+    """Decode steps' seconds on this machine by the positions they compute (an exponential average
+    of each size), for what k more positions cost against none."""
+
+    seconds: dict[int, float] = field(default_factory=dict)
+    measured_at: dict[int, int] = field(default_factory=dict)
+    steps: int = 0
+
+    def record(self, positions: int, seconds: float) -> None:
+        self.steps += 1
+        old = self.seconds.get(positions)
+        self.seconds[positions] = seconds if old is None else 0.75 * old + 0.25 * seconds
+        self.measured_at[positions] = self.steps
+
+    def ratio(self, base: int, extra: int) -> float:
+        """cost(base + extra) / cost(base); optimistic where either is unmeasured or stale."""
+        fresh = [self.seconds.get(n) if self.steps - self.measured_at.get(n, -RETRY_STEPS) < RETRY_STEPS else None
+                 for n in (base, base + extra)]
+        if fresh[0] is None or fresh[1] is None or fresh[0] <= 0:
+            return 1.0 + EXPLORE * extra
+        return fresh[1] / fresh[0]
+
+
+def worth(drafts: int, rate: float, ratio: Callable[[int], float]) -> int:
+    """How many of `drafts` to check: the k whose expected tokens a step (1 + rate + ... + rate^k)
+    per cost (ratio(k), 1 for k = 0) is highest; 0 where none beats a plain step."""
+    best, best_gain, expected = 0, 1.0, 1.0
+    for k in range(1, drafts + 1):
+        expected += rate ** k
+        gain = expected / ratio(k)
+        if gain > best_gain:
+            best, best_gain = k, gain
+    return best

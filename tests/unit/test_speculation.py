@@ -13,7 +13,7 @@ from engine.core.kv_pool import KVPool, KVShape
 from engine.kernels import build, native
 from engine.model import paged_attention
 from engine.model.int4 import _quantize, dequantize
-from engine.policies.speculation import PromptLookup
+from engine.policies.speculation import Acceptance, PromptLookup, StepCosts, worth
 from tests.unit.test_paged_attention import step
 
 
@@ -135,3 +135,38 @@ def test_the_per_sequence_path_computes_drafts_as_decode_steps(monkeypatch):
     paged = paged_attention.PagedStep(pool, torch.zeros(0, dtype=torch.long), q_lens, ctx_lens, tables)
     paged_attention._per_sequence(query, 0, paged, 0.25, 0)
     assert calls == [1, 1, 1, 1, 1, 200]
+
+
+def test_drafts_are_checked_only_as_far_as_they_pay():
+    flat = lambda k: 1.0 + 0.05 * k  # noqa: E731 - a cheap verify: a few drafts pay at a middling rate
+    steep = lambda k: 1.0 + 0.5 * k  # noqa: E731 - each draft costs half a step
+    assert worth(8, 0.9, flat) == 8 and worth(8, 0.5, flat) >= 2
+    assert worth(8, 0.2, steep) == 0 and worth(8, 0.9, steep) >= 1
+    assert worth(0, 0.9, flat) == 0
+
+
+def test_acceptance_and_step_costs_are_what_was_measured():
+    acceptance = Acceptance()
+    assert acceptance.rate() == 0.5  # one of each to start from
+    acceptance.record(drafted=4, accepted=4)
+    acceptance.record(drafted=4, accepted=1)
+    assert (acceptance.accepted, acceptance.refused) == (5, 1) and acceptance.rate() == 6 / 8
+    costs = StepCosts()
+    assert costs.ratio(1, 4) == 1.2  # unmeasured: optimistic, so it gets tried
+    costs.record(1, 0.010)
+    costs.record(5, 0.020)
+    assert costs.ratio(1, 4) == pytest.approx(2.0)
+    for _ in range(300):  # the five-position size not measured for long: tried again
+        costs.record(1, 0.010)
+    assert costs.ratio(1, 4) == 1.2
+
+
+async def test_the_servers_default_stops_drafting_where_drafts_do_not_pay(looping_llama, make_engine):
+    """Steps that cost twice a plain one per draft: a row on the server's default drafts nothing,
+    a request that names its own number drafts as it asked; the tokens are the same."""
+    engine = make_engine(looping_llama, speculative_tokens=8)
+    engine.core.scheduler.costs.ratio = lambda base, extra: 1.0 + 2.0 * extra  # type: ignore[method-assign]
+    plain = await answer(engine, COPY, max_tokens=40)
+    assert engine.stats()["spec_drafts"] == 0
+    asked = await answer(engine, COPY, max_tokens=40, speculative_tokens=8)
+    assert engine.stats()["spec_drafts"] > 0 and asked[0] == plain[0]
