@@ -101,6 +101,7 @@ def test_linear_trimming_keeps_what_one_turn_at_a_time_kept(gpt2_tok, llama_tok,
     import random
     tok = gpt2_tok if which == "plain" else llama_tok
     rng = random.Random(5)
+    compared = 0
     for _ in range(40):
         msgs = [{"role": "system", "content": "be brief"}] if rng.random() < 0.5 else []
         for _ in range(rng.randint(1, 12)):
@@ -112,9 +113,15 @@ def test_linear_trimming_keeps_what_one_turn_at_a_time_kept(gpt2_tok, llama_tok,
         budget = rng.randint(full // 4 + 20, full + 5)
         try:
             expected = _quadratic_reference(tok, msgs, budget)
-        except Exception:
+        except ValidationError:  # nothing the old rule could render: the new one refuses too
+            with pytest.raises(ValidationError):
+                render_chat(tok, msgs, budget)
             continue
         assert render_chat(tok, msgs, budget) == expected
+        compared += 1
+    # every budget leaves room for the last message, so (measured) all 40 cases are compared;
+    # a generator or reference that made most of them raise would test nothing
+    assert compared >= 35, f"only {compared} of 40 cases compared with the one-turn-at-a-time rule"
 
 
 def test_thousands_of_messages_are_refused_or_trimmed_quickly(gpt2_tok):

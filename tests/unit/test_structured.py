@@ -40,14 +40,16 @@ def valid(constraint: dict, text: str) -> bool:
 async def test_every_finished_answer_is_valid(any_model, make_engine, constraint):
     engine = make_engine(any_model)
     finished = 0
-    for i, sample in enumerate([False, True, True, True]):
+    # seed 5: a random model rambles in an open object's strings for hundreds of tokens, but with
+    # seed 5 both models close `{}` at once (measured), so json_object finishes too
+    for i, sample in enumerate([False, True, True, True, True, True]):
         params = SamplingParams(max_tokens=48, do_sample=sample, seed=i, **constraint)
         _, text, reason = await collect(engine, "the quick brown fox", params)
         if reason == FinishReason.LENGTH:  # cut short: never called valid
             continue
         assert reason == FinishReason.EOS and valid(constraint, text), text
         finished += 1
-    assert finished >= 1 or "json_object" in constraint  # a random model may ramble in an open object
+    assert finished >= 1, f"no answer finished under {constraint}: nothing was validated"
 
 
 @pytest.mark.parametrize("sample", [False, True], ids=["greedy", "seeded"])
