@@ -16,7 +16,7 @@ import json
 import re
 import uuid
 from collections.abc import Callable, Generator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 from contract import ValidationError, check
@@ -253,11 +253,12 @@ class ToolCallParser:
 
 
 def merged(deltas: list[ToolCallDelta]) -> list[ToolCallDelta]:
-    """Consecutive argument pieces of one call as one."""
+    """Consecutive argument pieces of one call as one, in new deltas (the pieces, which outputs
+    already sent hold, stay as they were)."""
     out: list[ToolCallDelta] = []
     for d in deltas:
         if out and out[-1].index == d.index and not d.id:
             out[-1].arguments += d.arguments
         else:
-            out.append(d)
+            out.append(replace(d))
     return out

@@ -7,7 +7,7 @@ import jsonschema
 import pytest
 
 from contract import FinishReason, SamplingParams, ValidationError
-from engine.policies.tools import TAG, ToolCallParser, ToolSpec, merged, render_messages
+from engine.policies.tools import TAG, ToolCallDelta, ToolCallParser, ToolSpec, merged, render_messages
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"]}}}
@@ -126,3 +126,10 @@ def test_the_generic_rendering_of_tools_calls_and_results():
     assert messages[2] == {"role": "assistant", "content": f'{TAG}\n{{"name": "get_weather", "arguments": '
                                                            f'{{"city": "Oslo"}}}}\n</tool_call>'}
     assert messages[3] == {"role": "user", "content": "<tool_response>\nsunny\n</tool_response>"}
+
+
+def test_merging_a_calls_pieces_leaves_the_pieces_as_they_were():
+    pieces = [ToolCallDelta(0, "call_1", "add", '{"a": '), ToolCallDelta(0, arguments="1}")]
+    assert [(c.name, c.arguments) for c in merged(pieces)] == [("add", '{"a": 1}')]
+    assert [(c.name, c.arguments) for c in merged(pieces)] == [("add", '{"a": 1}')]  # again: the same
+    assert pieces[0].arguments == '{"a": '
