@@ -4,14 +4,14 @@
 
 (A published run: docs/benchmarks/2026-11-kernels/by-kernel/results.md.)
 
-int4 matmul: `int4_matmul.c` against `_weight_int4pack_mm_for_cpu`, on SmolLM2-135M's layer
-shapes at 1, 16 and 512 rows. int8 matmul (the output layer): `dense_matmul.c` against
+int4 matmul: `quant_matmul.c` against `_weight_int4pack_mm_for_cpu`, on SmolLM2-135M's layer
+shapes at 1, 16 and 512 rows. int8 matmul (the output layer): `quant_matmul.c` against
 `_weight_int8pack_mm` at 1 and 16 rows. Attention: `paged_attention.c` against one SDPA call per sequence
 over keys gathered from the pool (its fallback), for a 16-row decode step and a 16-prompt
 prefill, packed and paged as the engine runs them. Each pair is
 timed in alternation, `--repeats` times; the table gives microseconds per call (median) and the
-error of each matmul kernel against float64: the int4 kernels' on the activations as they round
-them (bf16, or int8 blocks in the C kernel's VNNI and AVX2 versions), the output layer's on fp32 x.
+error of each matmul kernel against float64 on the activations as it rounds them (the C kernels:
+int16 per block of 32; PyTorch's: bf16).
 
 A second table times the C attention over an fp16 pool against an fp32 one (EngineConfig's
 kv_cache_dtype) for a 16-row decode step through 30 layers' pools, as a step of the default
@@ -33,7 +33,7 @@ from torch import nn
 from engine.core.kv_pool import KVPool, KVShape
 from engine.kernels import build, native
 from engine.model import paged_attention
-from engine.model.int4 import Int4Linear, Int8Linear, _quantize, dequantize, int8_blocks
+from engine.model.int4 import Int4Linear, Int8Linear, _quantize, dequantize, int16_blocks
 
 SHAPES = [(576, 576), (576, 192), (576, 1536), (1536, 576)]  # (in, out): q/o, k/v, gate/up, down
 ROWS = [1, 16, 512]
@@ -73,7 +73,7 @@ def int4_pair(inputs: int, outputs: int) -> tuple[Int4Linear, Int4Linear, torch.
 
 def rounded(x: torch.Tensor, activations: Optional[str]) -> torch.Tensor:
     """x as a kernel rounds it before its exact products, in float64."""
-    return int8_blocks(x) if activations == "int8" else x.to(torch.bfloat16).double()
+    return int16_blocks(x) if activations == "int16" else x.to(torch.bfloat16).double()
 
 
 def int4_rows(repeats: int) -> list[str]:
@@ -91,8 +91,8 @@ def int4_rows(repeats: int) -> list[str]:
 
 
 def int8_rows(repeats: int) -> list[str]:
-    """The output layer, 576 to 49,152 (SmolLM2's vocabulary): dense_matmul.c against
-    `_weight_int8pack_mm`, errors against float64 on the same int8 weights."""
+    """The output layer, 576 to 49,152 (SmolLM2's vocabulary): quant_matmul.c against
+    `_weight_int8pack_mm`, errors against float64 on the same int8 weights and x as each rounds it."""
     torch.manual_seed(0)
     linear = nn.Linear(576, 49152, bias=False)
     c_layer = Int8Linear(linear)
@@ -102,8 +102,8 @@ def int8_rows(repeats: int) -> list[str]:
     lines = []
     for rows in (1, 16):
         x = torch.randn(rows, 576)
-        exact = x.double() @ weight.t()
-        errors = [(layer(x).double() - exact).abs().max().item() for layer in (c_layer, torch_layer)]
+        errors = [(layer(x).double() - rounded(x, kind) @ weight.t()).abs().max().item()
+                  for layer, kind in ((c_layer, native.int4_activations()), (torch_layer, "bf16"))]
         times = alternate([partial(c_layer, x), partial(torch_layer, x)], repeats)
         lines.append(f"| int8 576x49152 | {rows} | {times[0]:.1f} | {times[1]:.1f} | {times[1] / times[0]:.2f}x | "
                      f"{errors[0]:.1e} | {errors[1]:.1e} |")
