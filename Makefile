@@ -89,9 +89,10 @@ serve: setup $(if $(filter $(DEFAULT_MODEL),$(LLM_MODEL)),model)
 test: setup lint model $(CLIENTS_VENV)/.installed
 	LLM_TEST_MODEL=$(DEFAULT_MODEL) LLM_CLIENTS_PYTHON=$(CLIENTS_VENV)/bin/python $(PY) -m pytest -q
 
-# the unit and gateway tiers: no server, no real model (under a minute)
+# the unit and gateway tiers: no server, no real model; two pytest-xdist workers of one torch
+# thread each (two threads each would spin against each other on two cores)
 test-fast: setup
-	$(PY) -m pytest -q tests/unit tests/gateway
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 tests/unit tests/gateway
 
 # on a machine with CUDA (where torch sees it, the engine's tests run there): the tests marked gpu and
 # the engine's own; GPU_PY is that machine's Python, with the service's packages (benchmarks/gpu_check.sh)

@@ -83,17 +83,13 @@ def kernel_paths() -> dict[str, tuple[str, ...]]:
     return paths
 
 
-def build_paths(folder: Path) -> dict[str, ctypes.CDLL]:
-    """Each path's library: the engine's own for "native", the others built into `folder`."""
+def build_paths() -> dict[str, ctypes.CDLL]:
+    """Each path's library: the engine's own for "native", the others built (or taken from the
+    kernel cache) with their flags."""
     own = build.library()
     if own is None:
         return {}
-    libraries = {"native": own}
-    for name, flags in kernel_paths().items():
-        if flags:
-            build.compile_into(build.find_compiler(), folder / f"{name}.so", extra=flags)
-            libraries[name] = build.bind(ctypes.CDLL(str(folder / f"{name}.so")))
-    return libraries
+    return {name: build.library_with(flags) if flags else own for name, flags in kernel_paths().items()}
 
 
 async def check_path(path: str, libraries: dict[str, ctypes.CDLL], make_engine: Callable[..., Any], model: str,

@@ -3,6 +3,7 @@
 Each test's tier comes from its folder (unit, gateway, service, real_model): a marker of
 that name, so `pytest -m "unit or gateway"` (make test-fast) picks the quick tiers.
 """
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -12,10 +13,20 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import engine  # noqa: E402, F401 - first: it pins PyTorch's vector width (engine/torch_vectors.py)
-from testing.flows import start_flow  # noqa: E402
+
+def _pin_torch_vectors() -> None:
+    """engine/torch_vectors.py's pin, first, without importing the engine (seconds, in every
+    process that loads this file: pytest-xdist's controller too)."""
+    spec = importlib.util.spec_from_file_location("_torch_vectors", ROOT / "engine" / "torch_vectors.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.pin()
+
+
+_pin_torch_vectors()
+
 from testing.procs import free_port  # noqa: E402, F401 - the tests' import of it
-from testing.toy_models import build  # noqa: E402
 
 TIERS = ("unit", "gateway", "service", "real_model")
 
@@ -36,17 +47,37 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 @pytest.fixture(scope="session")
 def models_dir(tmp_path_factory) -> Path:
+    """Where the tiny models are built: one folder for every xdist worker of the run (each model
+    built once, `shared_build`), else this session's own."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        folder = tmp_path_factory.getbasetemp().parent / "models"
+        folder.mkdir(exist_ok=True)
+        return folder
     return tmp_path_factory.mktemp("models")
+
+
+def shared_build(path: Path, *args, **kwargs) -> str:
+    """testing.toy_models.build, once per path: the first worker to ask builds it, the others wait
+    for it and take it as built."""
+    from filelock import FileLock
+
+    from testing.toy_models import build
+    with FileLock(str(path) + ".lock"):
+        done = path / ".built"
+        if not done.exists():
+            build(path, *args, **kwargs)
+            done.touch()
+    return str(path)
 
 
 @pytest.fixture(scope="session")
 def gpt2_model(models_dir) -> str:
-    return str(build(models_dir / "gpt2", "gpt2"))
+    return shared_build(models_dir / "gpt2", "gpt2")
 
 
 @pytest.fixture(scope="session")
 def llama_model(models_dir) -> str:
-    return str(build(models_dir / "llama", "llama"))
+    return shared_build(models_dir / "llama", "llama")
 
 
 @pytest.fixture(scope="session", params=["gpt2", "llama"])
@@ -58,12 +89,13 @@ def any_model(request, gpt2_model, llama_model) -> str:
 def int4_llama_model(models_dir) -> str:
     """A llama run as int4 with the C kernels (bit-exact whatever the batch and the history), whose
     streams last a second or two: for moving streams between replicas."""
-    return str(build(models_dir / "int4-llama", "llama", "medium", four_bit=True))
+    return shared_build(models_dir / "int4-llama", "llama", "medium", four_bit=True)
 
 
 @pytest.fixture(scope="session")
 def flow(gpt2_model, tmp_path_factory):
     """One real Flow for the whole session: (grpc_port, http_port)."""
+    from testing.flows import start_flow
     server, grpc_port, http_port = start_flow(gpt2_model, tmp_path_factory.mktemp("flow"))
     yield grpc_port, http_port
     server.stop()
@@ -72,12 +104,13 @@ def flow(gpt2_model, tmp_path_factory):
 @pytest.fixture(scope="session")
 def slow_model(models_dir) -> str:
     """Tens of ms per token here: a generation that is surely still running when cancelled."""
-    return str(build(models_dir / "slow", "gpt2", "slow"))
+    return shared_build(models_dir / "slow", "gpt2", "slow")
 
 
 @pytest.fixture(scope="session")
 def slow_flow(slow_model, tmp_path_factory):
     """A second real Flow, on the slow model, for cancellation tests: (grpc_port, http_port)."""
+    from testing.flows import start_flow
     server, grpc_port, http_port = start_flow(slow_model, tmp_path_factory.mktemp("slow_flow"))
     yield grpc_port, http_port
     server.stop()
@@ -100,16 +133,17 @@ def real_model() -> str:
 @pytest.fixture(scope="session")
 def real_flow(real_model, tmp_path_factory):
     """A real Flow on the trained model: (grpc_port, http_port)."""
+    from testing.flows import start_flow
     server, grpc_port, http_port = start_flow(real_model, tmp_path_factory.mktemp("real_flow"))
     yield grpc_port, http_port
     server.stop()
 
 
 @pytest.fixture(scope="session")
-def kernel_libraries(tmp_path_factory) -> dict:
+def kernel_libraries() -> dict:
     """The C kernels built for every path this CPU runs (testing/golden.py's kernel_paths), by name."""
     from testing.golden import build_paths
-    libraries = build_paths(tmp_path_factory.mktemp("kernel-paths"))
+    libraries = build_paths()
     if not libraries:
         pytest.skip("no C compiler here: the kernel paths cannot be built")
     return libraries
@@ -118,7 +152,7 @@ def kernel_libraries(tmp_path_factory) -> dict:
 @pytest.fixture(scope="session")
 def golden_llama(models_dir) -> str:
     """The golden file's tiny llama: 4-bit weights drawn from integers, the same on every CPU."""
-    return str(build(models_dir / "golden-llama", "llama", four_bit=True, integer_weights=True))
+    return shared_build(models_dir / "golden-llama", "llama", four_bit=True, integer_weights=True)
 
 
 @pytest.fixture

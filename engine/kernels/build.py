@@ -121,20 +121,26 @@ def bind(library: ctypes.CDLL, missing_ok: bool = False) -> ctypes.CDLL:
     return library
 
 
-def _build() -> ctypes.CDLL:
+def library_with(extra: tuple[str, ...]) -> ctypes.CDLL:
+    """The kernels built with `extra` flags after `flags()` (another path this CPU runs: the tests
+    and benchmarks compare them), kept in the cache as the engine's own are; raises Unbuilt."""
+    return _build(extra)
+
+
+def _build(extra: tuple[str, ...] = ()) -> ctypes.CDLL:
     compiler = find_compiler()
     started = time.perf_counter()
-    cached = _cache_path(compiler)
+    cached = _cache_path(compiler, extra)
     if cached is not None and cached.exists() and (built := _load(cached)) is not None:
         log.info("C kernels loaded from %s", cached)
     elif cached is not None:
-        compile_into(compiler, cached)
+        compile_into(compiler, cached, SOURCES, extra)
         built = ctypes.CDLL(str(cached))
         log.info("C kernels built in %.2f s, kept in %s", time.perf_counter() - started, cached.parent)
     else:
         with tempfile.TemporaryDirectory(prefix="llm-native-") as folder:
             target = Path(folder) / "kernels.so"
-            compile_into(compiler, target)
+            compile_into(compiler, target, SOURCES, extra)
             built = ctypes.CDLL(str(target))  # stays mapped once the file is gone
         log.info("C kernels built in %.2f s", time.perf_counter() - started)
     return bind(built)
@@ -172,7 +178,7 @@ def _run(command: list[str]) -> None:
         raise Unbuilt(f"{command[0]} failed: {done.stderr.strip()[-500:]}")
 
 
-def _cache_path(compiler: str) -> Optional[Path]:
+def _cache_path(compiler: str, extra: tuple[str, ...] = ()) -> Optional[Path]:
     """Where this build is kept, or None where the cache folder cannot be written."""
     root = os.environ.get("LLM_KERNEL_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "llm-stream", "kernels")
@@ -190,7 +196,7 @@ def _cache_path(compiler: str) -> Optional[Path]:
     except (OSError, subprocess.SubprocessError) as exc:
         raise Unbuilt(f"{compiler}: {exc}") from None
     key = hashlib.sha256()
-    for part in (compiler, version, " ".join(flags()), _cpu_identity()):
+    for part in (compiler, version, " ".join(flags() + extra), _cpu_identity()):
         key.update(part.encode() + b"\0")
     for source in (*SOURCES, *INCLUDES):
         key.update(source.name.encode() + b"\0" + source.read_bytes() + b"\0")

@@ -72,15 +72,17 @@ async def test_drafts_go_through_fixed_shapes_and_change_no_answer(any_model, ma
     """Greedy streams speculate (prompt lookup): the steps that check their drafts run through
     DecodeGraphs too, each row's queries padded to a power of two, and the answers are those of an
     engine that does not speculate, with several tokens to a step where drafts held."""
-    params = SamplingParams(max_tokens=60, ignore_eos=True)
-    requests = [("a lazy dog while streams of tokens flow " * 6, params), ("the quick brown fox " * 5, params)]
+    prompts = ["a lazy dog while streams of tokens flow " * 6, "the quick brown fox " * 5]
+    # 8 drafts each, as asked (the server's default drafts only what pays, which on random weights is little)
+    params = SamplingParams(max_tokens=60, ignore_eos=True, speculative_tokens=8)
+    requests = [(p, params) for p in prompts]
     plain = make_engine(any_model, device="cpu", speculative_tokens=0)
     fixed = make_engine(any_model, device="cpu", speculative_tokens=8)
     graphs = with_fixed_shapes(fixed)
-    expected = await answers(plain, requests)
-    steps = [[len(c.token_ids) async for c in fixed.generate(p, params)] for p, params in requests]
+    expected = await answers(plain, [(p, SamplingParams(max_tokens=60, ignore_eos=True)) for p in prompts])
     assert await answers(fixed, requests) == expected
-    assert any(queries > 1 for _, queries, _ in graphs.captured) and max(max(s) for s in steps) > 1
+    assert any(queries > 1 for _, queries, _ in graphs.captured)
+    assert fixed.stats()["spec_accepted_tokens"] > 0, fixed.stats()  # steps that took several tokens
     assert {queries for _, queries, _ in graphs.captured} <= {1, 2, 4, 8, 16}  # 9: 1 + 8 drafts
     assert (await settled(fixed))["kv_blocks_used"] == 0
 

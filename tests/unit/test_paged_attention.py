@@ -177,9 +177,18 @@ def test_a_build_that_fails_leaves_the_fallback_and_says_why(monkeypatch, caplog
     assert "C kernels not built" in caplog.text
 
 
+def few_sources(monkeypatch, *names: str) -> None:
+    """Builds of only these sources (quick), bound as far as they go: for what a build does with
+    its library, whatever it holds."""
+    real = build.bind
+    monkeypatch.setattr(build, "SOURCES", tuple(build.HERE / name for name in names))
+    monkeypatch.setattr(build, "bind", lambda library: real(library, missing_ok=True))
+
+
 def test_the_built_kernels_are_kept_for_the_next_process_on_this_cpu(monkeypatch, caplog, tmp_path):
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler")
+    few_sources(monkeypatch, "greedy.c")
     monkeypatch.setenv("LLM_KERNEL_CACHE", str(tmp_path))
     caplog.set_level(logging.INFO, logger=build.__name__)
     try:
@@ -200,6 +209,7 @@ def test_the_operators_kernel_flags_build_a_library_of_their_own(monkeypatch, tm
     quantized matmuls build their plain C version, and the build is kept under a key of its own."""
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler")
+    few_sources(monkeypatch, "quant_matmul.c", "dense_matmul.c")
     monkeypatch.setenv("LLM_KERNEL_CACHE", str(tmp_path))
     try:
         build._built.cache_clear()
