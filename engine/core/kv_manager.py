@@ -10,7 +10,7 @@ that its history begins with, holding them as its own first blocks: nothing is c
 computes only the rest. Requests that share a system prompt share its blocks.
 
 Reuse changes no number: the C kernels compute each token's keys and values, and each query's
-attention, the same way whatever else is in the forward pass (paged_attention.c, int4_matmul.c),
+attention, the same way whatever else is in the forward pass (paged_attention.c, quant_matmul.c),
 so keys computed for one request, in a prefill or a decode step, are bit for bit those another
 request would compute. (On the fallbacks, PyTorch's matmuls round by shape: there, as for
 batching, the tokens are the same and the numbers within float rounding.)

@@ -4,7 +4,7 @@
  * PyTorch each RMSNorm, rotary embedding, activation and residual sum is several calls of tens
  * of microseconds (on this project's 2-core machine a token's step spent 9 ms of 25 there, as
  * long as its int4 matmuls). Here they are loops over each token's own values, between the int4
- * matmuls (int4_matmul.c) and the paged attention (paged_attention.c) that PyTorch's path calls
+ * matmuls (quant_matmul.c) and the paged attention (paged_attention.c) that PyTorch's path calls
  * too:
  *
  *   y = rms_norm(x) ; q, k, v = y Wqkv ; rotate q and k ; write k, v to the pool ;

@@ -12,8 +12,8 @@ import torch
 from . import build
 from .table import Op, choose
 
-INT4_CHANNELS = 16  # int4_matmul.c's outputs per group
-DENSE_CHANNELS = 16  # dense_matmul.c's outputs per group (int8, fp32 and bf16 weights)
+INT4_CHANNELS = 16  # quant_matmul.c's outputs per group
+DENSE_CHANNELS = 16  # outputs per group of dense_matmul.c (fp32, bf16 weights) and of quant_matmul.c's int8
 _Int4, LlamaLayer, LlamaStep = (build.STRUCTS[name] for name in ("Int4", "LlamaLayer", "LlamaStep"))
 Struct = ctypes.Structure  # a LlamaLayer or a LlamaStep, as annotations name them
 
@@ -67,7 +67,7 @@ def int4_activations() -> Optional[str]:
 
 @dataclass(frozen=True)
 class Int4Weights:
-    """What int4_matmul.c reads of one layer: the addresses of int4.py's packed buffers (kept
+    """What quant_matmul.c reads of one layer: the addresses of int4.py's packed buffers (kept
     alive by the layer, which never moves them) and the layer's sizes."""
 
     packed: int

@@ -10,7 +10,7 @@ calls a step for SmolLM2-135M, against 210 int4 matmuls. In the engine's steps (
   does the rest as PyTorch does, so transformers' forward of the same model gives the same
   numbers bit for bit;
 - otherwise, in Python: q, k and v come from one int4 call over the three layers' packed weights
-  laid end to end, and gate and up from another. int4_matmul.c computes each group of 16
+  laid end to end, and gate and up from another. quant_matmul.c computes each group of 16
   outputs alone, so these are bit for bit the three (two) calls' results. The norms, rotary
   embedding, activation and residual sums are the modules' own functions and tensor operations,
   called directly rather than through nn.Module: the same numbers. Attention is

@@ -53,7 +53,7 @@ class Int4Linear(nn.Module):
         self.bias = linear.bias
 
     def _pack_native(self, steps: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> None:
-        """int4_matmul.c's layout: [out/16][in/32][16 input pairs][16 outputs] bytes, each holding
+        """quant_matmul.c's layout: [out/16][in/32][16 input pairs][16 outputs] bytes, each holding
         a pair's two steps (low nibble first); scale and low [out/16][in/32][16], fp16 (they
         already are fp16 values: `_quantize`'s)."""
         groups, blocks = self.out_features // native.INT4_CHANNELS, self.in_features // GROUP

@@ -10,15 +10,23 @@ import torch
 from contract import EngineConfig, SamplingParams, ValidationError
 from engine.kernels import native
 from engine.policies.logprobs import log_softmax
+from testing import golden
 from tests.unit.test_batching import collect, mixed_requests
 from tests.unit.test_int4 import _answers, _lean_and_full, four_bit_llama  # noqa: F401 - a fixture
 from tests.unit.test_paged_attention import MIXED, c_args, step
 
 
+@pytest.mark.parametrize("path", list(golden.kernel_paths()))
 @pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (4, 2, 16), (8, 8, 128), (2, 1, 80)])
-def test_fp16_keys_give_the_bits_of_fp32_keys_of_the_same_values(heads, kv_heads, dim):
-    if native.library() is None or not native.kv_half_ready():
-        pytest.skip("no C kernels for an fp16 pool here")
+def test_fp16_keys_give_the_bits_of_fp32_keys_of_the_same_values(heads, kv_heads, dim, path, kernel_libraries):
+    """On every kernel path this CPU builds (F16C's widening, or the integer one)."""
+    if path not in kernel_libraries:
+        pytest.skip(f"the {path} path is not built here")
+    with golden.kernels(kernel_libraries[path]):
+        _fp16_keys_give_the_bits_of_fp32_keys(heads, kv_heads, dim)
+
+
+def _fp16_keys_give_the_bits_of_fp32_keys(heads: int, kv_heads: int, dim: int) -> None:
     query, k_pool, v_pool, tables, q_lens, ctx_lens = step(MIXED, heads, kv_heads, dim, seed=5)
     k_half, v_half = k_pool.half(), v_pool.half()
     args = c_args(tables, q_lens, ctx_lens)

@@ -1,0 +1,118 @@
+"""Every kernel path this CPU builds (testing/golden.py's kernel_paths: the machine's own, AVX2
+where it has AVX-512 too, plain C) computes the same bits, kernel by kernel, on inputs that reach
+their corners: blocks of zeros, outliers, widths that are not whole blocks or vectors, fp16
+subnormals and overflow, -inf logits."""
+import ctypes
+
+import pytest
+import torch
+
+from testing import golden
+from tests.unit.test_paged_attention import MIXED, c_args, step
+
+
+@pytest.fixture(scope="module")
+def paths(kernel_libraries) -> dict[str, ctypes.CDLL]:
+    if len(kernel_libraries) < 2:
+        pytest.skip("this CPU builds one kernel path only")
+    return kernel_libraries
+
+
+def same_on_every_path(paths: dict[str, ctypes.CDLL], run) -> list[torch.Tensor]:
+    """run(library) -> tensors, on every path; asserts they are the same bits; the native path's."""
+    results = {name: run(library) for name, library in paths.items()}
+    native = results.pop("native")
+    for name, outs in results.items():
+        for a, b in zip(native, outs, strict=True):
+            assert torch.equal(a, b), f"the {name} path differs from the native one"
+    return native
+
+
+def activations(rows: int, width: int) -> torch.Tensor:
+    x = torch.randn(rows, width, generator=torch.Generator().manual_seed(rows * width))
+    x[0, :32] = 0  # a block of zeros
+    x[min(1, rows - 1), 5] = 300.0  # an outlier that flattens its block
+    return x
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 16, 17])
+def test_int4_and_int8_matmuls(paths, rows):
+    g = torch.Generator().manual_seed(rows)
+    width, outputs = 576, 96
+    packed = torch.randint(0, 256, (outputs // 16, width // 32, 16, 16), dtype=torch.uint8, generator=g)
+    scale = (torch.rand(outputs // 16, width // 32, 16, generator=g) * 0.01).half()
+    low = (-torch.rand(outputs // 16, width // 32, 16, generator=g) * 0.08).half()
+    x = activations(rows, width)
+
+    def int4(library):
+        y = torch.empty(rows, outputs)
+        assert library.int4_matmul(x.data_ptr(), packed.data_ptr(), scale.data_ptr(), low.data_ptr(), y.data_ptr(),
+                                   rows, width, outputs, 2) == 0
+        return [y]
+    same_on_every_path(paths, int4)
+    for width8 in (576, 77, 40):
+        weights = torch.randint(-127, 128, (outputs // 16, width8, 16), dtype=torch.int8, generator=g)
+        scales, x8 = torch.rand(outputs, generator=g), activations(rows, width8)
+
+        def int8(library, weights=weights, scales=scales, x8=x8, width8=width8):
+            y = torch.empty(rows, outputs)
+            assert library.int8_matmul(x8.data_ptr(), weights.data_ptr(), scales.data_ptr(), y.data_ptr(), rows,
+                                       width8, outputs, 2) == 0
+            return [y]
+        same_on_every_path(paths, int8)
+
+
+@pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (4, 2, 16), (2, 1, 80)])
+def test_attention_over_fp32_and_fp16_pools(paths, heads, kv_heads, dim):
+    query, k_pool, v_pool, tables, q_lens, ctx_lens = step(MIXED, heads, kv_heads, dim, seed=7)
+    starts, lens, ctx, table = c_args(tables, q_lens, ctx_lens)
+    q = query.contiguous()  # [1, heads, tokens, dim]: token t's head h at t * dim + h * tokens * dim
+
+    def attend(library):
+        outs = []
+        for keys, values, function in ((k_pool, v_pool, library.paged_attention),
+                                       (k_pool.half(), v_pool.half(), library.paged_attention_f16)):
+            out = torch.empty(sum(q_lens), heads, dim)
+            assert function(q.data_ptr(), dim, q.shape[2] * dim, keys.data_ptr(), values.data_ptr(), out.data_ptr(),
+                            starts.data_ptr(), lens.data_ptr(), ctx.data_ptr(), table.data_ptr(), table.shape[1],
+                            table.shape[0], heads, kv_heads, dim, k_pool.shape[-1], 0, dim ** -0.5, 2) == 0
+            outs.append(out)
+        return outs
+    same_on_every_path(paths, attend)
+
+
+def test_norms_silu_greedy_and_log_softmax(paths):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 576, generator=g) * 3
+    weight = torch.rand(576, generator=g)
+    logits = torch.randn(6, 1003, generator=g) * 6
+    logits[2, ::3] = float("-inf")  # what a constraint forbids
+
+    def small_ops(library):
+        norm, act, lsm = torch.empty_like(x), torch.empty(5, 573), torch.empty_like(logits)
+        library.rms_norm_rows(x.data_ptr(), weight.data_ptr(), norm.data_ptr(), 5, 576, ctypes.c_float(1e-5))
+        library.silu_rows(x.data_ptr(), act.data_ptr(), 5, 573, 576)  # rows not whole vectors
+        assert library.log_softmax_rows(logits.data_ptr(), 6, 1003, lsm.data_ptr(), 2) == 0
+        tokens, logprobs = torch.empty(6, dtype=torch.int64), torch.empty(6)
+        assert library.greedy_rows(logits.data_ptr(), 6, 1003, tokens.data_ptr(), logprobs.data_ptr(), 2) == 0
+        return [norm, act, lsm, tokens, logprobs]
+    norm, act, lsm, tokens, logprobs = same_on_every_path(paths, small_ops)
+    assert torch.equal(tokens, logits.argmax(-1)) and torch.equal(logprobs, lsm.gather(1, tokens[:, None])[:, 0])
+    assert torch.isinf(lsm[2, ::3]).all()
+
+
+def test_fp16_rounding_is_pytorchs_on_every_path(paths):
+    """Every fp16 value's neighbourhood (subnormals, the largest finite values and overflow, ties
+    to even) rounds as PyTorch's .half() does, with F16C and without."""
+    halves = torch.arange(0, 1 << 16, dtype=torch.int32).to(torch.int16).view(torch.float16)
+    finite = halves[torch.isfinite(halves)].float()
+    ulp = torch.finfo(torch.float32).eps
+    x = torch.cat([finite, finite * (1 + ulp), finite * (1 - ulp), (finite[1:] + finite[:-1]) / 2,
+                   torch.tensor([65504.0, 65519.0, 65520.0, 1e6, -1e6, 2.0 ** -25, 2.0 ** -26, 3e-8])])
+
+    def rounded(library):
+        out = torch.empty(x.numel(), dtype=torch.int16)
+        library.fp16_rows(x.data_ptr(), out.data_ptr(), x.numel())
+        return [out]
+    [bits] = same_on_every_path(paths, rounded)
+    assert torch.equal(bits, x.half().view(torch.int16))
