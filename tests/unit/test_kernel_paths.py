@@ -7,7 +7,6 @@ import ctypes
 import pytest
 import torch
 
-from testing import golden
 from tests.unit.test_paged_attention import MIXED, c_args, step
 
 
