@@ -49,14 +49,15 @@ int paged_attention_f16(const float *q, int64_t q_tok, int64_t q_head, const uin
                         int threads);
 
 /* quant_matmul.c: y = x W^T for int4 weights (int4.py's Q4_1 blocks) and for int8 weights packed
- * [outputs / 16][width][16] with a scale per output (the int8 output layer), on x rounded to int16
+ * [outputs / 16][width][16] with an fp16 scale per block of 32 inputs, [outputs / 16][blocks][16]
+ * (Q8_0: the output layer), on x rounded to int16
  * per block of 32: arith.h's arithmetic, the same bits on every path; ready: 2 (AVX2 integer
  * products), 1 (plain C) */
 int int4_matmul_ready(void);
 int int4_matmul(const float *x, const uint8_t *packed, const uint16_t *scale, const uint16_t *low, float *y,
                 int64_t rows, int64_t width, int64_t outputs, int threads);
 int int8_matmul_ready(void);
-int int8_matmul(const float *x, const int8_t *packed, const float *scale, float *y, int64_t rows, int64_t width,
+int int8_matmul(const float *x, const int8_t *packed, const uint16_t *scale, float *y, int64_t rows, int64_t width,
                 int64_t outputs, int threads);
 
 /* dense_matmul.c: y = x W^T for fp32 weights packed [outputs / 16][width][16] (fp32 Linear layers;

@@ -108,10 +108,11 @@ def int8_ready() -> bool:
 
 
 def int8_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """x [rows, width] on CPU times int8 weights packed [outputs / 16, width, 16] (int8) with fp32
-    scales [outputs]; returns [rows, outputs] fp32. Only where `int8_ready()`."""
-    if packed.dtype != torch.int8 or scale.dtype != torch.float32 or packed.device.type != "cpu":
-        raise ValueError("dtype: int8 layers run on CPU with fp32 scales; load the model again instead")
+    """x [rows, width] on CPU times int8 weights packed [outputs / 16, width, 16] (int8) with fp16
+    scales per block of 32 inputs [outputs / 16, blocks, 16] (Q8_0's); returns [rows, outputs] fp32.
+    Only where `int8_ready()`."""
+    if packed.dtype != torch.int8 or scale.dtype != torch.float16 or packed.device.type != "cpu":
+        raise ValueError("dtype: int8 layers run on CPU with fp16 scales; load the model again instead")
     return _dense("int8_matmul", x, packed, scale.data_ptr())
 
 

@@ -5,11 +5,11 @@
  *   them (Q4_0's d (q - 8) is the same form), packed [outputs / 16][blocks][16 input pairs][16
  *   outputs] bytes, low nibble the pair's first input. Per block, x . w = d dx (q . qx) + m dx
  *   sum(qx), where q . qx is an integer sum (at most 15 * 32767 * 32 < 2^24, so exact in fp32 too).
- * - int8 (the output layer): packed [outputs / 16][width][16] with an fp32 scale per output; per
- *   block x . w = dx (w . qx), integer, and the output's scale multiplies the total.
+ * - int8 (the output layer): llama.cpp's Q8_0, packed [outputs / 16][width][16] with an fp16 scale
+ *   d per block of 32 inputs ([outputs / 16][blocks][16]); per block x . w = d dx (w . qx).
  *
  * Each output sums its blocks in input order, in fp32, each operation rounded on its own:
- * total = (total + (q . qx) dx d) + (dx sum(qx)) m. The integer sums run in AVX2's `pmaddwd`
+ * total = (total + (q . qx) dx d) + (dx sum(qx)) m (int8: total + (w . qx) dx d). The integer sums run in AVX2's `pmaddwd`
  * (16 products an instruction) where the CPU has AVX2, else in plain C; either gives the same
  * integers, and everything after is arith.h's fp32, so every path gives the same bits.
  * `int4_matmul_ready` and `int8_matmul_ready` say which: 2 (AVX2), 1 (plain C).
@@ -178,7 +178,7 @@ int4_tile(const Rows *x, const uint8_t *packed, const uint16_t *scale, const uin
 }
 
 static inline __attribute__((always_inline)) void
-int8_tile(const Rows *x, const int8_t *packed, const float *scale, float *y, int64_t outputs, int64_t group,
+int8_tile(const Rows *x, const int8_t *packed, const uint16_t *scale, float *y, int64_t outputs, int64_t group,
           int64_t r0, const int count) {
     const int64_t blocks = x->blocks, stride = blocks * QBLOCK;
     f8 total[TILE][2];
@@ -188,16 +188,17 @@ int8_tile(const Rows *x, const int8_t *packed, const float *scale, float *y, int
         int n = x->width - b * QBLOCK < QBLOCK ? (int)(x->width - b * QBLOCK) : QBLOCK;
         int8_sums(packed + (group * x->width + b * QBLOCK) * CHANNELS, x->steps + r0 * stride + b * QBLOCK, stride,
                   n, sums, count);
-        for (int h = 0; h < 2; h++)
+        for (int h = 0; h < 2; h++) {
+            f8 d = half8(scale + (group * blocks + b) * CHANNELS + 8 * h);
             for (int r = 0; r < count; r++) {
                 i8 s;
                 memcpy(&s, sums[r] + 8 * h, sizeof s);
-                total[r][h] = total[r][h] + __builtin_convertvector(s, f8) * x->dx[(r0 + r) * blocks + b];
+                total[r][h] = total[r][h] + (__builtin_convertvector(s, f8) * x->dx[(r0 + r) * blocks + b]) * d;
             }
+        }
     }
     for (int r = 0; r < count; r++)
-        for (int h = 0; h < 2; h++)
-            store8(y + (r0 + r) * outputs + group * CHANNELS + 8 * h, total[r][h] * load8(scale + group * CHANNELS + 8 * h));
+        for (int h = 0; h < 2; h++) store8(y + (r0 + r) * outputs + group * CHANNELS + 8 * h, total[r][h]);
 }
 
 #if TILE == 4
@@ -218,7 +219,7 @@ typedef struct {
     const uint8_t *packed;
     const uint16_t *scale, *low;
     const int8_t *packed8;
-    const float *scale8;
+    const uint16_t *scale8;
 } Weights;
 
 /* x [rows, width] and y [rows, outputs], contiguous fp32: x's rows quantized, then each group of
@@ -259,7 +260,7 @@ int int4_matmul(const float *x, const uint8_t *packed, const uint16_t *scale, co
     return product(x, (Weights){packed, scale, low, 0, 0}, y, rows, width, outputs, threads, 1 << 18);
 }
 
-int int8_matmul(const float *x, const int8_t *packed, const float *scale, float *y, int64_t rows, int64_t width,
+int int8_matmul(const float *x, const int8_t *packed, const uint16_t *scale, float *y, int64_t rows, int64_t width,
                 int64_t outputs, int threads) {
     if (rows < 1 || width < 1 || outputs % CHANNELS) return -1;
     return product(x, (Weights){0, 0, 0, packed, scale}, y, rows, width, outputs, threads, 1 << 16);

@@ -7,7 +7,7 @@ are the same form (low -8·d), so its weights are kept as published too.
 
 A decode step of SmolLM2-135M then reads about 66 MB of int4 weights (106 M weights at 0.625
 bytes: half a byte, and fp16 scale and low per 32) and 28 MB of int8 output layer, instead of
-540 MB. The output layer (Q8_0 in that GGUF) becomes int8 per output channel.
+540 MB. The output layer (Q8_0 in that GGUF) stays Q8_0: int8 steps with an fp16 scale per 32.
 
 The products run in quant_matmul.c (native.py) wherever the kernels are built: exact integer
 products of the weights' steps and the activations rounded to int16 per block of 32
@@ -84,7 +84,10 @@ class Int4Linear(nn.Module):
 
 
 class Int8Linear(nn.Module):
-    """A Linear whose weight is int8 with one scale per output channel."""
+    """A Linear whose weight is int8. With the C kernel, llama.cpp's Q8_0: steps in blocks of GROUP
+    inputs, each block's scale (its largest magnitude / 127) in fp16, so a Q8_0 GGUF's output layer
+    keeps its own steps and scales, bit for bit. PyTorch's kernel (no compiler) takes one scale
+    per output instead."""
 
     weight_int8: torch.Tensor
     scales: torch.Tensor
@@ -93,13 +96,17 @@ class Int8Linear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach().float()
-        scale = (weight.abs().amax(dim=1) / 127).clamp(min=1e-12)
-        steps = (weight / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
         self.c_kernel = self.out_features % native.DENSE_CHANNELS == 0 and choose(Op.INT8_MATMUL, "int8").c
-        if self.c_kernel:  # dense_matmul.c's layout: [out/16][in][16]
+        if self.c_kernel:
+            steps, scale = q8_0(weight)  # quant_matmul.c's layout: [out/16][in][16], scales [out/16][blocks][16]
             steps = steps.view(-1, native.DENSE_CHANNELS, self.in_features).transpose(1, 2)
+            scale = scale.view(-1, native.DENSE_CHANNELS, scale.shape[1]).transpose(1, 2)
+        else:
+            scale = (weight.abs().amax(dim=1) / 127).clamp(min=1e-12)
+            steps = (weight / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+            scale = scale.to(torch.bfloat16)
         self.register_buffer("weight_int8", steps.contiguous())
-        self.register_buffer("scales", scale if self.c_kernel else scale.to(torch.bfloat16))
+        self.register_buffer("scales", scale.contiguous())
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -109,6 +116,19 @@ class Int8Linear(nn.Module):
         else:
             y = torch.ops.aten._weight_int8pack_mm(rows.to(torch.bfloat16), self.weight_int8, self.scales)
         return _finish(y, x, self.out_features, self.bias)
+
+
+def q8_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """llama.cpp's Q8_0 of weight [out, in]: steps [out, in] int8 and scales [out, blocks] fp16,
+    each block of GROUP inputs (the last padded with zeros) d = its largest magnitude / 127 rounded
+    to fp16, steps round(w / d). Weights that are a Q8_0's (d q with fp16 d) come back to the same
+    steps and scales exactly."""
+    out, width = weight.shape
+    blocks = torch.nn.functional.pad(weight.float(), (0, -width % GROUP)).view(out, -1, GROUP)
+    scale = (blocks.abs().amax(dim=-1) / 127).half()
+    inverse = torch.where(scale > 0, 1 / scale.float(), torch.zeros_like(scale, dtype=torch.float32))
+    steps = (blocks * inverse[..., None]).round().clamp(-127, 127).to(torch.int8)
+    return steps.view(out, -1)[:, :width].contiguous(), scale
 
 
 def _finish(y: torch.Tensor, x: torch.Tensor, width: int, bias: Optional[torch.Tensor]) -> torch.Tensor:

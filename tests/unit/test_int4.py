@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from contract import EngineConfig, SamplingParams
 from engine.kernels import build, native
 from engine.model import fast_layers, loader, paged_attention
-from engine.model.int4 import Int4Linear, Int8Linear, _quantize, dequantize, int16_blocks, quantize
+from engine.model.int4 import Int4Linear, Int8Linear, _quantize, dequantize, int16_blocks, q8_0, quantize
 from engine.model.loader import load_model, pick_dtype
 from tests.unit.test_batching import collect, mixed_requests
 
@@ -100,21 +100,41 @@ def test_int16_blocks_round_to_nearest_even_steps_of_the_blocks_largest():
     assert got[0, 64].item() == pytest.approx(3.0)  # a last block of one input, padded with zeros
 
 
+def _q8_0_weight(linear: nn.Linear) -> torch.Tensor:
+    """The C int8 layer's weight in float64: Q8_0's steps times their block's scale."""
+    steps, scale = q8_0(linear.weight.detach())
+    return steps.double() * scale.double().repeat_interleave(32, dim=1)[:, :steps.shape[1]]
+
+
 @pytest.mark.parametrize("shape", [(576, 49152), (64, 48)])
 def test_the_c_int8_kernel_is_exact_but_for_its_rounded_activations(shape):
-    """The output layer against float64 on the same int8 weights and on x as the kernel rounds it
-    (to int16 per block): its error is fp32 rounding. PyTorch's kernel rounds x, its scales and
-    its output to bf16, and errs a hundred times more."""
+    """The output layer against float64 on its Q8_0 weights and on x as the kernel rounds it
+    (to int16 per block): its error is fp32 rounding. PyTorch's kernel (a scale per output) rounds
+    x, its scales and its output to bf16, and errs a hundred times more on its own weights."""
     torch.manual_seed(0)
     linear = nn.Linear(*shape, bias=False)
     x = torch.randn(7, shape[0])
     c, pytorch = _int8(linear, "c"), _int8(linear, "pytorch")
-    weight = pytorch.weight_int8.double() * c.scales.double()[:, None]
-    c_err = (c(x).double() - int16_blocks(x) @ weight.t()).abs().max().item()
-    pytorch_err = (pytorch(x).double() - x.to(torch.bfloat16).double() @ weight.t()).abs().max().item()
+    c_err = (c(x).double() - int16_blocks(x) @ _q8_0_weight(linear).t()).abs().max().item()
+    torch_weight = pytorch.weight_int8.double() * pytorch.scales.double()[:, None]
+    pytorch_err = (pytorch(x).double() - x.to(torch.bfloat16).double() @ torch_weight.t()).abs().max().item()
     assert c_err < 2e-5 and c_err * 100 < pytorch_err
-    with pytest.raises(ValueError, match="^dtype: int8 layers run on CPU with fp32 scales"):
+    with pytest.raises(ValueError, match="^dtype: int8 layers run on CPU with fp16 scales"):
         c.to(torch.bfloat16)(x)
+
+
+def test_q8_0_weights_keep_their_steps_and_scales():
+    """A Q8_0 GGUF's output layer, dequantized when the model loads, quantizes back to its own
+    steps and fp16 scales (the gguf package's Q8_0 makes them)."""
+    gguf_quants = pytest.importorskip("gguf.quants")
+    from gguf import GGMLQuantizationType
+    torch.manual_seed(0)
+    weight = torch.randn(48, 96).numpy()
+    blocks = gguf_quants.quantize(weight, GGMLQuantizationType.Q8_0)
+    published = torch.from_numpy(gguf_quants.dequantize(blocks, GGMLQuantizationType.Q8_0)).float()
+    steps, scale = q8_0(published)
+    assert torch.equal(steps.float() * scale.float().repeat_interleave(32, dim=1), published)
+    assert torch.equal(q8_0(steps.float() * scale.float().repeat_interleave(32, dim=1))[0], steps)
 
 
 @pytest.mark.parametrize("width", [63, 40])
@@ -123,9 +143,9 @@ def test_the_c_int8_kernel_takes_any_width(width):
     single input); each row still comes out as it does alone."""
     torch.manual_seed(0)
     linear = nn.Linear(width, 48, bias=False)
-    layer, unpacked = _int8(linear, "c"), _int8(linear, "pytorch")  # PyTorch's kernel takes no odd width
+    layer = _int8(linear, "c")
     x = torch.randn(17, width)
-    exact = int16_blocks(x) @ (unpacked.weight_int8.double() * layer.scales.double()[:, None]).t()
+    exact = int16_blocks(x) @ _q8_0_weight(linear).t()
     assert (layer(x).double() - exact).abs().max().item() < 2e-5
     assert torch.equal(torch.cat([layer(x[i:i + 1]) for i in range(17)]), layer(x))
 

@@ -51,7 +51,8 @@ def test_int4_and_int8_matmuls(paths, rows):
     same_on_every_path(paths, int4)
     for width8 in (576, 77, 40):
         weights = torch.randint(-127, 128, (outputs // 16, width8, 16), dtype=torch.int8, generator=g)
-        scales, x8 = torch.rand(outputs, generator=g), activations(rows, width8)
+        scales = (torch.rand(outputs // 16, -(-width8 // 32), 16, generator=g) * 0.01).half()
+        x8 = activations(rows, width8)
 
         def int8(library, weights=weights, scales=scales, x8=x8, width8=width8):
             y = torch.empty(rows, outputs)
