@@ -77,8 +77,9 @@ class SamplingParams:
            "(the model's own distribution)", ge=0, le=MAX_TOP_LOGPROBS)
     speculative_tokens: Optional[int] = request_field(
         None, "prompt-lookup speculative decoding: tokens drafted per step from the prompt and answer so far, "
-              "verified in one forward pass (0: off; null: the server's speculative_tokens when greedy, off when "
-              "sampling). It never changes the answer, only how fast it comes", ge=0, le=MAX_SPECULATIVE_TOKENS)
+              "verified in one forward pass (0: off; null: the server's speculative_tokens when greedy, each step "
+              "checking only as many drafts as pay on this machine, off when sampling; a number: that many, as "
+              "asked). It never changes the answer, only how fast it comes", ge=0, le=MAX_SPECULATIVE_TOKENS)
     prompt_logprobs: bool = request_field(
         False, "report each prompt token's log probability given the tokens before it (the first has none), "
                "with top_logprobs alternatives: scoring a text")
