@@ -33,7 +33,7 @@ from torch import nn
 from engine.core.kv_pool import KVPool, KVShape
 from engine.kernels import build, native
 from engine.model import paged_attention
-from engine.model.int4 import Int4Linear, Int8Linear, _quantize, dequantize, int16_blocks
+from engine.model.int4 import Int4Linear, Int8Linear, _quantize, dequantize, int16_blocks, q8_0
 
 SHAPES = [(576, 576), (576, 192), (576, 1536), (1536, 576)]  # (in, out): q/o, k/v, gate/up, down
 ROWS = [1, 16, 512]
@@ -98,12 +98,15 @@ def int8_rows(repeats: int) -> list[str]:
     c_layer = Int8Linear(linear)
     with pytorch_ops():
         torch_layer = Int8Linear(linear)
-    weight = torch_layer.weight_int8.double() * c_layer.scales.double()[:, None]
+    steps, scale = q8_0(linear.weight.detach())  # the C layer's Q8_0, a scale per block of 32
+    weights = (steps.double() * scale.double().repeat_interleave(32, dim=1)[:, :576],
+               torch_layer.weight_int8.double() * torch_layer.scales.double()[:, None])  # a scale per output
     lines = []
     for rows in (1, 16):
         x = torch.randn(rows, 576)
         errors = [(layer(x).double() - rounded(x, kind) @ weight.t()).abs().max().item()
-                  for layer, kind in ((c_layer, native.int4_activations()), (torch_layer, "bf16"))]
+                  for layer, kind, weight in ((c_layer, native.int4_activations(), weights[0]),
+                                              (torch_layer, "bf16", weights[1]))]
         times = alternate([partial(c_layer, x), partial(torch_layer, x)], repeats)
         lines.append(f"| int8 576x49152 | {rows} | {times[0]:.1f} | {times[1]:.1f} | {times[1] / times[0]:.2f}x | "
                      f"{errors[0]:.1e} | {errors[1]:.1e} |")
