@@ -85,9 +85,11 @@ protos: setup
 serve: setup $(if $(filter $(DEFAULT_MODEL),$(LLM_MODEL)),model)
 	$(PY) deploy/serve.py flows/llm.yml
 
-# the real-model tier needs the default model; LLM_TEST_MODEL points the tests at it
+# the real-model tier needs the default model; LLM_TEST_MODEL points the tests at it. The unit and
+# gateway tiers run as test-fast does (two workers), the servers' tiers one test at a time
 test: setup lint model $(CLIENTS_VENV)/.installed
-	LLM_TEST_MODEL=$(DEFAULT_MODEL) LLM_CLIENTS_PYTHON=$(CLIENTS_VENV)/bin/python $(PY) -m pytest -q
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 tests/unit tests/gateway
+	LLM_TEST_MODEL=$(DEFAULT_MODEL) LLM_CLIENTS_PYTHON=$(CLIENTS_VENV)/bin/python $(PY) -m pytest -q tests/service tests/real_model
 
 # the unit and gateway tiers: no server, no real model; two pytest-xdist workers of one torch
 # thread each (two threads each would spin against each other on two cores)
