@@ -249,10 +249,9 @@ def silu(x: torch.Tensor) -> Optional[torch.Tensor]:
 def greedy(logits: torch.Tensor) -> Optional[tuple[list[int], list[float]]]:
     """Each row's argmax and its log probability, as greedy.c computes them; None where it
     cannot (not built, not fp32 on CPU, or a row with a NaN or an infinite maximum)."""
-    built = library()
-    if built is None or not choose(Op.GREEDY).c or not _cpu_fp32(logits) or logits.dim() != 2:
+    built, logits = _logit_rows(logits)
+    if built is None:
         return None
-    logits = logits.contiguous()
     rows, vocab = logits.shape
     tokens = torch.empty(rows, dtype=torch.int64)
     logprobs = torch.empty(rows, dtype=torch.float32)
@@ -266,15 +265,23 @@ def log_softmax(logits: torch.Tensor) -> Optional[torch.Tensor]:
     """log_softmax over the last dimension of [rows, vocab] fp32 logits as greedy.c computes it
     (arith.h's arithmetic: the same bits on every CPU); None where it cannot (not built, not fp32
     on CPU, or a row with a NaN or an infinite maximum)."""
-    built = library()
-    if built is None or not choose(Op.GREEDY).c or not _cpu_fp32(logits) or logits.dim() != 2:
+    built, logits = _logit_rows(logits)
+    if built is None:
         return None
-    logits = logits.contiguous()
     out = torch.empty_like(logits)
     if built.log_softmax_rows(logits.data_ptr(), logits.shape[0], logits.shape[1], out.data_ptr(),
                               torch.get_num_threads()):
         return None
     return out
+
+
+def _logit_rows(logits: torch.Tensor) -> tuple[Any, torch.Tensor]:
+    """greedy.c's library and the logits as it reads them ([rows, vocab] fp32 on CPU,
+    contiguous), or (None, logits) where it does not take them."""
+    built = library()
+    if built is None or not choose(Op.GREEDY).c or not _cpu_fp32(logits) or logits.dim() != 2:
+        return None, logits
+    return built, logits.contiguous()
 
 
 def _cpu_fp32(*tensors: torch.Tensor) -> bool:
