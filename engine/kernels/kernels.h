@@ -59,6 +59,13 @@ int int4_matmul(const float *x, const uint8_t *packed, const uint16_t *scale, co
 int int8_matmul_ready(void);
 int int8_matmul(const float *x, const int8_t *packed, const uint16_t *scale, float *y, int64_t rows, int64_t width,
                 int64_t outputs, int threads);
+/* the same products for the GGUF types whose scales fp16 cannot hold: int4 steps with fp32 scale and
+ * low per block of 32 (Q4_K), and int8 steps with fp32 scale and low (low may be NULL) per 16
+ * inputs (Q5_1, Q5_K, Q6_K); both run where int4_matmul does */
+int int4f_matmul(const float *x, const uint8_t *packed, const float *scale, const float *low, float *y,
+                 int64_t rows, int64_t width, int64_t outputs, int threads);
+int int8s_matmul(const float *x, const int8_t *packed, const float *scale, const float *low, float *y, int64_t rows,
+                 int64_t width, int64_t outputs, int threads);
 
 /* dense_matmul.c: y = x W^T for fp32 weights packed [outputs / 16][width][16] (fp32 Linear layers;
  * as bf16 where they are bf16 values); ready: 1 (AVX2 + FMA) */

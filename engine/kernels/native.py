@@ -116,6 +116,43 @@ def int8_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> t
     return _dense("int8_matmul", x, packed, scale.data_ptr())
 
 
+def int4f_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
+    """`int4_matmul` for weights whose scales and lows are fp32 ([outputs / 16, blocks, 16]: Q4_K's
+    per-32 d sc and dmin m); the same packed steps. Only where `int4_ready()`."""
+    groups, blocks, pairs, channels = packed.shape
+    return _quant("int4f_matmul", x, packed, (scale, low), blocks * pairs * 2, groups * channels)
+
+
+def int8s_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
+                 low: Optional[torch.Tensor]) -> torch.Tensor:
+    """x times int8 steps packed [outputs / 16, width, 16] with an fp32 scale and low (or None) per
+    16 inputs [outputs / 16, width / 16, 16] (Q5_1, Q5_K, Q6_K). Only where `int8_ready()`."""
+    groups, width, channels = packed.shape
+    return _quant("int8s_matmul", x, packed, (scale, low), width, groups * channels)
+
+
+def _quant(function: str, x: torch.Tensor, packed: torch.Tensor, scales: tuple[Optional[torch.Tensor], ...],
+           width: int, outputs: int) -> torch.Tensor:
+    """One of quant_matmul.c's products with fp32 scales (None: a NULL pointer)."""
+    built = library()
+    if built is None:
+        raise RuntimeError(f"{function}: the C kernels are not built (check int4_ready() first)")
+    if any(t is not None and (t.dtype != torch.float32 or not t.is_contiguous()) for t in scales):
+        raise ValueError(f"{function}: scales must be contiguous fp32")
+    if x.dtype != torch.float32 or not x.is_contiguous():
+        x = x.float().contiguous()
+    if x.shape[1] != width:
+        raise ValueError(f"{function}: x {tuple(x.shape)} does not fit weights of {width} inputs")
+    y = torch.empty((x.shape[0], outputs), dtype=torch.float32)
+    pointers = [t.data_ptr() if t is not None else None for t in scales]
+    status = getattr(built, function)(x.data_ptr(), packed.data_ptr(), *pointers, y.data_ptr(), x.shape[0], width,
+                                      outputs, torch.get_num_threads()) if x.shape[0] else 0
+    if status:
+        raise MemoryError(f"{function}: out of memory") if status == -2 else ValueError(
+            f"{function}: weights {tuple(packed.shape)} do not fit its layout")
+    return y
+
+
 def fp32_ready() -> bool:
     """Whether `fp32_matmul` runs here (built, and the CPU has AVX2 + FMA)."""
     return choose(Op.FP32_MATMUL, "fp32").c

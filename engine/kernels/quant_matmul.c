@@ -5,8 +5,13 @@
  *   them (Q4_0's d (q - 8) is the same form), packed [outputs / 16][blocks][16 input pairs][16
  *   outputs] bytes, low nibble the pair's first input. Per block, x . w = d dx (q . qx) + m dx
  *   sum(qx), where q . qx is an integer sum (at most 15 * 32767 * 32 < 2^24, so exact in fp32 too).
+ * - int4f: the same with d and m in fp32 (Q4_K's per-32 d sc and dmin m).
  * - int8 (the output layer): llama.cpp's Q8_0, packed [outputs / 16][width][16] with an fp16 scale
- *   d per block of 32 inputs ([outputs / 16][blocks][16]); per block x . w = d dx (w . qx).
+ *   d per block of 32 inputs ([outputs / 16][blocks][16]); per block x . w = d dx (w . qx). Q5_0's
+ *   d (q - 16) is the same form.
+ * - int8s: int8 steps packed as int8's, with an fp32 scale d and low m (or none) per sub-block of 16
+ *   inputs ([outputs / 16][width / 16][16]): Q5_1, Q5_K and Q6_K, whose steps fit int8 and whose
+ *   scales are per 16 (Q6_K) or per 32 inputs.
  *
  * Each output sums its blocks in input order, in fp32, each operation rounded on its own:
  * total = (total + (q . qx) dx d) + (dx sum(qx)) m (int8: total + (w . qx) dx d). The integer sums run in AVX2's `pmaddwd`
@@ -28,12 +33,15 @@
 #define CHANNELS 16  /* outputs per group */
 #define PAIRS (QBLOCK / 2)
 
-/* x [rows, width] as int16 steps [rows][blocks * 32], each block's scale dx and dx sum(steps). */
+/* x [rows, width] as int16 steps [rows][blocks * 32], each block's scale dx and dx sum(steps), and
+ * dx sum(steps) per half block (SUB inputs: the sub-blocks of Q6_K's scales). */
 typedef struct {
     int16_t *steps;
-    float *dx, *dsum;
+    float *dx, *dsum, *dsum16;
     int64_t blocks, width;
 } Rows;
+
+#define SUB 16  /* inputs per sub-block of int8s weights */
 
 static int rows_alloc(Rows *q, int64_t rows, int64_t width) {
     q->width = width;
@@ -41,13 +49,15 @@ static int rows_alloc(Rows *q, int64_t rows, int64_t width) {
     q->steps = malloc(rows * q->blocks * QBLOCK * sizeof(int16_t));
     q->dx = malloc(rows * q->blocks * sizeof(float));
     q->dsum = malloc(rows * q->blocks * sizeof(float));
-    return q->steps && q->dx && q->dsum ? 0 : -2;
+    q->dsum16 = malloc(rows * q->blocks * 2 * sizeof(float));
+    return q->steps && q->dx && q->dsum && q->dsum16 ? 0 : -2;
 }
 
 static void rows_free(Rows *q) {
     free(q->steps);
     free(q->dx);
     free(q->dsum);
+    free(q->dsum16);
 }
 
 static void quantize_row(const float *x, const Rows *q, int64_t r) {
@@ -57,6 +67,11 @@ static void quantize_row(const float *x, const Rows *q, int64_t r) {
         float dx = quantize_block(x + r * q->width + b * QBLOCK, (int)n, q->steps + at * QBLOCK, &sum);
         q->dx[at] = dx;
         q->dsum[at] = dx * (float)sum;
+        for (int h = 0; h < 2; h++) {
+            int32_t half = 0;
+            for (int i = 0; i < SUB; i++) half += q->steps[at * QBLOCK + h * SUB + i];
+            q->dsum16[2 * at + h] = dx * (float)half;
+        }
     }
 }
 
@@ -151,9 +166,15 @@ int int4_matmul_ready(void) { return PATH; }
 
 int int8_matmul_ready(void) { return PATH; }
 
+/* A block's scales as fp32: fp16 bits (Q4_0, Q4_1, Q8_0: the file's own) or fp32 (Q4_K's d sc and
+ * dmin m, exact products of an fp16 and a 6-bit integer, which fp16 cannot hold). */
+static inline __attribute__((always_inline)) f8 scales8(const void *p, int64_t at, const int wide) {
+    return wide ? load8((const float *)p + at) : half8((const uint16_t *)p + at);
+}
+
 /* Outputs [group * 16, +16) for rows [r0, r0 + count). */
 static inline __attribute__((always_inline)) void
-int4_tile(const Rows *x, const uint8_t *packed, const uint16_t *scale, const uint16_t *low, float *y,
+int4_tile(const Rows *x, const uint8_t *packed, const void *scale, const void *low, const int wide, float *y,
           int64_t outputs, int64_t group, int64_t r0, const int count) {
     const int64_t blocks = x->blocks, stride = blocks * QBLOCK;
     f8 total[TILE][2];
@@ -163,7 +184,7 @@ int4_tile(const Rows *x, const uint8_t *packed, const uint16_t *scale, const uin
         const int64_t at = (group * blocks + b) * CHANNELS;
         int4_sums(packed + at * PAIRS, x->steps + r0 * stride + b * QBLOCK, stride, sums, count);
         for (int h = 0; h < 2; h++) {
-            f8 d = half8(scale + at + 8 * h), m = half8(low + at + 8 * h);
+            f8 d = scales8(scale, at + 8 * h, wide), m = scales8(low, at + 8 * h, wide);
             for (int r = 0; r < count; r++) {
                 i8 n;
                 memcpy(&n, sums[r] + 8 * h, sizeof n);
@@ -201,6 +222,33 @@ int8_tile(const Rows *x, const int8_t *packed, const uint16_t *scale, float *y, 
         for (int h = 0; h < 2; h++) store8(y + (r0 + r) * outputs + group * CHANNELS + 8 * h, total[r][h]);
 }
 
+/* int8s: steps times an fp32 scale per sub-block of SUB inputs, plus an fp32 low (or none) per
+ * sub-block: total = (total + (w . qx) dx d) + (dx sum(qx)) m, sub-block after sub-block. */
+static inline __attribute__((always_inline)) void
+int8s_tile(const Rows *x, const int8_t *packed, const float *scale, const float *low, float *y, int64_t outputs,
+           int64_t group, int64_t r0, const int count) {
+    const int64_t blocks = x->blocks, stride = blocks * QBLOCK, subs = 2 * blocks;
+    f8 total[TILE][2];
+    int32_t sums[TILE][CHANNELS];
+    for (int r = 0; r < count; r++) total[r][0] = total[r][1] = splat8(0.0f);
+    for (int64_t s = 0; s < subs; s++) {
+        int8_sums(packed + (group * x->width + s * SUB) * CHANNELS, x->steps + r0 * stride + s * SUB, stride, SUB,
+                  sums, count);
+        for (int h = 0; h < 2; h++) {
+            const int64_t at = (group * subs + s) * CHANNELS + 8 * h;
+            f8 d = load8(scale + at), m = low ? load8(low + at) : splat8(0.0f);
+            for (int r = 0; r < count; r++) {
+                i8 n;
+                memcpy(&n, sums[r] + 8 * h, sizeof n);
+                total[r][h] = total[r][h] + (__builtin_convertvector(n, f8) * x->dx[(r0 + r) * blocks + s / 2]) * d;
+                if (low) total[r][h] = total[r][h] + x->dsum16[(r0 + r) * subs + s] * m;
+            }
+        }
+    }
+    for (int r = 0; r < count; r++)
+        for (int h = 0; h < 2; h++) store8(y + (r0 + r) * outputs + group * CHANNELS + 8 * h, total[r][h]);
+}
+
 #if TILE == 4
 #define TILE_4(CALL) case 4: CALL(4); break;
 #else
@@ -214,12 +262,14 @@ int8_tile(const Rows *x, const int8_t *packed, const uint16_t *scale, float *y, 
         default: CALL(1);                                                                             \
     }
 
-/* What one call multiplies x by: int4 (packed, scale, low) or int8 (packed8, scale8). */
+/* What one call multiplies x by: int4 steps (packed) or int8 steps (packed8), and their scales and
+ * lows (low may be NULL for int8) as `kind` says. */
+typedef enum { INT4_HALF, INT4_FLOAT, INT8_Q8_0, INT8_SUB } Kind;
 typedef struct {
+    Kind kind;
     const uint8_t *packed;
-    const uint16_t *scale, *low;
     const int8_t *packed8;
-    const uint16_t *scale8;
+    const void *scale, *low;
 } Weights;
 
 /* x [rows, width] and y [rows, outputs], contiguous fp32: x's rows quantized, then each group of
@@ -239,15 +289,20 @@ static int product(const float *x, Weights w, float *y, int64_t rows, int64_t wi
         #pragma omp for schedule(dynamic, 4)
         for (int64_t group = 0; group < outputs / CHANNELS; group++)
             for (int64_t r0 = 0; r0 < rows; r0 += TILE) {
-#define INT4_TILE(N) int4_tile(&q, w.packed, w.scale, w.low, y, outputs, group, r0, N)
-#define INT8_TILE(N) int8_tile(&q, w.packed8, w.scale8, y, outputs, group, r0, N)
-                if (w.packed) {
-                    EACH_TILE(INT4_TILE)
-                } else {
-                    EACH_TILE(INT8_TILE)
+#define INT4_TILE(N) int4_tile(&q, w.packed, w.scale, w.low, 0, y, outputs, group, r0, N)
+#define INT4F_TILE(N) int4_tile(&q, w.packed, w.scale, w.low, 1, y, outputs, group, r0, N)
+#define INT8_TILE(N) int8_tile(&q, w.packed8, w.scale, y, outputs, group, r0, N)
+#define INT8S_TILE(N) int8s_tile(&q, w.packed8, w.scale, w.low, y, outputs, group, r0, N)
+                switch (w.kind) {
+                    case INT4_HALF: EACH_TILE(INT4_TILE) break;
+                    case INT4_FLOAT: EACH_TILE(INT4F_TILE) break;
+                    case INT8_Q8_0: EACH_TILE(INT8_TILE) break;
+                    case INT8_SUB: EACH_TILE(INT8S_TILE) break;
                 }
 #undef INT4_TILE
+#undef INT4F_TILE
 #undef INT8_TILE
+#undef INT8S_TILE
             }
     }
     rows_free(&q);
@@ -257,11 +312,23 @@ static int product(const float *x, Weights w, float *y, int64_t rows, int64_t wi
 int int4_matmul(const float *x, const uint8_t *packed, const uint16_t *scale, const uint16_t *low, float *y,
                 int64_t rows, int64_t width, int64_t outputs, int threads) {
     if (rows < 1 || width % QBLOCK || outputs % CHANNELS) return -1;
-    return product(x, (Weights){packed, scale, low, 0, 0}, y, rows, width, outputs, threads, 1 << 18);
+    return product(x, (Weights){INT4_HALF, packed, 0, scale, low}, y, rows, width, outputs, threads, 1 << 18);
+}
+
+int int4f_matmul(const float *x, const uint8_t *packed, const float *scale, const float *low, float *y,
+                 int64_t rows, int64_t width, int64_t outputs, int threads) {
+    if (rows < 1 || width % QBLOCK || outputs % CHANNELS) return -1;
+    return product(x, (Weights){INT4_FLOAT, packed, 0, scale, low}, y, rows, width, outputs, threads, 1 << 18);
 }
 
 int int8_matmul(const float *x, const int8_t *packed, const uint16_t *scale, float *y, int64_t rows, int64_t width,
                 int64_t outputs, int threads) {
     if (rows < 1 || width < 1 || outputs % CHANNELS) return -1;
-    return product(x, (Weights){0, 0, 0, packed, scale}, y, rows, width, outputs, threads, 1 << 16);
+    return product(x, (Weights){INT8_Q8_0, 0, packed, scale, 0}, y, rows, width, outputs, threads, 1 << 16);
+}
+
+int int8s_matmul(const float *x, const int8_t *packed, const float *scale, const float *low, float *y, int64_t rows,
+                 int64_t width, int64_t outputs, int threads) {
+    if (rows < 1 || width % QBLOCK || outputs % CHANNELS) return -1;
+    return product(x, (Weights){INT8_SUB, 0, packed, scale, low}, y, rows, width, outputs, threads, 1 << 16);
 }

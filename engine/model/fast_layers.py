@@ -76,7 +76,7 @@ def _fits(layer: nn.Module) -> bool:
     if type(layer) is not LlamaDecoderLayer or attn is None or mlp is None:
         return False
     projections = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
-    return all(isinstance(p, Int4Linear) and p.c_kernel and p.bias is None for p in projections)
+    return all(isinstance(p, Int4Linear) and p.c_kernel and not p.wide and p.bias is None for p in projections)
 
 
 class NativeRMSNorm(LlamaRMSNorm):

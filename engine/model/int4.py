@@ -39,10 +39,16 @@ class Int4Linear(nn.Module):
     low: torch.Tensor
     scales_zeros: torch.Tensor
 
-    def __init__(self, linear: nn.Linear, steps: torch.Tensor, scale: torch.Tensor, low: torch.Tensor):
+    def __init__(self, linear: nn.Linear, steps: torch.Tensor, scale: torch.Tensor, low: torch.Tensor,
+                 wide: bool = False):
+        """wide: scale and low are fp32 values that fp16 cannot hold (a Q4_K's, gguf_types.py); only
+        the C kernel takes them."""
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.c_kernel = self.out_features % native.INT4_CHANNELS == 0 and choose(Op.INT4_MATMUL, "int4").c
+        self.wide = wide
+        if wide and not self.c_kernel:
+            raise ValueError("int4 weights with fp32 scales run in quant_matmul.c only")
         if self.c_kernel:
             self._pack_native(steps, scale, low)
         else:
@@ -60,13 +66,15 @@ class Int4Linear(nn.Module):
         by_group = steps.view(groups, native.INT4_CHANNELS, blocks, GROUP // 2, 2).permute(0, 2, 3, 1, 4)
         self.register_buffer("packed", (by_group[..., 0] | (by_group[..., 1] << 4)).to(torch.uint8).contiguous())
         for name, values in (("scale", scale), ("low", low)):
-            self.register_buffer(name, values.half().view(groups, native.INT4_CHANNELS, blocks)
-                                 .permute(0, 2, 1).contiguous())
+            values = values.float() if self.wide else values.half()
+            self.register_buffer(name, values.view(groups, native.INT4_CHANNELS, blocks).permute(0, 2, 1).contiguous())
         self.weights = native.int4_weights(self.packed, self.scale, self.low)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        if self.c_kernel:
+        if self.wide:
+            y = native.int4f_matmul(rows, self.packed, self.scale, self.low)
+        elif self.c_kernel:
             y = native.int4_matmul(rows, self.weights)
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows.to(torch.bfloat16), self.packed, GROUP,
@@ -77,8 +85,9 @@ class Int4Linear(nn.Module):
         """`.to()` and the like may move the buffers that `weights` points at: point again."""
         module = super()._apply(fn, recurse)
         if self.c_kernel:
-            if self.packed.device.type != "cpu" or self.scale.dtype != torch.float16:
-                raise ValueError("dtype: int4 layers run on CPU with fp16 scales; load the model again instead")
+            if self.packed.device.type != "cpu" or self.scale.dtype != (torch.float32 if self.wide else torch.float16):
+                scales = "fp32" if self.wide else "fp16"
+                raise ValueError(f"dtype: int4 layers run on CPU with {scales} scales; load the model again instead")
             self.weights = native.int4_weights(self.packed, self.scale, self.low)
         return module
 
@@ -91,17 +100,27 @@ class Int8Linear(nn.Module):
 
     weight_int8: torch.Tensor
     scales: torch.Tensor
+    lows: Optional[torch.Tensor]
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, exact: Optional[tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]] = None):
+        """exact: a GGUF tensor's (steps [out, in] int8, scales, lows or None) as gguf_types.py splits
+        it: fp16 scales per 32 (Q8_0, Q5_0), or fp32 scales and lows per 16 (the C kernel only)."""
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        weight = linear.weight.detach().float()
         self.c_kernel = self.out_features % native.DENSE_CHANNELS == 0 and choose(Op.INT8_MATMUL, "int8").c
-        if self.c_kernel:
-            steps, scale = q8_0(weight)  # quant_matmul.c's layout: [out/16][in][16], scales [out/16][blocks][16]
+        self.register_buffer("lows", None)
+        self.sub = False  # fp32 scales (and lows) per 16 inputs
+        if exact is not None and not self.c_kernel:
+            raise ValueError("int8 weights kept as a GGUF holds them run in quant_matmul.c only")
+        if self.c_kernel:  # quant_matmul.c's layout: [out/16][in][16], scales [out/16][blocks][16]
+            steps, scale, low = exact if exact is not None else (*q8_0(linear.weight.detach().float()), None)
+            self.sub = scale.dtype == torch.float32
             steps = steps.view(-1, native.DENSE_CHANNELS, self.in_features).transpose(1, 2)
             scale = scale.view(-1, native.DENSE_CHANNELS, scale.shape[1]).transpose(1, 2)
+            if low is not None:
+                self.lows = low.view(-1, native.DENSE_CHANNELS, low.shape[1]).transpose(1, 2).contiguous()
         else:
+            weight = linear.weight.detach().float()
             scale = (weight.abs().amax(dim=1) / 127).clamp(min=1e-12)
             steps = (weight / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
             scale = scale.to(torch.bfloat16)
@@ -111,7 +130,9 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        if self.c_kernel:
+        if self.sub:
+            y = native.int8s_matmul(rows, self.weight_int8, self.scales, self.lows)
+        elif self.c_kernel:
             y = native.int8_matmul(rows, self.weight_int8, self.scales)
         else:
             y = torch.ops.aten._weight_int8pack_mm(rows.to(torch.bfloat16), self.weight_int8, self.scales)

@@ -13,6 +13,7 @@ from contract import EngineConfig
 
 from ..kernels.native import kv_half_ready
 from ..kernels.table import report as kernel_report
+from . import gguf_native
 from .fast_layers import install as lean_layers
 from .fp32 import install as fp32_layers
 from .gguf import find_gguf, load_gguf
@@ -136,17 +137,25 @@ def load_model(config: EngineConfig) -> LoadedModel:
     pick_attention_backends(device)
     source = config.model
     started = time.perf_counter()
+    gguf = find_gguf(source)
+    blocks = gguf is not None and device.type == "cpu" and config.dtype in ("auto", "int4") and gguf_native.servable()
     try:
-        tokenizer, model = _from_source(source, dtype, config.trust_remote_code)
+        if blocks:
+            assert gguf is not None
+            log.info("%s is GGUF: its quantized weights kept as the file's blocks", source)
+            tokenizer, model, parameters = gguf_native.load(*gguf)
+        else:
+            tokenizer, model = _from_source(source, dtype, config.trust_remote_code)
     except (OSError, ValueError) as exc:
         hint = ("it is not a local folder; set LLM_MODEL to a folder with config.json and weights, "
                 "a .gguf file, or a hub id on a machine that can reach the hub (`make model` "
                 "builds the default)") if not os.path.exists(source) else "it is not a valid model"
         raise RuntimeError(f"could not load model {source!r}: {hint}. Cause: {exc}") from exc
     model.to(device).eval()
-    parameters = model.num_parameters()
-    int4 = pick_int4(config.dtype, device, model)
-    if not int4 and device.type == "cpu" and fp32_layers(model):  # batch-invariant fp32 products
+    if not blocks:
+        parameters = model.num_parameters()
+    int4 = blocks or pick_int4(config.dtype, device, model)
+    if (blocks or not int4) and device.type == "cpu" and fp32_layers(model):  # batch-invariant fp32 products
         log.info("fp32 Linear layers run in dense_matmul.c")
     kv_dtype = pick_kv_dtype(config.kv_cache_dtype, model.dtype, int4)
     use_paged_attention(model, kv_dtype)

@@ -1,0 +1,159 @@
+"""A GGUF served from its own blocks: every quantized Linear keeps the file's steps and scales
+(gguf_types.py) and runs in quant_matmul.c; no fp32 copy of the model is made or written.
+
+transformers would dequantize every tensor to fp32 first (96 s for Gemma 3 270M here). Here the
+model is built empty from the config (gguf_file.py), and each tensor goes where transformers would
+put it (the `gguf` package's name map, and transformers' per-architecture processor), as exact
+int4/int8 layers for the quantized Linear weights and as fp32 for the rest (norms, biases, the
+embedding table).
+
+A processor may reorder a tensor's rows (Llama's q and k): that order is read by passing the
+row numbers through it, and the blocks are reordered to match, which is exact. A tensor that a
+processor changes otherwise is dequantized and processed as transformers does.
+"""
+import logging
+from pathlib import Path
+from typing import Any, Optional
+
+import gguf
+import numpy as np
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers.initialization import no_init_weights
+from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
+
+from ..kernels import native
+from . import gguf_file
+from .gguf_types import TYPES, Exact, Layout, split, weights
+from .int4 import Int4Linear, Int8Linear
+
+log = logging.getLogger(__name__)
+
+
+def servable() -> bool:
+    """Whether quantized tensors can be kept as blocks here (the C kernels are built)."""
+    return native.int4_ready() and native.int8_ready()
+
+
+def load(folder: str, name: str) -> tuple[Any, Any, int]:
+    """(tokenizer, model, its weights' count) with the file's quantized Linear weights kept as blocks."""
+    path = Path(folder) / name
+    header = gguf_file.read(path)
+    config, tokenizer = gguf_file.config_and_tokenizer(path)
+    with no_init_weights():
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    _fill(model, header, config)
+    parameters = sum(int(np.prod(t.data.shape[:-1])) * t.width for t in header.tensors)
+    return tokenizer, model, parameters
+
+
+def _names(model: PreTrainedModel, architecture: str, processor: TensorProcessor) -> dict[str, str]:
+    """GGUF tensor name -> the model's parameter name: the `gguf` package's map, built once (where
+    a name does not map so, transformers' own search, which builds it once per submodule)."""
+    arch = next((key for key, value in gguf.MODEL_ARCH_NAMES.items() if value == architecture), None)
+    if arch is not None:
+        name_map = gguf.get_tensor_name_map(arch, model.config.get_text_config().num_hidden_layers)
+        names = {}
+        for hf_name in model.state_dict():
+            base, _, suffix = hf_name.rpartition(".")
+            gguf_name = name_map.get_name(base)
+            if gguf_name is None:
+                break
+            names[f"{gguf_name}.{suffix}"] = hf_name
+        else:
+            return names
+    return get_gguf_hf_weights_map(model, processor)
+
+
+def _fill(model: PreTrainedModel, header: gguf_file.Header, config: Any) -> None:
+    architecture = str(header.metadata["general.architecture"])
+    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
+    names = _names(model, architecture, processor)
+    wanted = set(model.state_dict())
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    kept = 0
+    for tensor in header.tensors:
+        target, order = _target(processor, tensor, names)
+        if target is None:
+            log.info("%s: not a weight of %s; skipped", tensor.name, type(model).__name__)
+            continue
+        exact = _exact(tensor) if order is not None else None
+        if exact is not None and _keep(model, target, exact, order):
+            kept += 1
+        else:
+            _copy(model, target, _processed(processor, tensor, names))
+        wanted.discard(target)
+        if tied and target.endswith("embed_tokens.weight") and exact is not None:
+            output = model.get_output_embeddings()
+            for lm_name, module in model.named_modules():
+                if module is output and _keep(model, lm_name + ".weight", exact, order):
+                    wanted.discard(lm_name + ".weight")
+    if tied:
+        wanted = {n for n in wanted if not n.startswith("lm_head.")}
+    if wanted:
+        raise ValueError(f"the GGUF lacks weights the config asks for: {sorted(wanted)[:5]}")
+    log.info("GGUF: %d quantized layers kept as the file's blocks", kept)
+
+
+def _target(processor: TensorProcessor, tensor: gguf_file.Tensor, names: dict[str, str]) -> tuple[Optional[str], Optional[np.ndarray]]:
+    """The parameter a tensor fills, and the order its rows take there (None: not a plain
+    reordering, or not a 2-D quantized tensor)."""
+    if tensor.tensor_type not in TYPES or len(tensor.data.shape) != 2:
+        result = processor.process(weights=np.zeros(1, np.float32), name=tensor.name, tensor_key_mapping=names,
+                                   parsed_parameters={"tensors": {}})
+        return names.get(result.name), None
+    rows = tensor.data.shape[0]
+    probe = np.arange(rows, dtype=np.float32)[:, None]
+    result = processor.process(weights=probe.copy(), name=tensor.name, tensor_key_mapping=names,
+                               parsed_parameters={"tensors": {}})
+    moved = np.asarray(result.weights)
+    if moved.shape != probe.shape or not np.array_equal(np.sort(moved[:, 0]), probe[:, 0]):
+        return names.get(result.name), None
+    return names.get(result.name), moved[:, 0].astype(np.int64)
+
+
+def _exact(tensor: gguf_file.Tensor) -> Exact:
+    return split(tensor.data, tensor.tensor_type, tensor.width)
+
+
+def _keep(model: PreTrainedModel, target: str, exact: Exact, order: Optional[np.ndarray]) -> bool:
+    """Put `exact` where `target` is: a Linear becomes an int4/int8 layer of the file's blocks; an
+    Embedding gets its fp32 weights. False where it does not fit (the caller dequantizes)."""
+    module_name, _, leaf = target.rpartition(".")
+    module = model.get_submodule(module_name)
+    rows = (lambda a: a) if order is None else (lambda a: a[order])
+    if isinstance(module, nn.Embedding) and leaf == "weight":
+        table = weights(exact)
+        module.weight = nn.Parameter(table if order is None else table[torch.from_numpy(order)], requires_grad=False)
+        return True
+    if type(module) is not nn.Linear or leaf != "weight" or not servable() or module.out_features % 16:
+        return False
+    steps, scale = torch.from_numpy(rows(exact.steps)), torch.from_numpy(rows(exact.scale))
+    low = None if exact.low is None else torch.from_numpy(rows(exact.low))
+    if exact.layout in (Layout.INT4, Layout.INT4_F32):
+        assert low is not None
+        wide = exact.layout is Layout.INT4_F32
+        layer: nn.Module = Int4Linear(module, steps.to(torch.int32), scale.float() if wide else scale.half(),
+                                      low.float() if wide else low.half(), wide=wide)
+    else:
+        fp16 = exact.layout is Layout.Q8_0
+        layer = Int8Linear(module, (steps, scale.half() if fp16 else scale.float(), low))
+    parent = model.get_submodule(module_name.rpartition(".")[0]) if "." in module_name else model
+    setattr(parent, module_name.rpartition(".")[2], layer)
+    return True
+
+
+def _processed(processor: TensorProcessor, tensor: gguf_file.Tensor, names: dict[str, str]) -> torch.Tensor:
+    data = gguf.dequantize(tensor.data, tensor.tensor_type)
+    result = processor.process(weights=data, name=tensor.name, tensor_key_mapping=names,
+                               parsed_parameters={"tensors": {}})
+    return torch.from_numpy(np.array(result.weights, dtype=np.float32))
+
+
+def _copy(model: PreTrainedModel, target: str, values: torch.Tensor) -> None:
+    parameter = model.get_parameter(target) if target in dict(model.named_parameters()) else model.get_buffer(target)
+    if parameter.shape != values.shape:
+        values = values.reshape(parameter.shape)
+    with torch.no_grad():
+        parameter.copy_(values)

@@ -1,0 +1,52 @@
+"""GGUF files served from their own blocks (engine/model/gguf_native.py), with no fp32 copy:
+
+- the default model's Q4_1 GGUF gives the logits of the folder `make model` exports, bit for bit;
+- Gemma 3 270M's Q4_K_M (Q4_K, Q5_0, Q6_K and Q8_0 tensors, sliding-window layers, a 262k
+  vocabulary) answers as the golden file holds, each prompt batched with the others as it does
+  alone, and greedily as its fp32 run (transformers' own dequantization,
+  fp32 weights and KV cache) does.
+"""
+import pytest
+import torch
+
+from contract import EngineConfig, SamplingParams
+from engine.model.loader import load_model
+from testing import golden
+
+GEMMA = "gemma-3-270m-q4_k_m"
+FP32 = f"{GEMMA} fp32"
+PROMPTS = ["The capital of France is", "The largest planet in the solar system is", "Water boils at",
+           "Romeo and Juliet was written by"]
+
+
+def test_the_default_models_gguf_gives_its_exported_folders_bits(real_model, default_gguf):
+    logits = []
+    for source in (real_model, default_gguf):
+        loaded = load_model(EngineConfig(model=source))
+        assert loaded.info.dtype == "int4"
+        ids = loaded.tokenizer("The capital of France is", return_tensors="pt").input_ids
+        with torch.no_grad():
+            logits.append(loaded.model(ids).logits)
+    assert torch.equal(*logits)
+
+
+# the plain C path is left to tests/unit/test_gguf_types.py, which runs each quant type's kernel on
+# every path bit for bit (here it would take half a minute of the suite)
+@pytest.mark.parametrize("path", [p for p in golden.kernel_paths() if p != "portable"])
+async def test_gemma_answers_as_the_golden_file_on_every_path(path, kernel_libraries, gguf_model, make_engine):
+    await golden.check_path(path, kernel_libraries, make_engine, gguf_model, GEMMA, PROMPTS, chat=False,
+                            alone_too=True)
+
+
+async def test_gemma_greedy_is_its_fp32_runs(gguf_model, make_engine):
+    """The fp32 run's answers are the golden file's FP32 section, written with LLM_WRITE_GOLDEN=1
+    (loading fp32 takes some 90 s here); the README's example is the first."""
+    if golden.WRITE:
+        engine = make_engine(gguf_model, device="cpu", dtype="fp32")
+        assert engine.info.dtype == "float32"
+        answers = [await engine.complete(p, SamplingParams(max_tokens=golden.MAX_TOKENS)) for p in PROMPTS]
+        golden.check(FP32, [{"prompt": p, "text": "".join(o.text for o in outs)}
+                            for p, outs in zip(PROMPTS, answers, strict=True)], "native")
+    fp32 = {a["prompt"]: a["text"] for a in golden.expected(FP32)}
+    blocks = {a["prompt"]: a["text"] for a in golden.expected(GEMMA)}
+    assert blocks == fp32  # every prompt, all MAX_TOKENS tokens
