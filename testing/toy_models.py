@@ -12,7 +12,15 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+)
 
 _WORDS = ("the quick brown fox jumps over a lazy dog while streams of tokens flow through "
           "batched decode steps and every client reads its own answer one piece at a time "
@@ -82,6 +90,16 @@ def llama_tokenizer(pad_to: int = 0) -> PreTrainedTokenizerFast:
 # size: (layers, width, heads, context). 'slow' is GPT-2 small's shape with the tiny
 # vocabulary: tens of ms per token on 2 CPU cores, so tests can cancel a generation
 # that is surely still running.
+# today's small architectures, tiny: each one's own features (QKV bias, q/k norms, Gemma's norms,
+# GeGLU and scaled embeddings, sliding-window layers, Phi-3's fused projections, tied outputs)
+ARCHITECTURES = {
+    "qwen2": {},
+    "qwen3": {"head_dim": 16},
+    "mistral": {"sliding_window": 8},
+    "phi3": {},
+    "gemma3_text": {"head_dim": 16, "sliding_window": 8, "query_pre_attn_scalar": 16},
+}
+
 # 'medium' is a llama a stream of which lasts a second or two: long enough to kill its replica midway.
 SIZES = {"tiny": (2, 64, 4, 512), "medium": (4, 256, 4, 1024), "slow": (12, 768, 12, 1024),
          "gpt2-small": (12, 768, 12, 1024)}
@@ -116,8 +134,16 @@ def build(path: str | Path, style: str = "gpt2", size: str = "tiny", seed: int =
                              bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                              initializer_range=0.2 if not big else 0.02, tie_word_embeddings=False)
         model = LlamaForCausalLM(config)
+    elif style in ARCHITECTURES:
+        config = AutoConfig.for_model(style, vocab_size=n_vocab, hidden_size=width, intermediate_size=4 * width,
+                                      num_hidden_layers=layers, num_attention_heads=heads,
+                                      num_key_value_heads=heads // 2, max_position_embeddings=context,
+                                      bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                                      pad_token_id=tokenizer.eos_token_id, initializer_range=0.2,
+                                      **ARCHITECTURES[style])
+        model = AutoModelForCausalLM.from_config(config)
     else:
-        raise ValueError(f"style: expected 'gpt2' or 'llama', got {style!r}")
+        raise ValueError(f"style: expected 'gpt2', 'llama' or one of {sorted(ARCHITECTURES)}, got {style!r}")
     model.generation_config.pad_token_id = tokenizer.eos_token_id
     if integer_weights:
         _integer_init(model, seed)
@@ -156,7 +182,7 @@ def _snap_to_four_bits(model: torch.nn.Module) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description="Build a small random-weight model locally.")
     parser.add_argument("path")
-    parser.add_argument("--style", choices=["gpt2", "llama"], default="gpt2")
+    parser.add_argument("--style", choices=["gpt2", "llama", *ARCHITECTURES], default="gpt2")
     parser.add_argument("--size", choices=sorted(SIZES), default="tiny")
     args = parser.parse_args()
     print(build(args.path, args.style, args.size))
