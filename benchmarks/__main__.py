@@ -35,6 +35,8 @@ QUICK_EXTRAS = ({"model": "gpt2-small", "systems": ("this", "raw-engine"), "conc
 MODE_DEFAULTS: dict[str, dict[str, Any]] = {
     "cpu_record": {"models": ["smollm2"], "concurrency": [1, 16], "systems": ("cpu_record", "RECORD_SYSTEMS"),
                    "num_requests": 32, "out": "cpu-record"},
+    "gguf_record": {"concurrency": [1, 16], "systems": ("gguf_record", "GGUF_SYSTEMS"), "num_requests": 32,
+                    "out": "gguf-record"},
     "speculation_sweep": {"models": ["smollm2", "gpt2-small"], "concurrency": [1, 4, 16, 64],
                           "out": "speculation-sweep"},
     "replicas": {"models": ["smollm2"], "out": "replicas"},
@@ -85,7 +87,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--systems", type=_names(None), default=None,
                    help=f"of {','.join(SYSTEMS + NAMED_ONLY)} (default all but {','.join(NAMED_ONLY)}); "
                         "a mode with systems of its own takes its own names (--prefix: this,this-nocache,llama-cpp; "
-                        "--cpu-record: this,this-engine,this-nospec,this-q4_0,llama-cpp-q4_1,llama-cpp-q4_0)")
+                        "--cpu-record: this,this-engine,this-nospec,this-q4_0,llama-cpp-q4_1,llama-cpp-q4_0; "
+                        "--gguf-record: this,llama-cpp)")
     p.add_argument("--concurrency", type=_ints, default=None, help="closed-loop levels (default 1,4,16,64)")
     p.add_argument("--rate", type=_floats, default=[], help="open-loop Poisson rates in requests/s")
     p.add_argument("--num-requests", type=int, default=None,
@@ -125,6 +128,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                    help="the CPU record instead (cpu_record.py): this with its defaults, its engine alone, with "
                         "speculation off and on a Q4_0 GGUF, against llama.cpp on the Q4_1 and Q4_0 GGUF: plain prompts at "
                         "--concurrency (1,16), and cold prefill of about 1,300 tokens; on smollm2")
+    p.add_argument("--gguf-record", action="store_true",
+                   help="this against llama.cpp on the same GGUF file, Gemma 3 270M Q4_K_M (gguf_record.py): "
+                        "plain prompts at --concurrency (1,16), and each server's time to ready")
     p.add_argument("--speculation-sweep", action="store_true",
                    help="speculation on against off (spec_sweep.py): greedy and sampled, --concurrency "
                         "(1,4,16,64), on smollm2 and gpt2-small unless --models says otherwise")
@@ -251,6 +257,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.cpu_record:
         from .cpu_record import main as run_record
         return one_model_main(run_record, args, argv)
+    if args.gguf_record:
+        from .gguf_record import main as run_gguf
+        try:
+            return run_gguf(args, _machine_checked(), argv)
+        finally:
+            stop_all()
     if args.speculation_sweep:
         from .spec_sweep import main as run_sweep
         return run_sweep(args, machine_info(), argv)

@@ -1,0 +1,109 @@
+"""python -m benchmarks --gguf-record: this service against llama.cpp on one GGUF file that is not the
+default model's, Gemma 3 270M Q4_K_M (a base model).
+
+Why: the service serves GGUF files from their own blocks (engine/model/gguf_native.py), so any GGUF
+llama.cpp serves can be served here as it is; this measures both on the very same file, the way
+cpu_record.py measures the default model (its Target and servers, reused here).
+
+Systems, one after another in one run, each a fresh server warmed by two untimed requests:
+- `this`: `make serve`'s Flow with LLM_MODEL set to the GGUF file, its defaults;
+- `llama-cpp`: llama.cpp's server on the same file, 2 threads, 16 slots (as cpu_record.py starts it).
+
+Workload (cpu_record's plain one): the main benchmark's prompts over OpenAI streaming completions,
+greedy, `--max-tokens` (64) with `ignore_eos`, closed loops at `--concurrency` (1 and 16),
+`--num-requests` (32) each. Also each system's time from process start to ready (health answers;
+READY_GOAL_S for this service) and to its first answered request.
+"""
+import argparse
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Optional
+
+from testing.procs import ROOT, settle
+
+from .cpu_record import SLOT_TOKENS, Target, _http_target
+from .load import closed_loop, make_prompts
+from .metrics import workload_row
+from .report import figure, goal_line, measure_each, run_and_write, run_record
+from .systems import flow_server, http_session, llama_server
+
+GGUF_SYSTEMS = ("this", "llama-cpp")
+GEMMA = ROOT / "models" / "gemma-3-270m-q4_k_m.gguf"
+READY_GOAL_S = 30.0
+
+
+@contextlib.asynccontextmanager
+async def serve(system: str, gguf: Path, logs: Path) -> AsyncIterator[Target]:
+    """A fresh server of `system` on `gguf`, ready (its health check answers)."""
+    if system == "llama-cpp":
+        async with llama_server(gguf, logs, ctx_size=16 * SLOT_TOKENS, name=f"gguf-{system}",
+                                gguf=gguf) as (port, http):
+            yield await _http_target(http, port, gguf)
+        return
+    with flow_server(gguf, logs, name=f"gguf-{system}") as (_, port):
+        async with http_session() as http:
+            yield await _http_target(http, port, gguf)
+
+
+async def measure_system(system: str, gguf: Path, args: argparse.Namespace, result: dict) -> None:
+    t0 = time.perf_counter()
+    async with serve(system, gguf, args.out / "logs") as target:
+        ready = {"ready_s": round(time.perf_counter() - t0, 2)}
+        for i, prompt in enumerate(("Warm-up: the first call", "Warm-up: and the second")):
+            async for _ in target.plain(prompt, 4):
+                pass
+            if i == 0:
+                ready["first_request_s"] = round(time.perf_counter() - t0, 2)
+        result["ready"][system] = ready
+        print(f"{system}: ready in {ready['ready_s']}s, first request answered at {ready['first_request_s']}s, "
+              f"quiet after {await settle():.1f}s more", flush=True)
+        for c in args.concurrency:
+            prompts = make_prompts(256, args.seed, draw=f"closed {c}")
+            records, duration, cut = await closed_loop(target.plain, prompts, c, max(args.num_requests, c),
+                                                       args.max_tokens, args.time_limit)
+            result["rows"].append(workload_row(system, "plain", c, records, duration, cut))
+            await settle()
+
+
+def goals(result: dict) -> list[str]:
+    def tok_s(system: str, c: int) -> Optional[float]:
+        return figure(result, system=system, workload="plain", concurrency=c)
+    lines = [goal_line(f"C={c} plain, this / llama.cpp", tok_s("this", c), tok_s("llama-cpp", c), 1.0)
+             for c in result["settings"]["concurrency"]]
+    ready = result["ready"].get("this", {}).get("ready_s")
+    met = "n/a" if ready is None else ("met" if ready <= READY_GOAL_S else "NOT met")
+    return lines + [f"this ready within {READY_GOAL_S:g} s of its start: {ready} s ({met})"]
+
+
+def markdown(result: dict) -> str:
+    s, m = result["settings"], result["machine"]
+    lines = ["# One GGUF file, two servers: this service against llama.cpp", "",
+             f"{result['date']}, git {result['git']}, `{result['command']}`", "",
+             f"Machine: {m['cpu_count']} CPUs, torch {m['torch']}; load average at start {m['loadavg_at_start']}. "
+             f"Model {s['model']} (both servers on this file), greedy. plain: OpenAI streaming completions, "
+             f"{s['max_tokens']} tokens per request (ignore_eos), {s['requests']} requests per level. Both servers "
+             f"with their defaults on 2 threads; llama.cpp with 16 slots.", "",
+             "| system | workload | C | output tok/s | TTFT p50 (ms) | TPOT p50 (ms) | ITL p50 (ms) | ok |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        lines.append(f"| {r['system']} | {r['workload']} | {r['concurrency']} | {r['output_tok_s']} | "
+                     f"{r['ttft_p50_ms']} | {r['tpot_p50_ms']} | {r['itl_p50_ms']} | {r['completed']}/{r['requests']} |")
+    lines += ["", "| system | start to ready (s) | start to first answered request (s) |", "|---|---|---|"]
+    lines += [f"| {name} | {r.get('ready_s')} | {r.get('first_request_s')} |" for name, r in result["ready"].items()]
+    lines += ["", "## Ratios and goals", ""] + [f"- {g}" for g in goals(result)]
+    if result["notes"]:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in result["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(args: argparse.Namespace, machine: dict, argv: Optional[list[str]] = None, gguf: Path = GEMMA) -> int:
+    result = run_record(argv, machine, settings={
+        "model": gguf.name, "systems": args.systems, "concurrency": args.concurrency,
+        "max_tokens": args.max_tokens, "requests": args.num_requests}, rows=[], ready={}, notes=[])
+    measure = measure_each(args.systems, lambda system: measure_system(system, gguf, args, result), result["notes"])
+    code, text = run_and_write(measure, result, args.out, markdown)
+    print("\n" + text)
+    print(f"wrote {args.out}/results.json, results.md in {result['settings']['wall_s']}s")
+    return code
