@@ -135,7 +135,9 @@ def build(path: str | Path, style: str = "gpt2", size: str = "tiny", seed: int =
                              initializer_range=0.2 if not big else 0.02, tie_word_embeddings=False)
         model = LlamaForCausalLM(config)
     elif style in ARCHITECTURES:
-        config = AutoConfig.for_model(style, vocab_size=n_vocab, hidden_size=width, intermediate_size=4 * width,
+        # the vocabulary padded to whole groups of 16 outputs, as real models' are, so that the int8
+        # output layer runs in the C kernel (PyTorch's rounds the logits to bf16)
+        config = AutoConfig.for_model(style, vocab_size=-(-n_vocab // 16) * 16, hidden_size=width, intermediate_size=4 * width,
                                       num_hidden_layers=layers, num_attention_heads=heads,
                                       num_key_value_heads=heads // 2, max_position_embeddings=context,
                                       bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,

@@ -134,7 +134,7 @@ def _keep(model: PreTrainedModel, target: str, exact: Exact, order: Optional[np.
     if exact.layout in (Layout.INT4, Layout.INT4_F32):
         assert low is not None
         wide = exact.layout is Layout.INT4_F32
-        layer: nn.Module = Int4Linear(module, steps.to(torch.int32), scale.float() if wide else scale.half(),
+        layer: nn.Module = Int4Linear(module, steps, scale.float() if wide else scale.half(),
                                       low.float() if wide else low.half(), wide=wide)
     else:
         fp16 = exact.layout is Layout.Q8_0

@@ -1,14 +1,18 @@
 """Today's small architectures (testing/toy_models.ARCHITECTURES: Qwen2, Qwen3, Mistral, Phi-3,
 Gemma 3), tiny and random, built from their transformers configs with no download, served with
 int4 weights and the fp16 KV cache: transformers' modules around the C products and the C paged
-attention (the whole-layer C path is Llama's). Each keeps the engine's promises: a request
+attention (the whole-layer C path is Llama's). Each gives transformers' own log probabilities
+(its eager forward, fp32) within a stated tolerance, and keeps the engine's promises: a request
 batched with others answers as it does alone, and a prompt served from the prefix cache answers
 as it did uncached."""
 import asyncio
 
 import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from contract import SamplingParams
+from engine.model.int4 import q8_0
 from testing.toy_models import ARCHITECTURES
 
 from ..conftest import shared_build
@@ -37,3 +41,33 @@ async def test_batched_equals_alone_and_cached_equals_uncached(architecture_mode
     assert [a[:2] for a in together] == [a[:2] for a in alone]
     assert all(len(tokens) == 16 for tokens, _, _ in alone)
     assert all(cached == 0 for _, _, cached in alone) and all(cached > 0 for _, _, cached in together)
+
+
+# The reference is transformers' forward of the same weights, the output layer's rounded to Q8_0 as
+# the engine keeps it. The engine rounds each product's activations to int16 per block of 32 (a
+# relative 2^-16 of the block's largest value) and sums in its own order, which moves a log
+# probability by at most 5e-4 here (7e-5 to 5e-4 by architecture); 2e-3 leaves room for that and
+# is far below what a wrong norm, bias, window or rotary base would do (tenths to whole units).
+TOLERANCE = 2e-3
+
+
+async def test_log_probabilities_are_transformers_own(architecture_model, make_engine):
+    engine = make_engine(architecture_model, device="cpu", kv_cache_dtype="fp32")
+    outs = await engine.complete(PROMPTS[1], SamplingParams(max_tokens=16, temperature=0, ignore_eos=True,
+                                                            logprobs=True))
+    tokens = [t for o in outs for t in o.token_ids]
+    logprobs = torch.tensor([lp for o in outs for lp in o.logprobs], dtype=torch.float64)
+    tokenizer = AutoTokenizer.from_pretrained(architecture_model)
+    model = AutoModelForCausalLM.from_pretrained(architecture_model, dtype=torch.float32, attn_implementation="eager")
+    head = model.get_output_embeddings()
+    steps, scale = q8_0(head.weight.detach())  # the engine's output layer keeps int8 steps (Q8_0)
+    head.weight = torch.nn.Parameter(steps.float() * scale.float().repeat_interleave(32, dim=1)[:, :steps.shape[1]])
+    prompt = tokenizer(PROMPTS[1], return_tensors="pt").input_ids
+    with torch.no_grad():
+        logits = model(torch.cat([prompt, torch.tensor([tokens[:-1]])], dim=1)).logits[0, prompt.shape[1] - 1:]
+    reference = torch.log_softmax(logits.double(), dim=-1)
+    assert len(tokens) == 16
+    differences = (reference[torch.arange(16), tokens] - logprobs).abs()
+    assert differences.max() < TOLERANCE, differences
+    # greedy: each token is transformers' best, or within the tolerance of it
+    assert (reference.max(dim=-1).values - reference[torch.arange(16), tokens]).max() < TOLERANCE
