@@ -56,7 +56,7 @@ class EngineCore:
         vocab = Vocabulary(self.tokenizer, byte_fallback_ids(self.tokenizer),
                            frozenset(self.tokenizer.all_special_ids), loaded.eos_token_ids, self.token_texts)
         self.rows = RowFactory(config, vocab, self.grammars)
-        self.masks = MaskFiller(self.grammars.tokenizer.vocab_size if self.grammars.tokenizer else 0)
+        self.masks = MaskFiller(self.grammars)
         self._aborts: set[str] = set()
         self._abort_lock = threading.Lock()
         self.steps = self.aborted = 0  # aborted: requests that left early because their reader went away

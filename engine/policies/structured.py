@@ -37,11 +37,29 @@ class GrammarCompiler:
         self.parser_limits = LLParserLimits(initial_lexer_fuel=limits.max_grammar_compile_ms * LEXER_FUEL_PER_MS)
         self._cache: OrderedDict[tuple[str, str], LLMatcher] = OrderedDict()
         self._lock = threading.Lock()
-        try:
-            self.tokenizer: Optional[llguidance.LLTokenizer] = llguidance.hf.from_tokenizer(tokenizer)
-            self.unavailable = ""
-        except Exception as exc:  # noqa: BLE001 - a tokenizer llguidance cannot read: refuse constraints
-            self.tokenizer, self.unavailable = None, f"{type(exc).__name__}: {exc}"
+        # llguidance's view of the vocabulary takes seconds of Python to build for a large one (6 s
+        # for Gemma 3's 262k tokens on 2 cores) and only constrained requests need it: built by the
+        # first (off the decode loop, where grammars compile), not on the start-up path, where a
+        # thread of its own would only take the interpreter from the start's other work
+        self._source = tokenizer
+        self._built: Optional[tuple[Optional[llguidance.LLTokenizer], str]] = None
+        self._build_lock = threading.Lock()
+
+    @property
+    def tokenizer(self) -> Optional[llguidance.LLTokenizer]:
+        """llguidance's tokenizer (built at the first call), or None where it cannot read this one."""
+        return self._llguidance()[0]
+
+    @property
+    def unavailable(self) -> str:
+        """Why there is no llguidance tokenizer ("" where there is one)."""
+        return self._llguidance()[1]
+
+    def _llguidance(self) -> tuple[Optional[llguidance.LLTokenizer], str]:
+        with self._build_lock:
+            if self._built is None:
+                self._built = _llguidance_tokenizer(self._source)
+            return self._built
 
     def matcher(self, params: SamplingParams) -> Optional[LLMatcher]:
         """The request's own matcher, or None when it sets no constraint; raises
@@ -91,12 +109,19 @@ def _first_lines(message: str, lines: int = 4) -> str:
     return " ".join(line.strip() for line in message.strip().splitlines()[:lines])
 
 
+def _llguidance_tokenizer(tokenizer: Any) -> tuple[Optional[llguidance.LLTokenizer], str]:
+    try:
+        return llguidance.hf.from_tokenizer(tokenizer), ""
+    except Exception as exc:  # noqa: BLE001 - a tokenizer llguidance cannot read: refuse constraints
+        return None, f"{type(exc).__name__}: {exc}"
+
+
 class MaskFiller:
     """Each step's masks for the constrained rows: filled in llguidance's threads, on a
     thread of its own so that the forward pass runs meanwhile, then applied to the logits."""
 
-    def __init__(self, vocab_size: int):
-        self.words = (vocab_size + 31) // 32
+    def __init__(self, grammars: GrammarCompiler):
+        self.grammars = grammars  # its tokenizer's vocabulary sets the masks' width, once a row needs one
         self._executor = LLExecutor()
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llm-grammar-masks")
         self._bits = torch.arange(32, dtype=torch.int32)
@@ -109,9 +134,12 @@ class MaskFiller:
 
     def fill(self, rows: list[tuple[int, LLMatcher]]) -> tuple[list[int], torch.Tensor]:
         """(rows, their bitmasks [len(rows), words] int32: bit t of word w allows token 32w+t)."""
-        masks = torch.empty((len(rows), self.words), dtype=torch.int32)
+        tokenizer = self.grammars.tokenizer
+        assert tokenizer is not None  # a constrained row's matcher was compiled with it
+        words = (tokenizer.vocab_size + 31) // 32
+        masks = torch.empty((len(rows), words), dtype=torch.int32)
         self._executor.unsafe_compute_mask_ptr([(m, i) for i, (_, m) in enumerate(rows)], masks.data_ptr(),
-                                               self.words * 4, len(rows))
+                                               words * 4, len(rows))
         return [row for row, _ in rows], masks
 
     @torch.inference_mode()
