@@ -96,6 +96,24 @@ class NativeSiLU(nn.Module):
         return nn.functional.silu(x) if out is None else out
 
 
+def outside(model: nn.Module) -> Optional[str]:
+    """Why the model's first decoder layer does not run in llama_layer.c (None: it does, or the
+    model has no decoder layers): what the log names once at load."""
+    layer = next((m for m in model.modules() if hasattr(m, "self_attn") and hasattr(m, "mlp")), None)
+    if layer is None or _fits(layer):
+        return None
+    if type(layer) is not LlamaDecoderLayer:
+        return f"{type(layer).__name__} is not Llama's layer shape, which is the only one in C so far"
+    attn, mlp = layer.self_attn, layer.mlp
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"):
+        p = getattr(attn, name, None) or getattr(mlp, name, None)
+        if not isinstance(p, Int4Linear) or not p.c_kernel:
+            return f"its {name} is {type(p).__name__}, not int4 with fp16 scales (Q4_0, Q4_1)"
+        if p.wide or p.bias is not None:
+            return f"its {name} has " + ("fp32 scales (Q4_K)" if p.wide else "a bias")
+    return "its layers do not fit llama_layer.c"
+
+
 def native_ops(model: nn.Module) -> list[Any]:
     """Where the C kernels run, the model's norms and its fitting layers' SiLU become
     llama_layer.c's (NativeRMSNorm, NativeSiLU), inside the whole-layer kernel and out of it

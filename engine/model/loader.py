@@ -15,6 +15,7 @@ from ..kernels.native import kv_half_ready
 from ..kernels.table import report as kernel_report
 from . import gguf_native
 from .fast_layers import install as lean_layers
+from .fast_layers import outside
 from .fp32 import install as fp32_layers
 from .gguf import find_gguf, load_gguf
 from .int4 import quantize
@@ -160,6 +161,8 @@ def load_model(config: EngineConfig) -> LoadedModel:
     kv_dtype = pick_kv_dtype(config.kv_cache_dtype, model.dtype, int4)
     use_paged_attention(model, kv_dtype)
     lean_layers(model)
+    if int4 and (why := outside(model)):
+        log.info("decoder layers: transformers' modules around the C products, not llama_layer.c: %s", why)
     log.info("kernels: %s", "; ".join(kernel_report("int4" if int4 else "fp32", device.type)))
     return LoadedModel(model, tokenizer, device, _max_context(model, tokenizer),
                        _eos_ids(model, tokenizer, config), time.perf_counter() - started, int4, parameters,

@@ -71,3 +71,13 @@ async def test_log_probabilities_are_transformers_own(architecture_model, make_e
     assert differences.max() < TOLERANCE, differences
     # greedy: each token is transformers' best, or within the tolerance of it
     assert (reference.max(dim=-1).values - reference[torch.arange(16), tokens]).max() < TOLERANCE
+
+
+def test_the_load_says_why_layers_run_outside_the_c_layers(architecture_model, caplog):
+    from contract import EngineConfig
+    from engine.model.loader import load_model
+    with caplog.at_level("INFO", logger="engine.model.loader"):
+        loaded = load_model(EngineConfig(model=architecture_model, device="cpu"))
+    assert loaded.info.dtype == "int4"
+    [line] = [r.getMessage() for r in caplog.records if "decoder layers:" in r.getMessage()]
+    assert "is not Llama's layer shape" in line, line
