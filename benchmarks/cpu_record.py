@@ -37,7 +37,7 @@ from testing.procs import settle
 from .load import Transport, closed_loop, make_prompts
 from .metrics import summarize, workload_row
 from .peers.llama_cpp import q4_0_of
-from .report import figure, goal_line, measure_each, run_and_write, run_record
+from .report import figure, goal_line, measure_each, run_and_write, run_record, workload_table
 from .speculative_bench import PARAGRAPHS
 from .systems import flow_server, gguf_of, http_session, llama_server, openai_model_id, raw_engine, this_openai
 
@@ -145,11 +145,7 @@ def markdown(result: dict) -> str:
              f"{s['max_tokens']} tokens per request (ignore_eos), {s['requests']} requests per level. cold prefill: "
              f"{COLD_REQUESTS} prompts new to the server, one at a time, one token each. Both servers with their "
              f"defaults on 2 threads; llama.cpp with 16 slots, repacking what its CPU backend repacks.", "",
-             "| system | workload | C | output tok/s | TTFT p50 (ms) | TPOT p50 (ms) | ITL p50 (ms) | ok |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in result["rows"]:
-        lines.append(f"| {r['system']} | {r['workload']} | {r['concurrency']} | {r['output_tok_s']} | "
-                     f"{r['ttft_p50_ms']} | {r['tpot_p50_ms']} | {r['itl_p50_ms']} | {r['completed']}/{r['requests']} |")
+             *workload_table(result)]
     cold = [r.get("prompt_tokens") for r in result["rows"] if r["workload"] == "cold prefill"]
     lines += ["", f"Cold prompts: {statistics.median([c for c in cold if c] or [0])} tokens (as each server counts).",
               "", "## Goals", ""] + [f"- {g}" for g in goals(result)]

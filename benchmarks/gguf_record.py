@@ -26,7 +26,7 @@ from testing.procs import ROOT, settle
 from .cpu_record import SLOT_TOKENS, Target, _http_target
 from .load import closed_loop, make_prompts
 from .metrics import workload_row
-from .report import figure, goal_line, measure_each, run_and_write, run_record
+from .report import figure, goal_line, measure_each, run_and_write, run_record, workload_table
 from .systems import flow_server, http_session, llama_server
 
 GGUF_SYSTEMS = ("this", "llama-cpp")
@@ -85,12 +85,7 @@ def markdown(result: dict) -> str:
              f"Machine: {m['cpu_count']} CPUs, torch {m['torch']}; load average at start {m['loadavg_at_start']}. "
              f"Model {s['model']} (both servers on this file), greedy. plain: OpenAI streaming completions, "
              f"{s['max_tokens']} tokens per request (ignore_eos), {s['requests']} requests per level. Both servers "
-             f"with their defaults on 2 threads; llama.cpp with 16 slots.", "",
-             "| system | workload | C | output tok/s | TTFT p50 (ms) | TPOT p50 (ms) | ITL p50 (ms) | ok |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in result["rows"]:
-        lines.append(f"| {r['system']} | {r['workload']} | {r['concurrency']} | {r['output_tok_s']} | "
-                     f"{r['ttft_p50_ms']} | {r['tpot_p50_ms']} | {r['itl_p50_ms']} | {r['completed']}/{r['requests']} |")
+             f"with their defaults on 2 threads; llama.cpp with 16 slots.", "", *workload_table(result)]
     lines += ["", "| system | start to ready (s) | start to first answered request (s) |", "|---|---|---|"]
     lines += [f"| {name} | {r.get('ready_s')} | {r.get('first_request_s')} |" for name, r in result["ready"].items()]
     lines += ["", "## Ratios and goals", ""] + [f"- {g}" for g in goals(result)]

@@ -106,6 +106,15 @@ def goal_line(label: str, num: Optional[float], den: Optional[float], goal: floa
            f"{'met' if num / den >= goal else 'NOT met'})"
 
 
+def workload_table(result: dict) -> list[str]:
+    """The records' table of workload rows (metrics.workload_row's), one line each."""
+    lines = ["| system | workload | C | output tok/s | TTFT p50 (ms) | TPOT p50 (ms) | ITL p50 (ms) | ok |",
+             "|---|---|---|---|---|---|---|---|"]
+    return lines + [f"| {r['system']} | {r['workload']} | {r['concurrency']} | {r['output_tok_s']} | "
+                    f"{r['ttft_p50_ms']} | {r['tpot_p50_ms']} | {r['itl_p50_ms']} | {r['completed']}/{r['requests']} |"
+                    for r in result["rows"]]
+
+
 def label(row: dict) -> str:
     return f"{row['system']}/{row['transport']}"
 
