@@ -152,7 +152,8 @@ def _processed(processor: TensorProcessor, tensor: gguf_file.Tensor, names: dict
 
 
 def _copy(model: PreTrainedModel, target: str, values: torch.Tensor) -> None:
-    parameter = model.get_parameter(target) if target in dict(model.named_parameters()) else model.get_buffer(target)
+    module_name, _, leaf = target.rpartition(".")
+    parameter = getattr(model.get_submodule(module_name), leaf)  # a parameter or a buffer
     if parameter.shape != values.shape:
         values = values.reshape(parameter.shape)
     with torch.no_grad():
