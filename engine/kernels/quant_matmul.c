@@ -34,7 +34,7 @@
 #define PAIRS (QBLOCK / 2)
 
 /* x [rows, width] as int16 steps [rows][blocks * 32], each block's scale dx and dx sum(steps), and
- * dx sum(steps) per half block (SUB inputs: the sub-blocks of Q6_K's scales). */
+ * where int8s weights with lows need it (else NULL), dx sum(steps) per half block (SUB inputs). */
 typedef struct {
     int16_t *steps;
     float *dx, *dsum, *dsum16;
@@ -43,14 +43,14 @@ typedef struct {
 
 #define SUB 16  /* inputs per sub-block of int8s weights */
 
-static int rows_alloc(Rows *q, int64_t rows, int64_t width) {
+static int rows_alloc(Rows *q, int64_t rows, int64_t width, int halves) {
     q->width = width;
     q->blocks = (width + QBLOCK - 1) / QBLOCK;
     q->steps = malloc(rows * q->blocks * QBLOCK * sizeof(int16_t));
     q->dx = malloc(rows * q->blocks * sizeof(float));
     q->dsum = malloc(rows * q->blocks * sizeof(float));
-    q->dsum16 = malloc(rows * q->blocks * 2 * sizeof(float));
-    return q->steps && q->dx && q->dsum && q->dsum16 ? 0 : -2;
+    q->dsum16 = halves ? malloc(rows * q->blocks * 2 * sizeof(float)) : NULL;
+    return q->steps && q->dx && q->dsum && (q->dsum16 || !halves) ? 0 : -2;
 }
 
 static void rows_free(Rows *q) {
@@ -67,7 +67,7 @@ static void quantize_row(const float *x, const Rows *q, int64_t r) {
         float dx = quantize_block(x + r * q->width + b * QBLOCK, (int)n, q->steps + at * QBLOCK, &sum);
         q->dx[at] = dx;
         q->dsum[at] = dx * (float)sum;
-        for (int h = 0; h < 2; h++) {
+        for (int h = 0; h < 2 && q->dsum16; h++) {
             int32_t half = 0;
             for (int i = 0; i < SUB; i++) half += q->steps[at * QBLOCK + h * SUB + i];
             q->dsum16[2 * at + h] = dx * (float)half;
@@ -277,7 +277,7 @@ typedef struct {
 static int product(const float *x, Weights w, float *y, int64_t rows, int64_t width, int64_t outputs, int threads,
                    int64_t parallel_from) {
     Rows q;
-    if (rows_alloc(&q, rows, width)) {
+    if (rows_alloc(&q, rows, width, w.kind == INT8_SUB && w.low)) {
         rows_free(&q);
         return -2;
     }
