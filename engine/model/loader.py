@@ -4,6 +4,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -146,7 +147,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
             log.info("%s is GGUF: its quantized weights kept as the file's blocks", source)
             tokenizer, model, parameters = gguf_native.load(*gguf)
         else:
-            tokenizer, model = _from_source(source, dtype, config.trust_remote_code)
+            tokenizer, model = _from_source(source, gguf, dtype, config.trust_remote_code)
     except (OSError, ValueError) as exc:
         hint = ("it is not a local folder; set LLM_MODEL to a folder with config.json and weights, "
                 "a .gguf file, or a hub id on a machine that can reach the hub (`make model` "
@@ -169,9 +170,9 @@ def load_model(config: EngineConfig) -> LoadedModel:
                        kv_dtype)
 
 
-def _from_source(source: str, dtype: torch.dtype, trust_remote_code: bool):
+def _from_source(source: str, gguf: Optional[tuple[str, str]], dtype: torch.dtype, trust_remote_code: bool):
+    """gguf: `find_gguf(source)`."""
     hf_logging.disable_progress_bar()  # a server's log is not a terminal
-    gguf = find_gguf(source)
     if gguf is not None:
         log.info("%s is GGUF: dequantizing its weights to %s in memory", source, dtype)
         return load_gguf(*gguf, dtype)
