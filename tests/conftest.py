@@ -5,6 +5,7 @@ that name, so `pytest -m "unit or gateway"` (make test-fast) picks the quick tie
 """
 import importlib.util
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -38,11 +39,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(getattr(pytest.mark, tier))
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """The import checks' fresh interpreters start now, to import while the other tests run."""
-    if any(Path(str(item.fspath)).name == "test_imports.py" for item in session.items):
+def pytest_configure(config: pytest.Config) -> None:
+    """The import checks' fresh interpreters start now, to import while the other tests run: once,
+    in the process that starts the run (a pytest-xdist worker reads what they wrote), and only
+    where the run's paths hold them, as each costs seconds of CPU that the other tests share."""
+    if hasattr(config, "workerinput"):
+        return
+    checks = ROOT / "tests" / "unit" / "test_imports.py"
+    paths = [Path(arg.split("::")[0]).resolve() for arg in config.args]
+    if any(path == checks or path in checks.parents for path in paths):
         from tests.unit import test_imports
-        test_imports.start()
+        config._import_checks = test_imports.start()  # type: ignore[attr-defined]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """No check outlives the run (one that is cut short, or never read)."""
+    for process in getattr(config, "_import_checks", []):
+        process.kill()
+        process.wait()
+    if getattr(config, "_import_checks", None):
+        shutil.rmtree(os.environ["LLM_TEST_IMPORTS"], ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -1,83 +1,16 @@
-"""The gateway tier's fake upstream: the real routes, a scripted executor, milliseconds."""
-from collections.abc import AsyncIterator
-
+"""The gateway tier's fixtures (fake_upstream.py), imported when a test asks for them: pytest loads
+this file in every process of a run, the pytest-xdist controller too, which runs no test and should
+not import docarray and torch for nothing."""
 import pytest
-from fastapi import FastAPI
-from fastapi.testclient import TestClient
-
-from contract import RequestLimits, ServerInfo
-from gateway.anthropic_routes import anthropic_router
-from gateway.backend import CollectedAnswer
-from gateway.jina_sse import jina_sse_router
-from gateway.openai_routes import openai_router
-from gateway.responses_routes import responses_router
-from gateway.tgi_routes import tgi_router
-from gateway.tokens_routes import tokens_router
-from schemas import ModelOutputDocument, PromptDocument
-
-INFO = ServerInfo(model_id="fake-model", max_context=512, max_tokens_limit=100, max_running=2, max_waiting=2,
-                  max_batch_tokens=1024, max_prefill_tokens=512, **RequestLimits().as_dict(), dtype="float32",
-                  device="cpu", chat_template=True)
-
-
-def tokens(*texts: str, finish: str = "length", seed=None) -> list[ModelOutputDocument]:
-    out, text = [], ""
-    for i, t in enumerate(texts):
-        text += t
-        last = i == len(texts) - 1
-        out.append(ModelOutputDocument(token_id=i, token_ids=[i], text=t, generated_text=text, index=i,
-                                       logprobs=[-0.5], specials=[False], texts=[t], finish_reason=finish if last else None,
-                                       generated_tokens=len(texts) if last else None,
-                                       prompt_tokens=3 if last else None, seed=seed if last else None))
-    return out
-
-
-class FakeUpstream:
-    """Answers every request with `script`, and keeps the documents it was sent."""
-
-    def __init__(self) -> None:
-        self.script = tokens("Hello", " world")
-        self.sent: list[PromptDocument] = []
-
-    async def _docs(self) -> AsyncIterator[ModelOutputDocument]:
-        for d in self.script[1:]:
-            yield d
-
-    async def open(self, doc):
-        self.sent.append(doc)
-        return self.script[0], self._docs()
-
-    async def complete(self, doc):
-        self.sent.append(doc)
-        done = [d for d in self.script if d.error is None]
-        return CollectedAnswer(done, self.script[-1])
-
-    async def info(self):
-        return INFO
-
-    async def stats(self):
-        return {"healthy": True}
-
-    async def tokenize(self, doc):
-        """Token ids as the fake tokenizer makes them: one per character of the prompt or messages."""
-        self.sent.append(doc)
-        text = doc.messages or doc.prompt
-        return ModelOutputDocument(token_ids=[ord(c) % 1000 for c in text], prompt_tokens=len(text))
-
-    async def detokenize(self, doc):
-        self.sent.append(doc)
-        return ModelOutputDocument(text="".join(chr(i) for i in doc.prompt_token_ids))
 
 
 @pytest.fixture
 def fake():
+    from tests.gateway.fake_upstream import FakeUpstream
     return FakeUpstream()
 
 
 @pytest.fixture
 def http(fake):
-    app = FastAPI()
-    for router in (openai_router(fake), tgi_router(fake), jina_sse_router(fake), anthropic_router(fake),
-                   responses_router(fake), tokens_router(fake)):
-        app.include_router(router)
-    return TestClient(app)
+    from tests.gateway.fake_upstream import routes_app
+    return routes_app(fake)

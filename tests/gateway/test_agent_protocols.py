@@ -8,7 +8,7 @@ import pytest
 from contract import ErrorKind
 from gateway.backend import error_doc
 from schemas import ModelOutputDocument
-from tests.gateway.conftest import tokens
+from tests.gateway.fake_upstream import tokens
 
 WEATHER_ANTHROPIC = {"name": "get_weather", "description": "The weather in a city",
                      "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}

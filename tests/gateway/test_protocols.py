@@ -9,7 +9,7 @@ from contract import ErrorKind, field_type, item_type, request_fields
 from gateway.backend import error_doc
 from gateway.tgi_routes import TGI_FIELD_NAMES
 from schemas import PromptDocument
-from tests.gateway.conftest import INFO, tokens
+from tests.gateway.fake_upstream import INFO, tokens
 from tests.gateway_helpers import sse_data
 
 # ----- each protocol's minimal request maps to the document its defaults imply -----

@@ -94,11 +94,11 @@ def test_without_the_kernels_the_layers_stay_pytorchs(llama_model, monkeypatch):
 
 @needs_kernel
 async def test_fp32_log_probabilities_batched_are_bit_for_bit_alone(any_model, make_engine):
-    """20 mixed requests with log probabilities and alternatives: the same numbers together as
+    """12 mixed requests with log probabilities and alternatives: the same numbers together as
     alone (PyTorch's fp32 matmul gave other bits beside other rows)."""
     engine = make_engine(any_model, dtype="fp32", max_prefill_tokens=16)
     requests = [(p, SamplingParams(max_tokens=params.max_tokens, ignore_eos=True, logprobs=True, top_logprobs=3))
-                for p, params in mixed_requests(20)]
+                for p, params in mixed_requests(12)]
 
     async def scored(prompt: str, params: SamplingParams) -> tuple[list, list, list]:
         """Token by token (a speculating stream, alone, may get several in one output)."""

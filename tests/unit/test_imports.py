@@ -1,11 +1,14 @@
 """What each layer loads: the contract nothing heavy, the engine neither jina nor docarray, the
 gateway, schemas and client no engine. The contract and the edges are checked in fresh
-interpreters, started when the session's tests are collected (tests/conftest.py); the engine,
+interpreters, started as the run starts (tests/conftest.py); the engine,
 whose imports cost the most, from its source and its dependencies' declared requirements."""
 import ast
 import importlib.metadata
+import os
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -17,23 +20,40 @@ CHECKS = {  # name -> the modules one fresh interpreter imports
 ENGINE_DEPENDENCIES = {"torch": "torch", "transformers": "transformers", "tokenizers": "tokenizers",
                        "llguidance": "llguidance", "gguf": "gguf", "safetensors": "safetensors", "numpy": "numpy",
                        "jinja2": "jinja2"}  # module -> distribution
-_started: dict[str, subprocess.Popen] = {}
+FOLDER = "LLM_TEST_IMPORTS"  # where the checks write what they loaded (set by start)
+WAIT = 120.0  # seconds a check may take to import
 
 
-def start() -> None:
-    """Every check's interpreter, started once."""
+def start() -> list[subprocess.Popen]:
+    """Every check's interpreter, started once per run, by the process that starts the run (the
+    pytest-xdist controller, idle otherwise): each writes the top-level packages it loaded to a
+    file of the folder in $LLM_TEST_IMPORTS, whichever worker reads it."""
+    folder = Path(os.environ.get(FOLDER) or tempfile.mkdtemp(prefix="llm-imports-"))
+    os.environ[FOLDER] = str(folder)
+    started = []
     for name, modules in CHECKS.items():
-        if name not in _started:
-            code = f"import sys, {modules}; print(' '.join(sorted({{m.split('.')[0] for m in sys.modules}})))"
-            _started[name] = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
-                                              stderr=subprocess.PIPE, text=True)
+        target = folder / name
+        code = (f"import os, sys, traceback\ntry:\n    import {modules}\n"
+                f"    out = ' '.join(sorted({{m.split('.')[0] for m in sys.modules}}))\n"
+                f"except BaseException:\n    out = 'FAILED ' + traceback.format_exc()\n"
+                f"open({str(target) + '.part'!r}, 'w').write(out)\nos.replace({str(target) + '.part'!r}, {str(target)!r})")
+        started.append(subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL))
+    return started
 
 
 def loaded(name: str) -> set[str]:
-    """The top-level packages the check's modules loaded."""
-    start()
-    out, err = _started[name].communicate(timeout=120)
-    assert _started[name].returncode == 0, err
+    """The top-level packages the check's modules loaded (its interpreter started here if the
+    run did not start it)."""
+    if not os.environ.get(FOLDER):
+        start()
+    target = Path(os.environ[FOLDER]) / name
+    deadline = time.monotonic() + WAIT
+    while not target.exists():
+        assert time.monotonic() < deadline, f"the {name} check wrote nothing in {WAIT:.0f} s"
+        time.sleep(0.05)
+    out = target.read_text()
+    assert not out.startswith("FAILED"), out
     return set(out.split())
 
 

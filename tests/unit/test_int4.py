@@ -106,7 +106,7 @@ def _q8_0_weight(linear: nn.Linear) -> torch.Tensor:
     return steps.double() * scale.double().repeat_interleave(32, dim=1)[:, :steps.shape[1]]
 
 
-@pytest.mark.parametrize("shape", [(576, 49152), (64, 48)])
+@pytest.mark.parametrize("shape", [(576, 8192), (64, 48)])
 def test_the_c_int8_kernel_is_exact_but_for_its_rounded_activations(shape):
     """The output layer against float64 on its Q8_0 weights and on x as the kernel rounds it
     (to int16 per block): its error is fp32 rounding. PyTorch's kernel (a scale per output) rounds
@@ -186,14 +186,14 @@ def test_int4_is_refused_where_it_cannot_run(gpt2_model):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("sample", [False, True], ids=["greedy", "seeded"])
 async def test_int4_batched_output_equals_output_alone(four_bit_llama, make_engine, sample, seed):  # noqa: F811
-    """24 concurrent requests, prompts chunked (16-token budget) or padded: same tokens as alone."""
+    """12 concurrent requests, prompts chunked (16-token budget) or padded: same tokens as alone."""
     engine = make_engine(four_bit_llama, device="cpu", max_prefill_tokens=16)
     assert engine.core.loaded.info.dtype == "int4"
     await _assert_batched_equals_alone(engine, seed, sample)
 
 
 async def _assert_batched_equals_alone(engine, seed: int, sample: bool) -> None:
-    requests = mixed_requests(24, seed=seed, sample=sample)
+    requests = mixed_requests(12, seed=seed, sample=sample)
     alone = [await collect(engine, p, params) for p, params in requests]
     together = await asyncio.gather(*(collect(engine, p, params) for p, params in requests))
     assert together == alone
