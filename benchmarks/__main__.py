@@ -176,11 +176,14 @@ async def warm_up(send: Transport, prompts: list[str]) -> None:
 
 
 async def measure(args, model: str, system: str, transport: str, send: Transport,
-                  levels: list[int], n_override: Optional[int], rows: list[dict]) -> None:
+                  levels: list[int], n_override: Optional[int], rows: list[dict], position: int = 0) -> None:
+    """Each load level of one transport. Its prompts are the same for every system, and differ
+    between a system's transports (`position`: its first, second...): they share one server, whose
+    prefix cache would otherwise serve the second transport's prompts without their prefill."""
     await warm_up(send, make_prompts(2, args.seed, draw="warm-up"))
     loads = [("closed", c) for c in levels] + [("poisson", r) for r in args.rate]
     for kind, value in loads:
-        prompts = make_prompts(256, args.seed, draw=f"{kind} {value}")  # the same for every system
+        prompts = make_prompts(256, args.seed, draw=f"{kind} {value}" + (f" #{position}" if position else ""))
         cpu_before = cpu_seconds()
         if kind == "closed":
             n = max(default_requests(value, args.quick, n_override), value)  # at least C
@@ -225,9 +228,10 @@ async def run(args: argparse.Namespace, rows: list[dict], notes: list[str]) -> N
                 async with start[system](model, logs, notes) as transports:
                     print(f"  ready in {time.perf_counter() - t0:.1f}s; transports {list(transports)}; "
                           f"quiet after {await settle():.1f}s more", flush=True)
-                    for transport, send in transports.items():
+                    for position, (transport, send) in enumerate(transports.items()):
                         try:
-                            await measure(args, model_name, system, transport, send, levels, n_override, rows)
+                            await measure(args, model_name, system, transport, send, levels, n_override, rows,
+                                          position)
                         except Exception as exc:  # noqa: BLE001 - one broken transport skips itself
                             notes.append(f"{system}/{transport} on {model_name} failed: {str(exc)[:300]}")
                             print(f"  {system}/{transport} FAILED: {exc}", flush=True)
