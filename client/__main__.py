@@ -10,7 +10,7 @@ from pathlib import Path
 
 from contract import field_type, item_type, request_fields
 
-from . import StreamError, stream
+from . import StreamError, default_port, stream
 
 
 def add_option(parser: argparse.ArgumentParser, f: Field) -> None:
@@ -38,7 +38,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m client", description=__doc__.splitlines()[0])
     p.add_argument("prompt")
     p.add_argument("--host", default="localhost")
-    p.add_argument("--port", type=int, default=None, help="default: 12345 (grpc) or 12346 (http)")
+    p.add_argument("--port", type=int, default=None,
+                   help="default: $LLM_GRPC_PORT or 12345 (grpc), $LLM_HTTP_PORT or 12346 (http), as the server")
     p.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
     p.add_argument("--api-key", default=None, help="the server's LLM_API_KEY (default: $LLM_API_KEY)")
     p.add_argument("--chat", action="store_true",
@@ -49,7 +50,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 async def run(args: argparse.Namespace) -> int:
-    port = args.port or (12345 if args.protocol == "grpc" else 12346)
+    try:
+        port = args.port or default_port(args.protocol)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     sampling = {f.name: getattr(args, f.name) for f in request_fields()}
     if args.chat:
         sampling["messages"] = [{"role": "user", "content": args.prompt}]

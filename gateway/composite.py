@@ -25,7 +25,7 @@ from gateway import jina_call_ends, routing
 from gateway.anthropic_routes import anthropic_router
 from gateway.backend import Backend
 from gateway.grpc_edge import StatusGRPCGateway
-from gateway.http_guard import DEBUG_PATHS, ApiKey, BodyLimit, cors_origins, debug_enabled
+from gateway.http_guard import DEBUG_PATHS, ApiKey, BodyLimit, cors_origins, debug_enabled, install_unrouted
 from gateway.jina_sse import jina_sse_router
 from gateway.openai_routes import openai_router
 from gateway.ops_routes import ops_router
@@ -59,6 +59,7 @@ class LLMHTTPGateway(HTTPGateway):
                              if not _replaced(r) and (debug or getattr(r, "path", None) not in DEBUG_PATHS)]
         app.add_middleware(BodyLimit)
         app.add_middleware(ApiKey)
+        install_unrouted(app)
         if cors_origins():
             app.add_middleware(CORSMiddleware, allow_origins=cors_origins(), allow_methods=["*"],
                                allow_headers=["*"])

@@ -13,7 +13,7 @@ import hmac
 import json
 import os
 from collections.abc import Callable
-from typing import Optional
+from typing import Any, Optional
 from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -56,6 +56,30 @@ def error_body(path: str, message: str, param: Optional[str], kind: ErrorKind = 
     else:
         body = {"error": message, "error_type": kind.value}
     return json.dumps(body).encode()
+
+
+def install_unrouted(app: Any) -> None:
+    """A path that no route serves, or a method that its path does not take, is answered 404 or
+    405 in the protocol's own error shape (error_body), as every other refusal is, rather than
+    FastAPI's `{"detail": "Not Found"}`: an OpenAI client reads `error.message`. A route's own
+    HTTPException keeps FastAPI's handling."""
+    from fastapi.exception_handlers import http_exception_handler
+    from starlette.exceptions import HTTPException
+    from starlette.requests import Request
+    from starlette.responses import Response
+
+    async def unrouted(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        path = request.url.path
+        if exc.status_code == 404 and exc.detail == "Not Found":
+            body = error_body(path, f"{path}: no such route here", None, ErrorKind.NOT_FOUND)
+        elif exc.status_code == 405 and exc.detail == "Method Not Allowed":
+            body = error_body(path, f"{path}: {request.method} is not served on this path", None)
+        else:
+            return await http_exception_handler(request, exc)
+        return Response(body, exc.status_code, headers=exc.headers, media_type="application/json")
+
+    app.add_exception_handler(HTTPException, unrouted)
 
 
 def api_key() -> str:

