@@ -80,3 +80,20 @@ def test_a_bare_flow_stopped_while_it_starts_leaves_no_process(gpt2_model, tmp_p
     process, mark, _ = start(gpt2_model, tmp_path, bare=True)
     time.sleep(4.0)
     assert stop_and_count(process, mark, signal.SIGTERM, True) == []
+
+
+def test_make_serve_with_a_model_that_cannot_load_exits_non_zero_leaving_no_process(tmp_path):
+    """Jina aborts the Flow and then waits forever for its gateway: deploy/serve.py sees the abort,
+    stops the Flow and exits 1, so that a supervisor or a container runtime learns of it."""
+    process, mark, _ = start(str(tmp_path / "no-such-model"), tmp_path, bare=False)
+    try:
+        assert process.wait(120) == 1
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while (left := service_processes(mark)) and time.monotonic() < deadline:
+        time.sleep(0.25)
+    assert [" ".join(p.cmdline())[:80] for p in left] == []
+    log = (tmp_path / f"{mark}.log").read_text()
+    assert "could not load model" in log and "the Flow could not start" in log
