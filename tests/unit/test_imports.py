@@ -28,7 +28,7 @@ def start() -> list[subprocess.Popen]:
     """Every check's interpreter, started once per run, by the process that starts the run (the
     pytest-xdist controller, idle otherwise): each writes the top-level packages it loaded to a
     file of the folder in $LLM_TEST_IMPORTS, whichever worker reads it."""
-    folder = Path(os.environ.get(FOLDER) or tempfile.mkdtemp(prefix="llm-imports-"))
+    folder = Path(tempfile.mkdtemp(prefix="llm-imports-"))
     os.environ[FOLDER] = str(folder)
     started = []
     for name, modules in CHECKS.items():
