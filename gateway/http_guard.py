@@ -13,9 +13,14 @@ import hmac
 import json
 import os
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Optional
 from urllib.parse import urlsplit
 
+from fastapi.exception_handlers import http_exception_handler
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from contract import ErrorKind, RequestLimits
@@ -58,16 +63,11 @@ def error_body(path: str, message: str, param: Optional[str], kind: ErrorKind = 
     return json.dumps(body).encode()
 
 
-def install_unrouted(app: Any) -> None:
+def install_unrouted(app: Starlette) -> None:
     """A path that no route serves, or a method that its path does not take, is answered 404 or
     405 in the protocol's own error shape (error_body), as every other refusal is, rather than
     FastAPI's `{"detail": "Not Found"}`: an OpenAI client reads `error.message`. A route's own
     HTTPException keeps FastAPI's handling."""
-    from fastapi.exception_handlers import http_exception_handler
-    from starlette.exceptions import HTTPException
-    from starlette.requests import Request
-    from starlette.responses import Response
-
     async def unrouted(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         path = request.url.path
