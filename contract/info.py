@@ -30,6 +30,10 @@ class ServerInfo:
     prefix_caching: bool = False  # whether prompts reuse the cached blocks of prefixes already seen
     replicas: int = 1  # engine replicas behind the gateway
     routing: str = "cache-aware"  # how the gateway's router picks a replica (gateway/router.py)
+    architecture: str = ""  # transformers' model_type: llama, gemma3, qwen2...
+    parameters: int = 0
+    weight_bytes: int = 0  # what the weights take in memory, as served
+    chat_template_text: str = ""  # the model's chat template (Ollama's /api/show shows it)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

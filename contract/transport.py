@@ -25,6 +25,9 @@ ANTHROPIC_ERROR_TYPE: dict[ErrorKind, str] = {
     ErrorKind.NOT_FOUND: "not_found_error", ErrorKind.AUTHENTICATION: "authentication_error",
     ErrorKind.INTERNAL: "api_error"}
 
+OLLAMA_STATUS: dict[ErrorKind, int] = {  # Ollama's API: 503 when the server is busy
+    **OPENAI_STATUS, ErrorKind.OVERLOADED: 503, ErrorKind.UNPROCESSABLE: 400}
+
 # a refusal before the first token ends the call with this status; None: it comes as an
 # error document, as every failure after the first token does
 GRPC_STATUS: dict[ErrorKind, str | None] = {

@@ -86,4 +86,11 @@ def server_info(engine: EngineClient, name: str) -> ServerInfo:
                       device=info.device, dtype=info.dtype,
                       chat_template=bool(getattr(engine.tokenizer, "chat_template", None)),
                       kv_cache_tokens=engine.stats()["kv_blocks"] * BLOCK_SIZE, kv_block_size=BLOCK_SIZE,
-                      kv_cache_dtype=info.kv_cache_dtype, prefix_caching=config.prefix_caching)
+                      kv_cache_dtype=info.kv_cache_dtype, prefix_caching=config.prefix_caching,
+                      architecture=info.architecture, parameters=info.parameters, weight_bytes=info.weight_bytes,
+                      chat_template_text=_text(getattr(engine.tokenizer, "chat_template", None)))
+
+
+def _text(template: Any) -> str:
+    """A tokenizer's chat template: text, or none (some name several templates; those stay unshown)."""
+    return template if isinstance(template, str) else ""

@@ -48,6 +48,7 @@ class CollectedAnswer:
 
     docs: list[ModelOutputDocument] = field(default_factory=list)
     last: Optional[ModelOutputDocument] = None
+    first_ns: Optional[int] = None  # when the first document came (perf_counter_ns): the prompt's time
 
     @property
     def text(self) -> str:
@@ -111,6 +112,7 @@ class Backend:
         result = CollectedAnswer()
         async with aclosing(self.stream(doc)) as it:
             async for out in it:
+                result.first_ns = result.first_ns or time.perf_counter_ns()
                 result.last = out
                 if out.error is None:
                     result.docs.append(out)

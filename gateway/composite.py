@@ -27,6 +27,7 @@ from gateway.backend import Backend
 from gateway.grpc_edge import StatusGRPCGateway
 from gateway.http_guard import DEBUG_PATHS, ApiKey, BodyLimit, cors_origins, debug_enabled, install_unrouted
 from gateway.jina_sse import jina_sse_router
+from gateway.ollama_routes import ollama_router
 from gateway.openai_routes import openai_router
 from gateway.ops_routes import ops_router
 from gateway.responses_routes import responses_router
@@ -71,6 +72,7 @@ class LLMHTTPGateway(HTTPGateway):
         app.include_router(anthropic_router(backend))
         app.include_router(responses_router(backend))
         app.include_router(tokens_router(backend))
+        app.include_router(ollama_router(backend))
         app.include_router(chat_router(backend))
         return app
 
@@ -78,7 +80,7 @@ class LLMHTTPGateway(HTTPGateway):
         await super().setup_server()
         base = f"http://localhost:{self.port}"
         self.logger.info(f"HTTP routes: OpenAI {base}/v1 (chat, completions, responses) · Anthropic "
-                         f"{base}/v1/messages · TGI {base}/generate_stream · "
+                         f"{base}/v1/messages · Ollama {base}/api · TGI {base}/generate_stream · "
                          f"Jina SSE {base}/stream · WebSocket ws://localhost:{self.port}/chat · "
                          f"chat page {base}/chat-ui")
 

@@ -53,9 +53,11 @@ OPEN_PATHS = {"/", "/health", "/metrics", "/chat-ui"}  # GET: what probes, scrap
 
 def error_body(path: str, message: str, param: Optional[str], kind: ErrorKind = ErrorKind.VALIDATION) -> bytes:
     """The protocol's own error shape: Anthropic's under /v1/messages, OpenAI's elsewhere under
-    /v1, TGI's elsewhere."""
-    if path.startswith("/v1/messages"):
-        body: dict = {"type": "error", "error": {"type": ANTHROPIC_ERROR_TYPE[kind], "message": message}}
+    /v1, Ollama's under /api, TGI's elsewhere."""
+    if path.startswith("/api/"):
+        body: dict = {"error": message}
+    elif path.startswith("/v1/messages"):
+        body = {"type": "error", "error": {"type": ANTHROPIC_ERROR_TYPE[kind], "message": message}}
     elif path.startswith("/v1/"):
         body = {"error": {"message": message, "type": OPENAI_ERROR_TYPE[kind], "param": param, "code": kind.value}}
     else:

@@ -14,7 +14,7 @@ from fastapi import Request
 from pydantic import BaseModel, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 from pydantic import Field as ModelField
 
-from contract import RequestLimits, field_type, item_type, request_fields
+from contract import ErrorKind, RequestLimits, field_type, item_type, request_fields
 from contract import ValidationError as LimitError
 from schemas import PromptDocument, named_error
 
@@ -32,11 +32,13 @@ _STRICT = {int: Int, float: Number, bool: Bool, list: Stop, str: Text}
 
 
 class BadRequest(ValueError):
-    """A request that does not parse; `param` names the field when there is one."""
+    """A request refused before any work: one that does not parse (`param` names the field when
+    there is one), or one for a model not served (NOT_FOUND)."""
 
-    def __init__(self, message: str, param: Optional[str] = None):
+    def __init__(self, message: str, param: Optional[str] = None, kind: ErrorKind = ErrorKind.VALIDATION):
         super().__init__(message)
         self.param = param
+        self.kind = kind
 
 
 def bad_request(exc: ValidationError) -> BadRequest:

@@ -102,7 +102,7 @@ async def serve(protocol: Protocol, backend: Upstream, request: Request) -> Resp
     try:
         parsed = await protocol.parse(request, backend)
     except BadRequest as exc:
-        return protocol.refusal(error_doc(str(exc), ErrorKind.VALIDATION, exc.param))
+        return protocol.refusal(error_doc(str(exc), exc.kind, exc.param))
     info = await backend.info() if protocol.needs_info else None
     if not parsed.stream:
         result = await cancel_on_disconnect(request.receive, backend.complete(parsed.doc))

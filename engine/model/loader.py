@@ -37,6 +37,9 @@ class ModelInfo:
     max_context: int
     load_seconds: float
     kv_cache_dtype: str = "float32"  # what the KV cache holds keys and values in
+    architecture: str = ""  # transformers' model_type: llama, gemma3, qwen2...
+    parameters: int = 0
+    weight_bytes: int = 0  # what the weights take in memory, as served (int4 blocks, fp32...)
 
 
 @dataclass
@@ -54,8 +57,10 @@ class LoadedModel:
     @property
     def info(self) -> ModelInfo:
         dtype = "int4" if self.int4 else str(self.model.dtype).removeprefix("torch.")
+        tensors = {id(t): t for t in (*self.model.parameters(), *self.model.buffers())}  # tied ones once
         return ModelInfo(str(self.device), dtype, self.max_context, self.load_seconds,
-                         str(self.kv_dtype).removeprefix("torch."))
+                         str(self.kv_dtype).removeprefix("torch."), str(self.model.config.model_type),
+                         self.parameters, sum(t.nbytes for t in tensors.values()))
 
 
 def pick_device(requested: str | None) -> torch.device:

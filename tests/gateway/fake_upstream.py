@@ -9,6 +9,7 @@ from gateway.anthropic_routes import anthropic_router
 from gateway.backend import CollectedAnswer
 from gateway.http_guard import install_unrouted
 from gateway.jina_sse import jina_sse_router
+from gateway.ollama_routes import ollama_router
 from gateway.openai_routes import openai_router
 from gateway.responses_routes import responses_router
 from gateway.tgi_routes import tgi_router
@@ -17,7 +18,8 @@ from schemas import ModelOutputDocument, PromptDocument
 
 INFO = ServerInfo(model_id="fake-model", max_context=512, max_tokens_limit=100, max_running=2, max_waiting=2,
                   max_batch_tokens=1024, max_prefill_tokens=512, **RequestLimits().as_dict(), dtype="float32",
-                  device="cpu", chat_template=True)
+                  device="cpu", chat_template=True, architecture="llama", parameters=135_000_000,
+                  weight_bytes=90_000_000)
 
 
 def tokens(*texts: str, finish: str = "length", seed=None) -> list[ModelOutputDocument]:
@@ -74,6 +76,6 @@ def routes_app(fake: FakeUpstream) -> TestClient:
     app = FastAPI()
     install_unrouted(app)
     for router in (openai_router(fake), tgi_router(fake), jina_sse_router(fake), anthropic_router(fake),
-                   responses_router(fake), tokens_router(fake)):
+                   responses_router(fake), tokens_router(fake), ollama_router(fake)):
         app.include_router(router)
     return TestClient(app)

@@ -142,14 +142,16 @@ def test_tgi_answers(http, fake):
 
 def test_a_route_that_is_not_served_is_refused_in_the_protocols_own_shape(http, fake):
     """404 (and 405) as every other refusal: OpenAI's error object under /v1, Anthropic's under
-    /v1/messages, TGI's elsewhere; never FastAPI's {"detail": ...}."""
+    /v1/messages, Ollama's under /api, TGI's elsewhere; never FastAPI's {"detail": ...}."""
     r = http.post("/v1/embeddings", json={"model": "m", "input": "hi"})
     assert r.status_code == 404 and r.json()["error"]["type"] == "invalid_request_error"
     assert r.json()["error"]["code"] == "not_found" and "/v1/embeddings" in r.json()["error"]["message"]
     r = http.post("/v1/messages/batches", json={})
     assert r.status_code == 404 and r.json()["type"] == "error" and r.json()["error"]["type"] == "not_found_error"
-    r = http.get("/api/tags")
-    assert r.status_code == 404 and r.json()["error_type"] == "not_found" and "/api/tags" in r.json()["error"]
+    r = http.post("/api/create", json={"model": "m"})
+    assert r.status_code == 404 and r.json() == {"error": "/api/create: no such route here"}
+    r = http.get("/nowhere")
+    assert r.status_code == 404 and r.json()["error_type"] == "not_found" and "/nowhere" in r.json()["error"]
     r = http.get("/v1/chat/completions")
     assert r.status_code == 405 and "GET" in r.json()["error"]["message"]
     assert not fake.sent

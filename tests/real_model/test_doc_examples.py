@@ -63,6 +63,19 @@ def structured_answer(example: Example, ports: Ports) -> str:
     return f"`{r.json()['choices'][0]['message']['content']}`"
 
 
+@producer("api-ollama-chat")
+def ollama_chat(example: Example, ports: Ports) -> str:
+    """The curl's body, posted; the fields its jq filter keeps, as jq -c prints them."""
+    command = example.content().splitlines()[0]
+    body = json.loads(re.search(r"-d '(\{.*?\})'", command).group(1))
+    r = requests.post(f"http://127.0.0.1:{ports[1]}/api/chat", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    kept = {"content": answer["message"]["content"],
+            **{k: answer[k] for k in ("done_reason", "prompt_eval_count", "eval_count")}}
+    return f"{command}\n{json.dumps(kept, ensure_ascii=False, separators=(',', ':'))}"
+
+
 @producer("readme-cli", "api-cli")
 def cli_session(example: Example, ports: Ports) -> str:
     """Each `$ python -m client ...` line of the example, run against the service."""

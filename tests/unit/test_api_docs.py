@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from contract import request_fields
-from gateway import anthropic_routes, responses_routes
+from gateway import anthropic_routes, ollama_options, responses_routes
 from gateway.api_fields import ApiFields, Handling
 
 API_DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
@@ -58,7 +58,10 @@ def test_every_example_output_in_the_documents_is_produced_by_a_test():
 
 
 @pytest.mark.parametrize("marker,declared", [("<!-- ANTHROPIC-FIELDS -->", anthropic_routes.FIELDS),
-                                             ("<!-- RESPONSES-FIELDS -->", responses_routes.FIELDS)])
+                                             ("<!-- RESPONSES-FIELDS -->", responses_routes.FIELDS),
+                                             ("<!-- OLLAMA-CHAT-FIELDS -->", ollama_options.CHAT_FIELDS),
+                                             ("<!-- OLLAMA-GENERATE-FIELDS -->", ollama_options.GENERATE_FIELDS),
+                                             ("<!-- OLLAMA-OPTIONS -->", ollama_options.OPTIONS)])
 def test_api_docs_give_each_foreign_apis_fields_as_the_route_declares_them(marker, declared: ApiFields):
     documented = {row[0]: row[1] for row in table_rows(API_DOC.read_text(encoding="utf-8"), marker)}
     expected = {f.name: f.handling.value for f in declared.fields}
@@ -69,7 +72,10 @@ def test_api_docs_give_each_foreign_apis_fields_as_the_route_declares_them(marke
 
 @pytest.mark.parametrize("declared,request_model", [
     (anthropic_routes.FIELDS, anthropic_routes.MessagesRequest),
-    (responses_routes.FIELDS, responses_routes.ResponsesRequest)])
+    (responses_routes.FIELDS, responses_routes.ResponsesRequest),
+    (ollama_options.CHAT_FIELDS, ollama_options.ChatRequest),
+    (ollama_options.GENERATE_FIELDS, ollama_options.GenerateRequest),
+    (ollama_options.OPTIONS, ollama_options.Options)])
 def test_the_request_models_read_exactly_the_fields_served_or_accepted(declared: ApiFields, request_model):
     """A refused field reaches the check as an extra; a served one must be read by the model."""
     read = set(request_model.model_fields)
