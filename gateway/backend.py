@@ -18,7 +18,8 @@ import anyio
 from docarray import DocList
 
 from contract import ErrorKind, ServerInfo
-from schemas import ModelOutputDocument, PromptDocument
+from contract.endpoints import EMBED, EMBED_INFO
+from schemas import EmbeddingDocument, ModelOutputDocument, PromptDocument
 
 T = TypeVar("T")
 
@@ -73,6 +74,7 @@ class Backend:
         self.streamer = streamer
         self.endpoint = endpoint
         self._info: Optional[ServerInfo] = None
+        self._embed_info: Optional[dict] = None  # {}: asked, and none is served
 
     async def stream(self, doc: PromptDocument) -> AsyncGenerator[ModelOutputDocument, None]:
         """Yield the executor's documents; the last one always has finish_reason or error.
@@ -128,6 +130,31 @@ class Backend:
                                                       return_type=DocList[ModelOutputDocument]):
             return result[0]
         raise RuntimeError(f"no answer from {endpoint}")
+
+    async def embed(self, docs: list[EmbeddingDocument]) -> list[EmbeddingDocument]:
+        """Each input with its embedding, or with an error (every input's, when the embedder is
+        not there: none in this Flow, or unreachable)."""
+        try:
+            return [out for result in await self._embedder(EMBED, docs) for out in result]
+        except Exception as exc:  # noqa: BLE001 - the embedder is absent or unreachable
+            kind = ErrorKind.NOT_FOUND if isinstance(exc, LookupError) else ErrorKind.GENERATION
+            return [EmbeddingDocument(error=f"embeddings: {exc}", error_type=kind.value, error_field="model")
+                    for _ in docs]
+
+    async def embed_info(self) -> Optional[dict]:
+        """The embedding model's EmbedderInfo (engine/embeddings.py) as a dict; None when none is served."""
+        if self._embed_info is None:
+            try:
+                [out] = [out for result in await self._embedder(EMBED_INFO, [EmbeddingDocument()]) for out in result]
+            except Exception:  # noqa: BLE001 - no embedder in this Flow: asked again next time
+                return None
+            self._embed_info = json.loads(out.text) if out.error is None else {}
+        return self._embed_info or None
+
+    async def _embedder(self, endpoint: str, docs: list[EmbeddingDocument]) -> list[DocList[EmbeddingDocument]]:
+        return [result async for result in self.streamer.stream_docs(
+            DocList[EmbeddingDocument](docs), exec_endpoint=endpoint, request_size=max(1, len(docs)),
+            return_type=DocList[EmbeddingDocument])]
 
     async def tokenize(self, doc: PromptDocument) -> ModelOutputDocument:
         """The document's prompt (or chat) as token ids, in `token_ids`; or an error document."""

@@ -24,6 +24,7 @@ from contract.lifecycle import die_with_parent
 from gateway import jina_call_ends, routing
 from gateway.anthropic_routes import anthropic_router
 from gateway.backend import Backend
+from gateway.embedding_routes import embedding_router
 from gateway.grpc_edge import StatusGRPCGateway
 from gateway.http_guard import DEBUG_PATHS, ApiKey, BodyLimit, cors_origins, debug_enabled, install_unrouted
 from gateway.jina_sse import jina_sse_router
@@ -73,6 +74,7 @@ class LLMHTTPGateway(HTTPGateway):
         app.include_router(responses_router(backend))
         app.include_router(tokens_router(backend))
         app.include_router(ollama_router(backend))
+        app.include_router(embedding_router(backend))
         app.include_router(chat_router(backend))
         return app
 

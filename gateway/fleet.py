@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from gateway.membership import Membership
 from gateway.prefix_keys import PrefixKeys, TokenizerSpec
-from gateway.replicas import Replica, one_deployment
+from gateway.replicas import Replica, generation_deployment, one_node_graph
 from gateway.router import NoReplica, Policy, Router, Thresholds
 
 log = logging.getLogger(__name__)
@@ -39,14 +39,14 @@ class Fleet:
 
     @classmethod
     def shared(cls, runtime_args: Any, logger: Any = None) -> Optional["Fleet"]:
-        """The process's fleet for these runtime arguments (the gRPC and HTTP servers share it);
-        None when the gateway serves more than one deployment."""
+        """The process's fleet for these runtime arguments (the gRPC and HTTP servers share it): the
+        generating deployment's replicas; None when there is none (several, none named llm)."""
         addresses = getattr(runtime_args, "deployments_addresses", "{}")
         if addresses not in cls._shared:
-            deployment = one_deployment(addresses)
+            deployment = generation_deployment(addresses)
             if deployment is None:
                 return None
-            members = Membership(*deployment[:1], json.loads(runtime_args.graph_description), deployment[1], logger)
+            members = Membership(deployment[0], one_node_graph(deployment[0]), deployment[1], logger)
             cls._shared[addresses] = cls(members, Policy(os.environ.get("LLM_ROUTER", Policy.CACHE_AWARE)))
         return cls._shared[addresses]
 

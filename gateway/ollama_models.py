@@ -9,6 +9,7 @@ life, so /api/ps reports no expiry within any client's horizon.
 """
 import hashlib
 import json
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Optional
 
@@ -45,55 +46,87 @@ def error(message: str, kind: ErrorKind) -> Response:
     return JSONResponse({"error": message}, status_code=OLLAMA_STATUS[kind])
 
 
-def ollama_name(info: ServerInfo) -> str:
-    return info.model_id if ":" in info.model_id else f"{info.model_id}:latest"
+@dataclass(frozen=True)
+class OllamaModel:
+    """A served model as Ollama's routes describe it: the generating one, or the embedding one."""
+
+    model_id: str
+    architecture: str
+    parameters: int
+    size: int  # bytes of its weights in memory
+    quantization: str
+    context_length: int
+    capabilities: tuple[str, ...]
+    template: str = ""
+    on_gpu: bool = False
+    extra_info: tuple[tuple[str, int], ...] = ()  # model_info's own keys (an embedding's length)
+
+    @classmethod
+    def generating(cls, info: ServerInfo) -> "OllamaModel":
+        return cls(info.model_id, info.architecture, info.parameters, info.weight_bytes, info.dtype,
+                   info.max_context, ("completion", *(["tools"] if info.chat_template else [])),
+                   info.chat_template_text, info.device.startswith("cuda"))
+
+    @classmethod
+    def embedding(cls, info: dict[str, Any]) -> "OllamaModel":
+        """From the embedder's EmbedderInfo (engine/embeddings.py)."""
+        return cls(info["model_id"], info["architecture"], info["parameters"], info["parameters"] * 4, "float32",
+                   info["max_tokens"], ("embedding",), extra_info=(("embedding_length", info["dimensions"]),))
+
+    @property
+    def name(self) -> str:
+        """Ollama's name: the id with a tag, `:latest` unless it has one."""
+        return self.model_id if ":" in self.model_id else f"{self.model_id}:latest"
+
+    def named(self, name: Optional[str]) -> bool:
+        return name in (self.model_id, self.name)
+
+    def details(self) -> dict[str, Any]:
+        return {"parent_model": "", "format": "gguf" if self.quantization == "int4" else "safetensors",
+                "family": self.architecture, "families": [self.architecture],
+                "parameter_size": _size(self.parameters), "quantization_level": self.quantization.upper()}
+
+    def listing(self, running: bool) -> dict[str, Any]:
+        """As /api/tags (running=False) or /api/ps lists it."""
+        digest = hashlib.sha256(json.dumps([self.model_id, self.quantization, self.parameters]).encode()).hexdigest()
+        entry: dict[str, Any] = {"name": self.name, "model": self.name, "size": self.size, "digest": digest,
+                                 "details": self.details()}
+        if running:
+            return {**entry, "expires_at": NEVER, "size_vram": self.size if self.on_gpu else 0,
+                    "context_length": self.context_length}
+        return {**entry, "modified_at": STARTED}
+
+    def show(self) -> dict[str, Any]:
+        """POST /api/show: what a front end reads to offer a model (its context, whether it takes tools)."""
+        arch = self.architecture
+        return {"license": "", "modelfile": f"# served by llm-stream\nFROM {self.model_id}\n", "parameters": "",
+                "template": self.template, "details": self.details(), "modified_at": STARTED,
+                "model_info": {"general.architecture": arch, "general.basename": self.model_id,
+                               "general.parameter_count": self.parameters,
+                               f"{arch}.context_length": self.context_length,
+                               **{f"{arch}.{key}": value for key, value in self.extra_info}},
+                "capabilities": list(self.capabilities)}
+
+
+async def served_models(backend: Upstream) -> list[OllamaModel]:
+    """The generating model, then the embedding model when one is served."""
+    embedding = await backend.embed_info()
+    return [OllamaModel.generating(await backend.info()), *([OllamaModel.embedding(embedding)] if embedding else [])]
 
 
 def check_model(name: Optional[str], info: ServerInfo, field: str = "model") -> str:
-    """The request's model name, when it names the served model (with or without its tag)."""
+    """The request's model name, when it names the generating model (with or without its tag)."""
+    model = OllamaModel.generating(info)
     if not name:
         raise BadRequest(f"{field}: required", field)
-    if name not in (info.model_id, ollama_name(info)):
-        raise NotServed(f"model '{name}' not found; this server serves '{ollama_name(info)}'", field)
+    if not model.named(name):
+        raise NotServed(f"model '{name}' not found; this server serves '{model.name}'", field)
     return name
-
-
-def details(info: ServerInfo) -> dict[str, Any]:
-    return {"parent_model": "", "format": "gguf" if info.dtype == "int4" else "safetensors",
-            "family": info.architecture, "families": [info.architecture],
-            "parameter_size": _size(info.parameters), "quantization_level": info.dtype.upper()}
 
 
 def _size(parameters: int) -> str:
     """135M, 1.5B: Ollama's parameter_size."""
     return f"{parameters / 1e9:.1f}B" if parameters >= 1e9 else f"{round(parameters / 1e6)}M"
-
-
-def digest(info: ServerInfo) -> str:
-    """A stable digest of what is served (Ollama's is of the model's manifest)."""
-    return hashlib.sha256(json.dumps([info.model_id, info.dtype, info.parameters]).encode()).hexdigest()
-
-
-def listing(info: ServerInfo, running: bool) -> dict[str, Any]:
-    """A model as /api/tags (running=False) or /api/ps lists it."""
-    name = ollama_name(info)
-    entry: dict[str, Any] = {"name": name, "model": name, "size": info.weight_bytes, "digest": digest(info),
-                             "details": details(info)}
-    if running:
-        return {**entry, "expires_at": NEVER, "size_vram": info.weight_bytes if info.device.startswith("cuda") else 0,
-                "context_length": info.max_context}
-    return {**entry, "modified_at": STARTED}
-
-
-def show(info: ServerInfo) -> dict[str, Any]:
-    """POST /api/show: what a front end reads to offer a model (its context, whether it takes tools)."""
-    arch = info.architecture
-    return {"license": "", "modelfile": f"# served by llm-stream\nFROM {info.model_id}\n", "parameters": "",
-            "template": info.chat_template_text, "details": details(info), "modified_at": STARTED,
-            "model_info": {"general.architecture": arch, "general.basename": info.model_id,
-                           "general.parameter_count": info.parameters,
-                           f"{arch}.context_length": info.max_context},
-            "capabilities": ["completion", *(["tools"] if info.chat_template else [])]}
 
 
 class ModelRequest(BaseModel):
@@ -105,8 +138,16 @@ class ModelRequest(BaseModel):
     insecure: Optional[StrictBool] = None  # pull: no effect, nothing is fetched
     stream: Optional[StrictBool] = None  # pull: the status as NDJSON lines (the default) or one object
 
-    def named(self, info: ServerInfo) -> str:
-        return check_model(self.model or self.name, info)
+    def served(self, models: list[OllamaModel], field: str = "model") -> OllamaModel:
+        """The served model this request names (with or without its tag)."""
+        name = self.model or self.name
+        if not name:
+            raise BadRequest(f"{field}: required", field)
+        for model in models:
+            if model.named(name):
+                return model
+        names = "', '".join(m.name for m in models)
+        raise NotServed(f"model '{name}' not found; this server serves '{names}'", field)
 
 
 class CopyRequest(BaseModel):
@@ -115,14 +156,14 @@ class CopyRequest(BaseModel):
     destination: StrictStr
 
 
-async def _served(request: Request, backend: Upstream, not_served: str = "") -> ModelRequest | Response:
-    """The request, when it names the served model; else the refusal (`not_served` added to a 404's message)."""
+async def _served(request: Request, backend: Upstream,
+                  not_served: str = "") -> tuple[ModelRequest, OllamaModel] | Response:
+    """The request and the served model it names; else the refusal (`not_served` added to a 404's)."""
     try:
         req = await parse_body(request, ModelRequest)
-        req.named(await backend.info())
+        return req, req.served(await served_models(backend))
     except BadRequest as exc:
         return error(str(exc) + (not_served if isinstance(exc, NotServed) else ""), exc.kind)
-    return req
 
 
 def ollama_models_router(backend: Upstream) -> APIRouter:
@@ -134,40 +175,41 @@ def ollama_models_router(backend: Upstream) -> APIRouter:
 
     @router.get("/tags", summary="Ollama: the models served")
     async def tags() -> dict:
-        return {"models": [listing(await backend.info(), running=False)]}
+        return {"models": [m.listing(running=False) for m in await served_models(backend)]}
 
     @router.get("/ps", summary="Ollama: the models loaded")
     async def ps() -> dict:
-        return {"models": [listing(await backend.info(), running=True)]}
+        return {"models": [m.listing(running=True) for m in await served_models(backend)]}
 
     @router.post("/show", summary="Ollama: a model's details, context length and capabilities")
     async def show_model(request: Request) -> Response:
-        req = await _served(request, backend)
-        return req if isinstance(req, Response) else JSONResponse(show(await backend.info()))
+        found = await _served(request, backend)
+        return found if isinstance(found, Response) else JSONResponse(found[1].show())
 
     @router.post("/pull", summary="Ollama: success for a model served here; nothing is fetched")
     async def pull(request: Request) -> Response:
-        req = await _served(request, backend, "; this server fetches nothing at run time (serve a model with LLM_MODEL)")
-        if isinstance(req, Response):
-            return req
-        if req.stream is False:
+        found = await _served(request, backend, "; this server fetches nothing at run time (serve a model with "
+                                                "LLM_MODEL)")
+        if isinstance(found, Response):
+            return found
+        if found[0].stream is False:
             return JSONResponse({"status": "success"})
         return Response(json.dumps({"status": "success"}) + "\n", media_type="application/x-ndjson")
 
     @router.delete("/delete", summary="Ollama: success for a model served here; nothing is deleted")
     async def delete(request: Request) -> Response:
-        req = await _served(request, backend)
-        return req if isinstance(req, Response) else Response(status_code=200)
+        found = await _served(request, backend)
+        return found if isinstance(found, Response) else Response(status_code=200)
 
-    @router.post("/copy", summary="Ollama: success when both names are the model served here")
+    @router.post("/copy", summary="Ollama: success when both names are one model served here")
     async def copy(request: Request) -> Response:
-        info = await backend.info()
         try:
             req = await parse_body(request, CopyRequest)
-            check_model(req.source, info, "source")
-            check_model(req.destination, info, "destination")
-        except NotServed as exc:
-            return error(f"{exc}; no new names are made at run time", ErrorKind.NOT_FOUND)
+            models = await served_models(backend)
+            source = ModelRequest(model=req.source).served(models, "source")
+            if not source.named(req.destination):
+                raise NotServed(f"destination: '{req.destination}' is not a name of '{source.name}'; no new names "
+                                "are made at run time", "destination")
         except BadRequest as exc:
             return error(str(exc), exc.kind)
         return Response(status_code=200)

@@ -20,7 +20,7 @@ from contract import ErrorKind, ServerInfo
 from contract.transport import error_kind
 from gateway.backend import CollectedAnswer, Ends, cancel_on_disconnect, close_quietly, error_doc
 from gateway.inputs import BadRequest
-from schemas import ModelOutputDocument, PromptDocument
+from schemas import EmbeddingDocument, ModelOutputDocument, PromptDocument
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -74,6 +74,10 @@ class Upstream(Interface):
     async def tokenize(self, doc: PromptDocument) -> ModelOutputDocument: ...
 
     async def detokenize(self, doc: PromptDocument) -> ModelOutputDocument: ...
+
+    async def embed(self, docs: list[EmbeddingDocument]) -> list[EmbeddingDocument]: ...
+
+    async def embed_info(self) -> Optional[dict]: ...
 
 
 class Protocol:

@@ -137,12 +137,26 @@ class Replica:
                 "predicted_blocks": len(self.cache)}
 
 
-def one_deployment(addresses_json: str) -> Optional[tuple[str, list[str]]]:
-    """(the deployment's name, its replicas' addresses), when the gateway serves one deployment."""
-    addresses = json.loads(addresses_json or "{}")
-    if len(addresses) != 1:
-        return None
-    name, found = next(iter(addresses.items()))
-    if isinstance(found, dict):
-        found = found.get("grpc", [])
-    return name, [found] if isinstance(found, str) else list(found)
+GENERATION = "llm"  # the Flow's deployment that generates (flows/llm.yml); the others are Jina's to route
+
+
+def deployments(addresses_json: str) -> dict[str, list[str]]:
+    """Each deployment's replicas' addresses, from Jina's `deployments_addresses`."""
+    out = {}
+    for name, found in json.loads(addresses_json or "{}").items():
+        if isinstance(found, dict):
+            found = found.get("grpc", [])
+        out[name] = [found] if isinstance(found, str) else list(found)
+    return out
+
+
+def generation_deployment(addresses_json: str) -> Optional[tuple[str, list[str]]]:
+    """(the generating deployment's name, its replicas' addresses): `llm`, or the only deployment."""
+    found = deployments(addresses_json)
+    name = GENERATION if GENERATION in found else next(iter(found)) if len(found) == 1 else None
+    return None if name is None else (name, found[name])
+
+
+def one_node_graph(deployment: str) -> dict[str, list[str]]:
+    """A Jina topology of one deployment: a streamer built on it sends only there."""
+    return {"start-gateway": [deployment], deployment: ["end-gateway"]}

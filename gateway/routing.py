@@ -12,7 +12,9 @@ A stream is safe whatever happens to its replica:
   client sent none, so that it knows it. A request with several answers (n > 1) cannot move, nor
   one with no replica left: it ends with an error, as before.
 Unary endpoints: /stats and /metrics gather every replica's (the metrics labelled by replica),
-/info is a replica's plus the router's; the others go to the least busy replica.
+/info is a replica's plus the router's; the others go to the least busy replica. An endpoint of
+another deployment of the Flow (the embedder's: contract/endpoints.py) goes to that deployment, its
+replicas in Jina's round robin.
 """
 import asyncio
 import logging
@@ -26,7 +28,9 @@ from jina.proto import jina_pb2
 from jina.serve.runtimes.gateway.streamer import GatewayStreamer
 from jina.types.request.data import DataRequest, SingleDocumentRequest
 
+from contract.endpoints import DEPLOYMENT_OF
 from gateway.fleet import Fleet
+from gateway.replicas import deployments, one_node_graph
 from schemas import ModelOutputDocument
 from schemas.wire import fill
 
@@ -102,8 +106,18 @@ class RoutingStreamer:
     """Jina's GatewayStreamer, with every request routed (see the module docstring); what it
     does not override, Jina's own streamer for all replicas does (endpoint discovery, schemas)."""
 
-    def __init__(self, inner: GatewayStreamer, fleet: Fleet):
+    def __init__(self, inner: GatewayStreamer, fleet: Fleet, others: Optional[dict[str, Any]] = None):
         self._inner, self.fleet = inner, fleet
+        self.others = others or {}  # another deployment's name -> Jina's streamer for it alone
+
+    def elsewhere(self, endpoint: Optional[str]) -> Optional[Any]:
+        """The streamer of the deployment that serves `endpoint`, when not the generating one."""
+        name = DEPLOYMENT_OF.get(endpoint or "")
+        if name is None:
+            return None
+        if name not in self.others:
+            raise NotServed(f"{endpoint}: this Flow has no {name} deployment")
+        return self.others[name]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -163,6 +177,11 @@ class RoutingStreamer:
             yield (result if return_results else result.data.doc), error
 
     async def stream_docs(self, docs: Any, exec_endpoint: Optional[str] = None, **kwargs: Any) -> AsyncIterator[Any]:
+        other = self.elsewhere(exec_endpoint)
+        if other is not None:
+            async for result in other.stream_docs(docs, exec_endpoint=exec_endpoint, **kwargs):
+                yield result
+            return
         gathered = await self.fleet.unary(exec_endpoint or "")
         if gathered is not None:
             docs_out = DocList[ModelOutputDocument]([ModelOutputDocument(text=gathered)])
@@ -180,25 +199,62 @@ class RoutingStreamer:
 
     async def process_single_data(self, request: Any, context: Any = None) -> Any:
         """Jina's unary call (gRPC /generate): the least busy replica, or the router's pick."""
+        other = self.elsewhere(request.header.exec_endpoint)
+        if other is not None:
+            return await other.process_single_data(request, context)
         replica = await self.fleet.pick([], frozenset())
         return await replica.streamer.process_single_data(request, context)
 
-    async def rpc_stream(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
-        replica = await self.fleet.pick([], frozenset())
-        async for response in replica.streamer.rpc_stream(*args, **kwargs):
+    async def rpc_stream(self, request_iterator: Any, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        """Jina's streamed calls (its clients' `post`): where the first request's endpoint is served."""
+        first, requests = await _peek(request_iterator)
+        other = self.elsewhere(first.header.exec_endpoint) if first is not None else None
+        streamer = other if other is not None else (await self.fleet.pick([], frozenset())).streamer
+        async for response in streamer.rpc_stream(requests, *args, **kwargs):
             yield response
 
     async def close(self) -> None:
         await self.fleet.close()
+        for other in self.others.values():
+            await other.close()
         await self._inner.close()
+
+
+class NotServed(LookupError):
+    """An endpoint of a deployment that this Flow does not have (embeddings turned off, say)."""
+
+
+async def _peek(requests: Any) -> tuple[Any, AsyncIterator[Any]]:
+    """The first of a stream of requests (sync or async), and the whole stream again."""
+    iterator = requests.__aiter__() if hasattr(requests, "__aiter__") else iter(requests)
+    try:
+        first = await iterator.__anext__() if hasattr(iterator, "__anext__") else next(iterator)
+    except (StopAsyncIteration, StopIteration):
+        first = None
+
+    async def again() -> AsyncIterator[Any]:
+        if first is None:
+            return
+        yield first
+        if hasattr(iterator, "__anext__"):
+            async for request in iterator:
+                yield request
+        else:
+            for request in iterator:
+                yield request
+    return first, again()
 
 
 def install(server: Any) -> None:
     """Route `server`'s requests (Jina's gRPC or HTTP server in the gateway) through the fleet of
-    replicas that its runtime arguments name; a gateway of several deployments keeps Jina's."""
+    replicas that its runtime arguments name, and the other deployments' endpoints to them; a
+    gateway with no generating deployment keeps Jina's streamer."""
     fleet = Fleet.shared(server.runtime_args, server.logger)
     if fleet is None:
         return
-    routed = RoutingStreamer(server._request_handler.streamer, fleet)
+    others = {name: GatewayStreamer(one_node_graph(name), {name: addresses}, logger=server.logger)
+              for name, addresses in deployments(getattr(server.runtime_args, "deployments_addresses", "{}")).items()
+              if name != fleet.members.deployment}
+    routed = RoutingStreamer(server._request_handler.streamer, fleet, others)
     server._request_handler.streamer = server.streamer = routed
 

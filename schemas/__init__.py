@@ -13,7 +13,9 @@ travels as decimal text (see `Seed`).
 import re
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Optional
 
+from docarray import BaseDoc
 from docarray.base_doc.base_node import BaseNode
+from docarray.typing import NdArray
 from pydantic import Field, GetCoreSchemaHandler, GetJsonSchemaHandler, ValidationError, create_model
 from pydantic_core import core_schema
 
@@ -160,6 +162,21 @@ class ModelOutputDocument(FlatDoc):
 _UNION_TAG = re.compile(r"(int|float|str|bool|list|dict|none)(\[.*\])?|.*[\[\-].*")
 
 
+class EmbeddingDocument(BaseDoc):
+    """One input of the embedding endpoint, DocArray's native shape: `text` (or the model's
+    `token_ids`, used as they are) in, its float32 `embedding` and the tokens it took out; or an
+    error naming the field. A request is a DocList of them, one per input, in order."""
+
+    text: str = ""
+    token_ids: list[Int32] = []
+    truncate: bool = True  # an input longer than the model takes is cut there; false: refused
+    embedding: Optional[NdArray] = None
+    prompt_tokens: Optional[Int32] = None
+    error: Optional[str] = None
+    error_type: Optional[str] = None
+    error_field: Optional[str] = None
+
+
 def named_error(exc: ValidationError) -> tuple[str, str]:
     """(field, "field: message") for pydantic's first error, as every edge reports it."""
     first = exc.errors()[0]
@@ -167,4 +184,5 @@ def named_error(exc: ValidationError) -> tuple[str, str]:
     return where, f"{where}: {first['msg'].removeprefix('Value error, ')}"
 
 
-__all__ = ["INT32_MAX", "INT32_MIN", "SEED_MAX", "ModelOutputDocument", "PromptDocument", "Seed", "named_error"]
+__all__ = ["INT32_MAX", "INT32_MIN", "SEED_MAX", "EmbeddingDocument", "ModelOutputDocument", "PromptDocument", "Seed",
+           "named_error"]

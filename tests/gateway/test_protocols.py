@@ -143,9 +143,9 @@ def test_tgi_answers(http, fake):
 def test_a_route_that_is_not_served_is_refused_in_the_protocols_own_shape(http, fake):
     """404 (and 405) as every other refusal: OpenAI's error object under /v1, Anthropic's under
     /v1/messages, Ollama's under /api, TGI's elsewhere; never FastAPI's {"detail": ...}."""
-    r = http.post("/v1/embeddings", json={"model": "m", "input": "hi"})
+    r = http.post("/v1/audio/speech", json={"model": "m", "input": "hi"})
     assert r.status_code == 404 and r.json()["error"]["type"] == "invalid_request_error"
-    assert r.json()["error"]["code"] == "not_found" and "/v1/embeddings" in r.json()["error"]["message"]
+    assert r.json()["error"]["code"] == "not_found" and "/v1/audio/speech" in r.json()["error"]["message"]
     r = http.post("/v1/messages/batches", json={})
     assert r.status_code == 404 and r.json()["type"] == "error" and r.json()["error"]["type"] == "not_found_error"
     r = http.post("/api/create", json={"model": "m"})

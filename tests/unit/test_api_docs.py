@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from contract import request_fields
-from gateway import anthropic_routes, ollama_options, responses_routes
+from gateway import anthropic_routes, embedding_routes, ollama_options, responses_routes
 from gateway.api_fields import ApiFields, Handling
 
 API_DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
@@ -61,7 +61,10 @@ def test_every_example_output_in_the_documents_is_produced_by_a_test():
                                              ("<!-- RESPONSES-FIELDS -->", responses_routes.FIELDS),
                                              ("<!-- OLLAMA-CHAT-FIELDS -->", ollama_options.CHAT_FIELDS),
                                              ("<!-- OLLAMA-GENERATE-FIELDS -->", ollama_options.GENERATE_FIELDS),
-                                             ("<!-- OLLAMA-OPTIONS -->", ollama_options.OPTIONS)])
+                                             ("<!-- OLLAMA-OPTIONS -->", ollama_options.OPTIONS),
+                                             ("<!-- EMBEDDINGS-OPENAI-FIELDS -->", embedding_routes.OPENAI_FIELDS),
+                                             ("<!-- EMBEDDINGS-OLLAMA-FIELDS -->", embedding_routes.OLLAMA_FIELDS),
+                                             ("<!-- EMBEDDINGS-OLLAMA-OLD-FIELDS -->", embedding_routes.OLLAMA_OLD_FIELDS)])
 def test_api_docs_give_each_foreign_apis_fields_as_the_route_declares_them(marker, declared: ApiFields):
     documented = {row[0]: row[1] for row in table_rows(API_DOC.read_text(encoding="utf-8"), marker)}
     expected = {f.name: f.handling.value for f in declared.fields}
@@ -75,7 +78,10 @@ def test_api_docs_give_each_foreign_apis_fields_as_the_route_declares_them(marke
     (responses_routes.FIELDS, responses_routes.ResponsesRequest),
     (ollama_options.CHAT_FIELDS, ollama_options.ChatRequest),
     (ollama_options.GENERATE_FIELDS, ollama_options.GenerateRequest),
-    (ollama_options.OPTIONS, ollama_options.Options)])
+    (ollama_options.OPTIONS, ollama_options.Options),
+    (embedding_routes.OPENAI_FIELDS, embedding_routes.OpenAIEmbeddingRequest),
+    (embedding_routes.OLLAMA_FIELDS, embedding_routes.OllamaEmbedRequest),
+    (embedding_routes.OLLAMA_OLD_FIELDS, embedding_routes.OllamaEmbeddingsRequest)])
 def test_the_request_models_read_exactly_the_fields_served_or_accepted(declared: ApiFields, request_model):
     """A refused field reaches the check as an extra; a served one must be read by the model."""
     read = set(request_model.model_fields)

@@ -1,0 +1,9 @@
+"""Which of the Flow's deployments serves which endpoint, where it is not the generating one
+(`llm`, whose replicas the gateway's router picks among): the executors bind these names, and the
+gateway's router sends each such request to its deployment."""
+
+EMBED = "/embed"  # DocList[EmbeddingDocument] in, each with its .embedding out
+EMBED_INFO = "/embed_info"  # the embedding model's dimensions and limits, as JSON
+EMBEDDER = "embedder"  # the embedding executor's deployment (flows/llm.yml)
+
+DEPLOYMENT_OF = {EMBED: EMBEDDER, EMBED_INFO: EMBEDDER}
