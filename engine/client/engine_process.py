@@ -19,16 +19,23 @@ Lifecycle, who owns what:
 - the watcher thread alone waits on the process. On a crash it fails every request in
   flight (`_fail_all`), starts a new process (the model loads again, seconds), and hands the
   new pipe to the loop that read the old one. Requests that arrive meanwhile are refused
-  (`healthy` is False), never queued for a process that does not exist.
+  (`healthy` is False), never queued for a process that does not exist;
+- the watchdog thread alone judges a stall: requests in flight, and no message from the process
+  for LLM_ENGINE_STALL_S seconds (a step takes milliseconds to a second or two). It has the process
+  write every thread's stack to the log (faulthandler, on SIGUSR1), then kills it: the watcher
+  fails its requests and starts another, as after a crash. /stats says how old its numbers are
+  (`stats_age_s`), so a frozen step count reads as what it is.
 The messages both ways are messages.py's dataclasses.
 """
 import asyncio
 import logging
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
+import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Optional
@@ -45,6 +52,7 @@ from .streams import RequestStream, run_on
 log = logging.getLogger(__name__)
 _ROOT = str(Path(__file__).resolve().parents[2])  # holds the `executors` package
 MAX_MESSAGES_PER_READ = 64  # steps delivered per loop turn at most, so that the readers' turn comes
+STALL_S = float(os.environ.get("LLM_ENGINE_STALL_S", "60"))  # in flight, and silent this long: a stall
 
 
 class EngineProcess(EngineClient):
@@ -56,6 +64,8 @@ class EngineProcess(EngineClient):
         self._acks: dict[str, asyncio.Future] = {}
         self._outbox: queue.SimpleQueue[Optional[Command]] = queue.SimpleQueue()  # bounded by _submit's check
         self._stats: dict = {}
+        self._stats_at = time.monotonic()  # when the process last sent a message
+        self.stalls = 0
         self._stopping = False
         self._dead: Optional[str] = None
         self._reader: Optional[tuple[asyncio.AbstractEventLoop, Connection]] = None  # who reads which pipe
@@ -64,6 +74,7 @@ class EngineProcess(EngineClient):
         self._watcher = threading.Thread(target=self._watch, name="llm-engine-watcher", daemon=True)
         self._watcher.start()
         threading.Thread(target=self._send, name="llm-engine-sender", daemon=True).start()
+        threading.Thread(target=self._watchdog, name="llm-engine-watchdog", daemon=True).start()
 
     # ----- the process -----
     def _start(self) -> None:
@@ -85,7 +96,7 @@ class EngineProcess(EngineClient):
             reply = LoadFailed(f"the engine process exited with code {self._process.wait()} while loading")
         match reply:
             case Ready(info, tokenizer, stats):
-                self.info, self._stats = info, stats
+                self.info, self._stats, self._stats_at = info, stats, time.monotonic()
                 self.preparer = Preparer(tokenizer, self.config, info.max_context)
             case LoadFailed(message):
                 self._process.wait()
@@ -147,8 +158,27 @@ class EngineProcess(EngineClient):
                     self._streams.pop(out.request_id, None)
         for event in step.events:
             replay(event, self.observer)
-        self._stats = step.stats
+        self._stats, self._stats_at = step.stats, time.monotonic()
 
+    def _watchdog(self) -> None:
+        """Kill a process that stalls with requests in flight (its stacks logged first): the
+        watcher then fails them and starts another, instead of their waiting for ever."""
+        while not self._stopping:
+            time.sleep(min(1.0, STALL_S / 4))
+            silent = time.monotonic() - self._stats_at
+            if not (self._streams or self._acks) or silent < STALL_S or not self.healthy:
+                continue
+            process = self._process
+            log.error("the engine process sent nothing for %.0f s with %d requests in flight: a stall. Its "
+                      "threads' stacks follow; it is then replaced", silent, len(self._streams) + len(self._acks))
+            self.stalls += 1
+            try:
+                os.kill(process.pid, signal.SIGUSR1)
+                time.sleep(1.0)  # the stacks reach the log
+                process.kill()
+            except ProcessLookupError:
+                pass
+            self._stats_at = time.monotonic()  # the new process's own time starts now
     def _restart(self) -> bool:
         code = self._process.wait()
         message = f"the engine process exited unexpectedly (code {code})"
@@ -197,7 +227,8 @@ class EngineProcess(EngineClient):
         return self._dead is None and not self._stopping
 
     def stats(self) -> dict:
-        return {**self._stats, "process_restarts": self.process_restarts, "healthy": self.healthy}
+        return {**self._stats, "process_restarts": self.process_restarts, "healthy": self.healthy,
+                "stats_age_s": round(time.monotonic() - self._stats_at, 3), "stalls": self.stalls}
 
     async def _submit(self, stream: RequestStream, prepared: Prepared) -> None:
         if not self.healthy:

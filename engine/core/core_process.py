@@ -6,6 +6,7 @@ batch of commands, one `StepOutputs`. Commands are `AddRequest`, `AbortRequest` 
 `Shutdown` (messages.py). When the other end goes away (even killed with SIGKILL), the pipe
 reads EOF and this process exits: none is left behind.
 """
+import faulthandler
 import gc
 import logging
 import os
@@ -139,6 +140,7 @@ def serve(commands: Connection, outputs: Connection) -> None:
 def main() -> None:
     # Ctrl+C reaches the whole process group; the frontend decides when this process ends
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the frontend's watchdog asks, at a stall
     logging.basicConfig(level=logging.INFO, format="engine-process %(levelname)s %(name)s: %(message)s")
     commands = Connection(int(sys.argv[1]), writable=False)
     outputs = Connection(int(sys.argv[2]), readable=False)

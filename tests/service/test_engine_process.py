@@ -138,6 +138,36 @@ async def test_a_killed_engine_process_fails_its_requests_and_is_replaced(gpt2_m
         engine.shutdown()
 
 
+async def test_a_stalled_engine_process_is_replaced_and_its_numbers_say_their_age(gpt2_model, monkeypatch, caplog):
+    """A process that stops answering with requests in flight (stopped here; a hang, a blocked
+    pipe) is a stall: /stats says how old its frozen numbers are, and after LLM_ENGINE_STALL_S the
+    watchdog has it dump its stacks and replaces it; its requests end with an error, not never."""
+    from engine.client import engine_process
+    monkeypatch.setattr(engine_process, "STALL_S", 2.0)
+    engine = EngineProcess(EngineConfig(model=gpt2_model))
+    try:
+        expected = await _text(engine, "hello world", GREEDY)
+        stream = await engine.open("hi", SamplingParams(max_tokens=400, ignore_eos=True))
+        await stream.__anext__()
+        os.kill(engine.pid, signal.SIGSTOP)
+        await asyncio.sleep(1.0)
+        frozen = engine.stats()
+        assert frozen["running"] == 1 and frozen["stats_age_s"] >= 0.9 and frozen["stalls"] == 0
+        with pytest.raises(GenerationError, match="engine process exited"):
+            async for _ in stream:
+                pass
+        for _ in range(600):
+            if engine.healthy:
+                break
+            await asyncio.sleep(0.1)
+        assert (engine.stats()["stalls"], engine.stats()["process_restarts"]) == (1, 1)
+        assert "a stall" in caplog.text
+        assert await _text(engine, "hello world", GREEDY) == expected
+        assert engine.stats()["stats_age_s"] < 1.0
+    finally:
+        engine.shutdown()
+
+
 def test_each_loop_in_turn_reads_the_pipe_and_an_idle_death_is_replaced(gpt2_model):
     """The outputs are read on the event loop of the requests; when that loop closes, the
     next request's loop takes over. A process that dies with nothing in flight is replaced
