@@ -118,6 +118,17 @@ async def test_stream_interval_ms_coalesces_by_time(slow_model):
     assert chunks[-1].finish_reason == "length"
 
 
+async def _fails_then_replaced(engine, stream) -> None:
+    """The stream ends with the process's error, and a new process takes requests within a minute."""
+    with pytest.raises(GenerationError, match="engine process exited"):
+        async for _ in stream:
+            pass
+    for _ in range(600):
+        if engine.healthy:
+            break
+        await asyncio.sleep(0.1)
+
+
 async def test_a_killed_engine_process_fails_its_requests_and_is_replaced(gpt2_model):
     engine = EngineProcess(EngineConfig(model=gpt2_model))
     try:
@@ -125,13 +136,7 @@ async def test_a_killed_engine_process_fails_its_requests_and_is_replaced(gpt2_m
         stream = await engine.open("hi", SamplingParams(max_tokens=400, ignore_eos=True))
         await stream.__anext__()
         os.kill(engine.pid, signal.SIGKILL)
-        with pytest.raises(GenerationError, match="engine process exited"):
-            async for _ in stream:
-                pass
-        for _ in range(600):
-            if engine.healthy:
-                break
-            await asyncio.sleep(0.1)
+        await _fails_then_replaced(engine, stream)
         assert engine.stats()["process_restarts"] == 1
         assert await _text(engine, "hello world", GREEDY) == expected
     finally:
@@ -153,13 +158,7 @@ async def test_a_stalled_engine_process_is_replaced_and_its_numbers_say_their_ag
         await asyncio.sleep(1.0)
         frozen = engine.stats()
         assert frozen["running"] == 1 and frozen["stats_age_s"] >= 0.9 and frozen["stalls"] == 0
-        with pytest.raises(GenerationError, match="engine process exited"):
-            async for _ in stream:
-                pass
-        for _ in range(600):
-            if engine.healthy:
-                break
-            await asyncio.sleep(0.1)
+        await _fails_then_replaced(engine, stream)
         assert (engine.stats()["stalls"], engine.stats()["process_restarts"]) == (1, 1)
         assert "a stall" in caplog.text
         assert await _text(engine, "hello world", GREEDY) == expected
