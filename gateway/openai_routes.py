@@ -291,21 +291,24 @@ def openai_router(backend: Upstream) -> APIRouter:
     async def chat_completions(request: Request) -> Response:
         return await serve(OpenAIChat(), backend, request)
 
-    @router.get("/models", summary="OpenAI: the one model served")
+    @router.get("/models", summary="OpenAI: the models served (the generating one, then the embedding one)")
     async def models() -> dict:
-        return {"object": "list", "data": [_model_card(await backend.info())]}
+        return {"object": "list", "data": await _model_cards(backend)}
 
     @router.get("/models/{model_id:path}", summary="OpenAI: one model")
     async def model(model_id: str) -> Response:
-        card = _model_card(await backend.info())
-        if model_id != card["id"]:
-            return JSONResponse(error_body(f"model: {model_id!r} is not served", ErrorKind.NOT_FOUND, "model"),
-                                status_code=404)
-        return JSONResponse(card)
+        for card in await _model_cards(backend):
+            if model_id == card["id"]:
+                return JSONResponse(card)
+        return JSONResponse(error_body(f"model: {model_id!r} is not served", ErrorKind.NOT_FOUND, "model"),
+                            status_code=404)
 
     return router
 
 
-def _model_card(info: ServerInfo) -> dict:
-    return {"id": info.model_id, "object": "model", "created": 0, "owned_by": "llm-stream",
-            "max_model_len": info.max_context}
+async def _model_cards(backend: Upstream) -> list[dict]:
+    """Each served model, with the tokens it takes (a prompt and its answer; an embedding's input)."""
+    info, embedding = await backend.info(), await backend.embed_info()
+    cards = [(info.model_id, info.max_context), *([(embedding["model_id"], embedding["max_tokens"])] if embedding else [])]
+    return [{"id": model_id, "object": "model", "created": 0, "owned_by": "llm-stream", "max_model_len": tokens}
+            for model_id, tokens in cards]

@@ -70,3 +70,12 @@ def test_a_refused_input_refuses_the_request_and_no_embedder_is_404(http, fake):
     fake.embedding = None
     r = http.post("/api/embed", json={"model": MODEL, "input": "x"})
     assert r.status_code == 404 and "no embedding model" in r.json()["error"]
+
+
+def test_v1_models_lists_the_embedding_model_too(http, fake):
+    cards = http.get("/v1/models").json()["data"]
+    assert [(c["id"], c["max_model_len"]) for c in cards] == [("fake-model", 512), (MODEL, 16)]
+    assert http.get(f"/v1/models/{MODEL}").json()["id"] == MODEL
+    fake.embedding = None
+    assert [c["id"] for c in http.get("/v1/models").json()["data"]] == ["fake-model"]
+    assert http.get(f"/v1/models/{MODEL}").status_code == 404
