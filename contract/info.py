@@ -29,7 +29,7 @@ class ServerInfo:
     kv_cache_dtype: str = ""  # what the pool holds keys and values in (float32, float16, ...)
     prefix_caching: bool = False  # whether prompts reuse the cached blocks of prefixes already seen
     replicas: int = 1  # engine replicas behind the gateway
-    routing: str = "cache-aware"  # how the gateway's router picks a replica (gateway/router.py)
+    routing: str = "cache-aware"  # how the gateway's router picks a replica (gateway/fleet/router.py)
     architecture: str = ""  # transformers' model_type: llama, gemma3, qwen2...
     parameters: int = 0
     weight_bytes: int = 0  # what the weights take in memory, as served

@@ -70,7 +70,7 @@ def complete_executor(container: dict, pod: dict, variant: str) -> None:
 
 def complete_gateway(container: dict, pod: dict) -> None:
     # the executor's Service is headless: its name resolves to every ready pod, and the router
-    # looks it up again and again (gateway/membership.py), so pods join and leave its rotation
+    # looks it up again and again (gateway/fleet/membership.py), so pods join and leave its rotation
     container.setdefault("env", []).append({"name": "LLM_ROUTER_RESOLVE", "value": "1"})
     container["livenessProbe"] = {"exec": {"command": ping("gateway", 9500)}, "initialDelaySeconds": 30,
                                   "periodSeconds": 10, "timeoutSeconds": 12, "failureThreshold": 3}

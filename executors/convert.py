@@ -68,7 +68,7 @@ def error_document(exc: BaseException, generated_text: str = "") -> ModelOutputD
 
 def tokenizer_spec(engine: EngineClient) -> str:
     """The tokenizer and chat template as JSON, for the gateway's router, which keys prompts as the
-    engine does without the model's files (gateway/prefix_keys.py)."""
+    engine does without the model's files (gateway/fleet/prefix_keys.py)."""
     tokenizer = engine.tokenizer
     return json.dumps({"tokenizer": tokenizer.backend_tokenizer.to_str(),
                        "chat_template": getattr(tokenizer, "chat_template", None),

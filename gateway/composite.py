@@ -3,7 +3,7 @@
 Jina's CompositeGateway picks Jina's own class per protocol, so custom HTTP routes
 need a composite of our own: gRPC is Jina's GRPCGateway (stream_doc, unary
 /generate) with refusals mapped to status codes, HTTP is Jina's HTTP app (/status,
-docs...) plus our routes: Jina's SSE wire format on GET /stream (gateway/jina_sse.py
+docs...) plus our routes: Jina's SSE wire format on GET /stream (gateway/protocols/jina_sse.py
 replaces Jina's route), OpenAI, TGI and WebSocket chat. Route collision: TGI's POST
 /generate wins on HTTP, so Jina's unary POST /generate route is removed from the
 HTTP app (it stays on gRPC).
@@ -21,20 +21,21 @@ from jina.serve.runtimes.servers import BaseServer
 from jina.serve.runtimes.servers.composite import CompositeBaseServer
 
 from contract.lifecycle import die_with_parent
-from gateway import jina_call_ends, routing
-from gateway.anthropic_routes import anthropic_router
-from gateway.backend import Backend
-from gateway.embedding_routes import embedding_router
-from gateway.grpc_edge import StatusGRPCGateway
-from gateway.http_guard import DEBUG_PATHS, ApiKey, BodyLimit, cors_origins, debug_enabled, install_unrouted
-from gateway.jina_sse import jina_sse_router
-from gateway.ollama_routes import ollama_router
-from gateway.openai_routes import openai_router
-from gateway.ops_routes import ops_router
-from gateway.responses_routes import responses_router
-from gateway.tgi_routes import tgi_router
-from gateway.tokens_routes import tokens_router
-from gateway.ws_chat import chat_router
+from gateway.edge import jina_call_ends
+from gateway.edge.backend import Backend
+from gateway.edge.grpc_edge import StatusGRPCGateway
+from gateway.edge.http_guard import DEBUG_PATHS, ApiKey, BodyLimit, cors_origins, debug_enabled, install_unrouted
+from gateway.fleet import routing
+from gateway.protocols.anthropic_routes import anthropic_router
+from gateway.protocols.embedding_routes import embedding_router
+from gateway.protocols.jina_sse import jina_sse_router
+from gateway.protocols.ollama_routes import ollama_router
+from gateway.protocols.openai_routes import openai_router
+from gateway.protocols.ops_routes import ops_router
+from gateway.protocols.responses_routes import responses_router
+from gateway.protocols.tgi_routes import tgi_router
+from gateway.protocols.tokens_routes import tokens_router
+from gateway.protocols.ws_chat import chat_router
 
 # Jina builds its HTTP models with pydantic v1-style configs: one warning per model, at start
 warnings.filterwarnings("ignore", message="Valid config keys have changed in V2", category=UserWarning)

@@ -6,16 +6,16 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from contract import RequestLimits, ServerInfo
-from gateway.anthropic_routes import anthropic_router
-from gateway.backend import CollectedAnswer
-from gateway.embedding_routes import embedding_router
-from gateway.http_guard import install_unrouted
-from gateway.jina_sse import jina_sse_router
-from gateway.ollama_routes import ollama_router
-from gateway.openai_routes import openai_router
-from gateway.responses_routes import responses_router
-from gateway.tgi_routes import tgi_router
-from gateway.tokens_routes import tokens_router
+from gateway.edge.backend import CollectedAnswer
+from gateway.edge.http_guard import install_unrouted
+from gateway.protocols.anthropic_routes import anthropic_router
+from gateway.protocols.embedding_routes import embedding_router
+from gateway.protocols.jina_sse import jina_sse_router
+from gateway.protocols.ollama_routes import ollama_router
+from gateway.protocols.openai_routes import openai_router
+from gateway.protocols.responses_routes import responses_router
+from gateway.protocols.tgi_routes import tgi_router
+from gateway.protocols.tokens_routes import tokens_router
 from schemas import EmbeddingDocument, ModelOutputDocument, PromptDocument
 
 INFO = ServerInfo(model_id="fake-model", max_context=512, max_tokens_limit=100, max_running=2, max_waiting=2,

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from contract import ErrorKind
-from gateway.backend import error_doc
+from gateway.edge.backend import error_doc
 from schemas import ModelOutputDocument
 from tests.gateway.fake_upstream import tokens
 

@@ -1,13 +1,13 @@
 """Every HTTP protocol's mapping and error rendering, against a fake executor: no Flow, no
 model, milliseconds. The routes are the real ones (gateway/*_routes.py on the skeleton in
-gateway/protocol.py); only the upstream is scripted."""
+gateway/mapping/protocol.py); only the upstream is scripted."""
 import json
 
 import pytest
 
 from contract import ErrorKind, field_type, item_type, request_fields
-from gateway.backend import error_doc
-from gateway.tgi_routes import TGI_FIELD_NAMES
+from gateway.edge.backend import error_doc
+from gateway.protocols.tgi_routes import TGI_FIELD_NAMES
 from schemas import PromptDocument
 from tests.gateway.fake_upstream import INFO, tokens
 from tests.gateway_helpers import sse_data

@@ -89,7 +89,7 @@ def test_jina_sse_takes_the_contract_fields(http, fake):
 
 
 def test_an_engine_refusal_names_the_field_as_the_client_sent_it(http, fake):
-    from gateway.backend import error_doc
+    from gateway.edge.backend import error_doc
     fake.script = [error_doc("json_schema: does not compile: bad", ErrorKind.VALIDATION, "json_schema")]
     r = http.post("/v1/chat/completions", json={**CHAT, "response_format": {
         "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}})

@@ -31,8 +31,9 @@ def client(real_flow) -> ollama.Client:
 
 @pytest.fixture(scope="module")
 def name(client) -> str:
-    [model] = client.list().models
-    return model.model
+    generating, embedding = client.list().models  # the chat model, then the embedding model
+    assert embedding.model == "all-MiniLM-L6-v2:latest"
+    return generating.model
 
 
 def test_tags_show_and_ps_describe_the_default_model(client, name):
@@ -40,7 +41,7 @@ def test_tags_show_and_ps_describe_the_default_model(client, name):
     shown = client.show(name)
     assert shown.modelinfo["llama.context_length"] == 8192 and "tools" in shown.capabilities
     assert shown.details.parameter_size == "135M" and shown.template
-    [running] = client.ps().models
+    running = client.ps().models[0]
     assert running.model == name and running.context_length == 8192
     with pytest.raises(ollama.ResponseError) as refused:
         client.show("llama3.2")

@@ -22,7 +22,7 @@ from docarray import DocList  # noqa: F401 - jina's protos need docarray loaded 
 from jina.proto import jina_pb2_grpc
 from jina.types.request.data import SingleDocumentRequest
 
-from gateway.backend import cancel_on_disconnect
+from gateway.edge.backend import cancel_on_disconnect
 from schemas import PromptDocument
 from tests.gateway_helpers import busy, stats, wait_until
 

@@ -115,7 +115,7 @@ def test_info_and_health(flow, gpt2_model):
 
 
 def test_coalesced_document_becomes_one_event_per_token():
-    from gateway.tgi_routes import token_events
+    from gateway.protocols.tgi_routes import token_events
     from schemas import ModelOutputDocument
     doc = ModelOutputDocument(token_id=9, token_ids=[7, 8, 9], text="abc", texts=["a", "", "bc"], index=5,
                               logprobs=[-1.0, -2.0, -3.0], logprob=-3.0, special=False,

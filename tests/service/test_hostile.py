@@ -229,7 +229,7 @@ def test_request_limits_come_from_the_environment():
 
 
 def test_origins_are_opened_deliberately(monkeypatch):
-    from gateway.http_guard import origin_allowed
+    from gateway.edge.http_guard import origin_allowed
     assert origin_allowed(None, "localhost:1") and origin_allowed("http://localhost:1", "localhost:1")
     assert not origin_allowed("https://evil.example", "localhost:1")
     monkeypatch.setenv("LLM_CORS_ORIGINS", "https://app.example, https://other.example/")

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from contract import request_fields
-from gateway import anthropic_routes, embedding_routes, ollama_options, responses_routes
-from gateway.api_fields import ApiFields, Handling
+from gateway.mapping.api_fields import ApiFields, Handling
+from gateway.protocols import anthropic_routes, embedding_routes, ollama_options, responses_routes
 
 API_DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 MARKER = "<!-- REQUEST-FIELDS -->"

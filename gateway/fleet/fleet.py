@@ -14,10 +14,10 @@ import re
 import time
 from typing import Any, Optional
 
-from gateway.membership import Membership
-from gateway.prefix_keys import PrefixKeys, TokenizerSpec
-from gateway.replicas import Replica, generation_deployment, one_node_graph
-from gateway.router import NoReplica, Policy, Router, Thresholds
+from gateway.fleet.membership import Membership
+from gateway.fleet.prefix_keys import PrefixKeys, TokenizerSpec
+from gateway.fleet.replicas import Replica, generation_deployment, one_node_graph
+from gateway.fleet.router import NoReplica, Policy, Router, Thresholds
 
 log = logging.getLogger(__name__)
 _SERIES = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?(?P<rest>\s.*)$")

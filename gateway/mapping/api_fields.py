@@ -7,7 +7,7 @@ from enum import Enum
 
 from pydantic import BaseModel
 
-from gateway.inputs import BadRequest, refuse_unsupported
+from gateway.mapping.inputs import BadRequest, refuse_unsupported
 
 
 class Handling(Enum):

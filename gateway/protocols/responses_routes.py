@@ -20,13 +20,20 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
 
 from contract import ServerInfo
-from gateway.api_fields import ApiFields, no_effect, refused, served
-from gateway.backend import CollectedAnswer
-from gateway.conversation import Conversation, StreamedCalls, function_tool, tool_choice_fields, usage_of, whole_calls
-from gateway.inputs import BadRequest, Number, parse_body, prompt_document
-from gateway.openai_routes import OpenAI
-from gateway.protocol import Parsed, Upstream, kind, serve, sse
-from gateway.structured_output import response_format
+from gateway.edge.backend import CollectedAnswer
+from gateway.mapping.api_fields import ApiFields, no_effect, refused, served
+from gateway.mapping.conversation import (
+    Conversation,
+    StreamedCalls,
+    function_tool,
+    tool_choice_fields,
+    usage_of,
+    whole_calls,
+)
+from gateway.mapping.inputs import BadRequest, Number, parse_body, prompt_document
+from gateway.mapping.protocol import Parsed, Upstream, kind, serve, sse
+from gateway.mapping.structured_output import response_format
+from gateway.protocols.openai_routes import OpenAI
 from schemas import ModelOutputDocument
 
 # every top-level field of a Responses request (docs/api.md's table is checked against it)

@@ -7,8 +7,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from gateway.inputs import BadRequest
-from gateway.tool_calls import parts, tool_fields, whole_calls
+from gateway.mapping.inputs import BadRequest
+from gateway.mapping.tool_calls import parts, tool_fields, whole_calls
 from schemas import ModelOutputDocument
 
 __all__ = ["Conversation", "StreamedCalls", "function_tool", "parts", "tool_choice_fields", "usage_of",

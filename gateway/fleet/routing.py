@@ -29,8 +29,8 @@ from jina.serve.runtimes.gateway.streamer import GatewayStreamer
 from jina.types.request.data import DataRequest, SingleDocumentRequest
 
 from contract.endpoints import DEPLOYMENT_OF
-from gateway.fleet import Fleet
-from gateway.replicas import deployments, one_node_graph
+from gateway.fleet.fleet import Fleet
+from gateway.fleet.replicas import deployments, one_node_graph
 from schemas import ModelOutputDocument
 from schemas.wire import fill
 

@@ -25,11 +25,18 @@ from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr
 
 from contract import ErrorKind, ServerInfo
 from contract.transport import ANTHROPIC_ERROR_TYPE, ANTHROPIC_STATUS
-from gateway.api_fields import ApiFields, no_effect, refused, served
-from gateway.backend import CollectedAnswer
-from gateway.conversation import Conversation, StreamedCalls, function_tool, tool_choice_fields, usage_of, whole_calls
-from gateway.inputs import BadRequest, Number, parse_body, prompt_document
-from gateway.protocol import Parsed, Protocol, Upstream, kind, serve, sse
+from gateway.edge.backend import CollectedAnswer
+from gateway.mapping.api_fields import ApiFields, no_effect, refused, served
+from gateway.mapping.conversation import (
+    Conversation,
+    StreamedCalls,
+    function_tool,
+    tool_choice_fields,
+    usage_of,
+    whole_calls,
+)
+from gateway.mapping.inputs import BadRequest, Number, parse_body, prompt_document
+from gateway.mapping.protocol import Parsed, Protocol, Upstream, kind, serve, sse
 from schemas import ModelOutputDocument
 
 STOP_REASON = {"eos_token": "end_turn", "length": "max_tokens", "stop_sequence": "stop_sequence",

@@ -16,7 +16,7 @@ from typing import Any, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
 
 from contract.params import constraint_fields
-from gateway.inputs import BadRequest
+from gateway.mapping.inputs import BadRequest
 from schemas import named_error
 
 Schema = Union[dict[str, Any], StrictBool, StrictStr]  # a JSON schema, or its text

@@ -1,9 +1,9 @@
 """What operators and probes read: Prometheus metrics, health, and the replicas' and router's
-state. With several replicas they speak for all of them (gateway/fleet.py)."""
+state. With several replicas they speak for all of them (gateway/fleet/fleet.py)."""
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from gateway.protocol import Upstream
+from gateway.mapping.protocol import Upstream
 
 
 def ops_router(backend: Upstream) -> APIRouter:

@@ -18,8 +18,8 @@ from fastapi.responses import Response, StreamingResponse
 
 from contract import ErrorKind, ServerInfo
 from contract.transport import error_kind
-from gateway.backend import CollectedAnswer, Ends, cancel_on_disconnect, close_quietly, error_doc
-from gateway.inputs import BadRequest
+from gateway.edge.backend import CollectedAnswer, Ends, cancel_on_disconnect, close_quietly, error_doc
+from gateway.mapping.inputs import BadRequest
 from schemas import EmbeddingDocument, ModelOutputDocument, PromptDocument
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -59,7 +59,7 @@ class Parsed:
 
 
 class Upstream(Interface):
-    """What a handler needs from the executor side (gateway.backend.Backend, or a fake)."""
+    """What a handler needs from the executor side (gateway.edge.backend.Backend, or a fake)."""
 
     async def open(self, doc: PromptDocument) -> tuple[ModelOutputDocument, AsyncIterator[ModelOutputDocument]]: ...
 

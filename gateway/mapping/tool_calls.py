@@ -7,7 +7,7 @@ stream was chunked, since both come from the same parts."""
 import json
 from typing import Any, Optional
 
-from gateway.inputs import BadRequest
+from gateway.mapping.inputs import BadRequest
 from schemas import ModelOutputDocument
 
 

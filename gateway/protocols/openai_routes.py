@@ -17,8 +17,8 @@ from pydantic import BaseModel, ConfigDict, StrictInt, create_model
 
 from contract import ErrorKind, ServerInfo
 from contract.transport import OPENAI_ERROR_TYPE, OPENAI_STATUS
-from gateway.backend import CollectedAnswer, now
-from gateway.inputs import (
+from gateway.edge.backend import CollectedAnswer, now
+from gateway.mapping.inputs import (
     BadRequest,
     Bool,
     Int,
@@ -29,10 +29,10 @@ from gateway.inputs import (
     refuse_unsupported,
     set_options,
 )
-from gateway.logprobs import chat_logprobs, completion_logprobs
-from gateway.protocol import Parsed, Protocol, Upstream, kind, serve, sse
-from gateway.structured_output import OpenAIStructured, openai_constraint
-from gateway.tool_calls import parts, tool_fields, whole_calls
+from gateway.mapping.logprobs import chat_logprobs, completion_logprobs
+from gateway.mapping.protocol import Parsed, Protocol, Upstream, kind, serve, sse
+from gateway.mapping.structured_output import OpenAIStructured, openai_constraint
+from gateway.mapping.tool_calls import parts, tool_fields, whole_calls
 from schemas import ModelOutputDocument
 
 FINISH = {"length": "length", "eos_token": "stop", "stop_sequence": "stop", "tool_calls": "tool_calls"}

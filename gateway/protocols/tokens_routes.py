@@ -9,11 +9,11 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
 
 from contract import ErrorKind
-from gateway.api_fields import ApiFields, refused, served
-from gateway.inputs import BadRequest, parse_body, prompt_document
-from gateway.openai_routes import OpenAI, error_body
-from gateway.protocol import Upstream
-from gateway.tool_calls import tool_fields
+from gateway.mapping.api_fields import ApiFields, refused, served
+from gateway.mapping.inputs import BadRequest, parse_body, prompt_document
+from gateway.mapping.protocol import Upstream
+from gateway.mapping.tool_calls import tool_fields
+from gateway.protocols.openai_routes import OpenAI, error_body
 
 # every field of a /tokenize request; what would change the tokens and is not served is refused
 FIELDS = ApiFields("vLLM's /tokenize", (

@@ -19,11 +19,11 @@ from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
 
 from contract import ErrorKind
 from contract.transport import OLLAMA_STATUS, OPENAI_STATUS
-from gateway.api_fields import ApiFields, no_effect, served
-from gateway.inputs import BadRequest, parse_body
-from gateway.ollama_models import NotServed
-from gateway.openai_routes import error_body
-from gateway.protocol import Upstream
+from gateway.mapping.api_fields import ApiFields, no_effect, served
+from gateway.mapping.inputs import BadRequest, parse_body
+from gateway.mapping.protocol import Upstream
+from gateway.protocols.ollama_models import NotServed
+from gateway.protocols.openai_routes import error_body
 from schemas import EmbeddingDocument
 
 MAX_INPUTS = 2048  # OpenAI's bound on a request's inputs

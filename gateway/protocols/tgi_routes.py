@@ -16,8 +16,8 @@ from pydantic import BaseModel, ConfigDict, create_model
 
 from contract import MAX_CHOICES, ServerInfo
 from contract.transport import HTTP_STATUS
-from gateway.backend import CollectedAnswer
-from gateway.inputs import (
+from gateway.edge.backend import CollectedAnswer
+from gateway.mapping.inputs import (
     BadRequest,
     Bool,
     Int,
@@ -29,9 +29,9 @@ from gateway.inputs import (
     sampling_options,
     set_options,
 )
-from gateway.logprobs import alternatives
-from gateway.protocol import Parsed, Protocol, Upstream, kind, serve, sse
-from gateway.structured_output import TGIGrammar, tgi_constraint
+from gateway.mapping.logprobs import alternatives
+from gateway.mapping.protocol import Parsed, Protocol, Upstream, kind, serve, sse
+from gateway.mapping.structured_output import TGIGrammar, tgi_constraint
 from schemas import ModelOutputDocument
 
 DEFAULT_MAX_NEW_TOKENS = 20  # TGI's documented default

@@ -26,8 +26,8 @@ from jina.serve.runtimes.gateway.grpc import GRPCGateway
 from pydantic import ValidationError
 
 from contract.transport import GRPC_STATUS, error_kind
-from gateway.http_guard import api_key, key_matches
-from gateway.inputs import LIMITS, LimitError, bad_request
+from gateway.edge.http_guard import api_key, key_matches
+from gateway.mapping.inputs import LIMITS, LimitError, bad_request
 from schemas import PromptDocument, Seed
 
 # the NodeProto kinds each Python type accepts; subclasses first (Seed is an int, bool too)

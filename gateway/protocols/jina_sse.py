@@ -18,8 +18,8 @@ from fastapi.responses import Response, StreamingResponse
 
 from contract import ServerInfo
 from contract.transport import HTTP_STATUS
-from gateway.inputs import BadRequest, parse_json, prompt_document
-from gateway.protocol import SSE_HEADERS, Parsed, Protocol, Upstream, kind, serve
+from gateway.mapping.inputs import BadRequest, parse_json, prompt_document
+from gateway.mapping.protocol import SSE_HEADERS, Parsed, Protocol, Upstream, kind, serve
 from schemas import ModelOutputDocument
 
 LIST_FIELDS = ("stop",)  # in a query string: repeated, or one JSON list

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 from jina.serve.runtimes.gateway.streamer import GatewayStreamer
 
-from gateway.replicas import Replica
+from gateway.fleet.replicas import Replica
 
 log = logging.getLogger(__name__)
 

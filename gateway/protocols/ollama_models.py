@@ -19,8 +19,8 @@ from pydantic import BaseModel, ConfigDict, StrictBool, StrictStr
 
 from contract import ErrorKind, ServerInfo
 from contract.transport import OLLAMA_STATUS
-from gateway.inputs import BadRequest, parse_body
-from gateway.protocol import Upstream
+from gateway.mapping.inputs import BadRequest, parse_body
+from gateway.mapping.protocol import Upstream
 
 OLLAMA_VERSION = "0.13.0"  # the Ollama API release whose routes and fields these follow
 NEVER = "9999-12-31T23:59:59Z"  # /api/ps's expires_at for a model kept loaded

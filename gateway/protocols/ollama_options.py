@@ -16,8 +16,8 @@ from typing import Any, Optional, Union
 from pydantic import BaseModel, ConfigDict, StrictFloat, StrictInt, StrictStr
 
 from contract import ServerInfo
-from gateway.api_fields import ApiFields, no_effect, refused, served
-from gateway.inputs import BadRequest, Bool, Int, Number, Stop
+from gateway.mapping.api_fields import ApiFields, no_effect, refused, served
+from gateway.mapping.inputs import BadRequest, Bool, Int, Number, Stop
 
 OLLAMA_DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9}  # Ollama's own, when a request says none
 _SHARED = ("model", "format", "options", "stream", "logprobs", "top_logprobs")

@@ -2,7 +2,7 @@
 object a line) unless `stream` is false, for Ollama's clients (the ollama library, LangChain's
 ChatOllama, Open WebUI, VS Code Copilot's Ollama provider).
 
-A request maps onto the contract as every route's does (gateway/ollama_options.py declares the
+A request maps onto the contract as every route's does (gateway/protocols/ollama_options.py declares the
 fields). A chat's messages become the engine's conversation; /api/generate renders its prompt as
 one user turn in the model's chat template (with `system` before it) unless `raw` is true. An
 answer's tool calls come whole, in a line of their own before the last, as Ollama sends them. The
@@ -20,12 +20,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from contract import ServerInfo
-from gateway.backend import CollectedAnswer
-from gateway.conversation import Conversation, function_tool, tool_choice_fields, whole_calls
-from gateway.inputs import BadRequest, parse_body, prompt_document
-from gateway.logprobs import chat_logprobs
-from gateway.ollama_models import check_model, error, ollama_models_router, timestamp
-from gateway.ollama_options import (
+from gateway.edge.backend import CollectedAnswer
+from gateway.mapping.conversation import Conversation, function_tool, tool_choice_fields, whole_calls
+from gateway.mapping.inputs import BadRequest, parse_body, prompt_document
+from gateway.mapping.logprobs import chat_logprobs
+from gateway.mapping.protocol import Parsed, Protocol, Upstream, kind, serve
+from gateway.protocols.ollama_models import check_model, error, ollama_models_router, timestamp
+from gateway.protocols.ollama_options import (
     CHAT_FIELDS,
     GENERATE_FIELDS,
     ChatRequest,
@@ -35,7 +36,6 @@ from gateway.ollama_options import (
     format_fields,
     option_fields,
 )
-from gateway.protocol import Parsed, Protocol, Upstream, kind, serve
 from schemas import ModelOutputDocument, PromptDocument
 
 SENT_AS = {"max_tokens": "num_predict", "repetition_penalty": "repeat_penalty", "json_schema": "format",

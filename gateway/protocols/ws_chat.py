@@ -26,11 +26,11 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from fastapi.responses import HTMLResponse
 
 from contract import RequestLimits, request_fields
-from gateway.backend import Backend, close_quietly
-from gateway.http_guard import api_key, key_matches, origin_allowed
-from gateway.inputs import BadRequest, check_text, prompt_document
-from gateway.logprobs import chat_logprobs
-from gateway.tool_calls import parts, whole_calls
+from gateway.edge.backend import Backend, close_quietly
+from gateway.edge.http_guard import api_key, key_matches, origin_allowed
+from gateway.mapping.inputs import BadRequest, check_text, prompt_document
+from gateway.mapping.logprobs import chat_logprobs
+from gateway.mapping.tool_calls import parts, whole_calls
 from schemas import PromptDocument
 
 SAMPLING_FIELDS = tuple(f.name for f in request_fields())
