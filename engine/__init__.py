@@ -9,7 +9,12 @@ torch_vectors.pin()  # before PyTorch's first operation: the same bits on every 
 
 from .client.async_engine import AsyncEngine, EngineClient
 from .client.engine_process import EngineProcess
-from .model.loader import LoadedModel, load_model
+from .embeddings import Embedder, EmbedderInfo
+from .model.loader import LoadedModel, load_model, served_name
+from .observer import EngineObserver
 from .outputs import RequestOutput
+from .policies.prompt_logprobs import PromptScores
 
-__all__ = ["AsyncEngine", "EngineClient", "EngineProcess", "LoadedModel", "RequestOutput", "load_model"]
+# the engine's public face: what the executors (and anything else outside) may use
+__all__ = ["AsyncEngine", "Embedder", "EmbedderInfo", "EngineClient", "EngineObserver", "EngineProcess", "LoadedModel",
+           "PromptScores", "RequestOutput", "load_model", "served_name"]

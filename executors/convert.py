@@ -4,9 +4,8 @@ from dataclasses import fields
 from typing import Any, Optional, Union
 
 from contract import SamplingParams, ServerInfo, ValidationError, kind_of, request_fields
-from engine import EngineClient, RequestOutput
-from engine.core.kv_pool import BLOCK_SIZE
-from engine.policies.prompt_logprobs import PromptScores
+from contract.blocks import BLOCK_SIZE
+from engine import EngineClient, PromptScores, RequestOutput
 from schemas import ModelOutputDocument, PromptDocument, Seed
 
 

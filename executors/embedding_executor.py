@@ -21,7 +21,7 @@ from jina import Executor, dynamic_batching, requests
 from contract import ErrorKind
 from contract.endpoints import EMBED, EMBED_INFO
 from contract.lifecycle import die_with_parent
-from engine.embeddings import Embedder
+from engine import Embedder
 from schemas import EmbeddingDocument
 
 die_with_parent()

@@ -15,8 +15,7 @@ from jina import Executor, requests
 
 from contract import EngineConfig, SamplingParams
 from contract.lifecycle import die_with_parent
-from engine import AsyncEngine, EngineClient, EngineProcess
-from engine.model.loader import served_name
+from engine import AsyncEngine, EngineClient, EngineProcess, served_name
 from executors.convert import error_document, server_info, to_document, to_request, tokenizer_spec
 from executors.metrics import Metrics
 from schemas import ModelOutputDocument, PromptDocument

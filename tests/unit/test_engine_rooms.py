@@ -75,3 +75,15 @@ def test_the_developers_guide_names_every_module():
                and p.name != "__init__.py" and "node_modules" not in p.parts]
     missing = sorted(str(p.relative_to(ROOT)) for p in modules if p.name not in layout)
     assert missing == []
+
+
+def test_the_executors_use_only_the_engines_public_face():
+    """`from engine import ...` (engine/__init__.py's __all__), never a module inside the engine."""
+    import engine
+    reaching = {str(p.relative_to(ROOT)): sorted({f"{n.module}" for n in ast.walk(_tree(p)) if isinstance(n, ast.ImportFrom)
+                                                  and (n.module or "").startswith("engine.")})
+                for p in (ROOT / "executors").glob("*.py")}
+    assert {path: modules for path, modules in reaching.items() if modules} == {}
+    used = {a.name for p in (ROOT / "executors").glob("*.py") for n in ast.walk(_tree(p))
+            if isinstance(n, ast.ImportFrom) and n.module == "engine" for a in n.names}
+    assert used and used <= set(engine.__all__)
