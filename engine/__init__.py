@@ -7,9 +7,9 @@ from . import torch_vectors
 
 torch_vectors.pin()  # before PyTorch's first operation: the same bits on every x86 CPU
 
-from .client.async_engine import AsyncEngine, EngineClient
-from .client.engine_process import EngineProcess
 from .embeddings import Embedder, EmbedderInfo
+from .frontend.async_engine import AsyncEngine, EngineClient
+from .frontend.engine_process import EngineProcess
 from .model.loader import LoadedModel, load_model, served_name
 from .observer import EngineObserver
 from .outputs import RequestOutput

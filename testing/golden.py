@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from contract import SamplingParams
-from engine.client.async_engine import EngineClient
+from engine.frontend.async_engine import EngineClient
 from engine.kernels import build
 from engine.torch_vectors import cpu_flags
 

@@ -71,7 +71,7 @@ class PrefixKeys:
 
     def _chat(self, messages: list[dict[str, Any]]) -> str:
         turns = [{"role": m["role"], "content": _text(m.get("content"))} for m in messages]
-        if self.template is None:  # the engine's plain format (engine/client/chat.py)
+        if self.template is None:  # the engine's plain format (engine/frontend/chat.py)
             return "\n".join([f"{m['role'].capitalize()}: {m['content']}" for m in turns] + ["Assistant:"])
         text = self.template.render(messages=turns, add_generation_prompt=True, **self.spec.special_tokens)
         return text[len(self.strip_bos):] if self.strip_bos and text.startswith(self.strip_bos) else text

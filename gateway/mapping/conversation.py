@@ -17,7 +17,7 @@ __all__ = ["Conversation", "StreamedCalls", "function_tool", "parts", "tool_choi
 
 @dataclass
 class Conversation:
-    """The engine's messages, built turn by turn (engine/client/chat.py renders them)."""
+    """The engine's messages, built turn by turn (engine/frontend/chat.py renders them)."""
 
     messages: list[dict[str, Any]] = field(default_factory=list)
 

@@ -147,7 +147,7 @@ async def test_a_stalled_engine_process_is_replaced_and_its_numbers_say_their_ag
     """A process that stops answering with requests in flight (stopped here; a hang, a blocked
     pipe) is a stall: /stats says how old its frozen numbers are, and after LLM_ENGINE_STALL_S the
     watchdog has it dump its stacks and replaces it; its requests end with an error, not never."""
-    from engine.client import engine_process
+    from engine.frontend import engine_process
     monkeypatch.setattr(engine_process, "STALL_S", 2.0)
     engine = EngineProcess(EngineConfig(model=gpt2_model))
     try:

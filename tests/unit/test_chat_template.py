@@ -1,11 +1,11 @@
-"""engine/client/chat.py: chat messages rendered by the engine, trimmed to the context."""
+"""engine/frontend/chat.py: chat messages rendered by the engine, trimmed to the context."""
 import json
 
 import pytest
 from transformers import AutoTokenizer
 
 from contract import ValidationError
-from engine.client.chat import parse_messages, plain_format, render, render_chat
+from engine.frontend.chat import parse_messages, plain_format, render, render_chat
 
 TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
             "{% if add_generation_prompt %}<|assistant|>{% endif %}")
@@ -137,7 +137,7 @@ def test_thousands_of_messages_are_refused_or_trimmed_quickly(gpt2_tok):
 
 
 def test_first_true_finds_the_boundary_from_any_guess():
-    from engine.client.chat import _first_true
+    from engine.frontend.chat import _first_true
     for n in range(1, 12):
         for boundary in range(n + 1):  # pred is true from `boundary` on (n: never)
             for guess in range(n):
