@@ -9,7 +9,6 @@ replaces Jina's route), OpenAI, TGI and WebSocket chat. Route collision: TGI's P
 HTTP app (it stays on gRPC).
 """
 import logging
-import os
 import warnings
 from typing import Any
 
@@ -21,6 +20,7 @@ from jina.serve.runtimes.servers import BaseServer
 from jina.serve.runtimes.servers.composite import CompositeBaseServer
 
 from contract.lifecycle import die_with_parent
+from gateway.config import config
 from gateway.edge import jina_call_ends
 from gateway.edge.backend import Backend
 from gateway.edge.grpc_edge import StatusGRPCGateway
@@ -121,8 +121,8 @@ class LLMGateway(CompositeBaseServer, BaseGateway):
         classes = {"grpc": StatusGRPCGateway, "http": LLMHTTPGateway}
         self.servers: list[BaseServer] = []
         for server_kwargs in self._server_kwargs:
-            if os.environ.get("LLM_HOST"):  # the address both ports bind to (default: all)
-                server_kwargs["runtime_args"]["host"] = os.environ["LLM_HOST"]
+            if config().host:  # the address both ports bind to (default: all)
+                server_kwargs["runtime_args"]["host"] = config().host
             protocol = str(server_kwargs["runtime_args"]["protocol"]).lower().split(".")[-1]
             if protocol not in classes:
                 raise ValueError(f"protocol {protocol!r}: this gateway serves grpc and http")

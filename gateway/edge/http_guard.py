@@ -11,7 +11,6 @@ Safe by default, opened deliberately with environment variables:
 """
 import hmac
 import json
-import os
 from collections.abc import Callable
 from typing import Optional
 from urllib.parse import urlsplit
@@ -25,16 +24,17 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from contract import ErrorKind, RequestLimits
 from contract.transport import ANTHROPIC_ERROR_TYPE, HTTP_STATUS, OPENAI_ERROR_TYPE
+from gateway.config import config
 
 DEBUG_PATHS = {"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/dry_run"}
 
 
 def debug_enabled() -> bool:
-    return os.environ.get("LLM_HTTP_DEBUG", "").lower() in ("1", "true", "yes")
+    return config().http_debug
 
 
 def cors_origins() -> list[str]:
-    return [o.strip().rstrip("/") for o in os.environ.get("LLM_CORS_ORIGINS", "").split(",") if o.strip()]
+    return list(config().cors_origins)
 
 
 def origin_allowed(origin: Optional[str], host: Optional[str]) -> bool:
@@ -85,7 +85,7 @@ def install_unrouted(app: Starlette) -> None:
 
 
 def api_key() -> str:
-    return os.environ.get("LLM_API_KEY", "")
+    return config().api_key
 
 
 def key_matches(authorization: Optional[str], key: str, x_api_key: Optional[str] = None) -> bool:

@@ -9,11 +9,11 @@ how long a request waits for a replica to take work when none does (a rolling re
 import asyncio
 import json
 import logging
-import os
 import re
 import time
 from typing import Any, Optional
 
+from gateway.config import config
 from gateway.fleet.membership import Membership
 from gateway.fleet.prefix_keys import PrefixKeys, TokenizerSpec
 from gateway.fleet.replicas import Replica, generation_deployment, one_node_graph
@@ -30,9 +30,8 @@ class Fleet:
         self.members = members
         self.replicas = members.initial()  # changed in place when members come and go
         replicas = self.replicas
-        self.router = Router(replicas, policy, Thresholds.from_env())
-        self.poll = int(os.environ.get("LLM_ROUTER_POLL_MS", "500")) / 1000
-        self.wait = float(os.environ.get("LLM_ROUTER_WAIT_S", "15"))
+        self.router = Router(replicas, policy, Thresholds.from_config())
+        self.poll, self.wait = config().router_poll_s, config().router_wait_s
         self.migrations = 0
         self._keys: Optional[asyncio.Task] = None  # the tokenizer from a replica, then PrefixKeys
         self._poller: Optional[asyncio.Task] = None
@@ -47,7 +46,7 @@ class Fleet:
             if deployment is None:
                 return None
             members = Membership(deployment[0], one_node_graph(deployment[0]), deployment[1], logger)
-            cls._shared[addresses] = cls(members, Policy(os.environ.get("LLM_ROUTER", Policy.CACHE_AWARE)))
+            cls._shared[addresses] = cls(members, Policy(config().router))
         return cls._shared[addresses]
 
     # ----- choosing -----

@@ -5,13 +5,13 @@ ready pod of the executor, so pods that come and go join and leave the router.""
 import asyncio
 import itertools
 import logging
-import os
 import socket
 from typing import Any
 from urllib.parse import urlsplit
 
 from jina.serve.runtimes.gateway.streamer import GatewayStreamer
 
+from gateway.config import config
 from gateway.fleet.replicas import Replica
 
 log = logging.getLogger(__name__)
@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 class Membership:
     def __init__(self, deployment: str, graph: dict, addresses: list[str], logger: Any = None):
         self.deployment, self.graph, self.addresses, self.logger = deployment, graph, addresses, logger
-        self.resolve = os.environ.get("LLM_ROUTER_RESOLVE") == "1"
+        self.resolve = config().resolve
         self._numbers = itertools.count()
 
     def replica(self, address: str) -> Replica:

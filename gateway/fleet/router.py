@@ -13,9 +13,10 @@ The chosen replica is then predicted to hold the request's keys: a session's lat
 """
 import enum
 import itertools
-import os
 from dataclasses import dataclass
 from typing import Optional
+
+from gateway.config import GatewayConfig, config
 
 from .replicas import Replica
 
@@ -31,15 +32,14 @@ class NoReplica(RuntimeError):
 
 @dataclass
 class Thresholds:
-    balance_abs: int = 4  # requests
-    balance_rel: float = 1.5
-    min_match: float = 0.3  # of the request's keys
+    balance_abs: int = GatewayConfig.balance_abs  # requests
+    balance_rel: float = GatewayConfig.balance_rel
+    min_match: float = GatewayConfig.min_match  # of the request's keys
 
     @classmethod
-    def from_env(cls) -> "Thresholds":
-        return cls(int(os.environ.get("LLM_ROUTER_BALANCE_ABS", cls.balance_abs)),
-                   float(os.environ.get("LLM_ROUTER_BALANCE_REL", cls.balance_rel)),
-                   float(os.environ.get("LLM_ROUTER_MIN_MATCH", cls.min_match)))
+    def from_config(cls) -> "Thresholds":
+        settings = config()
+        return cls(settings.balance_abs, settings.balance_rel, settings.min_match)
 
 
 class Router:

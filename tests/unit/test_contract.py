@@ -93,3 +93,14 @@ def test_validation_errors_name_their_field_and_pickle():
 def test_every_finish_reason_has_a_metrics_label():
     from executors.metrics import FINISHED
     assert set(FINISHED) == set(FinishReason)
+
+
+def test_the_gateways_variables_are_read_into_one_record():
+    from gateway.config import GatewayConfig
+    assert GatewayConfig.from_env({}) == GatewayConfig()
+    read = GatewayConfig.from_env({
+        "LLM_HOST": "127.0.0.1", "LLM_API_KEY": "k", "LLM_CORS_ORIGINS": " https://a.example/ ,*", "LLM_HTTP_DEBUG": "yes",
+        "LLM_ROUTER": "round-robin", "LLM_ROUTER_POLL_MS": "250", "LLM_ROUTER_WAIT_S": "3", "LLM_ROUTER_BALANCE_ABS": "2",
+        "LLM_ROUTER_BALANCE_REL": "2.5", "LLM_ROUTER_MIN_MATCH": "0.5", "LLM_ROUTER_RESOLVE": "1"})
+    assert read == GatewayConfig("127.0.0.1", "k", ("https://a.example", "*"), True, "round-robin", 0.25, 3.0, 2, 2.5,
+                                 0.5, True)
