@@ -229,11 +229,22 @@ def test_request_limits_come_from_the_environment():
 
 
 def test_origins_are_opened_deliberately(monkeypatch):
+    from gateway.config import config
     from gateway.edge.http_guard import origin_allowed
-    assert origin_allowed(None, "localhost:1") and origin_allowed("http://localhost:1", "localhost:1")
-    assert not origin_allowed("https://evil.example", "localhost:1")
-    monkeypatch.setenv("LLM_CORS_ORIGINS", "https://app.example, https://other.example/")
-    assert origin_allowed("https://other.example", "localhost:1")
-    assert not origin_allowed("https://evil.example", "localhost:1")
-    monkeypatch.setenv("LLM_CORS_ORIGINS", "*")
-    assert origin_allowed("https://evil.example", "localhost:1")
+
+    def started_with(origins: str) -> None:
+        """LLM_CORS_ORIGINS as a gateway process starting now reads it (once, into its config)."""
+        monkeypatch.setenv("LLM_CORS_ORIGINS", origins)
+        config.cache_clear()
+    try:
+        started_with("")
+        assert origin_allowed(None, "localhost:1") and origin_allowed("http://localhost:1", "localhost:1")
+        assert not origin_allowed("https://evil.example", "localhost:1")
+        started_with("https://app.example, https://other.example/")
+        assert origin_allowed("https://other.example", "localhost:1")
+        assert not origin_allowed("https://evil.example", "localhost:1")
+        started_with("*")
+        assert origin_allowed("https://evil.example", "localhost:1")
+    finally:
+        monkeypatch.undo()
+        config.cache_clear()
