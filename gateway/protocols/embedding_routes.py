@@ -17,12 +17,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
 
-from contract import ErrorKind
-from contract.transport import OLLAMA_STATUS, OPENAI_STATUS
+from contract.transport import OPENAI_STATUS, error_kind
 from gateway.mapping.api_fields import ApiFields, no_effect, served
 from gateway.mapping.inputs import BadRequest, parse_body
 from gateway.mapping.protocol import Upstream
-from gateway.protocols.ollama_models import NotServed
+from gateway.protocols.ollama_models import NotServed, error
 from gateway.protocols.openai_routes import error_body
 from schemas import EmbeddingDocument
 
@@ -102,8 +101,7 @@ async def _embedded(backend: Upstream, docs: list[EmbeddingDocument]) -> tuple[l
     out = await backend.embed(docs)
     failed = next((d for d in out if d.error is not None), None)
     if failed is not None:
-        kind = ErrorKind(failed.error_type) if failed.error_type in set(ErrorKind) else ErrorKind.GENERATION
-        raise BadRequest(failed.error or "", failed.error_field, kind)
+        raise BadRequest(failed.error or "", failed.error_field, error_kind(failed.error_type))
     return out, sum(d.prompt_tokens or 0 for d in out)
 
 
@@ -152,7 +150,7 @@ def embedding_router(backend: Upstream) -> APIRouter:
             check_dimensions(req.dimensions, info)
             out, tokens = await _embedded(backend, documents(req.input, truncate=req.truncate is not False))
         except BadRequest as exc:
-            return JSONResponse({"error": str(exc)}, status_code=OLLAMA_STATUS[exc.kind])
+            return error(str(exc), exc.kind)
         return JSONResponse({"model": req.model, "embeddings": [_vector(d, False) for d in out],
                              "total_duration": time.perf_counter_ns() - started, "load_duration": 0,
                              "prompt_eval_count": tokens})
@@ -166,7 +164,7 @@ def embedding_router(backend: Upstream) -> APIRouter:
             check_model(req.model, await _info(backend))
             out, _ = await _embedded(backend, documents(req.prompt, truncate=True))
         except BadRequest as exc:
-            return JSONResponse({"error": str(exc)}, status_code=OLLAMA_STATUS[exc.kind])
+            return error(str(exc), exc.kind)
         return JSONResponse({"embedding": _vector(out[0], False)})
 
     return router

@@ -114,14 +114,21 @@ async def served_models(backend: Upstream) -> list[OllamaModel]:
     return [OllamaModel.generating(await backend.info()), *([OllamaModel.embedding(embedding)] if embedding else [])]
 
 
-def check_model(name: Optional[str], info: ServerInfo, field: str = "model") -> str:
-    """The request's model name, when it names the generating model (with or without its tag)."""
-    model = OllamaModel.generating(info)
+def find_model(name: Optional[str], models: list[OllamaModel], field: str = "model") -> OllamaModel:
+    """The served model that `name` names (with or without its tag); else a refusal naming `field`."""
     if not name:
         raise BadRequest(f"{field}: required", field)
-    if not model.named(name):
-        raise NotServed(f"model '{name}' not found; this server serves '{model.name}'", field)
-    return name
+    for model in models:
+        if model.named(name):
+            return model
+    names = "', '".join(m.name for m in models)
+    raise NotServed(f"model '{name}' not found; this server serves '{names}'", field)
+
+
+def check_model(name: Optional[str], info: ServerInfo, field: str = "model") -> str:
+    """The request's model name, when it names the generating model (with or without its tag)."""
+    find_model(name, [OllamaModel.generating(info)], field)
+    return name or ""
 
 
 def _size(parameters: int) -> str:
@@ -138,16 +145,9 @@ class ModelRequest(BaseModel):
     insecure: Optional[StrictBool] = None  # pull: no effect, nothing is fetched
     stream: Optional[StrictBool] = None  # pull: the status as NDJSON lines (the default) or one object
 
-    def served(self, models: list[OllamaModel], field: str = "model") -> OllamaModel:
+    def served(self, models: list[OllamaModel]) -> OllamaModel:
         """The served model this request names (with or without its tag)."""
-        name = self.model or self.name
-        if not name:
-            raise BadRequest(f"{field}: required", field)
-        for model in models:
-            if model.named(name):
-                return model
-        names = "', '".join(m.name for m in models)
-        raise NotServed(f"model '{name}' not found; this server serves '{names}'", field)
+        return find_model(self.model or self.name, models)
 
 
 class CopyRequest(BaseModel):
@@ -206,7 +206,7 @@ def ollama_models_router(backend: Upstream) -> APIRouter:
         try:
             req = await parse_body(request, CopyRequest)
             models = await served_models(backend)
-            source = ModelRequest(model=req.source).served(models, "source")
+            source = find_model(req.source, models, "source")
             if not source.named(req.destination):
                 raise NotServed(f"destination: '{req.destination}' is not a name of '{source.name}'; no new names "
                                 "are made at run time", "destination")

@@ -118,6 +118,14 @@ async def test_stream_interval_ms_coalesces_by_time(slow_model):
     assert chunks[-1].finish_reason == "length"
 
 
+async def _answer_then_a_long_stream(engine):
+    """(a greedy answer to replay later, a long stream that has begun)."""
+    expected = await _text(engine, "hello world", GREEDY)
+    stream = await engine.open("hi", SamplingParams(max_tokens=400, ignore_eos=True))
+    await stream.__anext__()
+    return expected, stream
+
+
 async def _fails_then_replaced(engine, stream) -> None:
     """The stream ends with the process's error, and a new process takes requests within a minute."""
     with pytest.raises(GenerationError, match="engine process exited"):
@@ -132,9 +140,7 @@ async def _fails_then_replaced(engine, stream) -> None:
 async def test_a_killed_engine_process_fails_its_requests_and_is_replaced(gpt2_model):
     engine = EngineProcess(EngineConfig(model=gpt2_model))
     try:
-        expected = await _text(engine, "hello world", GREEDY)
-        stream = await engine.open("hi", SamplingParams(max_tokens=400, ignore_eos=True))
-        await stream.__anext__()
+        expected, stream = await _answer_then_a_long_stream(engine)
         os.kill(engine.pid, signal.SIGKILL)
         await _fails_then_replaced(engine, stream)
         assert engine.stats()["process_restarts"] == 1
@@ -151,9 +157,7 @@ async def test_a_stalled_engine_process_is_replaced_and_its_numbers_say_their_ag
     monkeypatch.setattr(engine_process, "STALL_S", 2.0)
     engine = EngineProcess(EngineConfig(model=gpt2_model))
     try:
-        expected = await _text(engine, "hello world", GREEDY)
-        stream = await engine.open("hi", SamplingParams(max_tokens=400, ignore_eos=True))
-        await stream.__anext__()
+        expected, stream = await _answer_then_a_long_stream(engine)
         os.kill(engine.pid, signal.SIGSTOP)
         await asyncio.sleep(1.0)
         frozen = engine.stats()
