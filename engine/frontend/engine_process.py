@@ -65,6 +65,7 @@ class EngineProcess(EngineClient):
         self._outbox: queue.SimpleQueue[Optional[Command]] = queue.SimpleQueue()  # bounded by _submit's check
         self._stats: dict = {}
         self._stats_at = time.monotonic()  # when the process last sent a message
+        self._busy_since = time.monotonic()  # when requests were last put in flight with none before
         self.stalls = 0
         self._stopping = False
         self._dead: Optional[str] = None
@@ -165,7 +166,7 @@ class EngineProcess(EngineClient):
         watcher then fails them and starts another, instead of their waiting for ever."""
         while not self._stopping:
             time.sleep(min(1.0, STALL_S / 4))
-            silent = time.monotonic() - self._stats_at
+            silent = self.silence()
             if not (self._streams or self._acks) or silent < STALL_S or not self.healthy:
                 continue
             process = self._process
@@ -179,6 +180,14 @@ class EngineProcess(EngineClient):
             except ProcessLookupError:
                 pass
             self._stats_at = time.monotonic()  # the new process's own time starts now
+
+    def silence(self) -> float:
+        """Seconds the process has owed an answer: since its last message, or since work
+        arrived after an idle spell, whichever is later. An idle process sends nothing, so the
+        time since its last message alone would call the first request after a quiet minute a
+        stall."""
+        return time.monotonic() - max(self._stats_at, self._busy_since)
+
     def _restart(self) -> bool:
         code = self._process.wait()
         message = f"the engine process exited unexpectedly (code {code})"
@@ -239,6 +248,8 @@ class EngineProcess(EngineClient):
         loop = asyncio.get_running_loop()
         self._read_on(loop)
         ack = loop.create_future()
+        if not (self._streams or self._acks):
+            self._busy_since = time.monotonic()  # before the watchdog can see this request in flight
         self._acks[request_id], self._streams[request_id] = ack, stream
         self._outbox.put(AddRequest(request_id, prepared))
         try:

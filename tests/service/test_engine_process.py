@@ -229,3 +229,24 @@ def test_the_size_that_picks_threads_counts_int4_weights(llama_model):
     assert sum(p.numel() for p in int4.model.parameters()) < int4.parameters  # what it counted
     published = AutoModelForCausalLM.from_pretrained(llama_model).num_parameters()
     assert int4.parameters == fp32.parameters == published
+
+
+async def test_the_first_request_after_an_idle_spell_is_not_a_stall(gpt2_model, monkeypatch):
+    """An idle process sends nothing; the watchdog counts a request's wait from when it arrived,
+    not from the process's last message. Here the process is paused through an idle spell longer
+    than LLM_ENGINE_STALL_S, a request arrives, and the process resumes within the limit."""
+    from engine.frontend import engine_process
+    monkeypatch.setattr(engine_process, "STALL_S", 2.0)
+    engine = EngineProcess(EngineConfig(model=gpt2_model))
+    try:
+        expected = await _text(engine, "hello world", GREEDY)
+        os.kill(engine.pid, signal.SIGSTOP)
+        await asyncio.sleep(2.5)  # idle, and silent, past the limit
+        answer = asyncio.create_task(_text(engine, "hello world", GREEDY))
+        await asyncio.sleep(1.0)  # the request has waited half the limit
+        assert engine.silence() < 1.5 and engine.stats()["stalls"] == 0
+        os.kill(engine.pid, signal.SIGCONT)
+        assert await answer == expected
+        assert (engine.stats()["stalls"], engine.stats()["process_restarts"]) == (0, 0)
+    finally:
+        engine.shutdown()
