@@ -75,7 +75,7 @@ async def shared_prompt(http: aiohttp.ClientSession, port: int, tokenizer: Any, 
 async def completion(http: aiohttp.ClientSession, port: int, prompt: str, max_tokens: int,
                      gaps: bool = False) -> dict:
     """One streamed completion: its text, tokens, and (gaps) the longest pause between chunks."""
-    body = {"model": "m", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "ignore_eos": True}
     text, last, longest, chunks = "", time.perf_counter(), 0.0, 0
     async with http.post(f"http://127.0.0.1:{port}/v1/completions", json=body) as resp:

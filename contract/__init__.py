@@ -8,13 +8,14 @@ from .errors import (
     EngineDeadError,
     ErrorKind,
     GenerationError,
+    ModelNotServedError,
     OverloadedError,
     RequestFailedError,
     ValidationError,
     check,
     kind_of,
 )
-from .info import ServerInfo
+from .info import ServerInfo, served_id
 from .limits import DEFAULT_LIMITS, MAX_CHOICES, MAX_SPECULATIVE_TOKENS, MAX_TOP_LOGPROBS, SEED_MAX, RequestLimits
 from .params import (
     EngineConfig,
@@ -27,5 +28,5 @@ from .params import (
 )
 
 __all__ = ["DEFAULT_LIMITS", "MAX_CHOICES", "MAX_SPECULATIVE_TOKENS", "MAX_TOP_LOGPROBS", "SEED_MAX", "EngineConfig", "EngineDeadError", "ErrorKind", "FinishReason",
-           "GenerationError", "OverloadedError", "RequestFailedError", "RequestLimits", "SamplingParams", "ServerInfo",
-           "ValidationError", "check", "field_type", "item_type", "kind_of", "request_field", "request_fields"]
+           "GenerationError", "ModelNotServedError", "OverloadedError", "RequestFailedError", "RequestLimits", "SamplingParams", "ServerInfo",
+           "ValidationError", "check", "field_type", "item_type", "kind_of", "request_field", "request_fields", "served_id"]

@@ -6,4 +6,6 @@ EMBED = "/embed"  # DocList[EmbeddingDocument] in, each with its .embedding out
 EMBED_INFO = "/embed_info"  # the embedding model's dimensions and limits, as JSON
 EMBEDDER = "embedder"  # the embedding executor's deployment (flows/llm.yml)
 
+MODELS = "/models"  # the gateway's own: every served model's /info, as a JSON list
+
 DEPLOYMENT_OF = {EMBED: EMBEDDER, EMBED_INFO: EMBEDDER}

@@ -68,6 +68,21 @@ class RequestFailedError(RuntimeError):
         return type(self), (str(self), self.field)
 
 
+class ModelNotServedError(LookupError):
+    """A request for a model this server does not serve (HTTP 404): the message names the
+    served ones, so that a typo is seen at once."""
+
+    kind = ErrorKind.NOT_FOUND
+
+    def __init__(self, name: str, served: "list[str]", field_name: str = "model"):
+        names = "', '".join(served)
+        super().__init__(f"{field_name}: the model '{name}' is not served here; this server serves '{names}'")
+        self.field, self.name, self.served = field_name, name, list(served)
+
+    def __reduce__(self):
+        return type(self), (self.name, self.served, self.field)
+
+
 def check(ok: bool, field_name: str, message: str) -> None:
     if not ok:
         raise ValidationError(field_name, message)

@@ -2,7 +2,9 @@
 built by the executor and read by every gateway route."""
 import json
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, Optional
+
+from .errors import ModelNotServedError
 
 
 @dataclass(frozen=True)
@@ -47,3 +49,14 @@ class ServerInfo:
     def max_concurrent(self) -> int:
         """Requests in flight before the server says 'overloaded': running and waiting."""
         return self.max_running + self.max_waiting
+
+
+def served_id(name: Optional[str], ids: list[str], field_name: str = "model") -> str:
+    """The served model that a request's `model` names: the first one when it names none; an
+    id, or an id with Ollama's `:latest` tag; else ModelNotServedError (404) naming them all."""
+    if not name:
+        return ids[0]
+    for model_id in ids:
+        if name in (model_id, f"{model_id}:latest"):
+            return model_id
+    raise ModelNotServedError(name, ids, field_name)

@@ -44,6 +44,9 @@ def request_field(default: Any, help: str, **rules: Any) -> Any:
 class SamplingParams:
     """A request's options, declared once (see `request_field`)."""
 
+    model: Optional[str] = request_field(
+        None, "the served model that answers: an id that /v1/models lists (null: the first one); any other "
+              "name is refused with 404, naming the served ones")
     max_tokens: int = request_field(
         64, "tokens to generate: 1 to the server's max_tokens_limit; 0 scores the prompt without generating "
             "(with prompt_logprobs)", ge=0)

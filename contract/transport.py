@@ -32,7 +32,7 @@ OLLAMA_STATUS: dict[ErrorKind, int] = {  # Ollama's API: 503 when the server is 
 # error document, as every failure after the first token does
 GRPC_STATUS: dict[ErrorKind, str | None] = {
     ErrorKind.VALIDATION: "INVALID_ARGUMENT", ErrorKind.OVERLOADED: "RESOURCE_EXHAUSTED",
-    ErrorKind.GENERATION: None, ErrorKind.UNPROCESSABLE: "FAILED_PRECONDITION", ErrorKind.NOT_FOUND: "UNIMPLEMENTED",
+    ErrorKind.GENERATION: None, ErrorKind.UNPROCESSABLE: "FAILED_PRECONDITION", ErrorKind.NOT_FOUND: "NOT_FOUND",
     ErrorKind.AUTHENTICATION: "UNAUTHENTICATED", ErrorKind.INTERNAL: None}
 
 

@@ -34,7 +34,7 @@ def wait_ready(http_port: int, timeout: float = 300) -> None:
 
 
 def openai_sse(http_port: int) -> str:
-    body = json.dumps({"model": "m", "messages": QUESTION, "max_tokens": 32, "temperature": 0,
+    body = json.dumps({"messages": QUESTION, "max_tokens": 32, "temperature": 0,
                        "stream": True}).encode()
     req = urllib.request.Request(f"http://127.0.0.1:{http_port}/v1/chat/completions", body,
                                  {"Content-Type": "application/json"})

@@ -90,7 +90,7 @@ def check_routing() -> None:
     previous = 0
     for turn in range(3):
         messages.append({"role": "user", "content": f"Question {turn}: what is in room {turn}?"})
-        answer = post("/v1/chat/completions", {"model": "m", "messages": messages, "max_tokens": 16, "temperature": 0})
+        answer = post("/v1/chat/completions", {"messages": messages, "max_tokens": 16, "temperature": 0})
         usage = answer["usage"]
         cached = usage["prompt_tokens_details"]["cached_tokens"]
         assert not turn or cached >= (previous // 16 - 1) * 16, (turn, cached, previous)
@@ -100,7 +100,7 @@ def check_routing() -> None:
 
 
 def check_migration() -> None:
-    body = {"model": "m", "prompt": "Once upon a time, in a harbour town,", "max_tokens": 300, "temperature": 0,
+    body = {"prompt": "Once upon a time, in a harbour town,", "max_tokens": 300, "temperature": 0,
             "ignore_eos": True, "stream": True}
     unbroken = post("/v1/completions", body)
     killed: list[str] = []

@@ -10,6 +10,9 @@ Jina says "Flow is aborted" and then waits forever for its gateway, which waits 
 that failed. A supervisor or a container runtime learns of the failure from the exit status.
 The Flow's output passes through this process, which watches it for that line.
 
+Several models: LLM_MODELS=a,b runs the Flow with one generating deployment per model
+(flow_models.py).
+
     python deploy/serve.py flows/llm.yml [--grace SECONDS]
 """
 import argparse
@@ -19,10 +22,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import IO
+
+from flow_models import models_from_env, write_flow
 
 ABORTED = b"Flow is aborted"  # Jina's line when a deployment of the Flow cannot start
 ANSI = re.compile(rb"\x1b\[[0-9;]*m")
@@ -34,11 +40,18 @@ def main() -> int:
     parser.add_argument("--grace", type=float, default=float(os.environ.get("LLM_STOP_GRACE_S", "20")))
     args = parser.parse_args()
     jina = str(Path(sys.executable).parent / "jina")
+    with tempfile.TemporaryDirectory(prefix="llm-flow-") as scratch:  # the Flow for LLM_MODELS, if set
+        flow_file = write_flow(args.flow, models_from_env(), Path(scratch) / "flow.yml")
+        return run(jina, flow_file, args.grace)
+
+
+def run(jina: str, flow_file: str, grace: float) -> int:
+    """The Flow from start to stop (see the module docstring): its exit status."""
     env = dict(os.environ)
     if sys.stdout.isatty():  # Jina's console as in a terminal, though its output comes through a pipe
         env.setdefault("FORCE_COLOR", "1")
         env.setdefault("COLUMNS", str(shutil.get_terminal_size().columns))
-    flow = subprocess.Popen([jina, "flow", "--uses", args.flow], start_new_session=True, env=env,
+    flow = subprocess.Popen([jina, "flow", "--uses", flow_file], start_new_session=True, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     aborted = threading.Event()
     assert flow.stdout is not None
@@ -57,7 +70,7 @@ def main() -> int:
     if aborted.is_set() and not stopping:
         print("serve: the Flow could not start (the error is above); stopping it", file=sys.stderr, flush=True)
         _signal_group(flow.pid, signal.SIGTERM)
-    deadline = time.monotonic() + args.grace
+    deadline = time.monotonic() + grace
     while flow.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     _signal_group(flow.pid, signal.SIGKILL)  # the Flow's processes that outlived it, or it

@@ -13,7 +13,7 @@ from typing import Any, AsyncGenerator, Optional, Union  # noqa: UP035 - Jina ne
 from docarray import DocList
 from jina import Executor, requests
 
-from contract import EngineConfig, SamplingParams
+from contract import EngineConfig, SamplingParams, served_id
 from contract.lifecycle import die_with_parent
 from engine import AsyncEngine, EngineClient, EngineProcess, served_name
 from executors.convert import error_document, server_info, to_document, to_request, tokenizer_spec
@@ -85,7 +85,14 @@ class LLMExecutor(Executor):
         task = asyncio.current_task()
         if task is not None:
             task.add_done_callback(lambda _: self.engine.abort(request_id))
-        return (*to_request(doc), request_id)
+        return (*self._to_request(doc), request_id)
+
+    def _to_request(self, doc: PromptDocument) -> tuple[Union[str, list[int]], SamplingParams, Optional[str]]:
+        """The engine's request, for this executor's model: a request that names another is
+        refused (404) rather than answered by the wrong model (the gateway routes by the name)."""
+        prompt, params, messages = to_request(doc)
+        params.model = served_id(params.model, [self.model_name])
+        return prompt, params, messages
 
     @requests(on="/stats")
     async def stats(self, docs: DocList[PromptDocument], **kwargs) -> DocList[ModelOutputDocument]:
@@ -108,7 +115,7 @@ class LLMExecutor(Executor):
         """The prompt's (or the chat's) token ids, in `token_ids`, as a request with these options would
         have them; an error document naming the field when it would be refused."""
         try:
-            ids = await self.engine.tokenize(*to_request(docs[0]))
+            ids = await self.engine.tokenize(*self._to_request(docs[0]))
         except Exception as exc:  # noqa: BLE001 - refused: an error document
             return DocList[ModelOutputDocument]([error_document(exc)])
         return DocList[ModelOutputDocument]([ModelOutputDocument(token_ids=ids, prompt_tokens=len(ids))])

@@ -10,19 +10,24 @@ from testing.procs import ROOT, ServerProcess, free_port
 
 
 def start_flow(model: str, tmp_path: Path, executor: dict | None = None, env: dict | None = None,
-               embeddings: bool = False, **limits) -> tuple[ServerProcess, int, int]:
+               embeddings: bool = False, models: list[str] | None = None, **limits) -> tuple[ServerProcess, int, int]:
     """`jina flow --uses flows/llm.yml` as `make serve` runs it, on random ports; `limits`
     (max_running=..., ...) go to a copy of the flow file, `executor` replaces fields of its
     executor (another `uses`, say), the gateway unchanged; `env` adds to the environment. The
-    embedding executor runs only with `embeddings` (a process less to start for the others)."""
+    embedding executor runs only with `embeddings` (a process less to start for the others).
+    `models`: several, as LLM_MODELS has `make serve` run them (`model` is then unused)."""
     flow_file = "flows/llm.yml"
-    if limits or executor or not embeddings:
+    if limits or executor or not embeddings or models:
         import yaml
+
+        from deploy.flow_models import with_models
         flow = yaml.safe_load((ROOT / flow_file).read_text())
         flow["executors"][0].setdefault("uses_with", {}).update(limits)
         flow["executors"][0].update(executor or {})
         if not embeddings:
             flow["executors"] = [e for e in flow["executors"] if e["name"] != "embedder"]
+        if models:
+            flow = with_models(flow, models)
         flow_file = str(tmp_path / "flow.yml")
         Path(flow_file).write_text(yaml.safe_dump(flow, sort_keys=False))
     grpc_port, http_port = free_port(), free_port()

@@ -17,8 +17,8 @@ from typing import Any, Optional, TypeVar
 import anyio
 from docarray import DocList
 
-from contract import ErrorKind, ServerInfo
-from contract.endpoints import EMBED, EMBED_INFO
+from contract import ErrorKind, ServerInfo, served_id
+from contract.endpoints import EMBED, EMBED_INFO, MODELS
 from schemas import EmbeddingDocument, ModelOutputDocument, PromptDocument
 
 T = TypeVar("T")
@@ -73,7 +73,7 @@ class Backend:
     def __init__(self, streamer: Any, endpoint: str = "/stream"):
         self.streamer = streamer
         self.endpoint = endpoint
-        self._info: Optional[ServerInfo] = None
+        self._models: Optional[list[ServerInfo]] = None
         self._embed_info: Optional[dict] = None  # {}: asked, and none is served
 
     async def stream(self, doc: PromptDocument) -> AsyncGenerator[ModelOutputDocument, None]:
@@ -164,17 +164,28 @@ class Backend:
         """The document's `prompt_token_ids` as text; or an error document."""
         return await self._call("/detokenize", doc)
 
-    async def info(self) -> ServerInfo:
-        """Model id and limits from the executor's '/info' endpoint (cached: they never change)."""
-        if self._info is None:
-            self._info = ServerInfo.from_json(await self._unary("/info"))
-        return self._info
+    async def models(self) -> list[ServerInfo]:
+        """Each served model's id and limits, the default one first (cached: they never change)."""
+        if self._models is None:
+            self._models = [ServerInfo.from_json(json.dumps(info)) for info in json.loads(await self._unary(MODELS))]
+        return self._models
+
+    async def info(self, model: Optional[str] = None) -> ServerInfo:
+        """The id and limits of the model that `model` names (the first for none); a name that no
+        model has raises ModelNotServedError, naming the served ones."""
+        return model_info(await self.models(), model)
 
     async def stats(self) -> dict:
         return json.loads(await self._unary("/stats"))
 
     async def metrics(self) -> str:
         return await self._unary("/metrics")
+
+
+def model_info(models: list[ServerInfo], name: Optional[str]) -> ServerInfo:
+    """The info of the model `name` names, among the served ones (ModelNotServedError: none)."""
+    ids = [m.model_id for m in models]
+    return models[ids.index(served_id(name, ids))]
 
 
 async def close_quietly(gen: AsyncIterator) -> None:

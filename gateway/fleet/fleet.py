@@ -16,7 +16,7 @@ from typing import Any, Optional
 from gateway.config import config
 from gateway.fleet.membership import Membership
 from gateway.fleet.prefix_keys import PrefixKeys, TokenizerSpec
-from gateway.fleet.replicas import Replica, generation_deployment, one_node_graph
+from gateway.fleet.replicas import Replica, generation_deployments, one_node_graph
 from gateway.fleet.router import NoReplica, Policy, Router, Thresholds
 
 log = logging.getLogger(__name__)
@@ -37,17 +37,18 @@ class Fleet:
         self._poller: Optional[asyncio.Task] = None
 
     @classmethod
-    def shared(cls, runtime_args: Any, logger: Any = None) -> Optional["Fleet"]:
-        """The process's fleet for these runtime arguments (the gRPC and HTTP servers share it): the
-        generating deployment's replicas; None when there is none (several, none named llm)."""
+    def shared(cls, runtime_args: Any, logger: Any = None) -> list["Fleet"]:
+        """The process's fleets for these runtime arguments (the gRPC and HTTP servers share them):
+        one per generating deployment, the default model's first; none when there is none."""
         addresses = getattr(runtime_args, "deployments_addresses", "{}")
-        if addresses not in cls._shared:
-            deployment = generation_deployment(addresses)
-            if deployment is None:
-                return None
-            members = Membership(deployment[0], one_node_graph(deployment[0]), deployment[1], logger)
-            cls._shared[addresses] = cls(members, Policy(config().router))
-        return cls._shared[addresses]
+        fleets = []
+        for name, replicas in generation_deployments(addresses):
+            key = f"{addresses}/{name}"
+            if key not in cls._shared:
+                members = Membership(name, one_node_graph(name), replicas, logger)
+                cls._shared[key] = cls(members, Policy(config().router))
+            fleets.append(cls._shared[key])
+        return fleets
 
     # ----- choosing -----
     async def pick(self, keys: list[int], exclude: frozenset[Replica], count: bool = True) -> Replica:

@@ -12,12 +12,13 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import grpc
 from docarray import DocList
 from jina.excepts import InternalNetworkError
 
+from contract.endpoints import DEPLOYMENT_OF
 from schemas import ModelOutputDocument, PromptDocument
 
 log = logging.getLogger(__name__)
@@ -137,7 +138,7 @@ class Replica:
                 "predicted_blocks": len(self.cache)}
 
 
-GENERATION = "llm"  # the Flow's deployment that generates (flows/llm.yml); the others are Jina's to route
+GENERATION = "llm"  # the Flow's first generating deployment (flows/llm.yml), whose model answers by default
 
 
 def deployments(addresses_json: str) -> dict[str, list[str]]:
@@ -150,11 +151,13 @@ def deployments(addresses_json: str) -> dict[str, list[str]]:
     return out
 
 
-def generation_deployment(addresses_json: str) -> Optional[tuple[str, list[str]]]:
-    """(the generating deployment's name, its replicas' addresses): `llm`, or the only deployment."""
+def generation_deployments(addresses_json: str) -> list[tuple[str, list[str]]]:
+    """(name, its replicas' addresses) of each generating deployment, one per model: every one but
+    those that serve other endpoints (the embedder), `llm` first, the rest in the Flow's order."""
     found = deployments(addresses_json)
-    name = GENERATION if GENERATION in found else next(iter(found)) if len(found) == 1 else None
-    return None if name is None else (name, found[name])
+    names = [name for name in found if name not in DEPLOYMENT_OF.values()]
+    names.sort(key=lambda name: name != GENERATION)
+    return [(name, found[name]) for name in names]
 
 
 def one_node_graph(deployment: str) -> dict[str, list[str]]:

@@ -15,8 +15,13 @@ Unary endpoints: /stats and /metrics gather every replica's (the metrics labelle
 /info is a replica's plus the router's; the others go to the least busy replica. An endpoint of
 another deployment of the Flow (the embedder's: contract/endpoints.py) goes to that deployment, its
 replicas in Jina's round robin.
+
+Several models (models.py): each request goes to the fleet of the model its document names, and
+one that names a model none serves is refused there, naming the served ones. The unary endpoints
+go to the model that their document names; /models lists every model's /info.
 """
 import asyncio
+import json
 import logging
 import random
 from collections.abc import AsyncIterator
@@ -28,8 +33,10 @@ from jina.proto import jina_pb2
 from jina.serve.runtimes.gateway.streamer import GatewayStreamer
 from jina.types.request.data import DataRequest, SingleDocumentRequest
 
-from contract.endpoints import DEPLOYMENT_OF
+from contract import ModelNotServedError
+from contract.endpoints import DEPLOYMENT_OF, MODELS
 from gateway.fleet.fleet import Fleet
+from gateway.fleet.models import ModelFleets
 from gateway.fleet.replicas import deployments, one_node_graph
 from schemas import ModelOutputDocument
 from schemas.wire import fill
@@ -106,8 +113,8 @@ class RoutingStreamer:
     """Jina's GatewayStreamer, with every request routed (see the module docstring); what it
     does not override, Jina's own streamer for all replicas does (endpoint discovery, schemas)."""
 
-    def __init__(self, inner: GatewayStreamer, fleet: Fleet, others: Optional[dict[str, Any]] = None):
-        self._inner, self.fleet = inner, fleet
+    def __init__(self, inner: GatewayStreamer, models: ModelFleets, others: Optional[dict[str, Any]] = None):
+        self._inner, self.models = inner, models
         self.others = others or {}  # another deployment's name -> Jina's streamer for it alone
 
     def elsewhere(self, endpoint: Optional[str]) -> Optional[Any]:
@@ -123,12 +130,20 @@ class RoutingStreamer:
         return getattr(self._inner, name)
 
     async def rpc_stream_doc(self, request: SingleDocumentRequest, **kwargs: Any) -> AsyncIterator[Any]:
+        data = request.proto.document.data
+        try:
+            fleet, model_id = await self.models.find(_model(data))
+        except ModelNotServedError as exc:
+            yield _refusal(exc)
+            return
+        if model_id is not None:
+            data["model"].text = model_id  # as the executor knows it (Ollama's name has a tag)
         draw_seed(request)
         migration, current = Migration(request), request
-        keys = await self.fleet.keys(request.proto.document.data)
+        keys = await fleet.keys(data)
         tried: set = set()
         while True:
-            replica = await self.fleet.pick(keys, frozenset(tried))
+            replica = await fleet.pick(keys, frozenset(tried))
             tried.add(replica)
             replica.streams += 1
             try:
@@ -143,15 +158,16 @@ class RoutingStreamer:
                 raise
             except Exception as exc:  # noqa: BLE001 - the replica failed (gone, restarting, unreachable)
                 replica.lost()
-                current = self._next(migration, current, exc, replica, tried)
+                current = self._next(fleet, migration, current, exc, replica, tried)
             finally:
                 replica.streams -= 1
 
-    def _next(self, migration: Migration, current: SingleDocumentRequest, exc: BaseException, replica: Any,
-              tried: set) -> SingleDocumentRequest:
+    @staticmethod
+    def _next(fleet: Fleet, migration: Migration, current: SingleDocumentRequest, exc: BaseException,
+              replica: Any, tried: set) -> SingleDocumentRequest:
         """After a replica failed: the same request elsewhere (nothing was sent on yet), or the
         request resumed from what was; an answer of several cannot move."""
-        others = [r for r in self.fleet.replicas if r not in tried]
+        others = [r for r in fleet.replicas if r not in tried]
         if not migration.sent_any:
             if not others:
                 raise exc
@@ -161,7 +177,7 @@ class RoutingStreamer:
             raise exc
         log.warning("replica %d broke a stream after %d tokens (%s): it goes on on another replica",
                     replica.index, len(migration.tokens), exc)
-        self.fleet.migrations += 1
+        fleet.migrations += 1
         return migration.resumed()
 
     async def stream_doc(self, doc: Any, return_results: bool = False, exec_endpoint: Optional[str] = None,
@@ -182,9 +198,13 @@ class RoutingStreamer:
             async for result in other.stream_docs(docs, exec_endpoint=exec_endpoint, **kwargs):
                 yield result
             return
-        gathered = await self.fleet.unary(exec_endpoint or "")
-        if gathered is not None:
-            docs_out = DocList[ModelOutputDocument]([ModelOutputDocument(text=gathered)])
+        fleet, answer = await self._fleet_of(getattr(docs[0], "model", None) if len(docs) else None)
+        if answer is None and exec_endpoint == MODELS:
+            answer = ModelOutputDocument(text=json.dumps(await self.models.infos()))
+        elif answer is None and (text := await fleet.unary(exec_endpoint or "")) is not None:
+            answer = ModelOutputDocument(text=text)
+        if answer is not None:  # the gateway's own answer: a refusal, or what speaks for several
+            docs_out = DocList[ModelOutputDocument]([answer])
             if not kwargs.get("return_results"):
                 yield docs_out
                 return
@@ -193,31 +213,68 @@ class RoutingStreamer:
             result.data.docs = docs_out
             yield result
             return
-        replica = await self.fleet.pick([], frozenset())
+        replica = await fleet.pick([], frozenset())
         async for result in replica.streamer.stream_docs(docs, exec_endpoint=exec_endpoint, **kwargs):
             yield result
+
+    async def _fleet_of(self, name: Optional[str]) -> tuple[Fleet, Optional[ModelOutputDocument]]:
+        """(the fleet of the model named, None), or (the first, the refusal) when none serves it."""
+        try:
+            return (await self.models.find(name))[0], None
+        except ModelNotServedError as exc:
+            return self.models.fleets[0], _error_document(exc)
 
     async def process_single_data(self, request: Any, context: Any = None) -> Any:
         """Jina's unary call (gRPC /generate): the least busy replica, or the router's pick."""
         other = self.elsewhere(request.header.exec_endpoint)
         if other is not None:
             return await other.process_single_data(request, context)
-        replica = await self.fleet.pick([], frozenset())
+        fleet, _ = await self._fleet_of(_first_model(request))  # a name none serves: its executor refuses it
+        replica = await fleet.pick([], frozenset())
         return await replica.streamer.process_single_data(request, context)
 
     async def rpc_stream(self, request_iterator: Any, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
         """Jina's streamed calls (its clients' `post`): where the first request's endpoint is served."""
         first, requests = await _peek(request_iterator)
         other = self.elsewhere(first.header.exec_endpoint) if first is not None else None
-        streamer = other if other is not None else (await self.fleet.pick([], frozenset())).streamer
+        if other is None:
+            fleet, _ = await self._fleet_of(_first_model(first) if first is not None else None)
+            other = (await fleet.pick([], frozenset())).streamer
+        streamer = other
         async for response in streamer.rpc_stream(requests, *args, **kwargs):
             yield response
 
     async def close(self) -> None:
-        await self.fleet.close()
+        await self.models.close()
         for other in self.others.values():
             await other.close()
         await self._inner.close()
+
+
+def _model(data: Any) -> Optional[str]:
+    """The model a request's document names (None: none)."""
+    return data["model"].text or None if "model" in data and data["model"].WhichOneof("content") == "text" else None
+
+
+def _first_model(request: Any) -> Optional[str]:
+    """The model that a unary request's first document names (None: none, or not readable)."""
+    try:
+        docs = request.proto.data.docs.docs
+        return _model(docs[0].data) if len(docs) else None
+    except AttributeError:
+        return None
+
+
+def _error_document(exc: ModelNotServedError) -> ModelOutputDocument:
+    return ModelOutputDocument(finish_reason="error", error=str(exc), error_type=exc.kind.value, error_field=exc.field)
+
+
+def _refusal(exc: ModelNotServedError) -> SingleDocumentRequest:
+    """A stream's one and last document: the refusal of a model none serves."""
+    response = SingleDocumentRequest()
+    response.document_cls = ModelOutputDocument
+    response.data.doc = _error_document(exc)
+    return response
 
 
 class NotServed(LookupError):
@@ -249,12 +306,12 @@ def install(server: Any) -> None:
     """Route `server`'s requests (Jina's gRPC or HTTP server in the gateway) through the fleet of
     replicas that its runtime arguments name, and the other deployments' endpoints to them; a
     gateway with no generating deployment keeps Jina's streamer."""
-    fleet = Fleet.shared(server.runtime_args, server.logger)
-    if fleet is None:
+    fleets = Fleet.shared(server.runtime_args, server.logger)
+    if not fleets:
         return
+    generating = {fleet.members.deployment for fleet in fleets}
     others = {name: GatewayStreamer(one_node_graph(name), {name: addresses}, logger=server.logger)
               for name, addresses in deployments(getattr(server.runtime_args, "deployments_addresses", "{}")).items()
-              if name != fleet.members.deployment}
-    routed = RoutingStreamer(server._request_handler.streamer, fleet, others)
+              if name not in generating}
+    routed = RoutingStreamer(server._request_handler.streamer, ModelFleets(fleets), others)
     server._request_handler.streamer = server.streamer = routed
-

@@ -16,7 +16,7 @@ from typing import Protocol as Interface
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
-from contract import ErrorKind, ServerInfo
+from contract import ErrorKind, ModelNotServedError, ServerInfo
 from contract.transport import error_kind
 from gateway.edge.backend import CollectedAnswer, Ends, cancel_on_disconnect, close_quietly, error_doc
 from gateway.mapping.inputs import BadRequest
@@ -65,7 +65,9 @@ class Upstream(Interface):
 
     async def complete(self, doc: PromptDocument) -> CollectedAnswer: ...
 
-    async def info(self) -> ServerInfo: ...
+    async def info(self, model: Optional[str] = None) -> ServerInfo: ...
+
+    async def models(self) -> list[ServerInfo]: ...
 
     async def stats(self) -> dict: ...
 
@@ -84,7 +86,6 @@ class Protocol:
     """A wire format. Subclasses supply the mapping and the encoders."""
 
     media_type = "text/event-stream"
-    needs_info = False  # whether the encoders read the model's info (its id, say)
 
     async def parse(self, request: Request, backend: Upstream) -> Parsed:
         raise NotImplementedError
@@ -105,9 +106,11 @@ class Protocol:
 async def serve(protocol: Protocol, backend: Upstream, request: Request) -> Response:
     try:
         parsed = await protocol.parse(request, backend)
+        info = await backend.info(parsed.doc.model)  # a model none serves: 404 before any work
     except BadRequest as exc:
         return protocol.refusal(error_doc(str(exc), exc.kind, exc.param))
-    info = await backend.info() if protocol.needs_info else None
+    except ModelNotServedError as exc:
+        return protocol.refusal(error_doc(str(exc), exc.kind, exc.field))
     if not parsed.stream:
         result = await cancel_on_disconnect(request.receive, backend.complete(parsed.doc))
         if result is None:

@@ -170,7 +170,8 @@ def output_format(config: Optional[dict[str, Any]]) -> dict[str, Any]:
 
 def to_fields(req: Any) -> dict[str, Any]:
     FIELDS.check(req)
-    fields = {"max_tokens": req.max_tokens, "stop": list(req.stop_sequences or []), "do_sample": True, **tools(req),
+    fields = {"model": req.model, "max_tokens": req.max_tokens, "stop": list(req.stop_sequences or []),
+              "do_sample": True, **tools(req),
               **output_format(req.output_config)}
     for name in ("temperature", "top_p", "top_k"):
         if getattr(req, name) is not None:
@@ -185,7 +186,6 @@ class MessageContext:
 
 
 class Messages(Protocol):
-    needs_info = True
 
     async def parse(self, request: Request, backend: Upstream) -> Parsed:
         req = await parse_body(request, MessagesRequest)
@@ -300,7 +300,7 @@ def anthropic_router(backend: Upstream) -> APIRouter:
             req = await parse_body(request, CountRequest)
             FIELDS.check(req)
             output_format(req.output_config)
-            doc = prompt_document(messages=conversation(req), **tools(req))
+            doc = prompt_document(messages=conversation(req), model=req.model, **tools(req))
         except BadRequest as exc:
             return JSONResponse(error_body(str(exc), ErrorKind.VALIDATION), status_code=400)
         out = await backend.tokenize(doc)

@@ -109,9 +109,10 @@ class OllamaModel:
 
 
 async def served_models(backend: Upstream) -> list[OllamaModel]:
-    """The generating model, then the embedding model when one is served."""
+    """The generating models, then the embedding model when one is served."""
     embedding = await backend.embed_info()
-    return [OllamaModel.generating(await backend.info()), *([OllamaModel.embedding(embedding)] if embedding else [])]
+    return [*(OllamaModel.generating(info) for info in await backend.models()),
+            *([OllamaModel.embedding(embedding)] if embedding else [])]
 
 
 def find_model(name: Optional[str], models: list[OllamaModel], field: str = "model") -> OllamaModel:
@@ -125,10 +126,10 @@ def find_model(name: Optional[str], models: list[OllamaModel], field: str = "mod
     raise NotServed(f"model '{name}' not found; this server serves '{names}'", field)
 
 
-def check_model(name: Optional[str], info: ServerInfo, field: str = "model") -> str:
-    """The request's model name, when it names the generating model (with or without its tag)."""
-    find_model(name, [OllamaModel.generating(info)], field)
-    return name or ""
+def generating_model(name: Optional[str], models: list[ServerInfo], field: str = "model") -> ServerInfo:
+    """The generating model that `name` names (with or without its tag); else a refusal naming `field`."""
+    found = find_model(name, [OllamaModel.generating(info) for info in models], field)
+    return next(info for info in models if info.model_id == found.model_id)
 
 
 def _size(parameters: int) -> str:

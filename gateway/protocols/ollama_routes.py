@@ -25,7 +25,7 @@ from gateway.mapping.conversation import Conversation, function_tool, tool_choic
 from gateway.mapping.inputs import BadRequest, parse_body, prompt_document
 from gateway.mapping.logprobs import chat_logprobs
 from gateway.mapping.protocol import Parsed, Protocol, Upstream, kind, serve
-from gateway.protocols.ollama_models import check_model, error, ollama_models_router, timestamp
+from gateway.protocols.ollama_models import error, generating_model, ollama_models_router, timestamp
 from gateway.protocols.ollama_options import (
     CHAT_FIELDS,
     GENERATE_FIELDS,
@@ -62,16 +62,15 @@ class Ollama(Protocol):
 
     async def parse(self, request: Request, backend: Upstream) -> Parsed:
         req = await parse_body(request, self.request_model)
-        info = await backend.info()
-        name = check(req, info)
+        info = check(req, await backend.models())
         fields, num_ctx = option_fields(req.options, info)
         if req.top_logprobs and not req.logprobs:
             raise BadRequest("top_logprobs: needs logprobs: true", "top_logprobs")
         fields.update(format_fields(req.format), logprobs=bool(req.logprobs), top_logprobs=req.top_logprobs or 0)
-        doc = prompt_document(**self.prompt(req, info), **fields)
+        doc = prompt_document(**self.prompt(req, info), **fields, model=info.model_id)
         if num_ctx is not None:
             doc = await _within(doc, num_ctx, backend)
-        return Parsed(doc, req.stream is not False, OllamaContext(req, name), dict(SENT_AS))
+        return Parsed(doc, req.stream is not False, OllamaContext(req, req.model or ""), dict(SENT_AS))
 
     def prompt(self, req: Any, info: ServerInfo) -> dict[str, Any]:
         """The document's prompt fields: messages (and tools), or a prompt."""
@@ -119,11 +118,11 @@ class Ollama(Protocol):
                                        **calls, **_logprobs(context, result.docs)))
 
 
-def check(req: OllamaRequest, info: ServerInfo) -> str:
-    """The request's fields against their declaration, its keep_alive, and its model's name."""
+def check(req: OllamaRequest, models: list[ServerInfo]) -> ServerInfo:
+    """The request's fields against their declaration, its keep_alive, and the model it names."""
     (CHAT_FIELDS if isinstance(req, ChatRequest) else GENERATE_FIELDS).check(req)
     check_keep_alive(req.keep_alive)
-    return check_model(req.model, info)
+    return generating_model(req.model, models)
 
 
 def _logprobs(context: OllamaContext, docs: list[ModelOutputDocument]) -> dict[str, Any]:
@@ -242,8 +241,8 @@ async def _loaded(request: Request, backend: Upstream, protocol: Ollama) -> Opti
         req = await parse_body(request, protocol.request_model)
         if (req.messages if isinstance(req, ChatRequest) else getattr(req, "prompt", None)):
             return None
-        info = await backend.info()
-        context = OllamaContext(req, check(req, info))
+        check(req, await backend.models())
+        context = OllamaContext(req, req.model or "")
     except BadRequest:
         return None
     return JSONResponse({**protocol.chunk(context, ""), "done": True, "done_reason": "load"})

@@ -3,8 +3,8 @@
 Sampling follows OpenAI's defaults: temperature absent means 1.0 *with sampling*;
 temperature 0 is greedy. Every other request field of the engine is accepted under its
 own name as an extension (as vLLM accepts top_k or repetition_penalty). Chat messages
-travel to the executor as JSON and the engine renders them. `model` is accepted whatever
-it says: one model is served, and its id is what responses report.
+travel to the executor as JSON and the engine renders them. `model` picks among the served
+models (none: the first); a name none of them has is refused with 404.
 """
 import uuid
 from collections.abc import AsyncIterator
@@ -125,7 +125,6 @@ class OpenAI(Protocol):
     """What completions and chat share: errors, the envelope, the stream's shape."""
 
     chat = False
-    needs_info = True  # responses name the model
     obj, chunk_obj = "text_completion", "text_completion"
 
     def refusal(self, error: ModelOutputDocument) -> Response:
@@ -134,7 +133,7 @@ class OpenAI(Protocol):
         return JSONResponse(error_body(error.error or "", k, error.error_field), status_code=OPENAI_STATUS[k])
 
     def envelope(self, parsed: Parsed, obj: str, choices: list, info: Optional[ServerInfo], **extra: Any) -> dict:
-        assert info is not None  # needs_info
+        assert info is not None
         context: OpenAIContext = parsed.request
         return {"id": context.id, "object": obj, "created": context.created,
                 "model": info.model_id, "choices": choices, **extra}
@@ -291,7 +290,7 @@ def openai_router(backend: Upstream) -> APIRouter:
     async def chat_completions(request: Request) -> Response:
         return await serve(OpenAIChat(), backend, request)
 
-    @router.get("/models", summary="OpenAI: the models served (the generating one, then the embedding one)")
+    @router.get("/models", summary="OpenAI: the models served (the generating ones, then the embedding one)")
     async def models() -> dict:
         return {"object": "list", "data": await _model_cards(backend)}
 
@@ -308,7 +307,8 @@ def openai_router(backend: Upstream) -> APIRouter:
 
 async def _model_cards(backend: Upstream) -> list[dict]:
     """Each served model, with the tokens it takes (a prompt and its answer; an embedding's input)."""
-    info, embedding = await backend.info(), await backend.embed_info()
-    cards = [(info.model_id, info.max_context), *([(embedding["model_id"], embedding["max_tokens"])] if embedding else [])]
+    embedding = await backend.embed_info()
+    cards = [*((info.model_id, info.max_context) for info in await backend.models()),
+             *([(embedding["model_id"], embedding["max_tokens"])] if embedding else [])]
     return [{"id": model_id, "object": "model", "created": 0, "owned_by": "llm-stream", "max_model_len": tokens}
             for model_id, tokens in cards]

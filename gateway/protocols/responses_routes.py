@@ -172,9 +172,9 @@ class Responses(OpenAI):
         FIELDS.check(req)
         max_tokens = req.max_output_tokens
         if max_tokens is None:
-            info = await backend.info()
+            info = await backend.info(req.model)
             max_tokens = min(info.max_tokens_limit, info.max_context // 2)
-        fields = {"max_tokens": max_tokens, "do_sample": True, **tools(req), **text_format(req)}
+        fields = {"model": req.model, "max_tokens": max_tokens, "do_sample": True, **tools(req), **text_format(req)}
         fields.update({k: getattr(req, k) for k in ("temperature", "top_p") if getattr(req, k) is not None})
         sent_as = {"max_tokens": "max_output_tokens", "json_schema": "text", "json_object": "text"}
         return Parsed(prompt_document(messages=conversation(req), **fields), bool(req.stream),

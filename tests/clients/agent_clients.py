@@ -22,7 +22,7 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"
 def anthropic_sdk(base: str) -> dict[str, Any]:
     import anthropic
     client = anthropic.Anthropic(base_url=base, api_key="unused")
-    ask = {"model": "m", "max_tokens": 40, "messages": [{"role": "user", "content": QUESTION}], "extra_body": GREEDY}
+    ask = {"model": "SmolLM2-135M-Instruct", "max_tokens": 40, "messages": [{"role": "user", "content": QUESTION}], "extra_body": GREEDY}
     created = client.messages.create(**ask)
     with client.messages.stream(**ask) as stream:
         streamed = "".join(stream.text_stream)
@@ -31,7 +31,7 @@ def anthropic_sdk(base: str) -> dict[str, Any]:
     call = client.messages.create(**tooled)
     with client.messages.stream(**tooled) as stream:
         streamed_call = stream.get_final_message()
-    count = client.messages.count_tokens(model="m", messages=ask["messages"])
+    count = client.messages.count_tokens(model="SmolLM2-135M-Instruct", messages=ask["messages"])
     return {"text": created.content[0].text, "streamed": streamed, "stop_reason": created.stop_reason,
             "usage": created.usage.model_dump(), "calls": [b.model_dump() for b in call.content],
             "streamed_calls": [b.model_dump() for b in streamed_call.content], "call_stop": call.stop_reason,
@@ -40,7 +40,7 @@ def anthropic_sdk(base: str) -> dict[str, Any]:
 
 def langchain_anthropic(base: str) -> dict[str, Any]:
     from langchain_anthropic import ChatAnthropic
-    llm = ChatAnthropic(model="m", base_url=base, api_key="unused", max_tokens=60, model_kwargs={})
+    llm = ChatAnthropic(model="SmolLM2-135M-Instruct", base_url=base, api_key="unused", max_tokens=60, model_kwargs={})
 
     def get_weather(city: str) -> str:
         """The current weather in a city."""
@@ -75,7 +75,7 @@ def litellm_anthropic(base: str) -> dict[str, Any]:
 def openai_responses(base: str) -> dict[str, Any]:
     from openai import OpenAI
     client = OpenAI(base_url=base + "/v1", api_key="unused")
-    ask = {"model": "m", "input": QUESTION, "max_output_tokens": 40, **GREEDY}
+    ask = {"model": "SmolLM2-135M-Instruct", "input": QUESTION, "max_output_tokens": 40, **GREEDY}
     created = client.responses.create(**ask)
     with client.responses.stream(**ask) as stream:
         deltas = "".join(e.delta for e in stream if e.type == "response.output_text.delta")
@@ -105,7 +105,7 @@ def openai_agents(base: str) -> dict[str, Any]:
         """The current weather in a city."""
         asked.append(city)
         return f"It is sunny and 22 C in {city}."
-    model = OpenAIResponsesModel(model="m", openai_client=AsyncOpenAI(base_url=base + "/v1", api_key="unused"))
+    model = OpenAIResponsesModel(model="SmolLM2-135M-Instruct", openai_client=AsyncOpenAI(base_url=base + "/v1", api_key="unused"))
     agent = Agent(name="weather", instructions="Answer with the weather, from the tool.", tools=[get_weather],
                   model=model, model_settings=ModelSettings(tool_choice="required", temperature=0, max_tokens=80))
     result = asyncio.run(Runner.run(agent, "What's the weather in Paris?", max_turns=4))

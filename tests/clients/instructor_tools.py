@@ -14,6 +14,6 @@ class Person(BaseModel):
 
 client = instructor.from_openai(openai.OpenAI(base_url=sys.argv[1], api_key="unused"), mode=instructor.Mode.TOOLS)
 person = client.chat.completions.create(
-    model="m", response_model=Person, max_retries=0, temperature=0, max_tokens=80,
+    model="SmolLM2-135M-Instruct", response_model=Person, max_retries=0, temperature=0, max_tokens=80,
     messages=[{"role": "user", "content": "Invent a person with a name and an age."}])
 print(person.model_dump_json())

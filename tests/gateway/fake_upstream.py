@@ -6,7 +6,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from contract import RequestLimits, ServerInfo
-from gateway.edge.backend import CollectedAnswer
+from gateway.edge.backend import CollectedAnswer, model_info
 from gateway.edge.http_guard import install_unrouted
 from gateway.protocols.anthropic_routes import anthropic_router
 from gateway.protocols.embedding_routes import embedding_router
@@ -47,6 +47,7 @@ class FakeUpstream:
         self.script = tokens("Hello", " world")
         self.sent: list[PromptDocument] = []
         self.embedding: dict | None = dict(EMBEDDING)  # the embedding model's info; None: none is served
+        self.served = [INFO]  # the generating models, the default first
 
     async def _docs(self) -> AsyncIterator[ModelOutputDocument]:
         for d in self.script[1:]:
@@ -61,8 +62,11 @@ class FakeUpstream:
         done = [d for d in self.script if d.error is None]
         return CollectedAnswer(done, self.script[-1])
 
-    async def info(self):
-        return INFO
+    async def models(self):
+        return self.served
+
+    async def info(self, model=None):
+        return model_info(self.served, model)
 
     async def stats(self):
         return {"healthy": True}

@@ -122,7 +122,7 @@ def test_messages_refusals_from_the_engine_keep_their_kind(http, fake):
 
 
 def test_count_tokens_counts_the_rendered_prompt(http, fake):
-    r = http.post("/v1/messages/count_tokens", json={"model": "m", "messages": [{"role": "user", "content": "hey"}],
+    r = http.post("/v1/messages/count_tokens", json={"messages": [{"role": "user", "content": "hey"}],
                                                      "tools": [WEATHER_ANTHROPIC]})
     assert r.status_code == 200 and r.json() == {"input_tokens": len(fake.sent[-1].messages)}
     assert json.loads(fake.sent[-1].tools)[0]["function"]["name"] == "get_weather"
@@ -146,7 +146,7 @@ def test_fields_with_no_effect_are_accepted(http, fake):
 # ----- OpenAI Responses -----
 
 def test_a_responses_request_becomes_the_engines_conversation(http, fake):
-    body = {"model": "m", "instructions": "Be brief.", "max_output_tokens": 30, "temperature": 0.3,
+    body = {"instructions": "Be brief.", "max_output_tokens": 30, "temperature": 0.3,
             "input": [{"role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
                       {"type": "function_call", "call_id": "call_9", "name": "get_weather",
                        "arguments": '{"city":"Rome"}'},
@@ -207,7 +207,7 @@ def test_what_responses_does_not_serve_is_refused_naming_the_field(http, fake, f
 # ----- tokens -----
 
 def test_tokenize_and_detokenize_in_vllms_shapes(http, fake):
-    r = http.post("/tokenize", json={"model": "m", "prompt": "ab"})
+    r = http.post("/tokenize", json={"prompt": "ab"})
     assert r.json() == {"count": 2, "max_model_len": 512, "tokens": [97, 98], "token_strs": None}
     r = http.post("/tokenize", json={"messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 200 and json.loads(fake.sent[-1].messages)[0]["content"] == "hi"
@@ -218,7 +218,7 @@ def test_tokenize_and_detokenize_in_vllms_shapes(http, fake):
 
 def test_a_completions_prompt_of_token_ids(http, fake):
     for prompt in ([5, 6, 7], [[5, 6, 7]]):
-        assert http.post("/v1/completions", json={"model": "m", "prompt": prompt}).status_code == 200
+        assert http.post("/v1/completions", json={"prompt": prompt}).status_code == 200
         assert fake.sent[-1].prompt_token_ids == [5, 6, 7] and fake.sent[-1].prompt == ""
-    r = http.post("/v1/completions", json={"model": "m", "prompt": [[1], [2]]})
+    r = http.post("/v1/completions", json={"prompt": [[1], [2]]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"

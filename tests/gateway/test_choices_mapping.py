@@ -31,7 +31,7 @@ def two_answers() -> list[ModelOutputDocument]:
 @pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
 def test_n_answers_each_with_its_index_and_usage_counts_the_prompt_once(http, fake, route):
     fake.script = two_answers()
-    body = {"model": "m", "n": 2, "max_tokens": 2,
+    body = {"n": 2, "max_tokens": 2,
             **({"messages": [{"role": "user", "content": "hi"}]} if "chat" in route else {"prompt": "hi"})}
     whole = http.post(route, json=body).json()
     texts = [c["message"]["content"] if "chat" in route else c["text"] for c in whole["choices"]]
@@ -55,7 +55,7 @@ def test_n_answers_each_with_its_index_and_usage_counts_the_prompt_once(http, fa
 @pytest.mark.parametrize("stream", [False, True])
 def test_completions_echo_with_logprobs_scores_the_prompt(http, fake, stream):
     fake.script = [doc(0, 0, " blue", -0.5, first=True), doc(0, 1, ".", -0.25, last=True)]
-    body = {"model": "m", "prompt": "The sky is", "echo": True, "logprobs": 1, "max_tokens": 2, "stream": stream}
+    body = {"prompt": "The sky is", "echo": True, "logprobs": 1, "max_tokens": 2, "stream": stream}
     r = http.post("/v1/completions", json=body)
     if stream:
         chunks = [e["choices"][0] for e in sse_data(r.text.splitlines()) if e != "[DONE]"]
@@ -73,7 +73,7 @@ def test_completions_echo_with_logprobs_scores_the_prompt(http, fake, stream):
 
 def test_echo_without_generating_scores_only_the_prompt(http, fake):
     fake.script = [ModelOutputDocument(finish_reason="length", prompt_tokens=3, generated_tokens=0, **PROMPT)]
-    r = http.post("/v1/completions", json={"model": "m", "prompt": "The sky is", "echo": True, "logprobs": 0,
+    r = http.post("/v1/completions", json={"prompt": "The sky is", "echo": True, "logprobs": 0,
                                            "max_tokens": 0}).json()
     choice = r["choices"][0]
     assert choice["text"] == "The sky is" and choice["logprobs"]["token_logprobs"] == [None, -2.0, -0.5]

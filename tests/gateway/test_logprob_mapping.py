@@ -5,7 +5,7 @@ import pytest
 from schemas import ModelOutputDocument
 from tests.gateway_helpers import sse_data
 
-CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 TOKENS = [(" Paris", -0.25, [(" Paris", -0.25), (" the", -2.5)]), (".", -0.5, [(".", -0.5), (",", -1.5)]),
           ("é", -1.0, [("é", -1.0), ("e", -3.0)])]
 
@@ -43,7 +43,7 @@ def test_chat_logprobs_streamed_join_to_whole(http, fake, chunking):
 
 def test_completions_logprobs_with_offsets(http, fake):
     fake.script = docs([2, 1])
-    r = http.post("/v1/completions", json={"model": "m", "prompt": "hi", "logprobs": 2}).json()["choices"][0]
+    r = http.post("/v1/completions", json={"prompt": "hi", "logprobs": 2}).json()["choices"][0]
     assert r["logprobs"]["tokens"] == [" Paris", ".", "é"] and r["logprobs"]["token_logprobs"] == [-0.25, -0.5, -1.0]
     assert r["logprobs"]["text_offset"] == [0, 6, 7] and r["logprobs"]["top_logprobs"][1] == {".": -0.5, ",": -1.5}
     assert fake.sent[-1].top_logprobs == 2 and fake.sent[-1].logprobs is True
@@ -51,7 +51,7 @@ def test_completions_logprobs_with_offsets(http, fake):
 
 @pytest.mark.parametrize(("route", "body", "param"), [
     ("/v1/chat/completions", {**CHAT, "top_logprobs": 3}, "top_logprobs"),
-    ("/v1/completions", {"model": "m", "prompt": "hi", "prompt_logprobs": 2}, "prompt_logprobs"),
+    ("/v1/completions", {"prompt": "hi", "prompt_logprobs": 2}, "prompt_logprobs"),
     ("/v1/chat/completions", {**CHAT, "prompt_logprobs": True}, "prompt_logprobs"),
 ])
 def test_what_cannot_be_served_is_refused(http, fake, route, body, param):

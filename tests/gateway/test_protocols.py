@@ -15,8 +15,8 @@ from tests.gateway_helpers import sse_data
 # ----- each protocol's minimal request maps to the document its defaults imply -----
 
 def test_minimal_requests_map_to_their_protocols_defaults(http, fake):
-    http.post("/v1/completions", json={"model": "m", "prompt": "hi"})
-    http.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    http.post("/v1/completions", json={"prompt": "hi"})
+    http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
     http.post("/generate", json={"inputs": "hi"})
     http.post("/generate", json={"inputs": "hi", "parameters": {"temperature": 0.5}})
     http.get("/stream", params={"prompt": "hi"})
@@ -30,6 +30,8 @@ def test_minimal_requests_map_to_their_protocols_defaults(http, fake):
 
 
 def _non_default(f):
+    if f.name == "model":
+        return INFO.model_id  # a served one (any other is refused: test_an_unknown_model_is_refused...)
     kind, _ = field_type(f)
     if kind is list and item_type(f) is int:
         return [5, 6]
@@ -46,7 +48,7 @@ def test_every_engine_request_field_reaches_the_document_on_every_protocol(http,
     openai_name = {"do_sample": None, "tools": None, "tool_choice": None, "logprobs": None,
                    "prompt_logprobs": None}.get(f.name, f.name)
     if openai_name:
-        http.post("/v1/completions", json={"model": "m", "prompt": "hi", openai_name: value})
+        http.post("/v1/completions", json={"prompt": "hi", openai_name: value})
     tgi_name = TGI_FIELD_NAMES.get(f.name, f.name)
     if f.name == "grammar":  # TGI's grammar is an object; a Lark or GBNF grammar is its type "grammar"
         value = {"type": "grammar", "value": value}
@@ -61,23 +63,23 @@ def test_every_engine_request_field_reaches_the_document_on_every_protocol(http,
 # ----- error rendering: the protocol's own status and body, the field named -----
 
 def test_a_field_the_document_cannot_carry_is_named_by_every_protocol(http, fake):
-    r = http.post("/v1/completions", json={"model": "m", "prompt": "hi", "seed": 2**64})
+    r = http.post("/v1/completions", json={"prompt": "hi", "seed": 2**64})
     assert r.status_code == 400 and r.json()["error"]["param"] == "seed"
     r = http.post("/generate", json={"inputs": "hi", "parameters": {"top_k": 2**40}})
     assert r.status_code == 422 and r.json()["error"].startswith("top_k") and r.json()["error_type"] == "validation"
     r = http.get("/stream", params={"prompt": "hi", "max_tokens": "many"})
     event = list(sse_data(r.text.splitlines()))[0]
     assert r.status_code == 422 and event["error_field"] == "max_tokens"
-    for path, body in (("/v1/completions", {"model": "m", "prompt": "hi", "temperature": "hot"}),
-                       ("/v1/messages", {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}],
+    for path, body in (("/v1/completions", {"prompt": "hi", "temperature": "hot"}),
+                       ("/v1/messages", {"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}],
                                          "temperature": "hot"}),
-                       ("/v1/responses", {"model": "m", "input": "hi", "temperature": "hot"})):
+                       ("/v1/responses", {"input": "hi", "temperature": "hot"})):
         r = http.post(path, json=body)
         error = r.json()["error"]  # no coercion, and a number is what the message asks for
         assert r.status_code == 400 and error.get("param", "temperature") == "temperature", (path, error)
         assert "temperature" in error["message"] and "valid number" in error["message"], (path, error)
     assert not fake.sent  # nothing reached the executor
-    assert http.post("/v1/completions", json={"model": "m", "prompt": "hi", "temperature": 1}).status_code == 200
+    assert http.post("/v1/completions", json={"prompt": "hi", "temperature": 1}).status_code == 200
     assert fake.sent[-1].temperature == 1.0  # an integer is a number
 
 
@@ -88,7 +90,7 @@ def test_refusals_before_the_first_token_are_statuses(http, fake, error_kind, op
     fake.script = [error_doc("max_tokens: too many", error_kind, "max_tokens" if error_kind is ErrorKind.VALIDATION
                              else None)]
     for stream in (False, True):
-        r = http.post("/v1/completions", json={"model": "m", "prompt": "hi", "stream": stream})
+        r = http.post("/v1/completions", json={"prompt": "hi", "stream": stream})
         body = r.json()["error"]
         assert r.status_code == openai_status and body["code"] == error_kind.value
         assert body["param"] == ("max_tokens" if error_kind is ErrorKind.VALIDATION else None)
@@ -100,7 +102,7 @@ def test_refusals_before_the_first_token_are_statuses(http, fake, error_kind, op
 
 def test_a_failure_mid_stream_ends_each_stream_with_one_error_event(http, fake):
     fake.script = tokens("Hello", " world")[:1] + [error_doc("decode step failed")]
-    events = list(sse_data(http.post("/v1/completions", json={"model": "m", "prompt": "hi", "stream": True})
+    events = list(sse_data(http.post("/v1/completions", json={"prompt": "hi", "stream": True})
                            .text.splitlines()))
     assert events[0]["choices"][0]["text"] == "Hello" and events[1]["error"]["code"] == "generation"
     assert events[-1] == "[DONE]" and len(events) == 3
@@ -114,17 +116,17 @@ def test_a_failure_mid_stream_ends_each_stream_with_one_error_event(http, fake):
 
 def test_openai_answers(http, fake):
     fake.script = tokens("Hello", " world", seed=7, finish="eos_token")
-    whole = http.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "x"}]}).json()
+    whole = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]}).json()
     assert whole["model"] == "fake-model" and whole["seed"] == 7 and whole["object"] == "chat.completion"
     assert whole["choices"][0]["message"] == {"role": "assistant", "content": "Hello world"}
     assert whole["choices"][0]["finish_reason"] == "stop" and whole["usage"]["completion_tokens"] == 2
     events = list(sse_data(http.post("/v1/chat/completions", json={
-        "model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True,
+        "messages": [{"role": "user", "content": "x"}], "stream": True,
         "stream_options": {"include_usage": True}}).text.splitlines()))
     assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-2]) == "Hello world"
     assert events[-2]["choices"] == [] and events[-2]["usage"]["total_tokens"] == 5 and events[-1] == "[DONE]"
-    echo = http.post("/v1/completions", json={"model": "m", "prompt": "Say:", "echo": True}).json()
+    echo = http.post("/v1/completions", json={"prompt": "Say:", "echo": True}).json()
     assert echo["choices"][0]["text"] == "Say:Hello world"
 
 
@@ -143,7 +145,7 @@ def test_tgi_answers(http, fake):
 def test_a_route_that_is_not_served_is_refused_in_the_protocols_own_shape(http, fake):
     """404 (and 405) as every other refusal: OpenAI's error object under /v1, Anthropic's under
     /v1/messages, Ollama's under /api, TGI's elsewhere; never FastAPI's {"detail": ...}."""
-    r = http.post("/v1/audio/speech", json={"model": "m", "input": "hi"})
+    r = http.post("/v1/audio/speech", json={"input": "hi"})
     assert r.status_code == 404 and r.json()["error"]["type"] == "invalid_request_error"
     assert r.json()["error"]["code"] == "not_found" and "/v1/audio/speech" in r.json()["error"]["message"]
     r = http.post("/v1/messages/batches", json={})

@@ -7,7 +7,7 @@ import pytest
 from contract import ErrorKind
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
-CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 
 
 @pytest.mark.parametrize(("extra", "field", "value"), [
@@ -28,7 +28,7 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 ])
 @pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions"])
 def test_openai_structured_output_reaches_the_document(http, fake, route, extra, field, value):
-    body = {**CHAT, **extra} if "chat" in route else {"model": "m", "prompt": "hi", **extra}
+    body = {**CHAT, **extra} if "chat" in route else {"prompt": "hi", **extra}
     r = http.post(route, json=body)
     assert r.status_code == 200, r.text
     got = getattr(fake.sent[-1], field)

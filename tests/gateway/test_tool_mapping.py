@@ -9,7 +9,7 @@ from tests.gateway_helpers import sse_data
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
-CHAT = {"model": "m", "messages": [{"role": "user", "content": "weather in Paris?"}], "tools": TOOLS}
+CHAT = {"messages": [{"role": "user", "content": "weather in Paris?"}], "tools": TOOLS}
 
 
 @pytest.mark.parametrize(("choice", "sent"), [

@@ -16,7 +16,7 @@ def ref(real_model) -> Reference:
 
 def test_openai_sdk_chat_logprobs_equal_a_forward_pass(real_flow, ref):
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{real_flow[1]}/v1", api_key="unused", max_retries=0)
-    kw = dict(model="m", messages=user(QUESTION), temperature=0, max_tokens=8, logprobs=True, top_logprobs=5)
+    kw = dict(model="SmolLM2-135M-Instruct", messages=user(QUESTION), temperature=0, max_tokens=8, logprobs=True, top_logprobs=5)
     choice = client.chat.completions.create(**kw).choices[0]
     content = choice.logprobs.content
     assert "".join(c.token for c in content).removesuffix("<|im_end|>") == choice.message.content  # the EOS is scored too
@@ -39,12 +39,12 @@ def test_openai_sdk_chat_logprobs_equal_a_forward_pass(real_flow, ref):
 
 def test_openai_completions_and_langchain_read_logprobs(real_flow):
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{real_flow[1]}/v1", api_key="unused", max_retries=0)
-    c = client.completions.create(model="m", prompt="The capital of France is", max_tokens=4, temperature=0,
+    c = client.completions.create(model="SmolLM2-135M-Instruct", prompt="The capital of France is", max_tokens=4, temperature=0,
                                   logprobs=3).choices[0]
     assert "".join(c.logprobs.tokens) == c.text and len(c.logprobs.top_logprobs[0]) == 3
     assert c.logprobs.text_offset[0] == 0 and all(lp <= 0 for lp in c.logprobs.token_logprobs)
     from langchain_openai import ChatOpenAI
-    llm = ChatOpenAI(base_url=f"http://127.0.0.1:{real_flow[1]}/v1", api_key="unused", model="m", temperature=0,
+    llm = ChatOpenAI(base_url=f"http://127.0.0.1:{real_flow[1]}/v1", api_key="unused", model="SmolLM2-135M-Instruct", temperature=0,
                      max_tokens=8, max_retries=0, logprobs=True)
     message = llm.invoke(QUESTION)
     content = message.response_metadata["logprobs"]["content"]
@@ -57,7 +57,7 @@ def test_openai_sdk_scores_a_prompt_with_echo(real_flow, ref):
     generating, and generating after it changes none of the prompt's numbers."""
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{real_flow[1]}/v1", api_key="unused", max_retries=0)
     prompt = "The capital of France is Paris, and the capital of Italy is Rome."
-    kw = dict(model="m", prompt=prompt, echo=True, logprobs=2, temperature=0)
+    kw = dict(model="SmolLM2-135M-Instruct", prompt=prompt, echo=True, logprobs=2, temperature=0)
     only = client.completions.create(max_tokens=0, **kw).choices[0]
     ids = ref.tok(prompt)["input_ids"]
     assert only.text == prompt and only.logprobs.tokens == [ref.tok.decode([i]) for i in ids]
@@ -76,7 +76,7 @@ def test_openai_sdk_scores_a_prompt_with_echo(real_flow, ref):
 
 def test_n_choices_through_the_openai_sdk_and_tgi_best_of(real_flow):
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{real_flow[1]}/v1", api_key="unused", max_retries=0)
-    kw = dict(model="m", messages=user(QUESTION), max_tokens=12, n=3, seed=7, temperature=1.2)
+    kw = dict(model="SmolLM2-135M-Instruct", messages=user(QUESTION), max_tokens=12, n=3, seed=7, temperature=1.2)
     whole = client.chat.completions.create(**kw)
     assert [c.index for c in whole.choices] == [0, 1, 2] and len({c.message.content for c in whole.choices}) > 1
     one = client.chat.completions.create(**{**kw, "n": 1})

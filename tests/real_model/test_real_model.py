@@ -64,7 +64,7 @@ def over_jina_sse(port: int, messages: list[dict]) -> str:
 
 
 def over_openai(port: int, messages: list[dict], stream: bool) -> str:
-    body = {"model": "m", "messages": messages, "max_tokens": N, "temperature": 0, "stream": stream}
+    body = {"messages": messages, "max_tokens": N, "temperature": 0, "stream": stream}
     r = requests.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=120, stream=stream)
     if not stream:
         return r.json()["choices"][0]["message"]["content"]
@@ -113,7 +113,7 @@ async def test_seeded_sampling_replays_exactly(real_flow):
     grpc_port, http_port = real_flow
     texts = [await over_grpc(grpc_port, user(QUESTIONS[2]), do_sample=True, seed=2**64 - 1) for _ in range(2)]
     assert texts[0] == texts[1]
-    body = {"model": "m", "messages": user(QUESTIONS[2]), "max_tokens": N, "seed": 2**64 - 1}
+    body = {"messages": user(QUESTIONS[2]), "max_tokens": N, "seed": 2**64 - 1}
     r = requests.post(f"http://127.0.0.1:{http_port}/v1/chat/completions", json=body, timeout=120).json()
     assert r["choices"][0]["message"]["content"] == texts[0] and r["seed"] == 2**64 - 1
 

@@ -36,10 +36,10 @@ def api(http_port: int) -> openai.OpenAI:
 
 def test_plain_decoding_answers_in_prose_and_parse_gets_the_object(real_flow):
     client = api(real_flow[1])
-    plain = client.chat.completions.create(model="m", messages=user(QUESTION), temperature=0, max_tokens=MAX_TOKENS)
+    plain = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=user(QUESTION), temperature=0, max_tokens=MAX_TOKENS)
     with pytest.raises(json.JSONDecodeError):
         json.loads(plain.choices[0].message.content)
-    parsed = client.chat.completions.parse(model="m", messages=user(QUESTION), temperature=0,
+    parsed = client.chat.completions.parse(model="SmolLM2-135M-Instruct", messages=user(QUESTION), temperature=0,
                                            max_tokens=MAX_TOKENS, response_format=Person)
     choice = parsed.choices[0]
     assert isinstance(choice.message.parsed, Person) and choice.finish_reason == "stop"
@@ -48,7 +48,7 @@ def test_plain_decoding_answers_in_prose_and_parse_gets_the_object(real_flow):
 
 def test_langchain_with_structured_output_json_schema(real_flow):
     from langchain_openai import ChatOpenAI
-    llm = ChatOpenAI(base_url=f"http://127.0.0.1:{real_flow[1]}/v1", api_key="unused", model="m", temperature=0,
+    llm = ChatOpenAI(base_url=f"http://127.0.0.1:{real_flow[1]}/v1", api_key="unused", model="SmolLM2-135M-Instruct", temperature=0,
                      max_tokens=MAX_TOKENS, max_retries=0)
     person = llm.with_structured_output(Person, method="json_schema").invoke(QUESTION)
     assert isinstance(person, Person) and person.name and person.city
@@ -75,7 +75,7 @@ def test_node_grpc_client_with_a_schema_field(real_flow, node_client, tmp_path):
 
 
 def openai_text(http_port: int, stream: bool, **extra) -> str:
-    body = {"model": "m", "messages": user(QUESTION), "max_tokens": MAX_TOKENS, "temperature": 0, "stream": stream,
+    body = {"messages": user(QUESTION), "max_tokens": MAX_TOKENS, "temperature": 0, "stream": stream,
             "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}, **extra}
     r = requests.post(f"http://127.0.0.1:{http_port}/v1/chat/completions", json=body, timeout=120, stream=stream)
     if not stream:
@@ -105,7 +105,7 @@ async def test_every_protocol_enforces_the_same_constraint(real_flow):
 
 def test_a_schema_that_does_not_compile_is_refused_before_any_token(real_flow):
     r = requests.post(f"http://127.0.0.1:{real_flow[1]}/v1/chat/completions", timeout=60, json={
-        "model": "m", "messages": user(QUESTION), "response_format": {
+        "messages": user(QUESTION), "response_format": {
             "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {
                 "a": {"$ref": "#/definitions/missing"}}}}}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text

@@ -49,7 +49,7 @@ def streamed_calls(client: openai.OpenAI, **kw) -> tuple[list[tuple], str]:
 @pytest.mark.parametrize("interval", [1, 4])
 def test_openai_sdk_calls_streamed_equal_to_whole(real_flow, tool_choice, interval):
     client = api(real_flow[1])
-    kw = dict(model="m", messages=user(QUESTION), tools=[WEATHER, ADD], tool_choice=tool_choice, temperature=0,
+    kw = dict(model="SmolLM2-135M-Instruct", messages=user(QUESTION), tools=[WEATHER, ADD], tool_choice=tool_choice, temperature=0,
               max_tokens=80, extra_body={"stream_interval": interval})
     whole = client.chat.completions.create(**kw).choices[0]
     assert whole.finish_reason == "tool_calls" and whole.message.content is None
@@ -64,14 +64,14 @@ def test_openai_sdk_calls_streamed_equal_to_whole(real_flow, tool_choice, interv
 def test_tool_choice_none_and_auto_may_answer_in_text(real_flow):
     client = api(real_flow[1])
     for choice in ("none", "auto"):
-        answer = client.chat.completions.create(model="m", messages=user("Tell me a joke."), tools=[WEATHER],
+        answer = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=user("Tell me a joke."), tools=[WEATHER],
                                                 tool_choice=choice, temperature=0, max_tokens=40).choices[0]
         assert answer.message.content and not answer.message.tool_calls
 
 
 def test_a_round_trip_call_result_answer(real_flow):
     client = api(real_flow[1])
-    first = client.chat.completions.create(model="m", messages=user(QUESTION), tools=[WEATHER],
+    first = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=user(QUESTION), tools=[WEATHER],
                                            tool_choice="required", parallel_tool_calls=False, temperature=0,
                                            max_tokens=60).choices[0].message
     assert len(first.tool_calls) == 1
@@ -79,7 +79,7 @@ def test_a_round_trip_call_result_answer(real_flow):
     conversation = user(QUESTION) + [
         {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
         {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature_c": 18, "sky": "cloudy"})}]
-    final = client.chat.completions.create(model="m", messages=conversation, tools=[WEATHER], temperature=0,
+    final = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=conversation, tools=[WEATHER], temperature=0,
                                            max_tokens=60).choices[0]
     assert final.finish_reason in ("stop", "length") and final.message.content
 
@@ -92,7 +92,7 @@ def test_langchain_bind_tools_and_function_calling(real_flow):
     def get_weather(city: str) -> str:
         """Get the current weather in a city."""
         return "sunny"
-    llm = ChatOpenAI(base_url=f"http://127.0.0.1:{real_flow[1]}/v1", api_key="unused", model="m", temperature=0,
+    llm = ChatOpenAI(base_url=f"http://127.0.0.1:{real_flow[1]}/v1", api_key="unused", model="SmolLM2-135M-Instruct", temperature=0,
                      max_tokens=60, max_retries=0)
     for choice in ("get_weather", "required"):
         message = llm.bind_tools([get_weather], tool_choice=choice).invoke(QUESTION)

@@ -30,8 +30,8 @@ def keyed_flow(gpt2_model, tmp_path_factory):
     server.stop()
 
 
-ROUTES = [("POST", "/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 2}, "openai"),
-          ("POST", "/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}],
+ROUTES = [("POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2}, "openai"),
+          ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
                                             "max_tokens": 2}, "openai"),
           ("GET", "/v1/models", None, "openai"),
           ("POST", "/generate", {"inputs": "hi", "parameters": {"max_new_tokens": 2}}, "tgi"),

@@ -53,7 +53,7 @@ def test_a_greedy_answer_streams_renders_and_shows_its_speed(page, real_flow):
     expect(page.locator("body")).to_have_attribute("data-state", "idle", timeout=60000)
     answer = page.locator(".assistant").last
     ref = requests.post(f"http://127.0.0.1:{http_port}/v1/chat/completions", timeout=120, json={
-        "model": "m", "messages": [{"role": "user", "content": question}], "max_tokens": 40,
+        "messages": [{"role": "user", "content": question}], "max_tokens": 40,
         "temperature": 0}).json()["choices"][0]
     assert answer.get_attribute("data-text") == ref["message"]["content"]  # temperature 0 was sent
     assert answer.get_attribute("data-finish") == {"length": "length", "stop": "eos_token"}[ref["finish_reason"]]

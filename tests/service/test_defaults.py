@@ -57,13 +57,13 @@ def assert_whole_stream(docs: list[dict]) -> None:
 
 def test_openai_completions_minimal(flow):
     _, http_port = flow
-    r = post(http_port, "/v1/completions", {"model": "m", "prompt": "Hello"})
+    r = post(http_port, "/v1/completions", {"prompt": "Hello"})
     assert r.status_code == 200, r.text
     body = r.json()
     # OpenAI's default max_tokens for completions is 16 (a sampled EOS may end it sooner)
     assert ended_by_length_or_eos(body["usage"]["completion_tokens"], 16, body["choices"][0]["finish_reason"])
     assert body["seed"] >= 0
-    status, events = post_sse(http_port, "/v1/completions", {"model": "m", "prompt": "Hello", "stream": True})
+    status, events = post_sse(http_port, "/v1/completions", {"prompt": "Hello", "stream": True})
     assert status == 200 and events[-1] == "[DONE]"
     assert [e["choices"][0]["finish_reason"] for e in events[:-1]][-1] in ("length", "stop")
 
@@ -71,13 +71,13 @@ def test_openai_completions_minimal(flow):
 def test_openai_chat_minimal(flow):
     _, http_port = flow
     messages = [{"role": "user", "content": "Hello"}]
-    r = post(http_port, "/v1/chat/completions", {"model": "m", "messages": messages})
+    r = post(http_port, "/v1/chat/completions", {"messages": messages})
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["choices"][0]["message"]["role"] == "assistant"
     assert body["choices"][0]["finish_reason"] in ("length", "stop") and isinstance(body["seed"], int)
     status, events = post_sse(http_port, "/v1/chat/completions",
-                              {"model": "m", "messages": messages, "stream": True})
+                              {"messages": messages, "stream": True})
     assert status == 200 and events[-1] == "[DONE]", events[-3:]
     assert all("error" not in e for e in events[:-1])
     assert events[-2]["choices"][0]["finish_reason"] in ("length", "stop")
@@ -173,7 +173,7 @@ async def test_seeds_over_grpc_and_jina_sse(flow):
 def test_seeds_over_openai_and_tgi(flow):
     _, http_port = flow
     for seed in SEEDS:
-        body = {"model": "m", "prompt": "Hello", "max_tokens": 6, "seed": seed}
+        body = {"prompt": "Hello", "max_tokens": 6, "seed": seed}
         whole = post(http_port, "/v1/completions", body).json()
         assert whole["seed"] == seed
         _, events = post_sse(http_port, "/v1/completions", {**body, "stream": True})
@@ -184,7 +184,7 @@ def test_seeds_over_openai_and_tgi(flow):
         assert post(http_port, "/generate", tgi).json()["details"]["seed"] == seed
         _, events = post_sse(http_port, "/generate_stream", tgi)
         assert events[-1]["details"]["seed"] == seed
-    r = post(http_port, "/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "x"}],
+    r = post(http_port, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
                                                  "seed": SEED_MAX + 1})
     assert r.status_code == 400 and r.json()["error"]["param"] == "seed", r.text
     r = post(http_port, "/generate", {"inputs": "x", "parameters": {"seed": SEED_MAX + 1}})

@@ -153,7 +153,7 @@ def test_overload_is_429_everywhere(limited_flow):
         assert r.status_code == 429 and r.json()["error_type"] == "overloaded"
         oai = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
         with pytest.raises(openai.RateLimitError) as err:
-            oai.completions.create(model="m", prompt="x", max_tokens=2, stream=True)
+            oai.completions.create(model="slow", prompt="x", max_tokens=2, stream=True)
         assert err.value.body["code"] == "overloaded"
 
         async def ws_try() -> dict:
@@ -236,7 +236,7 @@ def test_executor_failure_mid_stream_sends_an_error_event(limited_flow):
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
         chunks = []
         try:
-            for c in client.completions.create(model="m", prompt="hello", max_tokens=LONG, stream=True):
+            for c in client.completions.create(model="slow", prompt="hello", max_tokens=LONG, stream=True):
                 chunks.append(c)
         except openai.APIError as exc:
             results["oai_error"] = exc

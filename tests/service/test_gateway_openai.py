@@ -18,11 +18,11 @@ def oai(flow) -> openai.OpenAI:
 async def test_completions_stream_joins_to_non_stream_and_grpc(flow, oai):
     grpc_port, _ = flow
     ref = await generate("the quick brown fox", port=grpc_port, max_tokens=12)
-    whole = oai.completions.create(model="any", prompt="the quick brown fox", max_tokens=12, temperature=0)
+    whole = oai.completions.create(model="gpt2", prompt="the quick brown fox", max_tokens=12, temperature=0)
     assert whole.choices[0].text == ref.generated_text
     assert whole.choices[0].finish_reason == "length"
     assert whole.usage.completion_tokens == 12 and whole.usage.prompt_tokens == ref.prompt_tokens
-    chunks = list(oai.completions.create(model="any", prompt="the quick brown fox", max_tokens=12,
+    chunks = list(oai.completions.create(model="gpt2", prompt="the quick brown fox", max_tokens=12,
                                          temperature=0, stream=True,
                                          stream_options={"include_usage": True}))
     content = [c for c in chunks if c.choices]
@@ -34,11 +34,11 @@ async def test_completions_stream_joins_to_non_stream_and_grpc(flow, oai):
 
 def test_chat_stream_joins_to_non_stream(oai):
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
-    whole = oai.chat.completions.create(model="any", messages=messages, max_tokens=10, temperature=0)
+    whole = oai.chat.completions.create(model="gpt2", messages=messages, max_tokens=10, temperature=0)
     answer = whole.choices[0].message
     assert answer.role == "assistant" and answer.content
     assert whole.usage.completion_tokens == 10
-    stream = oai.chat.completions.create(model="any", messages=messages, max_completion_tokens=10,
+    stream = oai.chat.completions.create(model="gpt2", messages=messages, max_completion_tokens=10,
                                          temperature=0, stream=True)
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -53,23 +53,23 @@ async def test_chat_uses_the_engines_plain_format(flow, oai):
                 {"role": "user", "content": "and then?"}]
     ref = await generate("User: hi\nAssistant: hello\nUser: and then?\nAssistant:", port=grpc_port,
                          max_tokens=8)
-    whole = oai.chat.completions.create(model="any", messages=messages, max_tokens=8, temperature=0)
+    whole = oai.chat.completions.create(model="gpt2", messages=messages, max_tokens=8, temperature=0)
     assert whole.choices[0].message.content == ref.generated_text
     assert whole.usage.prompt_tokens == ref.prompt_tokens
 
 
 def test_stop_sequence_and_seeded_sampling(oai):
-    full = oai.completions.create(model="m", prompt="streams of tokens", max_tokens=16, temperature=0)
+    full = oai.completions.create(model="gpt2", prompt="streams of tokens", max_tokens=16, temperature=0)
     text = full.choices[0].text
     stop = text[len(text) // 2:len(text) // 2 + 2]
     assert stop.strip(), f"pick another prompt: {text!r}"
-    cut = oai.completions.create(model="m", prompt="streams of tokens", max_tokens=16, temperature=0,
+    cut = oai.completions.create(model="gpt2", prompt="streams of tokens", max_tokens=16, temperature=0,
                                  stop=[stop, "never-there"])
     assert cut.choices[0].finish_reason == "stop"
     assert cut.choices[0].text == text[:text.index(stop)]
     # temperature absent = OpenAI's default 1.0 with sampling; a seed makes it repeatable
-    a = oai.completions.create(model="m", prompt="hello", max_tokens=10, seed=5)
-    b = "".join(c.choices[0].text for c in oai.completions.create(model="m", prompt="hello",
+    a = oai.completions.create(model="gpt2", prompt="hello", max_tokens=10, seed=5)
+    b = "".join(c.choices[0].text for c in oai.completions.create(model="gpt2", prompt="hello",
                                                                   max_tokens=10, seed=5, stream=True))
     assert a.choices[0].text == b
 
@@ -79,7 +79,7 @@ def test_stop_sequence_and_seeded_sampling(oai):
 def test_invalid_requests_are_400_with_an_openai_error(oai, kwargs, param):
     for stream in (False, True):
         with pytest.raises(openai.BadRequestError) as err:
-            oai.completions.create(model="m", prompt="hello", stream=stream, **{"max_tokens": 4, **kwargs})
+            oai.completions.create(model="gpt2", prompt="hello", stream=stream, **{"max_tokens": 4, **kwargs})
         assert err.value.status_code == 400
         body = err.value.body
         assert body["param"] == param and body["code"] == "validation" and param in body["message"]
@@ -88,18 +88,18 @@ def test_invalid_requests_are_400_with_an_openai_error(oai, kwargs, param):
 def test_chat_validation_and_raw_errors(flow):
     _, http_port = flow
     url = f"http://127.0.0.1:{http_port}/v1/chat/completions"
-    r = requests.post(url, json={"model": "m", "messages": [{"role": "wizard", "content": "hi"}]})
+    r = requests.post(url, json={"messages": [{"role": "wizard", "content": "hi"}]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
     r = requests.post(url, data=b"{not json")
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
-    r = requests.post(url, json={"model": "m", "messages": "hi"})
+    r = requests.post(url, json={"messages": "hi"})
     assert r.status_code == 400 and r.json()["error"]["param"].startswith("messages")
 
 
 def test_curl_streams_sse_chunks_then_done(flow):
     _, http_port = flow
     events = curl_sse(f"http://127.0.0.1:{http_port}/v1/chat/completions",
-                      {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6,
+                      {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6,
                        "temperature": 0, "stream": True, "stream_options": {"include_usage": True}})
     assert events[-1] == "[DONE]"
     usage = events[-2]["usage"]

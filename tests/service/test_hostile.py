@@ -123,12 +123,12 @@ async def _grpc_docs(port: int) -> list:
 @pytest.mark.parametrize("path,body,status,field", [
     ("/v1/completions", DEEP, 400, None), ("/v1/chat/completions", DEEP, 400, None),
     ("/generate", DEEP, 422, None), ("/generate_stream", DEEP, 422, None), ("/", DEEP, 422, None),
-    ("/v1/completions", '{"model": "m", "prompt": ' + SURROGATE + '}', 400, "prompt"),
-    ("/v1/chat/completions", '{"model": "m", "messages": [{"role": "user", "content": ' + SURROGATE + '}]}',
+    ("/v1/completions", '{"prompt": ' + SURROGATE + '}', 400, "prompt"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": ' + SURROGATE + '}]}',
      400, "messages"),
     ("/generate", '{"inputs": ' + SURROGATE + '}', 422, "inputs"),
-    ("/v1/completions", '{"model": "m", "prompt": "x", "max_tokens": 4294967296}', 400, "max_tokens"),
-    ("/v1/completions", '{"model": "m", "prompt": "x", "seed": 18446744073709551616}', 400, "seed"),
+    ("/v1/completions", '{"prompt": "x", "max_tokens": 4294967296}', 400, "max_tokens"),
+    ("/v1/completions", '{"prompt": "x", "seed": 18446744073709551616}', 400, "seed"),
     ("/generate", '{"inputs": "x", "parameters": {"top_k": 2147483648}}', 422, "top_k"),
 ])
 def test_malformed_http_input_is_a_4xx_naming_the_field(flow, path, body, status, field):
@@ -174,12 +174,12 @@ async def test_malformed_websocket_frames_get_error_events_and_the_socket_stays(
 
 
 def test_openai_error_param_is_the_field_or_null(flow):
-    r = requests.post(url(flow, "/v1/completions"), json={"model": "m", "prompt": "x", "top_p": 7}, timeout=60)
+    r = requests.post(url(flow, "/v1/completions"), json={"prompt": "x", "top_p": 7}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "top_p"
-    r = requests.post(url(flow, "/v1/completions"), json={"model": "m", "prompt": "x", "max_tokens": 100000},
+    r = requests.post(url(flow, "/v1/completions"), json={"prompt": "x", "max_tokens": 100000},
                       timeout=60)
     assert r.json()["error"]["param"] == "max_tokens"
-    r = requests.post(url(flow, "/v1/completions"), json={"model": "m", "prompt": "", "max_tokens": 3}, timeout=60)
+    r = requests.post(url(flow, "/v1/completions"), json={"prompt": "", "max_tokens": 3}, timeout=60)
     assert r.json()["error"]["param"] == "prompt"
 
 

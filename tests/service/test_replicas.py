@@ -14,7 +14,7 @@ import requests
 from client import stream
 from testing.fleet import LocalFleet
 
-STREAMED = {"model": "m", "prompt": "the cat sat on the mat and the dog", "max_tokens": 600, "ignore_eos": True,
+STREAMED = {"prompt": "the cat sat on the mat and the dog", "max_tokens": 600, "ignore_eos": True,
             "stream": True}
 
 
@@ -94,7 +94,7 @@ def test_a_conversations_turns_follow_its_cached_prefix(fleet):
         messages = [{"role": "system", "content": f"conversation {c}: " + "you answer about rivers and hills " * 12}]
         for turn in range(3):
             messages.append({"role": "user", "content": f"turn {turn} of conversation {c}: tell me more"})
-            r = requests.post(base, json={"model": "m", "messages": messages, "max_tokens": 12, "temperature": 0},
+            r = requests.post(base, json={"messages": messages, "max_tokens": 12, "temperature": 0},
                               timeout=60)
             assert r.status_code == 200, r.text
             usage = r.json()["usage"]
@@ -147,7 +147,7 @@ def test_requests_sent_after_a_kill_do_not_fail(fleet):
     try:
         for i in range(6):
             r = requests.post(f"http://127.0.0.1:{fleet.http_port}/v1/completions",
-                              json={"model": "m", "prompt": f"hello {i}", "max_tokens": 8}, timeout=60)
+                              json={"prompt": f"hello {i}", "max_tokens": 8}, timeout=60)
             assert r.status_code == 200, r.text
     finally:
         rejoin(fleet, 0)

@@ -75,7 +75,7 @@ async def test_every_protocol_honours_min_p_and_the_penalties(flow):
     min_p = {"do_sample": True, "seed": 5, "min_p": 1.0}
     assert (await generate(PROMPT, port=grpc_port, max_tokens=16, **min_p)).generated_text == greedy
     # OpenAI: min_p as an extension; its own presence/frequency penalties
-    oai = {"model": "m", "prompt": PROMPT, "max_tokens": 16}
+    oai = {"prompt": PROMPT, "max_tokens": 16}
     assert requests.post(f"{base}/v1/completions", json={**oai, "min_p": 1.0}).json()["choices"][0]["text"] == greedy
     r = requests.post(f"{base}/v1/completions", json={**oai, "temperature": 0, "presence_penalty": 0.5,
                                                         "frequency_penalty": 1.5})
@@ -108,7 +108,7 @@ async def test_every_protocol_honours_min_p_and_the_penalties(flow):
 def test_out_of_range_options_are_refused_naming_them(flow, name, value):
     _, http_port = flow
     base = f"http://127.0.0.1:{http_port}"
-    r = requests.post(f"{base}/v1/completions", json={"model": "m", "prompt": "x", name: value})
+    r = requests.post(f"{base}/v1/completions", json={"prompt": "x", name: value})
     assert r.status_code == 400 and r.json()["error"]["param"] == name, r.text
     r = requests.post(f"{base}/generate", json={"inputs": "x", "parameters": {name: value}})
     assert r.status_code == 422 and r.json()["error"].startswith(name), r.text

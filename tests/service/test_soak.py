@@ -84,7 +84,7 @@ async def _events(spec: Spec, session, base: str, grpc_port: int, http_port: int
             async for data in _sse(r):
                 yield data["text"], data["index"]
     elif p.startswith("openai"):
-        body = {"model": "m", "prompt": spec.prompt, "max_tokens": spec.max_tokens, "stop": spec.stop,
+        body = {"prompt": spec.prompt, "max_tokens": spec.max_tokens, "stop": spec.stop,
                 "temperature": spec.temperature if spec.do_sample else 0, "stream": p == "openai-stream"}
         if spec.do_sample:
             body.update(top_p=spec.top_p, seed=spec.seed)

@@ -20,11 +20,11 @@ async def test_every_protocol_enforces_the_same_regex(flow):
     expected = (await generate("hello", port=grpc_port, max_tokens=20, regex=REGEX)).generated_text
     assert re.fullmatch(REGEX, expected)
     openai = requests.post(f"{base}/v1/completions", timeout=60, json={
-        "model": "m", "prompt": "hello", "max_tokens": 20, "temperature": 0, "structured_outputs": {"regex": REGEX}})
+        "prompt": "hello", "max_tokens": 20, "temperature": 0, "structured_outputs": {"regex": REGEX}})
     tgi = requests.post(f"{base}/generate", timeout=60, json={
         "inputs": "hello", "parameters": {"max_new_tokens": 20, "grammar": {"type": "regex", "value": REGEX}}})
     streamed = requests.post(f"{base}/v1/completions", timeout=60, stream=True, json={
-        "model": "m", "prompt": "hello", "max_tokens": 20, "temperature": 0, "guided_regex": REGEX, "stream": True})
+        "prompt": "hello", "max_tokens": 20, "temperature": 0, "guided_regex": REGEX, "stream": True})
     chunks = [e for e in sse_data(streamed.iter_lines(decode_unicode=True)) if e != "[DONE]"]
     assert openai.json()["choices"][0]["text"] == tgi.json()["generated_text"] == expected
     assert "".join(c["choices"][0]["text"] for c in chunks) == expected
@@ -40,7 +40,7 @@ async def test_a_bad_constraint_is_refused_on_every_protocol_naming_the_field(fl
     code, (details,) = await call(grpc_port, request({"prompt": text("hi"), "json_schema": text(BAD["json_schema"])}))
     assert code == "INVALID_ARGUMENT" and details.startswith("json_schema: does not compile") and "nowhere" in details
     r = requests.post(f"{base}/v1/chat/completions", timeout=60, json={
-        "model": "m", "messages": [{"role": "user", "content": "hi"}],
+        "messages": [{"role": "user", "content": "hi"}],
         "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": json.loads(BAD["json_schema"])}}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
     r = requests.post(f"{base}/generate", timeout=60, json={

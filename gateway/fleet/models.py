@@ -1,0 +1,46 @@
+"""Which of the Flow's generating deployments serves which model.
+
+A Flow serves one model per generating deployment (`LLM_MODELS` has `make serve` write one per
+model; a Flow of one's own may list several executors with their own `model` under `with:`). Each
+deployment has its fleet of replicas (fleet.py), and every request goes to the fleet of the model
+it names: the first one when it names none, a 404 naming the served ones when it names one that
+none serves. The names come from each fleet's /info, asked once.
+"""
+import asyncio
+import json
+from typing import Optional
+
+from contract import served_id
+from gateway.fleet.fleet import Fleet
+
+
+class ModelFleets:
+    def __init__(self, fleets: list[Fleet]):
+        self.fleets = fleets  # in the Flow's order: the first answers a request that names no model
+        self._ids: dict[int, str] = {}  # a fleet's place -> its model's id, once asked
+
+    async def ids(self) -> list[str]:
+        """Each fleet's model id, in the Flow's order (asked once, together)."""
+        missing = [i for i in range(len(self.fleets)) if i not in self._ids]
+        answers = await asyncio.gather(*(self.fleets[i].one("/info") for i in missing))
+        for i, answer in zip(missing, answers, strict=True):
+            self._ids[i] = json.loads(answer)["model_id"]
+        return [self._ids[i] for i in range(len(self.fleets))]
+
+    async def find(self, name: Optional[str]) -> tuple[Fleet, Optional[str]]:
+        """(the fleet that serves `name`, the model's id); the first fleet, and no id, for no
+        name (one model needs no /info for that); ModelNotServedError for a name none serves."""
+        if not name:
+            return self.fleets[0], None
+        ids = await self.ids()
+        model_id = served_id(name, ids)
+        return self.fleets[ids.index(model_id)], model_id
+
+    async def infos(self) -> list[dict]:
+        """Each model's /info (its fleet's), in the Flow's order: what /v1/models lists."""
+        return [json.loads(text) for text in await asyncio.gather(*(f.unary("/info") for f in self.fleets))
+                if text is not None]
+
+    async def close(self) -> None:
+        for fleet in self.fleets:
+            await fleet.close()

@@ -1,0 +1,60 @@
+"""Several models behind one gateway: a request goes to the model it names (the first when it
+names none), and a name that no served model has is refused with 404 before any work, in each
+protocol's error shape, naming the served ones."""
+from dataclasses import replace
+
+import pytest
+
+from tests.gateway.fake_upstream import INFO
+
+SECOND = replace(INFO, model_id="second-model", max_context=1024)
+HI = [{"role": "user", "content": "hi"}]
+ROUTES = {  # route: (its minimal request, where the model's name goes)
+    "/v1/completions": {"prompt": "hi"},
+    "/v1/chat/completions": {"messages": HI},
+    "/v1/messages": {"max_tokens": 4, "messages": HI},
+    "/v1/responses": {"input": "hi"},
+    "/api/chat": {"messages": HI, "stream": False},
+    "/api/generate": {"prompt": "hi", "stream": False},
+    "/generate": {"inputs": "hi"},
+}
+
+
+def _named(route: str, name: str) -> dict:
+    body = dict(ROUTES[route])
+    if route == "/generate":  # TGI's request has no model: the engine's field, among its parameters
+        return {**body, "parameters": {"model": name}}
+    return {**body, "model": name}
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_an_unknown_model_is_refused_with_404_naming_the_served_ones(http, fake, route):
+    fake.served = [INFO, SECOND]
+    r = http.post(route, json=_named(route, "gpt-4o"))
+    assert r.status_code == 404, r.text
+    assert "gpt-4o" in r.text and "fake-model" in r.text and "second-model" in r.text
+    assert not fake.sent  # refused before any work
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_each_request_goes_to_the_model_it_names(http, fake, route):
+    fake.served = [INFO, SECOND]
+    r = http.post(route, json=_named(route, "second-model"))
+    assert r.status_code == 200, r.text
+    assert fake.sent[-1].model == "second-model"
+    if route.startswith("/v1/"):  # the answer names the model that gave it
+        assert r.json()["model"] == "second-model"
+    http.post(route, json=ROUTES[route] if route != "/api/chat" and route != "/api/generate"
+              else _named(route, "fake-model:latest"))
+    assert fake.sent[-1].model in (None, "fake-model")  # none named: the first
+
+
+def test_the_model_lists_name_every_served_model(http, fake):
+    fake.served = [INFO, SECOND]
+    cards = http.get("/v1/models").json()["data"]
+    assert [(c["id"], c["max_model_len"]) for c in cards] == [("fake-model", 512), ("second-model", 1024),
+                                                               ("fake-embedder", 16)]
+    assert [m["name"] for m in http.get("/api/tags").json()["models"]] == [
+        "fake-model:latest", "second-model:latest", "fake-embedder:latest"]
+    shown = http.post("/api/show", json={"model": "second-model"}).json()
+    assert shown["model_info"]["llama.context_length"] == 1024

@@ -1,0 +1,82 @@
+"""Two models in one Flow, as `LLM_MODELS=a,b make serve` runs them (deploy/flow_models.py): each
+answers under its own name on every protocol, a request that names none gets the first, and a name
+that neither has is refused with 404 (NOT_FOUND on gRPC) naming both."""
+import asyncio
+import json
+import subprocess
+import sys
+
+import pytest
+import requests
+import websockets
+
+from client import StreamError, generate
+from testing.procs import ROOT
+
+GREEDY = {"max_tokens": 6, "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def two_models(gpt2_model, llama_model, tmp_path_factory):
+    """(grpc_port, http_port) of a Flow serving the tiny gpt2 first, then the tiny llama."""
+    from testing.flows import start_flow
+    server, grpc_port, http_port = start_flow("", tmp_path_factory.mktemp("models"), models=[gpt2_model, llama_model])
+    yield grpc_port, http_port
+    server.stop()
+
+
+def _openai(http_port: int, **body) -> requests.Response:
+    return requests.post(f"http://127.0.0.1:{http_port}/v1/completions", json={"prompt": "hello", **GREEDY, **body},
+                         timeout=120)
+
+
+def test_the_models_are_listed_in_order(two_models):
+    cards = requests.get(f"http://127.0.0.1:{two_models[1]}/v1/models", timeout=30).json()["data"]
+    assert [c["id"] for c in cards] == ["gpt2", "llama"]
+    tags = requests.get(f"http://127.0.0.1:{two_models[1]}/api/tags", timeout=30).json()["models"]
+    assert [m["name"] for m in tags] == ["gpt2:latest", "llama:latest"]
+
+
+def test_each_model_answers_under_its_own_name_on_every_protocol(two_models):
+    grpc_port, http_port = two_models
+    answers = {}
+    for name in ("gpt2", "llama"):
+        r = _openai(http_port, model=name)
+        assert r.status_code == 200 and r.json()["model"] == name, r.text
+        answers[name] = r.json()["choices"][0]["text"]
+        tgi = requests.post(f"http://127.0.0.1:{http_port}/generate", timeout=120, json={
+            "inputs": "hello", "parameters": {"model": name, "max_new_tokens": 6}}).json()
+        ollama = requests.post(f"http://127.0.0.1:{http_port}/api/generate", timeout=120, json={
+            "model": name, "prompt": "hello", "raw": True, "stream": False,
+            "options": {"temperature": 0, "num_predict": 6}}).json()
+        grpc = asyncio.run(generate("hello", port=grpc_port, model=name, max_tokens=6))
+        sse = asyncio.run(generate("hello", port=http_port, protocol="http", model=name, max_tokens=6))
+        assert tgi["generated_text"] == ollama["response"] == grpc.text == sse.text == answers[name], name
+    assert answers["gpt2"] != answers["llama"]  # two models, two answers
+    assert _openai(http_port).json()["choices"][0]["text"] == answers["gpt2"]  # none named: the first
+    cli = subprocess.run([sys.executable, "-m", "client", "hello", "--model", "llama", "--max-tokens", "6",
+                          "--port", str(grpc_port)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert cli.returncode == 0 and cli.stdout.strip() == answers["llama"].strip(), cli.stderr
+
+
+async def _ws_answer(http_port: int, model: str) -> dict:
+    async with websockets.connect(f"ws://127.0.0.1:{http_port}/chat") as ws:
+        await ws.send(json.dumps({"prompt": "hello", "model": model, "max_tokens": 6}))
+        while (event := json.loads(await ws.recv()))["type"] == "token":
+            pass
+        return event
+
+
+def test_an_unknown_model_is_refused_on_every_protocol(two_models):
+    grpc_port, http_port = two_models
+    r = _openai(http_port, model="gpt-4o")
+    assert r.status_code == 404 and "gpt-4o" in r.text and "'gpt2', 'llama'" in r.text, r.text
+    r = requests.post(f"http://127.0.0.1:{http_port}/v1/messages", timeout=60, json={
+        "model": "gpt-4o", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error", r.text
+    for protocol, port in (("grpc", grpc_port), ("http", http_port)):
+        with pytest.raises(StreamError) as refused:
+            asyncio.run(generate("hello", port=port, protocol=protocol, model="gpt-4o", max_tokens=4))
+        assert "gpt-4o" in str(refused.value) and refused.value.error_type in ("not_found", "validation"), protocol
+    event = asyncio.run(_ws_answer(http_port, "gpt-4o"))
+    assert event["type"] == "error" and "gpt-4o" in event["error"] and event["error_type"] == "not_found", event
