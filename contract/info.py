@@ -36,6 +36,8 @@ class ServerInfo:
     parameters: int = 0
     weight_bytes: int = 0  # what the weights take in memory, as served
     chat_template_text: str = ""  # the model's chat template (Ollama's /api/show shows it)
+    state: str = "loaded"  # loaded, loading or unloaded (engine/frontend/lifecycle.py)
+    expires_at: Optional[float] = None  # when an idle model unloads (Unix time); None: not due to
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -14,6 +14,7 @@ from dataclasses import Field, dataclass, field, fields
 from typing import Any, Optional
 
 from .errors import EngineDeadError, OverloadedError, ValidationError, check
+from .keep_alive import keep_alive_seconds
 from .limits import DEFAULT_LIMITS, MAX_CHOICES, MAX_SPECULATIVE_TOKENS, MAX_TOP_LOGPROBS, SEED_MAX, RequestLimits
 
 __all__ = ["EngineConfig", "EngineDeadError", "FinishReason", "OverloadedError", "SamplingParams",
@@ -47,6 +48,9 @@ class SamplingParams:
     model: Optional[str] = request_field(
         None, "the served model that answers: an id that /v1/models lists (null: the first one); any other "
               "name is refused with 404, naming the served ones")
+    keep_alive: Optional[float] = request_field(
+        None, "seconds the model stays loaded after this request ends (negative: for good; 0: it unloads "
+              "then); null: the server's LLM_KEEP_ALIVE")
     max_tokens: int = request_field(
         64, "tokens to generate: 1 to the server's max_tokens_limit; 0 scores the prompt without generating "
             "(with prompt_logprobs)", ge=0)
@@ -259,6 +263,9 @@ class EngineConfig:
     speculative_ngram_min: int = 1
     speculative_ngram_max: int = 4
     speculative_max_rows: int = 4
+    # how long the model stays loaded after its last request (contract/keep_alive.py: "5m", seconds,
+    # negative: for good); a request's keep_alive sets its own
+    keep_alive: str = engine_option("5m", "LLM_KEEP_ALIVE")
     limits: RequestLimits = field(default_factory=RequestLimits.from_env)  # request sizes
 
     def validate(self) -> "EngineConfig":
@@ -276,6 +283,7 @@ class EngineConfig:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValidationError("kv_cache_dtype", f"must be one of {', '.join(KV_CACHE_DTYPES)}, "
                                                     f"got {self.kv_cache_dtype!r}")
+        keep_alive_seconds(self.keep_alive)
         if not 0 <= self.stream_interval_ms < 60_000:
             raise ValidationError("stream_interval_ms", f"must be from 0 to 60000, got {self.stream_interval_ms}")
         return self

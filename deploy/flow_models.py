@@ -18,8 +18,12 @@ GENERATING = "llm"
 
 def models_from_env(environ: Optional[dict] = None) -> list[str]:
     """LLM_MODELS' sources, comma-separated (folders, GGUF files, hub ids); [] when unset."""
-    raw = (environ if environ is not None else os.environ).get("LLM_MODELS", "")
-    return [source.strip() for source in raw.split(",") if source.strip()]
+    environ = environ if environ is not None else dict(os.environ)
+    models = [source.strip() for source in environ.get("LLM_MODELS", "").split(",") if source.strip()]
+    if len(models) > 1 and environ.get("LLM_MODEL_NAME"):
+        raise ValueError("LLM_MODEL_NAME names one model; with LLM_MODELS each is served under its own name "
+                         "(a folder's or a .gguf file's name, or the hub id)")
+    return models
 
 
 def with_models(flow: dict[str, Any], models: list[str]) -> dict[str, Any]:

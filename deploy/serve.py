@@ -40,8 +40,13 @@ def main() -> int:
     parser.add_argument("--grace", type=float, default=float(os.environ.get("LLM_STOP_GRACE_S", "20")))
     args = parser.parse_args()
     jina = str(Path(sys.executable).parent / "jina")
+    try:
+        models = models_from_env()
+    except ValueError as exc:
+        print(f"serve: {exc}", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory(prefix="llm-flow-") as scratch:  # the Flow for LLM_MODELS, if set
-        flow_file = write_flow(args.flow, models_from_env(), Path(scratch) / "flow.yml")
+        flow_file = write_flow(args.flow, models, Path(scratch) / "flow.yml")
         return run(jina, flow_file, args.grace)
 
 

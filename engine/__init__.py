@@ -10,6 +10,7 @@ torch_vectors.pin()  # before PyTorch's first operation: the same bits on every 
 from .embeddings import Embedder, EmbedderInfo
 from .frontend.async_engine import AsyncEngine, EngineClient
 from .frontend.engine_process import EngineProcess
+from .frontend.lifecycle import ModelLifecycle, ModelState
 from .model.loader import LoadedModel, load_model, served_name
 from .observer import EngineObserver
 from .outputs import RequestOutput
@@ -17,4 +18,5 @@ from .policies.prompt_logprobs import PromptScores
 
 # the engine's public face: what the executors (and anything else outside) may use
 __all__ = ["AsyncEngine", "Embedder", "EmbedderInfo", "EngineClient", "EngineObserver", "EngineProcess", "LoadedModel",
+           "ModelLifecycle", "ModelState",
            "PromptScores", "RequestOutput", "load_model", "served_name"]

@@ -7,15 +7,17 @@ import inspect
 import json
 import os
 import uuid
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, fields, replace
 from typing import Any, AsyncGenerator, Optional, Union  # noqa: UP035 - Jina needs typing's (see stream)
 
 from docarray import DocList
 from jina import Executor, requests
 
 from contract import EngineConfig, SamplingParams, served_id
+from contract.endpoints import KEEP_ALIVE
+from contract.keep_alive import keep_alive_seconds
 from contract.lifecycle import die_with_parent
-from engine import AsyncEngine, EngineClient, EngineProcess, served_name
+from engine import AsyncEngine, EngineClient, EngineProcess, ModelLifecycle, served_name
 from executors.convert import error_document, server_info, to_document, to_request, tokenizer_spec
 from executors.metrics import Metrics
 from schemas import ModelOutputDocument, PromptDocument
@@ -38,17 +40,32 @@ class LLMExecutor(Executor):
             raise ValueError("no model given: set LLM_MODEL to a local folder, a .gguf file or a hub id, "
                              "or pass `model` under `with:` in jina.yml (`make model` builds the default)")
         config = EngineConfig(**options)
-        self.engine: EngineClient = EngineProcess(config) if config.core_process else AsyncEngine(config)
         self.model_name = model_name or os.environ.get("LLM_MODEL_NAME") or served_name(options["model"])
-        self.metrics = Metrics(self.model_name, self.engine.stats)
-        self.engine.observer = self.metrics
+        self.model = ModelLifecycle(lambda: EngineProcess(config) if config.core_process else AsyncEngine(config),
+                                    keep_alive_seconds(config.keep_alive) or 0.0, self._loaded)
+        self.metrics = Metrics(self.model_name, self.stats_now)
         if os.environ.get("LLM_METRICS_PORT"):  # a scraper reaches each executor (pod) directly
             self.metrics.serve(int(os.environ["LLM_METRICS_PORT"]))
-        info = self.engine.info
+        engine = self.model.load_now()  # at start: a model that cannot load stops the service
+        info = engine.info
         where = "its own process" if config.core_process else "a thread"
         self.logger.info(f"model {self.model_name} ({options['model']}) on {info.device}, {info.dtype}, "
                          f"context {info.max_context} tokens, KV cache in {info.kv_cache_dtype}, loaded in "
-                         f"{info.load_seconds:.1f} s; decode loop in {where}")
+                         f"{info.load_seconds:.1f} s; decode loop in {where}; unloaded after "
+                         f"{config.keep_alive} idle (LLM_KEEP_ALIVE)")
+
+    def _loaded(self, engine: EngineClient) -> None:
+        """At each load: what the model says of itself stays known while it is unloaded."""
+        engine.observer = self.metrics
+        self._info = server_info(engine, self.model_name)
+        self._tokenizer = tokenizer_spec(engine)
+        self._idle_stats = {**engine.stats(), "running": 0, "waiting": 0}
+
+    def stats_now(self) -> dict:
+        """The engine's numbers while loaded; while not, its last ones, idle (steps start again at 0)."""
+        stats = self.model.engine.stats() if self.model.engine is not None else dict(self._idle_stats)
+        return {**stats, "model_state": self.model.status.value, "model_loads": self.model.loads,
+                "model_unloads": self.model.unloads}
 
     @requests(on="/stream")
     async def stream(self, doc: PromptDocument, **kwargs) -> AsyncGenerator[ModelOutputDocument, None]:
@@ -56,9 +73,11 @@ class LLMExecutor(Executor):
         endpoint's output type out of typing's AsyncGenerator, not out of collections.abc's.)"""
         texts: dict[int, str] = {}  # each answer's text so far (n > 1: interleaved)
         try:
-            async for out in await self.engine.open(*self._request(doc)):
-                texts[out.choice] = texts.get(out.choice, "") + out.text
-                yield to_document(out, texts[out.choice])
+            request = self._request(doc)
+            async with self.model.using(request[1].keep_alive) as engine:
+                async for out in await engine.open(*request):
+                    texts[out.choice] = texts.get(out.choice, "") + out.text
+                    yield to_document(out, texts[out.choice])
         except Exception as exc:  # noqa: BLE001 - every failure becomes a final error document
             yield error_document(exc, "".join(texts.values()) if len(texts) < 2 else "")
 
@@ -71,7 +90,9 @@ class LLMExecutor(Executor):
 
     async def _complete(self, doc: PromptDocument) -> list[ModelOutputDocument]:
         try:
-            outs = await self.engine.complete(*self._request(doc))
+            request = self._request(doc)
+            async with self.model.using(request[1].keep_alive) as engine:
+                outs = await engine.complete(*request)
         except Exception as exc:  # noqa: BLE001
             return [error_document(exc)]
         return [to_document(out, out.text) for out in outs]
@@ -84,7 +105,7 @@ class LLMExecutor(Executor):
         request_id = uuid.uuid4().hex
         task = asyncio.current_task()
         if task is not None:
-            task.add_done_callback(lambda _: self.engine.abort(request_id))
+            task.add_done_callback(lambda _: self.model.abort(request_id))
         return (*self._to_request(doc), request_id)
 
     def _to_request(self, doc: PromptDocument) -> tuple[Union[str, list[int]], SamplingParams, Optional[str]]:
@@ -97,7 +118,7 @@ class LLMExecutor(Executor):
     @requests(on="/stats")
     async def stats(self, docs: DocList[PromptDocument], **kwargs) -> DocList[ModelOutputDocument]:
         """Batch occupancy for operators and tests, as JSON in `text`."""
-        return DocList[ModelOutputDocument]([ModelOutputDocument(text=json.dumps(self.engine.stats()))])
+        return DocList[ModelOutputDocument]([ModelOutputDocument(text=json.dumps(self.stats_now()))])
 
     @requests(on="/metrics")
     async def metrics_text(self, docs: DocList[PromptDocument], **kwargs) -> DocList[ModelOutputDocument]:
@@ -107,7 +128,7 @@ class LLMExecutor(Executor):
     @requests(on="/info")
     async def info(self, docs: DocList[PromptDocument], **kwargs) -> DocList[ModelOutputDocument]:
         """Model id and limits for gateways (/info, /v1/models), as JSON in `text`."""
-        info = server_info(self.engine, self.model_name)
+        info = replace(self._info, state=self.model.status.value, expires_at=self.model.expires_at)
         return DocList[ModelOutputDocument]([ModelOutputDocument(text=info.to_json())])
 
     @requests(on="/tokenize")
@@ -115,7 +136,9 @@ class LLMExecutor(Executor):
         """The prompt's (or the chat's) token ids, in `token_ids`, as a request with these options would
         have them; an error document naming the field when it would be refused."""
         try:
-            ids = await self.engine.tokenize(*self._to_request(docs[0]))
+            prompt, params, messages = self._to_request(docs[0])
+            async with self.model.using(params.keep_alive) as engine:
+                ids = await engine.tokenize(prompt, params, messages)
         except Exception as exc:  # noqa: BLE001 - refused: an error document
             return DocList[ModelOutputDocument]([error_document(exc)])
         return DocList[ModelOutputDocument]([ModelOutputDocument(token_ids=ids, prompt_tokens=len(ids))])
@@ -124,7 +147,8 @@ class LLMExecutor(Executor):
     async def detokenize(self, docs: DocList[PromptDocument], **kwargs) -> DocList[ModelOutputDocument]:
         """`prompt_token_ids` as text, in `text`."""
         try:
-            text = self.engine.detokenize(list(docs[0].prompt_token_ids))
+            async with self.model.using() as engine:
+                text = engine.detokenize(list(docs[0].prompt_token_ids))
         except Exception as exc:  # noqa: BLE001
             return DocList[ModelOutputDocument]([error_document(exc)])
         return DocList[ModelOutputDocument]([ModelOutputDocument(text=text)])
@@ -132,10 +156,24 @@ class LLMExecutor(Executor):
     @requests(on="/tokenizer")
     async def tokenizer(self, docs: DocList[PromptDocument], **kwargs) -> DocList[ModelOutputDocument]:
         """The tokenizer and chat template, as JSON in `text`, for the gateway's router."""
-        return DocList[ModelOutputDocument]([ModelOutputDocument(text=tokenizer_spec(self.engine))])
+        return DocList[ModelOutputDocument]([ModelOutputDocument(text=self._tokenizer)])
+
+    @requests(on=KEEP_ALIVE)
+    async def keep_alive(self, docs: DocList[PromptDocument], **kwargs) -> DocList[ModelOutputDocument]:
+        """Load the model (unless `keep_alive` is 0) and keep it that long from now; 0 unloads it
+        once its requests end (Ollama's request with no prompt). The model's info, as /info's."""
+        try:
+            keep = self._to_request(docs[0])[1].keep_alive
+            if keep == 0:
+                self.model.keep(0)
+            else:
+                await self.model.load(keep)
+        except Exception as exc:  # noqa: BLE001 - a load that failed, or a keep_alive refused
+            return DocList[ModelOutputDocument]([error_document(exc)])
+        return await self.info(docs)
 
     def close(self) -> None:
-        self.engine.shutdown()
+        self.model.shutdown()
         super().close()
 
 

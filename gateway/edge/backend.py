@@ -18,7 +18,7 @@ import anyio
 from docarray import DocList
 
 from contract import ErrorKind, ServerInfo, served_id
-from contract.endpoints import EMBED, EMBED_INFO, MODELS
+from contract.endpoints import EMBED, EMBED_INFO, KEEP_ALIVE, MODELS
 from schemas import EmbeddingDocument, ModelOutputDocument, PromptDocument
 
 T = TypeVar("T")
@@ -164,9 +164,10 @@ class Backend:
         """The document's `prompt_token_ids` as text; or an error document."""
         return await self._call("/detokenize", doc)
 
-    async def models(self) -> list[ServerInfo]:
-        """Each served model's id and limits, the default one first (cached: they never change)."""
-        if self._models is None:
+    async def models(self, live: bool = False) -> list[ServerInfo]:
+        """Each served model's id and limits, the default one first (cached: they never change);
+        `live`: asked now, with each one's state (loaded or not) and expiry."""
+        if self._models is None or live:
             self._models = [ServerInfo.from_json(json.dumps(info)) for info in json.loads(await self._unary(MODELS))]
         return self._models
 
@@ -174,6 +175,11 @@ class Backend:
         """The id and limits of the model that `model` names (the first for none); a name that no
         model has raises ModelNotServedError, naming the served ones."""
         return model_info(await self.models(), model)
+
+    async def keep_alive(self, model: str, keep_alive: Optional[float]) -> ModelOutputDocument:
+        """Load `model` and keep it `keep_alive` seconds from now (None: the server's; negative:
+        for good), or with 0 unload it once its requests end: its info as JSON, or an error document."""
+        return await self._call(KEEP_ALIVE, PromptDocument(model=model, keep_alive=keep_alive))
 
     async def stats(self) -> dict:
         return json.loads(await self._unary("/stats"))

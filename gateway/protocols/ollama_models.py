@@ -26,6 +26,10 @@ OLLAMA_VERSION = "0.13.0"  # the Ollama API release whose routes and fields thes
 NEVER = "9999-12-31T23:59:59Z"  # /api/ps's expires_at for a model kept loaded
 
 
+def _iso(unix: float) -> str:
+    return datetime.fromtimestamp(unix, UTC).isoformat().replace("+00:00", "Z")
+
+
 def timestamp() -> str:
     """Now, as Ollama writes times (RFC 3339, UTC)."""
     return datetime.now(UTC).isoformat().replace("+00:00", "Z")
@@ -60,12 +64,15 @@ class OllamaModel:
     template: str = ""
     on_gpu: bool = False
     extra_info: tuple[tuple[str, int], ...] = ()  # model_info's own keys (an embedding's length)
+    loaded: bool = True
+    expires_at: Optional[float] = None  # when it unloads, idle (Unix time); None: not due to
 
     @classmethod
     def generating(cls, info: ServerInfo) -> "OllamaModel":
         return cls(info.model_id, info.architecture, info.parameters, info.weight_bytes, info.dtype,
                    info.max_context, ("completion", *(["tools"] if info.chat_template else [])),
-                   info.chat_template_text, info.device.startswith("cuda"))
+                   info.chat_template_text, info.device.startswith("cuda"), loaded=info.state != "unloaded",
+                   expires_at=info.expires_at)
 
     @classmethod
     def embedding(cls, info: dict[str, Any]) -> "OllamaModel":
@@ -92,7 +99,8 @@ class OllamaModel:
         entry: dict[str, Any] = {"name": self.name, "model": self.name, "size": self.size, "digest": digest,
                                  "details": self.details()}
         if running:
-            return {**entry, "expires_at": NEVER, "size_vram": self.size if self.on_gpu else 0,
+            expires = NEVER if self.expires_at is None else _iso(self.expires_at)
+            return {**entry, "expires_at": expires, "size_vram": self.size if self.on_gpu else 0,
                     "context_length": self.context_length}
         return {**entry, "modified_at": STARTED}
 
@@ -108,10 +116,11 @@ class OllamaModel:
                 "capabilities": list(self.capabilities)}
 
 
-async def served_models(backend: Upstream) -> list[OllamaModel]:
-    """The generating models, then the embedding model when one is served."""
+async def served_models(backend: Upstream, live: bool = False) -> list[OllamaModel]:
+    """The generating models, then the embedding model when one is served (`live`: with their
+    states now, loaded or not)."""
     embedding = await backend.embed_info()
-    return [*(OllamaModel.generating(info) for info in await backend.models()),
+    return [*(OllamaModel.generating(info) for info in await backend.models(live)),
             *([OllamaModel.embedding(embedding)] if embedding else [])]
 
 
@@ -180,7 +189,7 @@ def ollama_models_router(backend: Upstream) -> APIRouter:
 
     @router.get("/ps", summary="Ollama: the models loaded")
     async def ps() -> dict:
-        return {"models": [m.listing(running=True) for m in await served_models(backend)]}
+        return {"models": [m.listing(running=True) for m in await served_models(backend, live=True) if m.loaded]}
 
     @router.post("/show", summary="Ollama: a model's details, context length and capabilities")
     async def show_model(request: Request) -> Response:

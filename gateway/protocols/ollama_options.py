@@ -10,21 +10,21 @@ server allows: min(max_tokens_limit, context / 2). `num_ctx` below the model's c
 the prompt and the answer together; at or above it, the model's own context bounds them.
 """
 import json
-import re
 from typing import Any, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, StrictFloat, StrictInt, StrictStr
 
-from contract import ServerInfo
+from contract import ServerInfo, ValidationError
+from contract.keep_alive import FOREVER, keep_alive_seconds
 from gateway.mapping.api_fields import ApiFields, no_effect, refused, served
 from gateway.mapping.inputs import BadRequest, Bool, Int, Number, Stop
 
 OLLAMA_DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9}  # Ollama's own, when a request says none
 _SHARED = ("model", "format", "options", "stream", "logprobs", "top_logprobs")
 CHAT_FIELDS = ApiFields("Ollama's /api/chat", (
-    *served(*_SHARED, "messages", "tools"), *no_effect("keep_alive"), refused("think", False)))
+    *served(*_SHARED, "messages", "tools", "keep_alive"), refused("think", False)))
 GENERATE_FIELDS = ApiFields("Ollama's /api/generate", (
-    *served(*_SHARED, "prompt", "system", "raw"), *no_effect("keep_alive"), refused("think", False),
+    *served(*_SHARED, "prompt", "system", "raw", "keep_alive"), refused("think", False),
     refused("suffix", ""), refused("template", ""), refused("context", []), refused("images", [])))
 OPTIONS = ApiFields("Ollama's options", (
     *served("num_predict", "num_ctx", "temperature", "top_p", "top_k", "min_p", "typical_p", "seed", "stop",
@@ -33,7 +33,6 @@ OPTIONS = ApiFields("Ollama's options", (
                "use_mlock", "vocab_only", "logits_all", "embedding_only", "penalize_newline", "mirostat_tau",
                "mirostat_eta"),
     refused("mirostat", 0), refused("tfs_z", 1.0, 1)))
-_DURATION = re.compile(r"^-?(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+$|^-?\d+(\.\d+)?$")
 
 
 class Options(BaseModel):
@@ -94,15 +93,14 @@ class GenerateRequest(OllamaRequest):
     raw: Bool = None
 
 
-def check_keep_alive(value: Any) -> None:
-    """A duration (\"5m\", \"1h30m\", \"-1\") or a number of seconds. The model stays loaded for the
-    server's life, whatever is asked, except that unloading it now (0) is refused."""
-    if value is None:
-        return
-    if isinstance(value, str) and not _DURATION.match(value.strip()):
-        raise BadRequest(f"keep_alive: {value!r} is not a duration (5m, 1h, -1, or a number of seconds)", "keep_alive")
-    if float(re.sub(r"[a-zµ]+", "", str(value)) or 0) == 0:
-        raise BadRequest("keep_alive: 0 (unload now) is not served here: the model stays loaded", "keep_alive")
+def keep_alive_field(value: Any) -> Optional[float]:
+    """The contract's keep_alive (seconds; -1: for good) from Ollama's: a duration ("5m", "1h30m",
+    "-1") or a number of seconds; None: the server's."""
+    try:
+        seconds = keep_alive_seconds(value)
+    except ValidationError as exc:
+        raise BadRequest(str(exc), "keep_alive") from None
+    return -1.0 if seconds == FOREVER else seconds
 
 
 def format_fields(value: Any) -> dict[str, Any]:

@@ -32,8 +32,8 @@ from gateway.protocols.ollama_options import (
     ChatRequest,
     GenerateRequest,
     OllamaRequest,
-    check_keep_alive,
     format_fields,
+    keep_alive_field,
     option_fields,
 )
 from schemas import ModelOutputDocument, PromptDocument
@@ -66,7 +66,8 @@ class Ollama(Protocol):
         fields, num_ctx = option_fields(req.options, info)
         if req.top_logprobs and not req.logprobs:
             raise BadRequest("top_logprobs: needs logprobs: true", "top_logprobs")
-        fields.update(format_fields(req.format), logprobs=bool(req.logprobs), top_logprobs=req.top_logprobs or 0)
+        fields.update(format_fields(req.format), logprobs=bool(req.logprobs), top_logprobs=req.top_logprobs or 0,
+                      keep_alive=keep_alive_field(req.keep_alive))
         doc = prompt_document(**self.prompt(req, info), **fields, model=info.model_id)
         if num_ctx is not None:
             doc = await _within(doc, num_ctx, backend)
@@ -121,7 +122,7 @@ class Ollama(Protocol):
 def check(req: OllamaRequest, models: list[ServerInfo]) -> ServerInfo:
     """The request's fields against their declaration, its keep_alive, and the model it names."""
     (CHAT_FIELDS if isinstance(req, ChatRequest) else GENERATE_FIELDS).check(req)
-    check_keep_alive(req.keep_alive)
+    keep_alive_field(req.keep_alive)
     return generating_model(req.model, models)
 
 
@@ -235,17 +236,23 @@ class OllamaGenerate(Ollama):
 
 
 async def _loaded(request: Request, backend: Upstream, protocol: Ollama) -> Optional[Response]:
-    """The answer to a request that only loads its model (no messages, an empty prompt); None for
-    any other, or one that does not parse (serve refuses it, naming the field)."""
+    """The answer to a request that only loads its model (no messages, an empty prompt), or with
+    keep_alive 0 unloads it (`ollama stop`); None for any other, or one that does not parse
+    (serve refuses it, naming the field)."""
     try:
         req = await parse_body(request, protocol.request_model)
         if (req.messages if isinstance(req, ChatRequest) else getattr(req, "prompt", None)):
             return None
-        check(req, await backend.models())
-        context = OllamaContext(req, req.model or "")
+        info = check(req, await backend.models())
+        keep_alive = keep_alive_field(req.keep_alive)
     except BadRequest:
         return None
-    return JSONResponse({**protocol.chunk(context, ""), "done": True, "done_reason": "load"})
+    out = await backend.keep_alive(info.model_id, keep_alive)
+    if out.error is not None:
+        return protocol.refusal(out)
+    context = OllamaContext(req, req.model or "")
+    done_reason = "unload" if keep_alive == 0 else "load"
+    return JSONResponse({**protocol.chunk(context, ""), "done": True, "done_reason": done_reason})
 
 
 def ollama_router(backend: Upstream) -> APIRouter:

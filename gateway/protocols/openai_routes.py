@@ -308,7 +308,7 @@ def openai_router(backend: Upstream) -> APIRouter:
 async def _model_cards(backend: Upstream) -> list[dict]:
     """Each served model, with the tokens it takes (a prompt and its answer; an embedding's input)."""
     embedding = await backend.embed_info()
-    cards = [*((info.model_id, info.max_context) for info in await backend.models()),
-             *([(embedding["model_id"], embedding["max_tokens"])] if embedding else [])]
-    return [{"id": model_id, "object": "model", "created": 0, "owned_by": "llm-stream", "max_model_len": tokens}
-            for model_id, tokens in cards]
+    cards = [*((info.model_id, info.max_context, info.state) for info in await backend.models(live=True)),
+             *([(embedding["model_id"], embedding["max_tokens"], "loaded")] if embedding else [])]
+    return [{"id": model_id, "object": "model", "created": 0, "owned_by": "llm-stream", "max_model_len": tokens,
+             "state": state} for model_id, tokens, state in cards]

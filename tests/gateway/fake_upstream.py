@@ -48,6 +48,7 @@ class FakeUpstream:
         self.sent: list[PromptDocument] = []
         self.embedding: dict | None = dict(EMBEDDING)  # the embedding model's info; None: none is served
         self.served = [INFO]  # the generating models, the default first
+        self.kept: list[tuple] = []  # keep_alive calls: (model, seconds)
 
     async def _docs(self) -> AsyncIterator[ModelOutputDocument]:
         for d in self.script[1:]:
@@ -62,8 +63,12 @@ class FakeUpstream:
         done = [d for d in self.script if d.error is None]
         return CollectedAnswer(done, self.script[-1])
 
-    async def models(self):
+    async def models(self, live=False):
         return self.served
+
+    async def keep_alive(self, model, keep_alive):
+        self.kept.append((model, keep_alive))
+        return ModelOutputDocument(text=model_info(self.served, model).to_json())
 
     async def info(self, model=None):
         return model_info(self.served, model)

@@ -39,7 +39,7 @@ def calling(arguments: str = '{"city":"Paris"}') -> list[ModelOutputDocument]:
 # ----- Anthropic Messages -----
 
 def test_a_messages_request_becomes_the_engines_conversation(http, fake):
-    body = {"model": "claude", "max_tokens": 20, "system": [{"type": "text", "text": "Be brief.",
+    body = {"max_tokens": 20, "system": [{"type": "text", "text": "Be brief.",
                                                                "cache_control": {"type": "ephemeral"}}],
             "messages": [{"role": "user", "content": "Weather?"},
                          {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather",

@@ -58,3 +58,27 @@ def test_the_model_lists_name_every_served_model(http, fake):
         "fake-model:latest", "second-model:latest", "fake-embedder:latest"]
     shown = http.post("/api/show", json={"model": "second-model"}).json()
     assert shown["model_info"]["llama.context_length"] == 1024
+
+
+def test_keep_alive_goes_with_the_request_and_an_empty_one_loads_or_unloads(http, fake):
+    assert http.post("/api/chat", json={"model": "fake-model", "messages": HI, "stream": False,
+                                        "keep_alive": "10m"}).status_code == 200
+    assert fake.sent[-1].keep_alive == 600
+    http.post("/api/chat", json={"model": "fake-model", "messages": HI, "stream": False, "keep_alive": -1})
+    assert fake.sent[-1].keep_alive == -1  # for good
+    loaded = http.post("/api/generate", json={"model": "fake-model"}).json()
+    stopped = http.post("/api/generate", json={"model": "fake-model", "keep_alive": 0}).json()  # `ollama stop`
+    assert (loaded["done_reason"], stopped["done_reason"]) == ("load", "unload")
+    assert fake.kept == [("fake-model", None), ("fake-model", 0.0)]
+    r = http.post("/v1/completions", json={"prompt": "hi", "keep_alive": "soon"})
+    assert r.status_code == 400 and "keep_alive" in r.text  # every protocol's field: seconds
+
+
+def test_the_states_of_the_models_are_listed(http, fake):
+    fake.served = [replace(INFO, expires_at=1_900_000_000.0), replace(SECOND, state="unloaded")]
+    cards = http.get("/v1/models").json()["data"]
+    assert [(c["id"], c["state"]) for c in cards] == [("fake-model", "loaded"), ("second-model", "unloaded"),
+                                                      ("fake-embedder", "loaded")]
+    running = http.get("/api/ps").json()["models"]
+    assert [(m["name"], m["expires_at"]) for m in running] == [("fake-model:latest", "2030-03-17T17:46:40Z"),
+                                                               ("fake-embedder:latest", "9999-12-31T23:59:59Z")]

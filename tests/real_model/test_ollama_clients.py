@@ -2,6 +2,7 @@
 library (tags, show, ps, chat streamed equal to whole, generate, a JSON schema, tools) and
 LangChain's ChatOllama (invoke and stream, structured output, bound tools)."""
 import json
+import time
 
 import jsonschema
 import ollama
@@ -57,6 +58,23 @@ def test_chat_streamed_equals_whole_and_generate_answers_the_same(client, name):
     assert parts[-1].prompt_eval_count == whole.prompt_eval_count > 0 and parts[-1].eval_duration > 0
     generated = client.generate(model=name, prompt=QUESTION[0]["content"], options=GREEDY)
     assert generated.response == whole.message.content
+
+
+def test_keep_alive_0_unloads_the_model_and_the_next_request_loads_it_again(client, name):
+    """`ollama stop`: an empty generate with keep_alive 0; /api/ps then lists the embedding model
+    alone, and the next chat loads the model again (waiting for it) and answers as before."""
+    stopped = client.generate(model=name, keep_alive=0)
+    assert stopped.done_reason == "unload"
+    for _ in range(300):
+        if name not in [m.model for m in client.ps().models]:
+            break
+        time.sleep(0.1)
+    assert [m.model for m in client.ps().models] == ["all-MiniLM-L6-v2:latest"]
+    again = client.chat(model=name, messages=QUESTION, options=GREEDY, keep_alive="10m")
+    assert again.message.content == "The capital of France is Paris."
+    running = client.ps().models[0]
+    assert running.model == name and running.expires_at.year < 9999  # unloads 10 minutes after
+    client.generate(model=name, keep_alive=-1)  # loaded for good again, for the tests that follow
 
 
 def test_seeded_sampling_replays_and_logprobs_come_per_token(client, name):

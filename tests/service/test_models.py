@@ -5,7 +5,9 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 
+import psutil
 import pytest
 import requests
 import websockets
@@ -21,7 +23,7 @@ def two_models(gpt2_model, llama_model, tmp_path_factory):
     """(grpc_port, http_port) of a Flow serving the tiny gpt2 first, then the tiny llama."""
     from testing.flows import start_flow
     server, grpc_port, http_port = start_flow("", tmp_path_factory.mktemp("models"), models=[gpt2_model, llama_model])
-    yield grpc_port, http_port
+    yield grpc_port, http_port, server.proc.pid
     server.stop()
 
 
@@ -38,7 +40,7 @@ def test_the_models_are_listed_in_order(two_models):
 
 
 def test_each_model_answers_under_its_own_name_on_every_protocol(two_models):
-    grpc_port, http_port = two_models
+    grpc_port, http_port, _ = two_models
     answers = {}
     for name in ("gpt2", "llama"):
         r = _openai(http_port, model=name)
@@ -68,7 +70,7 @@ async def _ws_answer(http_port: int, model: str) -> dict:
 
 
 def test_an_unknown_model_is_refused_on_every_protocol(two_models):
-    grpc_port, http_port = two_models
+    grpc_port, http_port, _ = two_models
     r = _openai(http_port, model="gpt-4o")
     assert r.status_code == 404 and "gpt-4o" in r.text and "'gpt2', 'llama'" in r.text, r.text
     r = requests.post(f"http://127.0.0.1:{http_port}/v1/messages", timeout=60, json={
@@ -80,3 +82,37 @@ def test_an_unknown_model_is_refused_on_every_protocol(two_models):
         assert "gpt-4o" in str(refused.value) and refused.value.error_type in ("not_found", "validation"), protocol
     event = asyncio.run(_ws_answer(http_port, "gpt-4o"))
     assert event["type"] == "error" and "gpt-4o" in event["error"] and event["error_type"] == "not_found", event
+
+
+def _states(http_port: int) -> dict[str, str]:
+    cards = requests.get(f"http://127.0.0.1:{http_port}/v1/models", timeout=30).json()["data"]
+    return {c["id"]: c["state"] for c in cards}
+
+
+def _tree_rss(pid: int) -> int:
+    """The Flow's resident memory: its processes and all of theirs, in bytes."""
+    root = psutil.Process(pid)
+    return sum(p.memory_info().rss for p in [root, *root.children(recursive=True)] if p.is_running())
+
+
+def test_a_model_unloads_freeing_its_memory_and_the_next_request_loads_it_again(two_models):
+    """A request's keep_alive 0 unloads its model once it ends: its engine process exits (the
+    Flow's memory falls by about its size) while the other model serves on; the next request for
+    it waits for the load and gets the same tokens."""
+    _, http_port, pid = two_models
+    first = _openai(http_port, model="llama", keep_alive=0)
+    assert first.status_code == 200, first.text
+    loaded_rss = _tree_rss(pid)
+    for _ in range(300):
+        if _states(http_port)["llama"] == "unloaded":
+            break
+        time.sleep(0.1)
+    assert _states(http_port) == {"gpt2": "loaded", "llama": "unloaded"}
+    unloaded_rss = _tree_rss(pid)
+    assert unloaded_rss < loaded_rss - 100 * 2**20, (loaded_rss, unloaded_rss)  # an engine process is gone
+    assert _openai(http_port, model="gpt2").status_code == 200  # the other serves on
+    again = _openai(http_port, model="llama")
+    assert again.json()["choices"][0]["text"] == first.json()["choices"][0]["text"]
+    assert _states(http_port)["llama"] == "loaded" and _tree_rss(pid) > unloaded_rss + 100 * 2**20
+    print(f"the Flow's RSS: {loaded_rss / 2**20:.0f} MiB with both loaded, {unloaded_rss / 2**20:.0f} MiB "
+          f"with one unloaded")

@@ -1,0 +1,136 @@
+"""One model's life in a serving process: loaded when a request needs it, unloaded when it has
+been idle for its keep-alive, as Ollama and LM Studio do.
+
+The engine (its process, the weights, the KV cache) exists only while loaded. `using` hands a
+request the engine, loading it first when it is not (a request for an unloaded model waits for
+the load; a load that fails raises EngineDeadError, and the next request tries again). When the
+last request in flight ends, the model's expiry is set from that request's `keep_alive`, or the
+server's (EngineConfig.keep_alive: "5m" by default; negative: never; 0: at once), and a timer
+unloads it then unless another request came. Unloading shuts the engine down: its process exits,
+and the memory of its weights and cache goes back to the system.
+
+Every method runs on the serving event loop, apart from the load and the shutdown, which run on a
+thread under `_lock`, so that a request never meets a model half loaded or half unloaded.
+"""
+import asyncio
+import enum
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Optional
+
+from contract import EngineDeadError
+from contract.keep_alive import FOREVER, keep_alive_seconds
+
+from .async_engine import EngineClient
+
+log = logging.getLogger(__name__)
+
+
+class ModelState(enum.StrEnum):
+    LOADED = "loaded"
+    LOADING = "loading"
+    UNLOADED = "unloaded"
+
+
+class ModelLifecycle:
+    def __init__(self, start: Callable[[], EngineClient], keep_alive_s: float,
+                 on_load: Optional[Callable[[EngineClient], None]] = None):
+        self._start, self._on_load = start, on_load or (lambda engine: None)
+        self.keep_alive_s = keep_alive_s  # the server's, for requests that do not say
+        self.engine: Optional[EngineClient] = None
+        self.status = ModelState.UNLOADED
+        self.loads = self.unloads = 0
+        self._in_flight = 0
+        self._expires_at = FOREVER  # time.time() of the unload to come (FOREVER: none)
+        self._timer: Optional[asyncio.TimerHandle] = None
+        self._lock = asyncio.Lock()
+
+    def load_now(self) -> EngineClient:
+        """Load at once, on this thread (the process's start: a model that cannot load stops it)."""
+        self._loaded(self._start())
+        assert self.engine is not None
+        return self.engine
+
+    @asynccontextmanager
+    async def using(self, keep_alive: Optional[float] = None) -> AsyncIterator[EngineClient]:
+        """The loaded engine for one request; its end sets the model's expiry from `keep_alive`."""
+        self._in_flight += 1
+        self._cancel_timer()
+        try:
+            yield await self._ensure_loaded()
+        finally:
+            self._in_flight -= 1
+            self.keep(keep_alive)
+
+    def keep(self, keep_alive: Optional[float] = None) -> None:
+        """From now on, stay loaded `keep_alive` seconds after the last request (the server's
+        keep-alive when None; negative: for good); 0 unloads once nothing is in flight."""
+        seconds = keep_alive_seconds(keep_alive) if keep_alive is not None else self.keep_alive_s
+        assert seconds is not None
+        self._expires_at = time.time() + seconds if seconds != FOREVER else FOREVER
+        self._cancel_timer()
+        if self._in_flight == 0 and self.status is ModelState.LOADED and self._expires_at != FOREVER:
+            self._timer = asyncio.get_running_loop().call_later(seconds, self._expire)
+
+    async def load(self, keep_alive: Optional[float] = None) -> None:
+        """Load (if it is not) and keep it for `keep_alive`: Ollama's request that only loads."""
+        async with self.using(keep_alive):
+            pass
+
+    @property
+    def expires_at(self) -> Optional[float]:
+        """When it unloads (time.time()), if it is loaded, idle and due to."""
+        loaded_idle = self.status is ModelState.LOADED and self._in_flight == 0
+        return self._expires_at if loaded_idle and self._expires_at != FOREVER else None
+
+    def abort(self, request_id: str) -> None:
+        if self.engine is not None:
+            self.engine.abort(request_id)
+
+    async def _ensure_loaded(self) -> EngineClient:
+        async with self._lock:
+            if self.engine is None:
+                self.status = ModelState.LOADING
+                try:
+                    engine = await asyncio.to_thread(self._start)
+                except Exception as exc:  # noqa: BLE001 - this request fails; the next one tries again
+                    self.status = ModelState.UNLOADED
+                    raise EngineDeadError(f"model: could not load: {exc}") from exc
+                self._loaded(engine)
+            assert self.engine is not None
+            return self.engine
+
+    def _loaded(self, engine: EngineClient) -> None:
+        self.engine, self.status = engine, ModelState.LOADED
+        self.loads += 1
+        self._on_load(engine)
+
+    def _expire(self) -> None:
+        self._timer = None
+        if self._in_flight == 0 and self.engine is not None:
+            asyncio.get_running_loop().create_task(self.unload())
+
+    async def unload(self) -> None:
+        """Shut the engine down and free its memory, unless a request came meanwhile."""
+        async with self._lock:
+            if self.engine is None or self._in_flight:
+                return
+            engine, self.engine = self.engine, None
+            log.info("the model unloads after its keep-alive")
+            await asyncio.to_thread(engine.shutdown)  # its process gone, and its memory with it
+            self.status = ModelState.UNLOADED
+            self.unloads += 1
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def shutdown(self) -> None:
+        """The process stops: the engine with it, whatever its state."""
+        self._cancel_timer()
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None
