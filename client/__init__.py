@@ -159,7 +159,8 @@ def _from_rpc_error(rpc_error: Any) -> StreamError:
 
 
 async def generate(prompt: str, **kwargs) -> ModelOutputDocument:
-    """A whole answer as one document: `text` is all of it, every per-token list (token_ids,
+    """A whole answer as one document: `text` is all of it (and `reasoning` all of a reasoning
+    model's thoughts), every per-token list (token_ids,
     logprobs, texts, alternatives, tool-call parts, the prompt's log probabilities) holds the
     whole answer's, and the rest (finish_reason, generated_tokens, seed...) is the last
     document's. With `n` above 1, the answer that ended last."""
@@ -169,7 +170,8 @@ async def generate(prompt: str, **kwargs) -> ModelOutputDocument:
     own = [doc for doc in docs if doc.choice_index == last.choice_index]
     joined = {name: [item for doc in own for item in getattr(doc, name)]
               for name, value in last if isinstance(value, list)}
-    return last.model_copy(update={**joined, "text": "".join(doc.text for doc in own)})
+    return last.model_copy(update={**joined, "text": "".join(doc.text for doc in own),
+                                   "reasoning": "".join(doc.reasoning for doc in own)})
 
 
 __all__ = ["StreamError", "connect", "default_port", "generate", "make_client", "stream"]

@@ -17,6 +17,9 @@ SEED_MAX = 2**64 - 1  # TGI's u64 range; torch.Generator.manual_seed takes all o
 MAX_TOP_LOGPROBS = 20  # alternatives per token a request may ask for (OpenAI's bound)
 MAX_CHOICES = 16  # answers one request may ask for (n); each is a batch row, so the batch bounds it too
 MAX_SPECULATIVE_TOKENS = 16  # prompt-lookup drafts per step
+# OpenAI's reasoning_effort (Responses' reasoning.effort) as a reasoning_budget of thinking tokens; high: unbounded
+REASONING_EFFORT_BUDGETS: dict[str, "int | None"] = {"none": 0, "minimal": 256, "low": 1024, "medium": 4096,
+                                                     "high": None}
 
 
 @dataclass(frozen=True)

@@ -106,6 +106,9 @@ class SamplingParams:
     tool_choice: Optional[str] = request_field(
         None, "none, auto (the default with tools), required, or the name of the function to call")
     parallel_tool_calls: bool = request_field(True, "whether an answer may make several calls")
+    reasoning_budget: Optional[int] = request_field(
+        None, "reasoning models: thinking tokens at most, after which the close marker is forced and the answer "
+              "follows (0: no thinking; null: as the model goes)", ge=0)
     resume_tokens: list[int] = request_field(
         [], "an answer's tokens so far (ids): it goes on from them as if it had never stopped, token for token, "
             "with the seed it was sampled with (the gateway moves a stream off a lost replica this way)")
@@ -266,6 +269,9 @@ class EngineConfig:
     # how long the model stays loaded after its last request (contract/keep_alive.py: "5m", seconds,
     # negative: for good); a request's keep_alive sets its own
     keep_alive: str = engine_option("5m", "LLM_KEEP_ALIVE")
+    # a reasoning model's think markers (engine/policies/reasoning.py): auto (the chat template's <think> and
+    # </think>, where it names them), off, or OPEN,CLOSE
+    reasoning: str = engine_option("auto", "LLM_REASONING")
     limits: RequestLimits = field(default_factory=RequestLimits.from_env)  # request sizes
 
     def validate(self) -> "EngineConfig":

@@ -36,6 +36,7 @@ class RequestOutput:
     prompt: Optional[PromptScores] = None  # prompt_logprobs: on each answer's first output
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
     stop_sequence: Optional[str] = None  # the stop sequence that ended the answer (finish_reason stop_sequence)
+    thoughts: list[str] = field(default_factory=list)  # each token's new reasoning text (policies/reasoning.py)
 
     @classmethod
     def failure(cls, request_id: str, error: BaseException | str, index: int = -1, prompt_tokens: int = 0,
@@ -67,6 +68,10 @@ class RequestOutput:
         return "".join(self.texts)
 
     @property
+    def reasoning(self) -> str:
+        return "".join(self.thoughts)
+
+    @property
     def ends(self) -> bool:
         """The request's last output: finished, or failed."""
         return self.finish_reason is not None or self.error is not None
@@ -87,6 +92,7 @@ class RequestOutput:
             whole.tool_calls += out.tool_calls
             whole.alternatives += out.alternatives
             whole.token_strs += out.token_strs
+            whole.thoughts += out.thoughts
         whole.tool_calls = merged(whole.tool_calls)
         return whole
 

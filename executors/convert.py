@@ -28,6 +28,7 @@ def to_document(out: RequestOutput, generated_text: str) -> ModelOutputDocument:
     prompt = out.prompt
     return ModelOutputDocument(
         token_id=out.token_ids[-1] if out.token_ids else -1, token_ids=out.token_ids, text=out.text,
+        reasoning=out.reasoning,
         texts=out.texts, generated_text=generated_text, index=out.index, choice_index=out.choice,
         logprob=out.logprobs[-1] if out.logprobs else 0.0, logprobs=out.logprobs,
         special=out.special[-1] if out.special else False, specials=out.special,

@@ -116,7 +116,8 @@ class ModelOutputDocument(FlatDoc):
 
     token_id: Int32 = -1  # the last token of this document
     token_ids: list[Int32] = []  # every token this document covers
-    text: str = ""  # only this document's new text
+    text: str = ""  # only this document's new text (of the answer)
+    reasoning: str = ""  # only this document's new reasoning text: a reasoning model's thoughts, apart
     generated_text: str = ""  # all text so far
     index: Int32 = 0  # position of token_id in the generation
     choice_index: Int32 = 0  # which of the request's n answers this document belongs to

@@ -55,6 +55,11 @@ def _pad_vocab(vocab: dict[str, int], target: int, space: str) -> dict[str, int]
     return vocab
 
 
+# a chat template that leaves a think block open, as reasoning models' do (Qwen3, DeepSeek-R1)
+THINKING_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+                     "{% if add_generation_prompt %}<|assistant|><think>\n{% endif %}")
+
+
 def bpe_tokenizer(pad_to: int = 0) -> PreTrainedTokenizerFast:
     vocab, merges = _train(pre_tokenizers.ByteLevel(add_prefix_space=False), 2000, ["<|endoftext|>"],
                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
@@ -106,12 +111,14 @@ SIZES = {"tiny": (2, 64, 4, 512), "medium": (4, 256, 4, 1024), "slow": (12, 768,
 
 
 def build(path: str | Path, style: str = "gpt2", size: str = "tiny", seed: int = 0, four_bit: bool = False,
-          integer_weights: bool = False) -> Path:
+          integer_weights: bool = False, thinking: bool = False) -> Path:
     """Write a tokenizer and a randomly initialised model to `path`; return it. `four_bit`: its
     Linear layers' weights snapped to 4-bit groups (a Q4_1 GGUF's shape), so that the engine runs
     them as int4 with the C kernels, where every number is batch- and history-invariant.
     `integer_weights`: drawn from integers (`_integer_init`), so that every CPU builds the very
-    same model, as a golden file needs (PyTorch's normal draws round by its vector width)."""
+    same model, as a golden file needs (PyTorch's normal draws round by its vector width).
+    `thinking`: a reasoning model's shape: `<think>` and `</think>` tokens, and a chat template
+    that opens a think block (THINKING_TEMPLATE)."""
     path = Path(path)
     torch.manual_seed(seed)
     if size not in SIZES:
@@ -119,6 +126,9 @@ def build(path: str | Path, style: str = "gpt2", size: str = "tiny", seed: int =
     big = size == "gpt2-small"
     pad_to = 50257 if big else 0  # GPT-2 small's vocabulary, so the output layer costs what it does
     tokenizer = bpe_tokenizer(pad_to) if style == "gpt2" else llama_tokenizer(pad_to)
+    if thinking:
+        tokenizer.add_special_tokens({"additional_special_tokens": ["<think>", "</think>"]})
+        tokenizer.chat_template = THINKING_TEMPLATE
     n_vocab = len(tokenizer)
     layers, width, heads, context = SIZES[size]
     if style == "gpt2":

@@ -92,6 +92,12 @@ def gpt2_model(models_dir) -> str:
 
 
 @pytest.fixture(scope="session")
+def thinking_model(models_dir) -> str:
+    """A reasoning model's shape: think markers, and a chat template that opens a think block."""
+    return shared_build(models_dir / "thinking", "gpt2", thinking=True)
+
+
+@pytest.fixture(scope="session")
 def llama_model(models_dir) -> str:
     return shared_build(models_dir / "llama", "llama")
 

@@ -26,7 +26,6 @@ from ..model.loader import LoadedModel
 from ..model.model_runner import ModelRunner, StepResult
 from ..observer import EngineObserver
 from ..outputs import RequestOutput
-from ..policies.detokenizer import byte_fallback_ids
 from ..policies.logprobs import TokenTexts
 from ..policies.output import Vocabulary
 from ..policies.prompt_logprobs import score
@@ -53,8 +52,7 @@ class EngineCore:
         self.runner.probe()
         self.grammars = GrammarCompiler(self.tokenizer, config.limits)
         self.token_texts = TokenTexts(self.tokenizer)
-        vocab = Vocabulary(self.tokenizer, byte_fallback_ids(self.tokenizer),
-                           frozenset(self.tokenizer.all_special_ids), loaded.eos_token_ids, self.token_texts)
+        vocab = Vocabulary.of(self.tokenizer, loaded.eos_token_ids, self.token_texts, config.reasoning)
         self.rows = RowFactory(config, vocab, self.grammars)
         self.masks = MaskFiller(self.grammars)
         self._aborts: set[str] = set()
@@ -129,7 +127,8 @@ class EngineCore:
         """The constrained rows' token masks, filled in llguidance's threads while the forward pass runs."""
         firsts = _logit_rows(plan)
         return self.masks.start([(first, w.request.pipeline.matcher) for w, first in zip(plan.work, firsts, strict=True)
-                                 if w.samples and w.request.pipeline.matcher is not None])
+                                 if w.samples and w.request.pipeline.matcher is not None
+                                 and not w.request.pipeline.thinking])  # grammars hold after the thinking
 
     def _run(self, plan: StepPlan) -> Optional[StepResult]:
         """The forward pass; None when it failed (a failed pass cannot be pinned on one row:
@@ -150,6 +149,7 @@ class EngineCore:
         output pipeline; a row that fails ends alone."""
         if masks is not None:
             self.masks.apply(masks.result(), result.logits)
+        _force(plan, result.logits)
         step = StepLogits(result.logits, _logit_rows(plan))
         step.choose_greedy(plan.work)
         outcomes: list[RowOutcome] = []
@@ -186,8 +186,8 @@ class EngineCore:
             for j in range(1 + len(w.drafts)):
                 choice = step.choose(row, i, j, w.drafts[:j])
                 if self._take(outcome, choice, step.rows(i, w)[j]) or j == len(w.drafts) \
-                        or choice.token_id != w.drafts[j]:
-                    break
+                        or choice.token_id != w.drafts[j] or row.pipeline.forced is not None:
+                    break  # (a forced token: the next step's first, whatever the drafts)
         except Exception as exc:
             log.exception("request %s failed", row.request_id)
             outcome.ends = True
@@ -282,6 +282,18 @@ class StepLogits:
         if index:
             rows = self.logits[index] if len(index) < self.logits.shape[0] else self.logits
             self.greedy = dict(zip(index, greedy_choices(rows), strict=True))
+
+
+def _force(plan: StepPlan, logits: torch.Tensor) -> None:
+    """A row whose next token is forced (a spent reasoning budget's close marker) can choose only
+    it, greedy or sampled; its log probability is then 0, as it was chosen from."""
+    for w, first in zip(plan.work, _logit_rows(plan), strict=True):
+        token = w.request.pipeline.forced if w.samples else None
+        if token is not None:
+            with torch.inference_mode():  # the logits are the forward pass's inference tensor
+                kept = logits[first, token].clone()
+                logits[first].fill_(float("-inf"))
+                logits[first, token] = kept
 
 
 def _logit_rows(plan: StepPlan) -> list[int]:

@@ -1,5 +1,6 @@
 """A row's output pipeline (vLLM's OutputProcessor, one per row): a chosen token in, what the
-client sees of it out. Detokenize, advance the grammar, find stop sequences, read tool calls,
+client sees of it out. Detokenize, tell thoughts from the answer (reasoning.py), advance the
+grammar, find stop sequences, read tool calls,
 attach log probabilities, and decide whether the answer ends (`finish_reason`, the one place
 where the order of the finish reasons is written).
 
@@ -15,8 +16,9 @@ import torch
 
 from contract import FinishReason, SamplingParams, ValidationError
 
-from .detokenizer import IncrementalDetokenizer
+from .detokenizer import IncrementalDetokenizer, byte_fallback_ids
 from .logprobs import Alternative, TokenTexts, raw_logprob
+from .reasoning import ReasoningMarkers, ReasoningParser
 from .stopping import StopSequenceFilter
 from .structured import grammar_complete
 from .tools import ToolCallDelta, ToolCallParser
@@ -31,6 +33,13 @@ class Vocabulary:
     special_ids: frozenset[int]
     eos_ids: frozenset[int]
     texts: TokenTexts
+    reasoning: Optional[ReasoningMarkers] = None  # the model's think markers, where it has them
+
+    @classmethod
+    def of(cls, tokenizer: Any, eos_ids: frozenset[int], texts: TokenTexts, reasoning: str) -> "Vocabulary":
+        """`reasoning`: EngineConfig.reasoning (the think markers: auto, off, or OPEN,CLOSE)."""
+        return cls(tokenizer, byte_fallback_ids(tokenizer), frozenset(tokenizer.all_special_ids), eos_ids, texts,
+                   ReasoningMarkers.of(tokenizer, reasoning))
 
 
 @dataclass
@@ -39,7 +48,7 @@ class TokenPiece:
     alternatives, the tool-call parts it completes, and whether the answer ends with it."""
 
     token_id: int
-    text: str
+    text: str  # of the answer
     logprob: float
     special: bool
     token_str: Optional[str] = None  # logprobs or top_logprobs: the token's text alone
@@ -47,6 +56,7 @@ class TokenPiece:
     tool_calls: list[ToolCallDelta] = field(default_factory=list)
     finish: Optional[FinishReason] = None
     stop_sequence: Optional[str] = None  # the one that ended the answer (finish STOP)
+    reasoning: str = ""  # its text when it is a thought (reasoning.py)
 
 
 def finish_reason(stop_hit: bool, eos: bool, length: bool, grammar_done: bool,
@@ -69,6 +79,7 @@ class OutputPipeline:
         self.detokenizer = IncrementalDetokenizer(vocab.tokenizer, vocab.byte_ids)
         self.stops = StopSequenceFilter(params.stop)
         self.tools = ToolCallParser(auto=tools_auto, call_id=self._call_id) if tools else None
+        self.reasoning = ReasoningParser(vocab.reasoning, prompt_ids, params.reasoning_budget)
         self._prompt_digest = hashlib.blake2b(repr(prompt_ids).encode(), digest_size=16).digest()
         self.count = 0  # tokens through the pipeline
 
@@ -79,7 +90,7 @@ class OutputPipeline:
     def token(self, token_id: int, logits: torch.Tensor, logprob: Optional[float]) -> TokenPiece:
         """The next token of the answer. logits: its row [vocab] (masked as it was chosen from);
         logprob: the plain greedy rows' own, already computed. Raises when this row fails."""
-        text, calls, finish = self._advance(token_id)
+        text, calls, finish, thought = self._advance(token_id)
         top = self.params.top_logprobs
         alternatives = None
         if logprob is None or top:
@@ -87,7 +98,17 @@ class OutputPipeline:
         asked = self.asks_logprobs
         return TokenPiece(token_id, text, logprob, token_id in self.vocab.special_ids,
                           self.vocab.texts(token_id) if asked else None, alternatives if asked else None, calls,
-                          finish, self.stops.hit if finish is FinishReason.STOP else None)
+                          finish, self.stops.hit if finish is FinishReason.STOP else None, thought)
+
+    @property
+    def thinking(self) -> bool:
+        """Whether the next token is a thought: no grammar applies to it."""
+        return self.reasoning.inside
+
+    @property
+    def forced(self) -> Optional[int]:
+        """The token the next step must choose (the close marker of a spent reasoning budget)."""
+        return self.reasoning.forced
 
     def replay(self, tokens: list[int]) -> None:
         """A resumed request's tokens so far, through every policy, their output dropped (it was
@@ -97,10 +118,15 @@ class OutputPipeline:
                 raise ValidationError("resume_tokens", f"the answer ends at token {self.count - 1} of the "
                                                        f"{len(tokens)} given: nothing is left to generate")
 
-    def _advance(self, token_id: int) -> tuple[str, list[ToolCallDelta], Optional[FinishReason]]:
+    def _advance(self, token_id: int) -> tuple[str, list[ToolCallDelta], Optional[FinishReason], str]:
+        """(the answer's text, tool-call parts, the finish reason, the thought's text) of a token."""
         self.count += 1
         eos = token_id in self.vocab.eos_ids and not self.params.ignore_eos
         length = self.count >= self.params.max_tokens
+        if self.reasoning.feed(token_id):  # a thought, or a marker: before the answer's policies
+            ended = eos or length or not self.reasoning.inside  # the answer, or the thinking (its close)
+            delta = self.detokenizer.add(token_id) + (self.detokenizer.flush() if ended else "")
+            return "", [], finish_reason(False, eos, length, False, False), self.reasoning.strip(delta)
         grammar_done = self._grammar(token_id)
         ending = eos or length or grammar_done
         delta = self.detokenizer.add(token_id) + (self.detokenizer.flush() if ending else "")
@@ -113,7 +139,7 @@ class OutputPipeline:
             if ending or stop_hit:
                 text += self.tools.finish()
         called = self.tools is not None and self.tools.called
-        return text, calls, finish_reason(stop_hit, eos, length, grammar_done, called)
+        return text, calls, finish_reason(stop_hit, eos, length, grammar_done, called), ""
 
     def _grammar(self, token_id: int) -> bool:
         """Advance the grammar; whether it is complete. A token it refuses ends this row alone,

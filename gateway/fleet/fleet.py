@@ -141,23 +141,11 @@ class Fleet:
                 "router": {**self.router.describe(), "migrations": self.migrations}}
 
     async def _metrics(self) -> str:
-        """Every replica's series, each labelled with its replica, family by family (a family's
-        HELP and TYPE once, then its samples from every replica, as the text format wants)."""
+        """Every replica's series, each labelled with its replica."""
         replicas = list(self.replicas)
         answers = await asyncio.gather(*(r.unary("/metrics") for r in replicas), return_exceptions=True)
-        families: dict[str, list[str]] = {}  # a family's HELP and TYPE lines, then its samples
-        for replica, text in zip(replicas, answers, strict=True):
-            family = ""
-            for line in text.splitlines() if isinstance(text, str) else []:
-                if line.startswith("# "):
-                    family = line.split()[2] if len(line.split()) > 2 else family
-                    head = families.setdefault(family, [])
-                    if line not in head:
-                        head.append(line)
-                elif (match := _SERIES.match(line)) is not None:
-                    labels = f'replica="{replica.index}"' + (f",{match['labels']}" if match["labels"] else "")
-                    families.setdefault(family, []).append(f"{match['name']}{{{labels}}}{match['rest']}")
-        return "\n".join(line for lines in families.values() for line in lines) + "\n"
+        return merge_families([(f'replica="{replica.index}"', text) for replica, text in zip(replicas, answers, strict=True)
+                               if isinstance(text, str)])
 
     async def close(self) -> None:
         if self._poller is not None:
@@ -165,3 +153,23 @@ class Fleet:
         for replica in self.replicas:
             await replica.streamer.close()
         Fleet._shared = {k: v for k, v in Fleet._shared.items() if v is not self}
+
+
+def merge_families(texts: list[tuple[str, str]]) -> str:
+    """Prometheus texts as one, family by family (a family's HELP and TYPE once, then its samples
+    from every text, as the text format wants); each (labels, text) has `labels` put first in its
+    samples' labels ("" for none)."""
+    families: dict[str, list[str]] = {}  # a family's HELP and TYPE lines, then its samples
+    for labels, text in texts:
+        family = ""
+        for line in text.splitlines():
+            if line.startswith("# "):
+                family = line.split()[2] if len(line.split()) > 2 else family
+                head = families.setdefault(family, [])
+                if line not in head:
+                    head.append(line)
+            elif (match := _SERIES.match(line)) is not None:
+                joined = ",".join(filter(None, [labels, match["labels"]]))
+                series = f"{match['name']}{{{joined}}}" if joined else match["name"]
+                families.setdefault(family, []).append(f"{series}{match['rest']}")
+    return "\n".join(line for lines in families.values() for line in lines) + "\n"

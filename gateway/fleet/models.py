@@ -11,7 +11,7 @@ import json
 from typing import Optional
 
 from contract import served_id
-from gateway.fleet.fleet import Fleet
+from gateway.fleet.fleet import Fleet, merge_families
 
 
 class ModelFleets:
@@ -35,6 +35,18 @@ class ModelFleets:
         ids = await self.ids()
         model_id = served_id(name, ids)
         return self.fleets[ids.index(model_id)], model_id
+
+    async def unary(self, endpoint: str) -> Optional[str]:
+        """/stats and /metrics for every model (the first's stats at the top, each model's under
+        `models`; the metrics of all, each series with its model_name label); /info the first's."""
+        if len(self.fleets) == 1 or endpoint not in ("/stats", "/metrics"):
+            return await self.fleets[0].unary(endpoint)
+        texts = await asyncio.gather(*(f.unary(endpoint) for f in self.fleets))
+        if endpoint == "/metrics":
+            return merge_families([("", text) for text in texts if text is not None])
+        each = [json.loads(text or "{}") for text in texts]
+        return json.dumps({**each[0], "healthy": all(s.get("healthy", False) for s in each),
+                           "models": dict(zip(await self.ids(), each, strict=True))})
 
     async def infos(self) -> list[dict]:
         """Each model's /info (its fleet's), in the Flow's order: what /v1/models lists."""

@@ -198,11 +198,13 @@ class RoutingStreamer:
             async for result in other.stream_docs(docs, exec_endpoint=exec_endpoint, **kwargs):
                 yield result
             return
-        fleet, answer = await self._fleet_of(getattr(docs[0], "model", None) if len(docs) else None)
+        name = getattr(docs[0], "model", None) if len(docs) else None
+        fleet, answer = await self._fleet_of(name)
         if answer is None and exec_endpoint == MODELS:
             answer = ModelOutputDocument(text=json.dumps(await self.models.infos()))
-        elif answer is None and (text := await fleet.unary(exec_endpoint or "")) is not None:
-            answer = ModelOutputDocument(text=text)
+        elif answer is None:
+            text = await (fleet.unary if name else self.models.unary)(exec_endpoint or "")
+            answer = ModelOutputDocument(text=text) if text is not None else None
         if answer is not None:  # the gateway's own answer: a refusal, or what speaks for several
             docs_out = DocList[ModelOutputDocument]([answer])
             if not kwargs.get("return_results"):

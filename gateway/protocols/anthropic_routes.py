@@ -6,9 +6,12 @@ A request maps onto the contract like every other route: `system` and `messages`
 `tool_use` and `tool_result` blocks) become the engine's conversation, `tools` and `tool_choice`
 its function tools, `max_tokens`, `stop_sequences`, `temperature`, `top_p`, `top_k` its fields.
 Anthropic samples at temperature 1 unless told otherwise, as here. What is not served is refused
-naming the field (FIELDS, which docs/api.md's table follows): extended `thinking`,
-`output_config.effort`, image and document blocks, server tools, a final assistant message
+naming the field (FIELDS, which docs/api.md's table follows): image and document blocks, server
+tools, a final assistant message
 (prefill), `container`, `mcp_servers`. `output_config.format` (a JSON schema) is structured output.
+A reasoning model's thoughts come as `thinking` blocks before the answer's; `thinking` (enabled
+with `budget_tokens`, or disabled) and `output_config.effort` bound them; an assistant turn's
+thinking blocks go no further (reasoning models' templates drop past thoughts).
 `cache_control` marks are accepted and do nothing: the prefix cache is automatic
 (`usage.cache_read_input_tokens` says what it held); `metadata` and the other fields that name who
 asks do not change an answer. A field that FIELDS does not name is refused.
@@ -24,6 +27,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr
 
 from contract import ErrorKind, ServerInfo
+from contract.limits import REASONING_EFFORT_BUDGETS
 from contract.transport import ANTHROPIC_ERROR_TYPE, ANTHROPIC_STATUS
 from gateway.edge.backend import CollectedAnswer
 from gateway.mapping.api_fields import ApiFields, no_effect, refused, served
@@ -45,9 +49,9 @@ TOOL_CHOICE = {"auto": "auto", "any": "required", "none": "none"}  # and {"type"
 # every top-level field of a Messages request (docs/api.md's table is checked against it)
 FIELDS = ApiFields("Anthropic's Messages API", (
     *served("model", "max_tokens", "messages", "system", "stop_sequences", "stream", "temperature", "top_p",
-            "top_k", "tools", "tool_choice", "output_config"),
+            "top_k", "tools", "tool_choice", "output_config", "thinking"),
     *no_effect("metadata", "cache_control", "service_tier", "inference_geo", "user_profile_id", "workspace_id"),
-    refused("thinking", {"type": "disabled"}), refused("speed", "standard"), refused("container"),
+    refused("speed", "standard"), refused("container"),
     refused("mcp_servers", []), refused("context_management"), refused("diagnostics")))
 
 
@@ -61,6 +65,7 @@ class CountRequest(BaseModel):
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[dict[str, Any]] = None
     output_config: Optional[dict[str, Any]] = None
+    thinking: Optional[dict[str, Any]] = None
     metadata: Optional[dict[str, Any]] = None
     cache_control: Optional[dict[str, Any]] = None
     service_tier: Optional[StrictStr] = None
@@ -124,6 +129,8 @@ def _turn(talk: Conversation, role: str, blocks: list[Any], where: str) -> None:
             text.append(block["text"])
         elif kind_ == "tool_use" and role == "assistant":
             calls.append((str(block.get("id", "")), block.get("name"), block.get("input") or {}))
+        elif kind_ in ("thinking", "redacted_thinking") and role == "assistant":
+            pass  # past thoughts go no further, as reasoning models' templates drop them
         elif kind_ == "tool_result" and role == "user":
             result = _text(block.get("content") or "", f"{where}.{j}.content")
             talk.tool_result(str(block.get("tool_use_id", "")), ("Error: " if block.get("is_error") else "") + result)
@@ -155,24 +162,44 @@ def tools(req: Any) -> dict[str, Any]:
 
 
 def output_format(config: Optional[dict[str, Any]]) -> dict[str, Any]:
-    """`output_config.format` ({"type": "json_schema", "schema"}: structured output); an `effort`
-    (how long a model thinks) is not served."""
+    """`output_config.format` ({"type": "json_schema", "schema"}: structured output), and its
+    `effort` (how long a reasoning model thinks: OpenAI's efforts' budgets)."""
     config = config or {}
-    if config.get("effort") is not None:
-        raise BadRequest("output_config.effort: not served here (the model does not think at length)", "output_config")
+    effort = config.get("effort")
+    budget = {}
+    if effort is not None:
+        if effort not in REASONING_EFFORT_BUDGETS:
+            raise BadRequest(f"output_config.effort: one of {', '.join(REASONING_EFFORT_BUDGETS)}", "output_config")
+        budget = {"reasoning_budget": REASONING_EFFORT_BUDGETS[effort]}
     fmt = config.get("format")
     if fmt is None:
-        return {}
+        return budget
     if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
         raise BadRequest('output_config.format: must be {"type": "json_schema", "schema": {...}}', "output_config")
-    return {"json_schema": json.dumps(fmt["schema"])}
+    return {**budget, "json_schema": json.dumps(fmt["schema"])}
+
+
+def thinking(config: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """`thinking`: enabled with `budget_tokens` (the thoughts' budget), disabled (none), or
+    adaptive (as the model goes)."""
+    if config is None:
+        return {}
+    kind_ = config.get("type")
+    if kind_ == "disabled":
+        return {"reasoning_budget": 0}
+    if kind_ == "adaptive":
+        return {}
+    budget = config.get("budget_tokens")
+    if kind_ != "enabled" or not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
+        raise BadRequest('thinking: {"type": "enabled", "budget_tokens": N}, {"type": "disabled"} or '
+                         '{"type": "adaptive"}', "thinking")
+    return {"reasoning_budget": budget}
 
 
 def to_fields(req: Any) -> dict[str, Any]:
     FIELDS.check(req)
     fields = {"model": req.model, "max_tokens": req.max_tokens, "stop": list(req.stop_sequences or []),
-              "do_sample": True, **tools(req),
-              **output_format(req.output_config)}
+              "do_sample": True, **tools(req), **output_format(req.output_config), **thinking(req.thinking)}
     for name in ("temperature", "top_p", "top_k"):
         if getattr(req, name) is not None:
             fields[name] = getattr(req, name)
@@ -206,8 +233,9 @@ class Messages(Protocol):
     def answer(self, parsed: Parsed, result: CollectedAnswer, info: Optional[ServerInfo]) -> Response:
         docs = result.docs
         last = result.last or ModelOutputDocument()
-        text = "".join(d.text for d in docs)
-        content: list[dict] = [{"type": "text", "text": text}] if text or not whole_calls(docs) else []
+        text, thought = "".join(d.text for d in docs), "".join(d.reasoning for d in docs)
+        content: list[dict] = [{"type": "thinking", "thinking": thought, "signature": ""}] if thought else []
+        content += [{"type": "text", "text": text}] if text or not whole_calls(docs) else []
         content += [{"type": "tool_use", "id": c["id"], "name": c["function"]["name"],
                      "input": json.loads(c["function"]["arguments"] or "{}")} for c in whole_calls(docs)]
         return JSONResponse(self.message(parsed, info, content, STOP_REASON.get(last.finish_reason or ""),
@@ -247,8 +275,9 @@ def _usage(finals: list[ModelOutputDocument], output: Optional[int] = None) -> d
 
 
 class _BlockStream:
-    """An answer's content blocks as Anthropic streams them: a text block, then each tool_use
-    block, each opened, fed its deltas, and closed before the next."""
+    """An answer's content blocks as Anthropic streams them: a thinking block (a reasoning
+    model's), a text block, then each tool_use block, each opened, fed its deltas, and closed
+    before the next."""
 
     def __init__(self) -> None:
         self.index, self.open = -1, None  # the open block: "text" or a call's index
@@ -256,6 +285,10 @@ class _BlockStream:
 
     def feed(self, out: ModelOutputDocument) -> list[str]:
         frames = []
+        if out.reasoning:
+            if self.open != "thinking":
+                frames += self._start({"type": "thinking", "thinking": "", "signature": ""}, "thinking")
+            frames.append(self._delta({"type": "thinking_delta", "thinking": out.reasoning}))
         if out.text:
             if self.open != "text":
                 frames += self._start({"type": "text", "text": ""}, "text")

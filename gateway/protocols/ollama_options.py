@@ -12,19 +12,19 @@ the prompt and the answer together; at or above it, the model's own context boun
 import json
 from typing import Any, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, StrictFloat, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from contract import ServerInfo, ValidationError
 from contract.keep_alive import FOREVER, keep_alive_seconds
+from contract.limits import REASONING_EFFORT_BUDGETS
 from gateway.mapping.api_fields import ApiFields, no_effect, refused, served
 from gateway.mapping.inputs import BadRequest, Bool, Int, Number, Stop
 
 OLLAMA_DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9}  # Ollama's own, when a request says none
 _SHARED = ("model", "format", "options", "stream", "logprobs", "top_logprobs")
-CHAT_FIELDS = ApiFields("Ollama's /api/chat", (
-    *served(*_SHARED, "messages", "tools", "keep_alive"), refused("think", False)))
+CHAT_FIELDS = ApiFields("Ollama's /api/chat", served(*_SHARED, "messages", "tools", "keep_alive", "think"))
 GENERATE_FIELDS = ApiFields("Ollama's /api/generate", (
-    *served(*_SHARED, "prompt", "system", "raw", "keep_alive"), refused("think", False),
+    *served(*_SHARED, "prompt", "system", "raw", "keep_alive", "think"),
     refused("suffix", ""), refused("template", ""), refused("context", []), refused("images", [])))
 OPTIONS = ApiFields("Ollama's options", (
     *served("num_predict", "num_ctx", "temperature", "top_p", "top_k", "min_p", "typical_p", "seed", "stop",
@@ -80,6 +80,7 @@ class OllamaRequest(BaseModel):
     logprobs: Bool = None
     top_logprobs: Int = None
     keep_alive: Optional[Union[StrictStr, StrictInt, StrictFloat]] = None
+    think: Optional[Union[StrictBool, StrictStr]] = None
 
 
 class ChatRequest(OllamaRequest):
@@ -91,6 +92,19 @@ class GenerateRequest(OllamaRequest):
     prompt: Optional[StrictStr] = None
     system: Optional[StrictStr] = None
     raw: Bool = None
+
+
+def think_fields(value: Any) -> dict[str, Any]:
+    """`think`: false ends the thinking at once (a budget of 0), true lets the model think as it
+    goes, and a level ("low", "medium", "high") is OpenAI's effort's budget. A reasoning model's
+    thoughts come apart from the answer whatever is asked (`thinking`)."""
+    if value is None or value is True:
+        return {}
+    if value is False:
+        return {"reasoning_budget": 0}
+    if isinstance(value, str) and value in REASONING_EFFORT_BUDGETS:
+        return {"reasoning_budget": REASONING_EFFORT_BUDGETS[value]}
+    raise BadRequest(f"think: true, false or one of {', '.join(REASONING_EFFORT_BUDGETS)}, got {value!r}", "think")
 
 
 def keep_alive_field(value: Any) -> Optional[float]:

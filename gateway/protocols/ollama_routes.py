@@ -35,6 +35,7 @@ from gateway.protocols.ollama_options import (
     format_fields,
     keep_alive_field,
     option_fields,
+    think_fields,
 )
 from schemas import ModelOutputDocument, PromptDocument
 
@@ -67,7 +68,7 @@ class Ollama(Protocol):
         if req.top_logprobs and not req.logprobs:
             raise BadRequest("top_logprobs: needs logprobs: true", "top_logprobs")
         fields.update(format_fields(req.format), logprobs=bool(req.logprobs), top_logprobs=req.top_logprobs or 0,
-                      keep_alive=keep_alive_field(req.keep_alive))
+                      keep_alive=keep_alive_field(req.keep_alive), **think_fields(req.think))
         doc = prompt_document(**self.prompt(req, info), **fields, model=info.model_id)
         if num_ctx is not None:
             doc = await _within(doc, num_ctx, backend)
@@ -103,8 +104,8 @@ class Ollama(Protocol):
                 return
             if out.tool_call_indexes:
                 with_calls.append(out)
-            if out.text or (context.req.logprobs and out.token_ids):
-                yield line(self.chunk(context, out.text, **_logprobs(context, [out])))
+            if out.text or out.reasoning or (context.req.logprobs and out.token_ids):
+                yield line(self.chunk(context, out.text, **_thinking(out.reasoning), **_logprobs(context, [out])))
             if out.finish_reason is not None:
                 if with_calls:
                     yield line(self.chunk(context, "", tool_calls=ollama_calls(with_calls)))
@@ -115,8 +116,9 @@ class Ollama(Protocol):
         context.first_ns = result.first_ns
         calls = {"tool_calls": ollama_calls(result.docs)} if whole_calls(result.docs) else {}
         last = result.last or ModelOutputDocument()
+        thinking = _thinking("".join(d.reasoning for d in result.docs))
         return JSONResponse(self.final(context, last, time.perf_counter_ns(), result.text,
-                                       **calls, **_logprobs(context, result.docs)))
+                                       **calls, **thinking, **_logprobs(context, result.docs)))
 
 
 def check(req: OllamaRequest, models: list[ServerInfo]) -> ServerInfo:
@@ -124,6 +126,11 @@ def check(req: OllamaRequest, models: list[ServerInfo]) -> ServerInfo:
     (CHAT_FIELDS if isinstance(req, ChatRequest) else GENERATE_FIELDS).check(req)
     keep_alive_field(req.keep_alive)
     return generating_model(req.model, models)
+
+
+def _thinking(text: str) -> dict[str, Any]:
+    """A reasoning model's thoughts, apart from the answer (Ollama's `thinking`); none: no key."""
+    return {"thinking": text} if text else {}
 
 
 def _logprobs(context: OllamaContext, docs: list[ModelOutputDocument]) -> dict[str, Any]:
@@ -156,6 +163,8 @@ class OllamaChat(Ollama):
 
     def chunk(self, context: OllamaContext, text: str, **extra: Any) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": text}
+        if "thinking" in extra:
+            message["thinking"] = extra.pop("thinking")
         if "tool_calls" in extra:
             message["tool_calls"] = extra.pop("tool_calls")
         return {"model": context.name, "created_at": timestamp(), "message": message, "done": False, **extra}
@@ -191,8 +200,7 @@ def conversation(messages: list[Any]) -> list[dict[str, Any]]:
             raise BadRequest(f"messages.{i}.content: must be a string", "messages")
         if m.get("images"):
             raise BadRequest(f"messages.{i}.images: not served here (the model reads text)", "messages")
-        if m.get("thinking"):
-            raise BadRequest(f"messages.{i}.thinking: not served here (the model does not reason apart)", "messages")
+        # an assistant turn's `thinking` goes no further: reasoning models' templates drop past thoughts
         if role == "system":
             talk.system(content)
         elif role == "user":

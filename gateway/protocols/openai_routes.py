@@ -13,9 +13,10 @@ from typing import Any, Optional, Union
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, StrictInt, create_model
+from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, create_model
 
 from contract import ErrorKind, ServerInfo
+from contract.limits import REASONING_EFFORT_BUDGETS
 from contract.transport import OPENAI_ERROR_TYPE, OPENAI_STATUS
 from gateway.edge.backend import CollectedAnswer, now
 from gateway.mapping.inputs import (
@@ -72,6 +73,7 @@ class CompletionRequest(_Common):  # type: ignore[misc, valid-type]
 
 class ChatRequest(_Common):  # type: ignore[misc, valid-type]
     messages: list[dict[str, Any]]
+    reasoning_effort: Optional[StrictStr] = None  # a reasoning model's thinking budget (REASONING_EFFORT_BUDGETS)
     max_completion_tokens: Int = None
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[Union[str, dict[str, Any]]] = None
@@ -103,8 +105,25 @@ def to_fields(req: Any, max_tokens: int) -> tuple[dict, dict[str, str]]:
     stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
     constraint, sent_as = openai_constraint(req)
     tools = tool_fields(getattr(req, "tools", None), getattr(req, "tool_choice", None))
-    return {**set_options(req, exclude=SPELLED_BY_OPENAI), **constraint, **tools, "max_tokens": max_tokens,
-            "do_sample": True, "stop": [s for s in stop if s]}, sent_as  # OpenAI clients send "" for "no stop"
+    return {**set_options(req, exclude=SPELLED_BY_OPENAI), **constraint, **tools, **effort(req),
+            "max_tokens": max_tokens, "do_sample": True, "stop": [s for s in stop if s]}, sent_as  # "": no stop
+
+
+def effort(req: Any) -> dict:
+    """reasoning_effort (chat's) as a budget of thinking tokens, unless reasoning_budget says one."""
+    value = getattr(req, "reasoning_effort", None)
+    if value is None or getattr(req, "reasoning_budget", None) is not None:
+        return {}
+    if value not in REASONING_EFFORT_BUDGETS:
+        raise BadRequest(f"reasoning_effort: one of {', '.join(REASONING_EFFORT_BUDGETS)}, got {value!r}",
+                         "reasoning_effort")
+    return {"reasoning_budget": REASONING_EFFORT_BUDGETS[value]}
+
+
+def _reasoning(text: str) -> dict:
+    """A reasoning model's thoughts, apart from the answer, under both names clients read
+    (vLLM's `reasoning`, llama.cpp's and DeepSeek's `reasoning_content`); none: no keys."""
+    return {"reasoning": text, "reasoning_content": text} if text else {}
 
 
 def _seed(seed: Optional[int]) -> dict:
@@ -139,12 +158,13 @@ class OpenAI(Protocol):
                 "model": info.model_id, "choices": choices, **extra}
 
     def choice(self, index: int, text: Optional[str], finish: Optional[str], first: bool = False,
-               calls: Optional[list[dict]] = None, logprobs: Optional[dict] = None) -> dict:
-        return {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
+               calls: Optional[list[dict]] = None, logprobs: Optional[dict] = None, reasoning: str = "") -> dict:
+        return {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish,
+                **_reasoning(reasoning)}
 
     def message(self, index: int, text: str, finish: Optional[str], calls: list[dict],
-                logprobs: Optional[dict] = None) -> dict:
-        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+                logprobs: Optional[dict] = None, reasoning: str = "") -> dict:
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish, **_reasoning(reasoning)}
 
     def logprobs(self, parsed: Parsed, docs: list[ModelOutputDocument]) -> Optional[dict]:
         """OpenAI's logprobs of these documents' tokens (one answer's), when the request asked;
@@ -185,7 +205,8 @@ class OpenAI(Protocol):
                     yield sse({**self.envelope(parsed, self.chunk_obj, [self.choice(index, opening, None, True)],
                                                info), **usage})
             finish = FINISH.get(out.finish_reason or "")
-            choice = self.choice(index, text, finish, calls=parts(out), logprobs=self.logprobs(parsed, [out]))
+            choice = self.choice(index, text, finish, calls=parts(out), logprobs=self.logprobs(parsed, [out]),
+                                 reasoning=out.reasoning)
             yield sse({**self.envelope(parsed, self.chunk_obj, [choice], info), **usage, **_seed(out.seed)})
             if out.finish_reason is not None:
                 finals.append(out)
@@ -200,7 +221,8 @@ class OpenAI(Protocol):
             finals.append(last)
             text = self.prefix(parsed) + "".join(d.text for d in docs)
             choices.append(self.message(last.choice_index, text, FINISH.get(last.finish_reason or ""),
-                                        whole_calls(docs), self.logprobs(parsed, docs)))
+                                        whole_calls(docs), self.logprobs(parsed, docs),
+                                        "".join(d.reasoning for d in docs)))
         seed = _seed(finals[0].seed) if len(finals) == 1 else {}
         return JSONResponse(self.envelope(parsed, self.obj, choices, info, usage=_usage(finals), **seed))
 
@@ -260,17 +282,18 @@ class OpenAIChat(OpenAI):
         return ""  # the role, in a chunk of its own
 
     def choice(self, index: int, text: Optional[str], finish: Optional[str], first: bool = False,
-               calls: Optional[list[dict]] = None, logprobs: Optional[dict] = None) -> dict:
+               calls: Optional[list[dict]] = None, logprobs: Optional[dict] = None, reasoning: str = "") -> dict:
         delta: dict = {"role": "assistant", "content": ""} if first else {}
-        if text is not None and (text or not calls):
+        if text is not None and (text or not (calls or reasoning)):
             delta["content"] = text
         if calls:
             delta["tool_calls"] = calls
-        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        return {"index": index, "delta": {**delta, **_reasoning(reasoning)}, "logprobs": logprobs,
+                "finish_reason": finish}
 
     def message(self, index: int, text: str, finish: Optional[str], calls: list[dict],
-                logprobs: Optional[dict] = None) -> dict:
-        message: dict = {"role": "assistant", "content": text if text or not calls else None}
+                logprobs: Optional[dict] = None, reasoning: str = "") -> dict:
+        message: dict = {"role": "assistant", "content": text if text or not calls else None, **_reasoning(reasoning)}
         if calls:
             message["tool_calls"] = calls
         return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish}

@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
 
 from contract import ServerInfo
+from contract.limits import REASONING_EFFORT_BUDGETS
 from gateway.edge.backend import CollectedAnswer
 from gateway.mapping.api_fields import ApiFields, no_effect, refused, served
 from gateway.mapping.conversation import (
@@ -39,11 +40,11 @@ from schemas import ModelOutputDocument
 # every top-level field of a Responses request (docs/api.md's table is checked against it)
 FIELDS = ApiFields("OpenAI's Responses API", (
     *served("model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools", "tool_choice",
-            "parallel_tool_calls", "text", "stream"),
+            "parallel_tool_calls", "text", "stream", "reasoning"),
     *no_effect("metadata", "user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
                "prompt_cache_options", "stream_options"),
     refused("store", False), refused("previous_response_id"), refused("conversation"), refused("background", False),
-    refused("background_options"), refused("reasoning", {}), refused("include", []), refused("prompt"),
+    refused("background_options"), refused("include", []), refused("prompt"),
     refused("max_tool_calls"), refused("top_logprobs", 0), refused("service_tier", "auto", "default"),
     refused("truncation", "auto"),  # the oldest turns are dropped to fit, always
     refused("context_management"), refused("moderation"), refused("image"), refused("access_programs")))
@@ -56,6 +57,7 @@ class ResponsesRequest(BaseModel):
     input: Union[StrictStr, list[dict[str, Any]]]
     instructions: Optional[StrictStr] = None
     max_output_tokens: Optional[StrictInt] = None
+    reasoning: Optional[dict[str, Any]] = None
     temperature: Number = None
     top_p: Number = None
     tools: Optional[list[dict[str, Any]]] = None
@@ -79,6 +81,8 @@ def conversation(req: Any) -> list[dict[str, Any]]:
     pending: list[tuple[str, str, Any]] = []  # an assistant's calls, joined into its turn
     for i, item in enumerate(items):
         kind_ = item.get("type", "message")
+        if kind_ == "reasoning":  # past thoughts go no further, as reasoning models' templates drop them
+            continue
         if kind_ == "function_call":
             pending.append((str(item.get("call_id", "")), item.get("name"), item.get("arguments") or "{}"))
             continue
@@ -152,6 +156,21 @@ def text_format(req: Any) -> dict[str, Any]:
         raise BadRequest(str(exc).replace("response_format", "text.format"), "text") from None
 
 
+def reasoning(req: Any) -> dict[str, Any]:
+    """`reasoning.effort` as a budget of thinking tokens; a `summary` of the thoughts is not made
+    here (the thoughts themselves come, as a reasoning item)."""
+    config = req.reasoning or {}
+    for key, value in config.items():
+        if key not in ("effort", "summary") or (key == "summary" and value is not None):
+            raise BadRequest(f"reasoning.{key}: {value!r} is not served here (reasoning.effort is)", "reasoning")
+    effort = config.get("effort")
+    if effort is None:
+        return {}
+    if effort not in REASONING_EFFORT_BUDGETS:
+        raise BadRequest(f"reasoning.effort: one of {', '.join(REASONING_EFFORT_BUDGETS)}", "reasoning")
+    return {"reasoning_budget": REASONING_EFFORT_BUDGETS[effort]}
+
+
 @dataclass
 class ResponseContext:
     req: Any
@@ -174,7 +193,7 @@ class Responses(OpenAI):
         if max_tokens is None:
             info = await backend.info(req.model)
             max_tokens = min(info.max_tokens_limit, info.max_context // 2)
-        fields = {"model": req.model, "max_tokens": max_tokens, "do_sample": True, **tools(req), **text_format(req)}
+        fields = {"model": req.model, "max_tokens": max_tokens, **reasoning(req), "do_sample": True, **tools(req), **text_format(req)}
         fields.update({k: getattr(req, k) for k in ("temperature", "top_p") if getattr(req, k) is not None})
         sent_as = {"max_tokens": "max_output_tokens", "json_schema": "text", "json_object": "text"}
         return Parsed(prompt_document(messages=conversation(req), **fields), bool(req.stream),
@@ -201,7 +220,8 @@ class Responses(OpenAI):
 
     def answer(self, parsed: Parsed, result: CollectedAnswer, info: Optional[ServerInfo]) -> Response:
         docs, last = result.docs, result.last or ModelOutputDocument()
-        output = _items("".join(d.text for d in docs), whole_calls(docs), "completed")
+        output = _items("".join(d.text for d in docs), whole_calls(docs), "completed",
+                        "".join(d.reasoning for d in docs))
         return JSONResponse(self.response(parsed, info, output, _status(last), [last]))
 
     async def events(self, parsed: Parsed, docs: AsyncIterator[ModelOutputDocument],
@@ -232,10 +252,17 @@ def _status(last: ModelOutputDocument) -> str:
     return "incomplete" if last.finish_reason == "length" else "completed"
 
 
-def _items(text: str, calls: list[dict], status: str) -> list[dict]:
-    """An answer's output items: its message (when it has text or no call), then its calls."""
-    items = [_message_item("msg_" + uuid.uuid4().hex, text, status)] if text or not calls else []
+def _items(text: str, calls: list[dict], status: str, thought: str = "") -> list[dict]:
+    """An answer's output items: a reasoning model's thoughts, its message (when it has text or
+    no call), then its calls."""
+    items = [_reasoning_item("rs_" + uuid.uuid4().hex, thought, status)] if thought else []
+    items += [_message_item("msg_" + uuid.uuid4().hex, text, status)] if text or not calls else []
     return items + [_call_item(c["id"], c["function"]["name"], c["function"]["arguments"], status) for c in calls]
+
+
+def _reasoning_item(item_id: str, text: Optional[str], status: str) -> dict:
+    content = [] if text is None else [{"type": "reasoning_text", "text": text}]
+    return {"type": "reasoning", "id": item_id, "status": status, "summary": [], "content": content}
 
 
 def _message_item(item_id: str, text: Optional[str], status: str) -> dict:
@@ -259,6 +286,12 @@ class _ItemStream:
 
     def feed(self, out: ModelOutputDocument) -> list[tuple[str, dict]]:
         events: list[tuple[str, dict]] = []
+        if out.reasoning:
+            if self.open is None or self.open["type"] != "reasoning":
+                events += self._add(_reasoning_item("rs_" + uuid.uuid4().hex, None, "in_progress"))
+                self.open["text"] = ""  # type: ignore[index]
+            self.open["text"] += out.reasoning  # type: ignore[index]
+            events.append(("response.reasoning_text.delta", self._at(content_index=0, delta=out.reasoning)))
         if out.text:
             if self.open is None or self.open["type"] != "message":
                 events += self._add(_message_item("msg_" + uuid.uuid4().hex, None, "in_progress"))
@@ -296,6 +329,10 @@ class _ItemStream:
             events += [("response.output_text.done", self._for(item, content_index=0, text=text, logprobs=[])),
                        ("response.content_part.done", self._for(item, content_index=0, part=part))]
             item["content"] = [part]
+        elif item["type"] == "reasoning":
+            text = item.pop("text", "")
+            events.append(("response.reasoning_text.done", self._for(item, content_index=0, text=text)))
+            item["content"] = [{"type": "reasoning_text", "text": text}]
         else:
             events.append(("response.function_call_arguments.done",
                            self._for(item, arguments=item["arguments"], name=item["name"])))

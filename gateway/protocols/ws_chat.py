@@ -5,7 +5,8 @@ Protocol (JSON text frames):
             {"type": "stop"} cancels the answer in progress; {"type": "reset"} forgets the
             conversation.
   server -> {"type": "token", "text": ..., "token_id": ..., "token_ids": [...]} per step (and
-            "tool_calls": [...], OpenAI's delta parts, when the step carries calls; "logprobs":
+            "tool_calls": [...], OpenAI's delta parts, when the step carries calls; "reasoning": a
+            reasoning model's thoughts of the step, apart from "text"; "logprobs":
             [...], OpenAI chat's logprobs.content, when logprobs or top_logprobs was asked),
             then {"type": "end", "finish_reason": ..., "prompt_tokens": ..., "cached_tokens": ...
             (of the prompt, reused from the prefix cache), "generated_tokens": ...,
@@ -120,7 +121,8 @@ class ChatSession:
                 text, generated = out.generated_text, out.index + 1
                 docs.append(out)
                 event = {"type": "token", "text": out.text, "token_id": out.token_id, "token_ids": list(out.token_ids),
-                         **({"tool_calls": calls} if (calls := parts(out)) else {})}
+                         **({"tool_calls": calls} if (calls := parts(out)) else {}),
+                         **({"reasoning": out.reasoning} if out.reasoning else {})}
                 if doc.logprobs or doc.top_logprobs:
                     event["logprobs"] = chat_logprobs([out])["content"]
                 await self.send(event)

@@ -96,7 +96,7 @@ def test_a_stop_sequence_is_named(http, fake):
 
 @pytest.mark.parametrize("body,field", [
     ({"messages": [{"role": "user", "content": "x"}]}, "max_tokens"),
-    ({"max_tokens": 5, "thinking": {"type": "enabled", "budget_tokens": 1024},
+    ({"max_tokens": 5, "thinking": {"type": "enabled", "budget_tokens": -1},
       "messages": [{"role": "user", "content": "x"}]}, "thinking"),
     ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages"),
     ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
@@ -127,8 +127,8 @@ def test_count_tokens_counts_the_rendered_prompt(http, fake):
     assert r.status_code == 200 and r.json() == {"input_tokens": len(fake.sent[-1].messages)}
     assert json.loads(fake.sent[-1].tools)[0]["function"]["name"] == "get_weather"
     r = http.post("/v1/messages/count_tokens", json={"messages": [{"role": "user", "content": "hey"}],
-                                                     "thinking": {"type": "enabled", "budget_tokens": 1024}})
-    assert r.status_code == 400 and r.json()["error"]["message"].startswith("thinking"), r.text
+                                                     "output_config": {"effort": "extreme"}})
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("output_config"), r.text
 
 
 def test_fields_with_no_effect_are_accepted(http, fake):
@@ -195,7 +195,7 @@ def test_text_format_is_structured_output(http, fake):
 
 
 @pytest.mark.parametrize("field,value", [("store", True), ("previous_response_id", "resp_1"),
-                                         ("reasoning", {"effort": "high"}), ("include", ["file_search_call.results"]),
+                                         ("reasoning", {"summary": "auto"}), ("include", ["file_search_call.results"]),
                                          ("truncation", "disabled"), ("text", {"verbosity": "low"}),
                                          ("max_completion_tokens", 5)])
 def test_what_responses_does_not_serve_is_refused_naming_the_field(http, fake, field, value):

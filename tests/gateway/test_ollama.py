@@ -160,7 +160,7 @@ def test_an_empty_request_loads_the_model(http, fake):
 
 
 @pytest.mark.parametrize("body,field", [
-    ({"think": True}, "think"), ({"bogus": 1}, "bogus"),
+    ({"think": "deep"}, "think"), ({"bogus": 1}, "bogus"),
     ({"keep_alive": "soon"}, "keep_alive"), ({"format": "xml"}, "format"), ({"top_logprobs": 3}, "top_logprobs"),
     ({"options": {"mirostat": 2}}, "mirostat"), ({"options": {"tfs_z": 0.5}}, "tfs_z"),
     ({"options": {"num_predict": -3}}, "num_predict"), ({"options": {"temperature": "hot"}}, "options.temperature"),

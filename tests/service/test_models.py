@@ -1,6 +1,7 @@
 """Two models in one Flow, as `LLM_MODELS=a,b make serve` runs them (deploy/flow_models.py): each
 answers under its own name on every protocol, a request that names none gets the first, and a name
-that neither has is refused with 404 (NOT_FOUND on gRPC) naming both."""
+that neither has is refused with 404 (NOT_FOUND on gRPC) naming both. The second is a reasoning
+model's shape: its thoughts come apart on every protocol."""
 import asyncio
 import json
 import subprocess
@@ -19,10 +20,11 @@ GREEDY = {"max_tokens": 6, "temperature": 0}
 
 
 @pytest.fixture(scope="module")
-def two_models(gpt2_model, llama_model, tmp_path_factory):
-    """(grpc_port, http_port) of a Flow serving the tiny gpt2 first, then the tiny llama."""
+def two_models(gpt2_model, thinking_model, tmp_path_factory):
+    """(grpc_port, http_port, the Flow's pid) of a Flow serving the tiny gpt2 first, then a tiny
+    reasoning model (its chat template opens a think block)."""
     from testing.flows import start_flow
-    server, grpc_port, http_port = start_flow("", tmp_path_factory.mktemp("models"), models=[gpt2_model, llama_model])
+    server, grpc_port, http_port = start_flow("", tmp_path_factory.mktemp("models"), models=[gpt2_model, thinking_model])
     yield grpc_port, http_port, server.proc.pid
     server.stop()
 
@@ -34,15 +36,15 @@ def _openai(http_port: int, **body) -> requests.Response:
 
 def test_the_models_are_listed_in_order(two_models):
     cards = requests.get(f"http://127.0.0.1:{two_models[1]}/v1/models", timeout=30).json()["data"]
-    assert [c["id"] for c in cards] == ["gpt2", "llama"]
+    assert [c["id"] for c in cards] == ["gpt2", "thinking"]
     tags = requests.get(f"http://127.0.0.1:{two_models[1]}/api/tags", timeout=30).json()["models"]
-    assert [m["name"] for m in tags] == ["gpt2:latest", "llama:latest"]
+    assert [m["name"] for m in tags] == ["gpt2:latest", "thinking:latest"]
 
 
 def test_each_model_answers_under_its_own_name_on_every_protocol(two_models):
     grpc_port, http_port, _ = two_models
     answers = {}
-    for name in ("gpt2", "llama"):
+    for name in ("gpt2", "thinking"):
         r = _openai(http_port, model=name)
         assert r.status_code == 200 and r.json()["model"] == name, r.text
         answers[name] = r.json()["choices"][0]["text"]
@@ -54,11 +56,11 @@ def test_each_model_answers_under_its_own_name_on_every_protocol(two_models):
         grpc = asyncio.run(generate("hello", port=grpc_port, model=name, max_tokens=6))
         sse = asyncio.run(generate("hello", port=http_port, protocol="http", model=name, max_tokens=6))
         assert tgi["generated_text"] == ollama["response"] == grpc.text == sse.text == answers[name], name
-    assert answers["gpt2"] != answers["llama"]  # two models, two answers
+    assert answers["gpt2"] != answers["thinking"]  # two models, two answers
     assert _openai(http_port).json()["choices"][0]["text"] == answers["gpt2"]  # none named: the first
-    cli = subprocess.run([sys.executable, "-m", "client", "hello", "--model", "llama", "--max-tokens", "6",
+    cli = subprocess.run([sys.executable, "-m", "client", "hello", "--model", "thinking", "--max-tokens", "6",
                           "--port", str(grpc_port)], capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert cli.returncode == 0 and cli.stdout.strip() == answers["llama"].strip(), cli.stderr
+    assert cli.returncode == 0 and cli.stdout.strip() == answers["thinking"].strip(), cli.stderr
 
 
 async def _ws_answer(http_port: int, model: str) -> dict:
@@ -72,7 +74,7 @@ async def _ws_answer(http_port: int, model: str) -> dict:
 def test_an_unknown_model_is_refused_on_every_protocol(two_models):
     grpc_port, http_port, _ = two_models
     r = _openai(http_port, model="gpt-4o")
-    assert r.status_code == 404 and "gpt-4o" in r.text and "'gpt2', 'llama'" in r.text, r.text
+    assert r.status_code == 404 and "gpt-4o" in r.text and "'gpt2', 'thinking'" in r.text, r.text
     r = requests.post(f"http://127.0.0.1:{http_port}/v1/messages", timeout=60, json={
         "model": "gpt-4o", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error", r.text
@@ -100,19 +102,62 @@ def test_a_model_unloads_freeing_its_memory_and_the_next_request_loads_it_again(
     Flow's memory falls by about its size) while the other model serves on; the next request for
     it waits for the load and gets the same tokens."""
     _, http_port, pid = two_models
-    first = _openai(http_port, model="llama", keep_alive=0)
+    first = _openai(http_port, model="thinking", keep_alive=0)
     assert first.status_code == 200, first.text
     loaded_rss = _tree_rss(pid)
     for _ in range(300):
-        if _states(http_port)["llama"] == "unloaded":
+        if _states(http_port)["thinking"] == "unloaded":
             break
         time.sleep(0.1)
-    assert _states(http_port) == {"gpt2": "loaded", "llama": "unloaded"}
+    assert _states(http_port) == {"gpt2": "loaded", "thinking": "unloaded"}
     unloaded_rss = _tree_rss(pid)
     assert unloaded_rss < loaded_rss - 100 * 2**20, (loaded_rss, unloaded_rss)  # an engine process is gone
     assert _openai(http_port, model="gpt2").status_code == 200  # the other serves on
-    again = _openai(http_port, model="llama")
+    again = _openai(http_port, model="thinking")
     assert again.json()["choices"][0]["text"] == first.json()["choices"][0]["text"]
-    assert _states(http_port)["llama"] == "loaded" and _tree_rss(pid) > unloaded_rss + 100 * 2**20
+    assert _states(http_port)["thinking"] == "loaded" and _tree_rss(pid) > unloaded_rss + 100 * 2**20
     print(f"the Flow's RSS: {loaded_rss / 2**20:.0f} MiB with both loaded, {unloaded_rss / 2**20:.0f} MiB "
           f"with one unloaded")
+
+
+def test_stats_and_metrics_speak_for_every_model(two_models):
+    _, http_port, _ = two_models
+    stats = requests.get(f"http://127.0.0.1:{http_port}/stats", timeout=30).json()
+    assert set(stats["models"]) == {"gpt2", "thinking"} and stats["healthy"]
+    assert all(s["replicas"][0]["model_state"] in ("loaded", "unloaded") for s in stats["models"].values())
+    metrics = requests.get(f"http://127.0.0.1:{http_port}/metrics", timeout=30).text
+    running = [line for line in metrics.splitlines() if line.startswith("vllm:num_requests_running{")]
+    assert {name for name in ("gpt2", "thinking") if any(f'model_name="{name}"' in line for line in running)} \
+        == {"gpt2", "thinking"}, running
+    assert metrics.count("# TYPE vllm:num_requests_running ") == 1
+
+
+def test_a_reasoning_models_thoughts_come_apart_on_every_protocol(two_models):
+    """The real engine through the Flow: OpenAI chat whole and streamed, Anthropic, Responses,
+    Ollama and Jina's gRPC give the same thoughts and the same answer; the budget ends them."""
+    grpc_port, http_port, _ = two_models
+    url = f"http://127.0.0.1:{http_port}"
+    ask = {"model": "thinking", "messages": [{"role": "user", "content": "hello"}], "temperature": 0}
+    chat = requests.post(f"{url}/v1/chat/completions", json={**ask, "max_tokens": 12, "reasoning_budget": 4},
+                         timeout=120).json()["choices"][0]["message"]
+    assert chat["reasoning"] and chat["content"] and chat["reasoning"] == chat["reasoning_content"]
+    with requests.post(f"{url}/v1/chat/completions", json={**ask, "max_tokens": 12, "reasoning_budget": 4,
+                                                            "stream": True}, stream=True, timeout=120) as r:
+        deltas = [json.loads(line[6:])["choices"][0]["delta"] for line in r.iter_lines(decode_unicode=True)
+                  if line.startswith("data: {") and json.loads(line[6:])["choices"]]
+    assert "".join(d.get("reasoning", "") for d in deltas) == chat["reasoning"]
+    assert "".join(d.get("content") or "" for d in deltas) == chat["content"]
+    anthropic = requests.post(f"{url}/v1/messages", timeout=120, json={
+        **ask, "max_tokens": 12, "thinking": {"type": "enabled", "budget_tokens": 4}}).json()["content"]
+    assert [b.get("thinking", b.get("text")) for b in anthropic] == [chat["reasoning"], chat["content"]]
+    grpc = asyncio.run(generate("", port=grpc_port, model="thinking", messages=ask["messages"], max_tokens=12,
+                                reasoning_budget=4))
+    assert (grpc.reasoning, grpc.text) == (chat["reasoning"], chat["content"])
+    unbounded = requests.post(f"{url}/v1/chat/completions", json={**ask, "max_tokens": 8}, timeout=120).json()
+    thoughts = unbounded["choices"][0]["message"]["reasoning"]  # it never closes within 8 tokens
+    ollama = requests.post(f"{url}/api/chat", timeout=120, json={
+        "model": "thinking", "messages": ask["messages"], "stream": False, "think": True,
+        "options": {"temperature": 0, "num_predict": 8}}).json()
+    responses = requests.post(f"{url}/v1/responses", timeout=120, json={
+        "model": "thinking", "input": "hello", "temperature": 0, "max_output_tokens": 8}).json()["output"]
+    assert ollama["message"]["thinking"] == responses[0]["content"][0]["text"] == thoughts
