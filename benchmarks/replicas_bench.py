@@ -49,12 +49,13 @@ def _share(turns: list[dict]) -> float:
 
 
 async def conversations(http: aiohttp.ClientSession, port: int, tokenizer: Any, args: argparse.Namespace) -> dict:
+    """Six visitors, four turns each (the model: "", none named, the fleet's one)."""
     async def one(c: int) -> list[dict]:
         messages = [{"role": "system", "content": system_text(tokenizer, f"museum number {c}", args.system_tokens)}]
         turns = []
         for turn in range(4):
             messages.append({"role": "user", "content": f"Question {turn + 1} from visitor {c}: what should I see?"})
-            turns.append(await chat(http, port, "m", messages, args.max_tokens, {}))
+            turns.append(await chat(http, port, "", messages, args.max_tokens, {}))
             messages.append({"role": "assistant", "content": turns[-1]["text"]})
             await asyncio.sleep(0.2)
         return turns
@@ -65,7 +66,7 @@ async def conversations(http: aiohttp.ClientSession, port: int, tokenizer: Any, 
 
 async def shared_prompt(http: aiohttp.ClientSession, port: int, tokenizer: Any, args: argparse.Namespace) -> dict:
     system = system_text(tokenizer, "shared science centre", args.system_tokens)
-    answers = await asyncio.gather(*(chat(http, port, "m", [
+    answers = await asyncio.gather(*(chat(http, port, "", [
         {"role": "system", "content": system}, {"role": "user", "content": f"Visitor {u} asks: where is room {u}?"}],
         args.max_tokens, {}) for u in range(16)))
     ttft = [a["ttft_ms"] for a in answers]

@@ -58,14 +58,14 @@ def pydantic_ai_anthropic(base: str) -> dict[str, Any]:
     class Person(BaseModel):
         name: str
         age: int
-    model = AnthropicModel("m", provider=AnthropicProvider(base_url=base, api_key="unused"))
+    model = AnthropicModel("SmolLM2-135M-Instruct", provider=AnthropicProvider(base_url=base, api_key="unused"))
     agent = Agent(model, output_type=Person, model_settings={"max_tokens": 80})
     return {"person": agent.run_sync("Invent a person with a name and an age.").output.model_dump()}
 
 
 def litellm_anthropic(base: str) -> dict[str, Any]:
     import litellm
-    ask = {"model": "anthropic/m", "api_base": base, "api_key": "unused", "max_tokens": 40, "temperature": 0,
+    ask = {"model": "anthropic/SmolLM2-135M-Instruct", "api_base": base, "api_key": "unused", "max_tokens": 40, "temperature": 0,
            "messages": [{"role": "user", "content": QUESTION}]}
     whole = litellm.completion(**ask)
     streamed = "".join(chunk.choices[0].delta.content or "" for chunk in litellm.completion(**ask, stream=True))

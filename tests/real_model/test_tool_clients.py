@@ -107,7 +107,7 @@ def test_pydantic_ai_output_type(real_flow):
     from pydantic_ai import Agent
     from pydantic_ai.models.openai import OpenAIChatModel
     from pydantic_ai.providers.openai import OpenAIProvider
-    model = OpenAIChatModel("m", provider=OpenAIProvider(base_url=f"http://127.0.0.1:{real_flow[1]}/v1",
+    model = OpenAIChatModel("SmolLM2-135M-Instruct", provider=OpenAIProvider(base_url=f"http://127.0.0.1:{real_flow[1]}/v1",
                                                          api_key="unused"))
     agent = Agent(model, output_type=Person, model_settings={"temperature": 0, "max_tokens": 80})
     assert isinstance(agent.run_sync("Invent a person with a name and an age.").output, Person)
