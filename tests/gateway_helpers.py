@@ -1,9 +1,11 @@
 """Helpers for the gateway tests: SSE and /stats readers."""
+import contextlib
 import json
 import os
 import subprocess
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import psutil
 import pytest
@@ -15,6 +17,21 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 needs_chromium = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=(
     f"{CHROMIUM} is absent: apt-get install -y chromium (the Debian package; .ci/run installs it)"))
+
+
+@contextlib.contextmanager
+def chat_page(url: str) -> Iterator[Any]:
+    """The chat page at `url` in headless Chromium, once its WebSocket is connected."""
+    from playwright.sync_api import expect, sync_playwright
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            page.goto(url)
+            expect(page.locator("#status")).to_have_text("connected", timeout=15000)
+            yield page
+        finally:
+            browser.close()
 
 
 def stats(http_port: int) -> dict:

@@ -4,7 +4,7 @@ request, and the status line shows tokens per second."""
 import pytest
 import requests
 
-from tests.gateway_helpers import CHROMIUM, CHROMIUM_ARGS, needs_chromium
+from tests.gateway_helpers import chat_page, needs_chromium
 
 HOSTILE = ('<img src=x onerror="window.pwned=1"> **bold** and *em* and `<b>code</b>`\n'
            '<script>window.pwned=2</script>\n\n- one\n- [two](javascript:window.pwned=3)\n'
@@ -13,17 +13,8 @@ HOSTILE = ('<img src=x onerror="window.pwned=1"> **bold** and *em* and `<b>code<
 
 @pytest.fixture(scope="module")
 def page(real_flow):
-    from playwright.sync_api import expect, sync_playwright
-    _, http_port = real_flow
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page()
-            page.goto(f"http://127.0.0.1:{http_port}/chat-ui")
-            expect(page.locator("#status")).to_have_text("connected", timeout=15000)
-            yield page
-        finally:
-            browser.close()
+    with chat_page(f"http://127.0.0.1:{real_flow[1]}/chat-ui") as opened:
+        yield opened
 
 
 @needs_chromium

@@ -15,7 +15,7 @@ import websockets
 
 from client import StreamError, generate
 from testing.procs import ROOT
-from tests.gateway_helpers import CHROMIUM, CHROMIUM_ARGS, needs_chromium
+from tests.gateway_helpers import chat_page, needs_chromium
 
 GREEDY = {"max_tokens": 6, "temperature": 0}
 
@@ -168,24 +168,17 @@ def test_a_reasoning_models_thoughts_come_apart_on_every_protocol(two_models):
 def test_the_chat_page_folds_the_thoughts_apart(two_models):
     """/chat-ui?model=thinking: the thoughts of the streamed answer are shown apart (textContent),
     equal to what OpenAI chat returns for the same greedy request."""
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
     _, http_port, _ = two_models
     ref = requests.post(f"http://127.0.0.1:{http_port}/v1/chat/completions", timeout=120, json={
         "model": "thinking", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8,
         "temperature": 0}).json()["choices"][0]["message"]
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page()
-            page.goto(f"http://127.0.0.1:{http_port}/chat-ui?model=thinking")
-            expect(page.locator("#status")).to_have_text("connected", timeout=15000)
-            page.fill("#temperature", "0")
-            page.fill("#max-tokens", "8")
-            page.fill("#prompt", "hello")
-            page.click("#send")
-            expect(page.locator("body")).to_have_attribute("data-state", "idle", timeout=60000)
-            thinking = page.locator(".assistant .thinking div").last
-            assert thinking.text_content() == ref["reasoning"] and ref["reasoning"]
-            assert page.locator(".assistant").last.get_attribute("data-text") == ref["content"]
-        finally:
-            browser.close()
+    with chat_page(f"http://127.0.0.1:{http_port}/chat-ui?model=thinking") as page:
+        page.fill("#temperature", "0")
+        page.fill("#max-tokens", "8")
+        page.fill("#prompt", "hello")
+        page.click("#send")
+        expect(page.locator("body")).to_have_attribute("data-state", "idle", timeout=60000)
+        thinking = page.locator(".assistant .thinking div").last
+        assert thinking.text_content() == ref["reasoning"] and ref["reasoning"]
+        assert page.locator(".assistant").last.get_attribute("data-text") == ref["content"]
