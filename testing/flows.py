@@ -31,8 +31,8 @@ def start_flow(model: str, tmp_path: Path, executor: dict | None = None, env: di
         flow_file = str(tmp_path / "flow.yml")
         Path(flow_file).write_text(yaml.safe_dump(flow, sort_keys=False))
     grpc_port, http_port = free_port(), free_port()
-    # the models stay loaded (LLM_KEEP_ALIVE -1): a session's Flow serves tests minutes apart, and
-    # those that unload a model say so with their own `env`
+    # the models stay loaded (LLM_KEEP_ALIVE -1): a Flow shared by the whole run serves tests minutes
+    # apart; a test that unloads a model asks for it (a request's keep_alive)
     env = {"LLM_REPLICAS": "1", "LLM_KEEP_ALIVE": "-1", **os.environ, "LLM_MODEL": model, "LLM_GRPC_PORT": str(grpc_port),
            "LLM_HTTP_PORT": str(http_port), "JINA_LOG_LEVEL": "INFO", **(env or {})}
     jina = str(Path(sys.executable).parent / "jina")
