@@ -62,8 +62,10 @@ async def test_a_grammar_constrains_only_the_answer(engine):
     whole, _ = await answer(engine, reasoning_budget=4, regex="[0-9]{3}", ignore_eos=False, max_tokens=30)
     assert re.fullmatch("[0-9]{3}", whole.text), whole.text
     assert whole.reasoning and not re.fullmatch("[0-9]*", whole.reasoning)  # the thoughts are free
-    stop = (await answer(engine, reasoning_budget=6, stop=[" "]))[0]
-    assert " " in stop.reasoning and " " not in stop.text  # a stop string holds only after the thinking
+    free = (await answer(engine, reasoning_budget=6))[0]
+    at = free.reasoning[0]  # a stop string that the thoughts hold: it holds only after the thinking
+    stopped = (await answer(engine, reasoning_budget=6, stop=[at]))[0]
+    assert stopped.reasoning == free.reasoning and at not in stopped.text
 
 
 async def test_batched_sampled_and_speculated_equal_alone(engine):
