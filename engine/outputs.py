@@ -37,6 +37,7 @@ class RequestOutput:
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
     stop_sequence: Optional[str] = None  # the stop sequence that ended the answer (finish_reason stop_sequence)
     thoughts: list[str] = field(default_factory=list)  # each token's new reasoning text (policies/reasoning.py)
+    reasoning_tokens: int = 0  # of generated_tokens, those of the thinking (its markers too)
 
     @classmethod
     def failure(cls, request_id: str, error: BaseException | str, index: int = -1, prompt_tokens: int = 0,
@@ -83,6 +84,7 @@ class RequestOutput:
         whole = cls(last.request_id, [], [], [], [], last.index, last.finish_reason, last.error, last.error_kind,
                     last.error_field, last.prompt_tokens, last.generated_tokens, last.seed, choice=last.choice,
                     cached_tokens=last.cached_tokens, stop_sequence=last.stop_sequence,
+                    reasoning_tokens=last.reasoning_tokens,
                     prompt=next((o.prompt for o in outputs if o.prompt is not None), None))
         for out in outputs:
             whole.token_ids += out.token_ids

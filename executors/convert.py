@@ -34,6 +34,7 @@ def to_document(out: RequestOutput, generated_text: str) -> ModelOutputDocument:
         special=out.special[-1] if out.special else False, specials=out.special,
         finish_reason=finish.value if finish is not None else None,
         generated_tokens=out.generated_tokens if final else None,
+        reasoning_tokens=out.reasoning_tokens if final and out.reasoning_tokens else None,
         prompt_tokens=out.prompt_tokens if final or first else None,  # first: for usage streamed up front
         cached_tokens=out.cached_tokens if final or first else None,
         stop_sequence=out.stop_sequence if final else None,

@@ -150,6 +150,7 @@ class ModelOutputDocument(FlatDoc):
     prompt_alternative_logprobs: list[float] = []
     finish_reason: Optional[str] = None  # each answer's last: length | eos_token | stop_sequence | tool_calls | error
     generated_tokens: Optional[Int32] = None  # each answer's last document only
+    reasoning_tokens: Optional[Int32] = None  # last document, a reasoning model's: of generated_tokens, the thinking's
     prompt_tokens: Optional[Int32] = None  # each answer's first and last documents
     cached_tokens: Optional[Int32] = None  # first and last: prompt tokens reused from the prefix cache
     stop_sequence: Optional[str] = None  # each answer's last, when a stop sequence ended it: which one

@@ -78,4 +78,5 @@ def row_output(row: Request, piece: Optional[TokenPiece], index: int) -> Request
                          tool_calls=piece.tool_calls, alternatives=[piece.alternatives or []] if asked else [],
                          token_strs=[piece.token_str or ""] if asked else [], choice=row.choice,
                          prompt=row.prompt_scores if index == 0 else None, cached_tokens=row.cached_tokens,
-                         stop_sequence=piece.stop_sequence, thoughts=[piece.reasoning])
+                         stop_sequence=piece.stop_sequence, thoughts=[piece.reasoning],
+                         reasoning_tokens=piece.reasoning_tokens)

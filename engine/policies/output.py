@@ -57,6 +57,7 @@ class TokenPiece:
     finish: Optional[FinishReason] = None
     stop_sequence: Optional[str] = None  # the one that ended the answer (finish STOP)
     reasoning: str = ""  # its text when it is a thought (reasoning.py)
+    reasoning_tokens: int = 0  # the answer's thinking tokens so far, this one included
 
 
 def finish_reason(stop_hit: bool, eos: bool, length: bool, grammar_done: bool,
@@ -98,7 +99,8 @@ class OutputPipeline:
         asked = self.asks_logprobs
         return TokenPiece(token_id, text, logprob, token_id in self.vocab.special_ids,
                           self.vocab.texts(token_id) if asked else None, alternatives if asked else None, calls,
-                          finish, self.stops.hit if finish is FinishReason.STOP else None, thought)
+                          finish, self.stops.hit if finish is FinishReason.STOP else None, thought,
+                          self.reasoning.tokens)
 
     @property
     def thinking(self) -> bool:

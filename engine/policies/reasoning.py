@@ -62,6 +62,7 @@ class ReasoningParser:
         self.markers, self.budget = markers, budget
         self.inside = markers is not None and _left_open(prompt_ids, markers)
         self.thought = 0  # thinking tokens so far, the markers not counted
+        self.tokens = 0  # tokens of the thinking, its markers counted: the answer's reasoning tokens
 
     @property
     def forced(self) -> Optional[int]:
@@ -78,7 +79,9 @@ class ReasoningParser:
             return False
         if not self.inside:
             self.inside = token_id == markers.open_id
+            self.tokens += self.inside
             return self.inside
+        self.tokens += 1
         if token_id == markers.close_id:
             self.inside = False
         else:

@@ -136,8 +136,10 @@ def _usage(finals: list[ModelOutputDocument]) -> dict:
     p = finals[0].prompt_tokens or 0 if finals else 0
     c = sum(d.generated_tokens or 0 for d in finals)
     cached = finals[0].cached_tokens or 0 if finals else 0
+    thinking = sum(d.reasoning_tokens or 0 for d in finals)
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+            "prompt_tokens_details": {"cached_tokens": cached},
+            **({"completion_tokens_details": {"reasoning_tokens": thinking}} if thinking else {})}
 
 
 class OpenAI(Protocol):

@@ -215,7 +215,8 @@ class Responses(OpenAI):
                 "truncation": "auto", "metadata": req.metadata or {}, "user": req.user,
                 "usage": None if not finals else {
                     "input_tokens": prompt, "input_tokens_details": {"cached_tokens": cached},
-                    "output_tokens": generated, "output_tokens_details": {"reasoning_tokens": 0},
+                    "output_tokens": generated,
+                    "output_tokens_details": {"reasoning_tokens": sum(d.reasoning_tokens or 0 for d in finals)},
                     "total_tokens": prompt + generated}}
 
     def answer(self, parsed: Parsed, result: CollectedAnswer, info: Optional[ServerInfo]) -> Response:

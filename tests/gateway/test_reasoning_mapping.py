@@ -15,7 +15,8 @@ def thinking_script() -> list[ModelOutputDocument]:
     parts = [("Let me think.", ""), (" France's capital.", ""), ("", "Par"), ("", "is.")]
     docs = [ModelOutputDocument(token_ids=[i], texts=[text], text=text, reasoning=thought, index=i, logprobs=[-0.1])
             for i, (thought, text) in enumerate(parts)]
-    docs[-1] = docs[-1].model_copy(update={"finish_reason": "eos_token", "generated_tokens": 4, "prompt_tokens": 3})
+    docs[-1] = docs[-1].model_copy(update={"finish_reason": "eos_token", "generated_tokens": 4, "prompt_tokens": 3,
+                                           "reasoning_tokens": 2})
     return docs
 
 
@@ -30,7 +31,9 @@ def _events(response) -> list:
 
 
 def test_openai_chat_has_the_thoughts_apart_whole_and_streamed(http, thinking):
-    message = http.post("/v1/chat/completions", json={"messages": HI}).json()["choices"][0]["message"]
+    whole = http.post("/v1/chat/completions", json={"messages": HI}).json()
+    assert whole["usage"]["completion_tokens_details"] == {"reasoning_tokens": 2}
+    message = whole["choices"][0]["message"]
     assert (message["content"], message["reasoning"], message["reasoning_content"]) == (ANSWER, THOUGHTS, THOUGHTS)
     with http.stream("POST", "/v1/chat/completions", json={"messages": HI, "stream": True}) as r:
         deltas = [e["choices"][0]["delta"] for e in _events(r) if isinstance(e, dict) and e["choices"]]
@@ -88,7 +91,9 @@ def test_anthropic_has_a_thinking_block_before_the_text(http, thinking):
 
 
 def test_responses_has_a_reasoning_item_before_the_message(http, thinking):
-    output = http.post("/v1/responses", json={"input": "hi"}).json()["output"]
+    response = http.post("/v1/responses", json={"input": "hi"}).json()
+    assert response["usage"]["output_tokens_details"] == {"reasoning_tokens": 2}
+    output = response["output"]
     assert [item["type"] for item in output] == ["reasoning", "message"]
     assert output[0]["content"] == [{"type": "reasoning_text", "text": THOUGHTS}]
     assert output[1]["content"][0]["text"] == ANSWER

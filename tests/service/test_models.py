@@ -139,8 +139,10 @@ def test_a_reasoning_models_thoughts_come_apart_on_every_protocol(two_models):
     grpc_port, http_port, _ = two_models
     url = f"http://127.0.0.1:{http_port}"
     ask = {"model": "thinking", "messages": [{"role": "user", "content": "hello"}], "temperature": 0}
-    chat = requests.post(f"{url}/v1/chat/completions", json={**ask, "max_tokens": 12, "reasoning_budget": 4},
-                         timeout=120).json()["choices"][0]["message"]
+    whole = requests.post(f"{url}/v1/chat/completions", json={**ask, "max_tokens": 12, "reasoning_budget": 4},
+                          timeout=120).json()
+    assert whole["usage"]["completion_tokens_details"] == {"reasoning_tokens": 5}  # four thoughts, the close marker
+    chat = whole["choices"][0]["message"]
     assert chat["reasoning"] and chat["content"] and chat["reasoning"] == chat["reasoning_content"]
     with requests.post(f"{url}/v1/chat/completions", json={**ask, "max_tokens": 12, "reasoning_budget": 4,
                                                             "stream": True}, stream=True, timeout=120) as r:

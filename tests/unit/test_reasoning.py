@@ -44,6 +44,7 @@ async def test_a_budget_ends_the_thinking_and_the_answer_follows_apart(engine):
     whole, stream = await answer(engine, reasoning_budget=5)
     assert whole.token_ids[5] == close and close not in whole.token_ids[:5]  # forced after five thoughts
     assert whole.logprobs[5] == 0.0  # it was the only choice
+    assert whole.reasoning_tokens == 6  # the five thoughts and the close marker (the prompt opened the block)
     decode = engine.tokenizer.decode
     assert whole.reasoning == decode(whole.token_ids[:5]) and whole.reasoning
     assert whole.text == decode(whole.token_ids[6:]) and whole.text
