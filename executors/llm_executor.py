@@ -62,7 +62,8 @@ class LLMExecutor(Executor):
         self._idle_stats = {**engine.stats(), "running": 0, "waiting": 0}
 
     def stats_now(self) -> dict:
-        """The engine's numbers while loaded; while not, its last ones, idle (steps start again at 0)."""
+        """The engine's numbers while loaded; while not, those it had when it loaded (idle, its steps at
+        0, as after a restart: the router forgets what it predicted of its prefix cache, now gone)."""
         stats = self.model.engine.stats() if self.model.engine is not None else dict(self._idle_stats)
         return {**stats, "model_state": self.model.status.value, "model_loads": self.model.loads,
                 "model_unloads": self.model.unloads}

@@ -271,8 +271,8 @@ class OpenAIChat(OpenAI):
         req = await parse_body(request, ChatRequest)
         context = OpenAIContext(req, "chatcmpl-" + uuid.uuid4().hex)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        if max_tokens is None:  # OpenAI: up to the context; here half of it, within the limit
-            info = await backend.info()
+        if max_tokens is None:  # OpenAI: up to the context (the named model's); here half of it, within the limit
+            info = await backend.info(req.model)
             max_tokens = min(info.max_tokens_limit, info.max_context // 2)
         fields, sent_as = to_fields(req, max_tokens)
         if req.top_logprobs and not req.logprobs:

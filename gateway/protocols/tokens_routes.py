@@ -8,7 +8,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
 
-from contract import ErrorKind
+from contract import ErrorKind, ModelNotServedError
+from gateway.edge.backend import error_doc
 from gateway.mapping.api_fields import ApiFields, refused, served
 from gateway.mapping.inputs import BadRequest, parse_body, prompt_document
 from gateway.mapping.protocol import Upstream
@@ -48,11 +49,11 @@ def tokenize_document(req: TokenizeRequest) -> Any:
         if req.add_special_tokens is False:
             raise BadRequest("add_special_tokens: prompts are tokenized with the model's special tokens",
                              "add_special_tokens")
-        return prompt_document(prompt=req.prompt)
+        return prompt_document(prompt=req.prompt, model=req.model)
     if req.add_generation_prompt is False or req.add_special_tokens is True:
         name = "add_generation_prompt" if req.add_generation_prompt is False else "add_special_tokens"
         raise BadRequest(f"{name}: chats are rendered with their generation prompt, as a request's", name)
-    return prompt_document(messages=req.messages, **tool_fields(req.tools, None))
+    return prompt_document(messages=req.messages, model=req.model, **tool_fields(req.tools, None))
 
 
 def tokens_router(backend: Upstream) -> APIRouter:
@@ -62,12 +63,14 @@ def tokens_router(backend: Upstream) -> APIRouter:
     async def tokenize(request: Request) -> Response:
         try:
             doc = tokenize_document(await parse_body(request, TokenizeRequest))
+            info = await backend.info(doc.model)  # a model none serves: 404 before any work
         except BadRequest as exc:
             return JSONResponse(error_body(str(exc), ErrorKind.VALIDATION, exc.param), status_code=400)
+        except ModelNotServedError as exc:
+            return OpenAI().refusal(error_doc(str(exc), exc.kind, exc.field))
         out = await backend.tokenize(doc)
         if out.error is not None:
             return OpenAI().refusal(out)
-        info = await backend.info()
         return JSONResponse({"count": len(out.token_ids), "max_model_len": info.max_context,
                              "tokens": list(out.token_ids), "token_strs": None})
 
@@ -75,7 +78,7 @@ def tokens_router(backend: Upstream) -> APIRouter:
     async def detokenize(request: Request) -> Response:
         try:
             req: Union[DetokenizeRequest, Any] = await parse_body(request, DetokenizeRequest)
-            doc = prompt_document(prompt_token_ids=req.tokens)
+            doc = prompt_document(prompt_token_ids=req.tokens, model=req.model)
         except BadRequest as exc:
             return JSONResponse(error_body(str(exc), ErrorKind.VALIDATION, exc.param), status_code=400)
         out = await backend.detokenize(doc)

@@ -82,3 +82,15 @@ def test_the_states_of_the_models_are_listed(http, fake):
     running = http.get("/api/ps").json()["models"]
     assert [(m["name"], m["expires_at"]) for m in running] == [("fake-model:latest", "2030-03-17T17:46:40Z"),
                                                                ("fake-embedder:latest", "9999-12-31T23:59:59Z")]
+
+
+def test_tokenize_and_a_chats_default_length_are_the_named_models(http, fake):
+    fake.served = [INFO, replace(SECOND, max_tokens_limit=1000)]
+    r = http.post("/tokenize", json={"model": "second-model", "prompt": "ab"})
+    assert r.status_code == 200 and r.json()["max_model_len"] == 1024 and fake.sent[-1].model == "second-model"
+    http.post("/detokenize", json={"model": "second-model", "tokens": [97]})
+    assert fake.sent[-1].model == "second-model"
+    r = http.post("/tokenize", json={"model": "gpt-4o", "prompt": "ab"})
+    assert r.status_code == 404 and "second-model" in r.text
+    http.post("/v1/chat/completions", json={"model": "second-model", "messages": HI})
+    assert fake.sent[-1].max_tokens == 512  # half its context (1024), not the first's limit (100)
