@@ -2,21 +2,42 @@
 
 It stands on the request contract (`contract`: SamplingParams, EngineConfig, the errors and
 limits), which every other layer shares without loading the engine.
+
+The public names load their modules when first used: the executor's process relays a model that
+runs in a process of its own, and importing the engine core, the kernels and transformers' models
+there cost each Flow's start about 4 s of CPU.
 """
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from . import torch_vectors
 
 torch_vectors.pin()  # before PyTorch's first operation: the same bits on every x86 CPU
 
-from .embeddings import Embedder, EmbedderInfo
-from .frontend.async_engine import AsyncEngine, EngineClient
-from .frontend.engine_process import EngineProcess
-from .frontend.lifecycle import ModelLifecycle, ModelState
-from .model.loader import LoadedModel, load_model, served_name
-from .observer import EngineObserver
-from .outputs import RequestOutput
-from .policies.prompt_logprobs import PromptScores
+if TYPE_CHECKING:
+    from .embeddings import Embedder, EmbedderInfo
+    from .frontend.async_engine import EngineClient
+    from .frontend.engine_process import EngineProcess
+    from .frontend.in_process import AsyncEngine
+    from .frontend.lifecycle import ModelLifecycle, ModelState
+    from .model.info import served_name
+    from .model.loader import LoadedModel, load_model
+    from .observer import EngineObserver
+    from .outputs import RequestOutput
+    from .policies.prompt_logprobs import PromptScores
 
-# the engine's public face: what the executors (and anything else outside) may use
+# the engine's public face, what the executors (and anything else outside) may use: name -> module
+_PUBLIC = {"AsyncEngine": ".frontend.in_process", "Embedder": ".embeddings", "EmbedderInfo": ".embeddings",
+           "EngineClient": ".frontend.async_engine", "EngineObserver": ".observer", "EngineProcess": ".frontend.engine_process",
+           "LoadedModel": ".model.loader", "ModelLifecycle": ".frontend.lifecycle", "ModelState": ".frontend.lifecycle",
+           "PromptScores": ".policies.prompt_logprobs", "RequestOutput": ".outputs", "load_model": ".model.loader",
+           "served_name": ".model.info"}
 __all__ = ["AsyncEngine", "Embedder", "EmbedderInfo", "EngineClient", "EngineObserver", "EngineProcess", "LoadedModel",
-           "ModelLifecycle", "ModelState",
-           "PromptScores", "RequestOutput", "load_model", "served_name"]
+           "ModelLifecycle", "ModelState", "PromptScores", "RequestOutput", "load_model", "served_name"]
+assert sorted(__all__) == sorted(_PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _PUBLIC:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_PUBLIC[name], __name__), name)

@@ -17,7 +17,7 @@ from contract import EngineConfig, SamplingParams, served_id
 from contract.endpoints import KEEP_ALIVE
 from contract.keep_alive import keep_alive_seconds
 from contract.lifecycle import die_with_parent
-from engine import AsyncEngine, EngineClient, EngineProcess, ModelLifecycle, served_name
+from engine import EngineClient, EngineProcess, ModelLifecycle, served_name
 from executors.convert import error_document, server_info, to_document, to_request, tokenizer_spec
 from executors.metrics import Metrics
 from schemas import ModelOutputDocument, PromptDocument
@@ -41,7 +41,7 @@ class LLMExecutor(Executor):
                              "or pass `model` under `with:` in jina.yml (`make model` builds the default)")
         config = EngineConfig(**options)
         self.model_name = model_name or os.environ.get("LLM_MODEL_NAME") or served_name(options["model"])
-        self.model = ModelLifecycle(lambda: EngineProcess(config) if config.core_process else AsyncEngine(config),
+        self.model = ModelLifecycle(lambda: EngineProcess(config) if config.core_process else in_process(config),
                                     keep_alive_seconds(config.keep_alive) or 0.0, self._loaded)
         self.metrics = Metrics(self.model_name, self.stats_now)
         if os.environ.get("LLM_METRICS_PORT"):  # a scraper reaches each executor (pod) directly
@@ -196,3 +196,10 @@ def _signature() -> inspect.Signature:
 
 
 LLMExecutor.__init__.__signature__ = _signature()  # type: ignore[attr-defined]
+
+
+def in_process(config: EngineConfig) -> EngineClient:
+    """The decode loop on a thread of this process (`core_process: false`). Imported here, when
+    asked for: only then does this process need the engine core and transformers' models."""
+    from engine import AsyncEngine
+    return AsyncEngine(config)

@@ -23,6 +23,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def service_processes(mark: str) -> list[psutil.Process]:
+    """Every live process started with LLM_TEST_MARK=mark in its environment: a service and all it
+    started, wherever they went (a process that left the group is found too)."""
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.environ().get("LLM_TEST_MARK") == mark and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return found
+
+
 class ServerProcess:
     """`cmd` started with start_new_session=True; stop() signals the whole group."""
 

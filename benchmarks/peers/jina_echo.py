@@ -7,7 +7,7 @@ from docarray import DocList
 from jina import Executor, requests
 
 from contract import EngineConfig
-from engine.model.loader import ModelInfo
+from engine.model.info import ModelInfo
 from executors.convert import server_info
 from schemas import ModelOutputDocument, PromptDocument
 

@@ -3,7 +3,6 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional
 
 import torch
@@ -19,6 +18,7 @@ from .fast_layers import install as lean_layers
 from .fast_layers import outside
 from .fp32 import install as fp32_layers
 from .gguf import find_gguf, load_gguf
+from .info import ModelInfo
 from .int4 import quantize
 from .paged_attention import NAME as PAGED
 
@@ -26,20 +26,6 @@ log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
            "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """What the service reports about its model, wherever the model runs."""
-
-    device: str
-    dtype: str
-    max_context: int
-    load_seconds: float
-    kv_cache_dtype: str = "float32"  # what the KV cache holds keys and values in
-    architecture: str = ""  # transformers' model_type: llama, gemma3, qwen2...
-    parameters: int = 0
-    weight_bytes: int = 0  # what the weights take in memory, as served (int4 blocks, fp32...)
 
 
 @dataclass
@@ -126,14 +112,6 @@ def pick_attention_backends(device: torch.device) -> None:
     GPT-2 small decode at 60 ms a step instead of 9. Flash and memory-efficient SDPA remain."""
     if device.type == "cuda":
         torch.backends.cuda.enable_cudnn_sdp(False)
-
-
-def served_name(source: str) -> str:
-    """The model id that APIs report: a local folder's (or .gguf file's) name, else the hub id."""
-    path = Path(source)
-    if path.exists():
-        return path.stem if path.suffix == ".gguf" else path.resolve().name
-    return source
 
 
 def load_model(config: EngineConfig) -> LoadedModel:

@@ -10,10 +10,12 @@ so its numbers do not depend on the batch either.
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import PreTrainedModel
+
+if TYPE_CHECKING:  # the executor's process imports this module and never needs transformers' models
+    from transformers import PreTrainedModel
 
 from .logprobs import Alternative, TokenTexts, log_softmax
 
@@ -34,7 +36,7 @@ class PromptScores:
 
 
 @contextmanager
-def final_hidden_states(model: PreTrainedModel, wanted: bool) -> Iterator[list[torch.Tensor]]:
+def final_hidden_states(model: "PreTrainedModel", wanted: bool) -> Iterator[list[torch.Tensor]]:
     """While the block runs, the decoder's last hidden states [rows, width, hidden] of each
     forward pass land in the yielded list (nothing is kept when not `wanted`)."""
     captured: list[torch.Tensor] = []
@@ -53,7 +55,7 @@ def final_hidden_states(model: PreTrainedModel, wanted: bool) -> Iterator[list[t
 
 
 @torch.inference_mode()
-def score(model: PreTrainedModel, hidden: torch.Tensor, next_ids: list[int], top_n: int,
+def score(model: "PreTrainedModel", hidden: torch.Tensor, next_ids: list[int], top_n: int,
           texts: TokenTexts, scores: PromptScores) -> None:
     """Append the scores of `next_ids`, each predicted by one row of hidden [len(next_ids),
     hidden] (the positions just before them)."""

@@ -87,3 +87,16 @@ def test_the_executors_use_only_the_engines_public_face():
     used = {a.name for p in (ROOT / "executors").glob("*.py") for n in ast.walk(_tree(p))
             if isinstance(n, ast.ImportFrom) and n.module == "engine" for a in n.names}
     assert used and used <= set(engine.__all__)
+
+
+def test_the_executors_process_imports_no_model_code():
+    """Its engine runs in a process of its own: the executor's process relays it, and importing
+    the engine core, its kernels' builder and transformers' models there cost each Flow's start
+    about 4 s of CPU (engine/__init__.py loads each public name when first used)."""
+    import subprocess
+    import sys
+    heavy = ["engine.core.core", "engine.model.loader", "transformers.modeling_utils", "engine.frontend.in_process"]
+    code = f"import sys, executors.llm_executor; print([m for m in {heavy!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
