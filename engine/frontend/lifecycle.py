@@ -48,9 +48,16 @@ class ModelLifecycle:
         self._lock = asyncio.Lock()
 
     def load_now(self) -> EngineClient:
-        """Load at once, on this thread (the process's start: a model that cannot load stops it)."""
+        """Load at once, on this thread (the process's start: a model that cannot load stops it).
+        On a serving loop its keep-alive runs from now, so that a model no request ever asks for
+        unloads too; elsewhere (a script) the first request's end sets it."""
         self._loaded(self._start())
         assert self.engine is not None
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return self.engine
+        self.keep()
         return self.engine
 
     @asynccontextmanager
