@@ -7,6 +7,7 @@ import psutil
 
 from contract import EngineConfig, SamplingParams
 from engine import EngineProcess, ModelLifecycle, ModelState
+from tests.unit.test_model_lifecycle import until
 
 GREEDY = SamplingParams(max_tokens=12, ignore_eos=True)
 
@@ -22,14 +23,6 @@ async def _answer(model: ModelLifecycle, keep_alive=None) -> str:
         return "".join(out.text for out in await engine.complete("hello world", GREEDY))
 
 
-async def _until(model: ModelLifecycle, status: ModelState, timeout: float = 30.0) -> None:
-    for _ in range(int(timeout * 10)):
-        if model.status is status:
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"still {model.status}, not {status}")
-
-
 async def test_an_idle_model_unloads_its_memory_and_the_next_request_loads_it_again(gpt2_model):
     model = ModelLifecycle(lambda: EngineProcess(EngineConfig(model=gpt2_model)), keep_alive_s=1.0)
     try:
@@ -38,7 +31,7 @@ async def test_an_idle_model_unloads_its_memory_and_the_next_request_loads_it_ag
         first = await _answer(model)
         loaded_rss, engine_rss = _tree_rss(), psutil.Process(pid).memory_info().rss
         assert model.expires_at is not None  # idle, and due to unload
-        await _until(model, ModelState.UNLOADED)
+        await until(model, ModelState.UNLOADED, timeout=30)
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
         assert _tree_rss() < loaded_rss - engine_rss // 2, (loaded_rss, engine_rss, _tree_rss())
         assert await _answer(model) == first  # loaded again for it, the same tokens
@@ -55,7 +48,7 @@ async def test_a_requests_keep_alive_sets_how_long_its_model_stays(gpt2_model):
         await asyncio.sleep(1.5)
         assert model.status is ModelState.LOADED and model.expires_at is None
         await _answer(model, keep_alive=0)  # unloads as soon as it ends
-        await _until(model, ModelState.UNLOADED, timeout=15)
+        await until(model, ModelState.UNLOADED, timeout=15)
         answers = await asyncio.gather(*(_answer(model, keep_alive=60) for _ in range(3)))  # wait for one load
         assert len(set(answers)) == 1 and model.loads == 2 and model.status is ModelState.LOADED
         assert model.expires_at is not None and model.expires_at > 0

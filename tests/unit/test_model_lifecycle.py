@@ -16,7 +16,8 @@ class StandIn:
         self.stopped = True
 
 
-async def _until(model: ModelLifecycle, status: ModelState, timeout: float = 5.0) -> None:
+async def until(model: ModelLifecycle, status: ModelState, timeout: float = 5.0) -> None:
+    """Until the model is in `status` (tests/service's lifecycle tests wait with it too)."""
     for _ in range(int(timeout * 100)):
         if model.status is status:
             return
@@ -29,7 +30,7 @@ async def test_a_model_loaded_at_start_and_never_asked_for_unloads_after_its_kee
     model = ModelLifecycle(lambda: engine, keep_alive_s=0.2)
     model.load_now()
     assert model.status is ModelState.LOADED and model.expires_at is not None
-    await _until(model, ModelState.UNLOADED)
+    await until(model, ModelState.UNLOADED)
     assert engine.stopped and (model.loads, model.unloads) == (1, 1)
 
 
