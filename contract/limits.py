@@ -5,11 +5,13 @@ checks them again before any work (gRPC callers reach it without the gateway's c
 read the same values, so a deployment overrides them with environment variables that every
 process sees: LLM_MAX_BODY_BYTES, LLM_MAX_PROMPT_CHARS, LLM_MAX_MESSAGES,
 LLM_MAX_STOP_SEQUENCES, LLM_MAX_STOP_CHARS, LLM_MAX_GRAMMAR_BYTES, LLM_MAX_GRAMMAR_COMPILE_MS.
+The gateway's store of streams kept for a reconnect has its bounds here too (ResumeLimits).
 """
 import os
+import random
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Optional
+from typing import Any, Optional, TypeVar
 
 from .errors import check
 
@@ -22,21 +24,23 @@ REASONING_EFFORT_BUDGETS: dict[str, "int | None"] = {"none": 0, "minimal": 256, 
                                                      "high": None}
 
 
-@dataclass(frozen=True)
-class RequestLimits:
-    max_body_bytes: int = 2 * 1024 * 1024  # an HTTP body or a WebSocket message (TGI's 2 MB)
-    max_prompt_chars: int = 200_000  # a prompt, or all chat messages' contents together
-    max_messages: int = 512  # chat messages in one request
-    max_stop_sequences: int = 16
-    max_stop_chars: int = 256  # characters of one stop sequence
-    max_grammar_bytes: int = 64 * 1024  # a JSON schema, regex, choice list or grammar, as UTF-8
-    max_grammar_compile_ms: int = 200  # the compiler's work bound (llguidance's lexer fuel, ~50k/ms)
+def draw_seed() -> int:
+    """A seed for a sampled request that sent none, drawn where the request must be able to go on
+    from its tokens (another replica, a reconnect); the engine reports it as one it drew."""
+    return random.randint(0, SEED_MAX)
+
+
+L = TypeVar("L", bound="EnvLimits")
+
+
+class EnvLimits:
+    """Integer bounds, each overridden by LLM_<NAME> in the environment."""
 
     @classmethod
-    def from_env(cls, env: Optional[Mapping[str, str]] = None) -> "RequestLimits":
+    def from_env(cls: type[L], env: Optional[Mapping[str, str]] = None) -> L:
         source: Mapping[str, str] = os.environ if env is None else env
         values = {}
-        for f in fields(cls):
+        for f in fields(cls):  # type: ignore[arg-type]
             name = "LLM_" + f.name.upper()
             if source.get(name):
                 try:
@@ -48,7 +52,28 @@ class RequestLimits:
         return cls(**values)
 
     def as_dict(self) -> dict[str, int]:
-        return asdict(self)
+        return asdict(self)  # type: ignore[call-overload]
+
+
+@dataclass(frozen=True)
+class ResumeLimits(EnvLimits):
+    """Streams kept for a reconnect with Last-Event-ID (gateway/edge/resumable.py): how many, the
+    bytes of their events in all, and the seconds one is kept after its reader left or it ended."""
+
+    resume_streams: int = 256
+    resume_bytes: int = 64 * 1024 * 1024
+    resume_seconds: int = 300
+
+
+@dataclass(frozen=True)
+class RequestLimits(EnvLimits):
+    max_body_bytes: int = 2 * 1024 * 1024  # an HTTP body or a WebSocket message (TGI's 2 MB)
+    max_prompt_chars: int = 200_000  # a prompt, or all chat messages' contents together
+    max_messages: int = 512  # chat messages in one request
+    max_stop_sequences: int = 16
+    max_stop_chars: int = 256  # characters of one stop sequence
+    max_grammar_bytes: int = 64 * 1024  # a JSON schema, regex, choice list or grammar, as UTF-8
+    max_grammar_compile_ms: int = 200  # the compiler's work bound (llguidance's lexer fuel, ~50k/ms)
 
     def check_prompt(self, prompt: Any) -> None:
         """Before tokenizing: a prompt past the limit is refused without being read."""

@@ -23,7 +23,6 @@ go to the model that their document names; /models lists every model's /info.
 import asyncio
 import json
 import logging
-import random
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any, Optional
@@ -35,6 +34,7 @@ from jina.types.request.data import DataRequest, SingleDocumentRequest
 
 from contract import ModelNotServedError
 from contract.endpoints import DEPLOYMENT_OF, MODELS
+from contract.limits import draw_seed as new_seed
 from gateway.fleet.fleet import Fleet
 from gateway.fleet.models import ModelFleets
 from gateway.fleet.replicas import deployments, one_node_graph
@@ -42,7 +42,6 @@ from schemas import ModelOutputDocument
 from schemas.wire import fill
 
 log = logging.getLogger(__name__)
-SEED_BITS = 64
 
 
 class Migration:
@@ -102,7 +101,7 @@ def draw_seed(request: SingleDocumentRequest) -> None:
     sampled = "do_sample" in data and data["do_sample"].boolean and not (
         "temperature" in data and data["temperature"].WhichOneof("content") and _number(data["temperature"]) == 0)
     if sampled and ("seed" not in data or data["seed"].WhichOneof("content") is None):
-        data["seed"].text = str(random.getrandbits(SEED_BITS))
+        data["seed"].text = str(new_seed())
 
 
 def _number(node: Any) -> float:

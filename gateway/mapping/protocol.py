@@ -4,7 +4,8 @@
 the field), open the stream, refuse with a status if the first document is an error,
 then stream the events or collect the whole answer, 499 when the client left first. A
 protocol supplies only its request mapping (`parse`) and its encoders (`refusal`,
-`events`, `answer`). Handlers take any backend with `open`, `complete` and `info`, so
+`events`, `answer`). An SSE stream is kept for a reconnect (gateway/edge/resumable.py): its events
+carry ids, and `Last-Event-ID` goes on from one. Handlers take any backend with `open`, `complete` and `info`, so
 a fake one tests every protocol in milliseconds.
 """
 import json
@@ -19,9 +20,11 @@ from fastapi.responses import Response, StreamingResponse
 from contract import ErrorKind, ModelNotServedError, ServerInfo
 from contract.transport import error_kind
 from gateway.edge.backend import CollectedAnswer, Ends, cancel_on_disconnect, close_quietly, error_doc
+from gateway.edge.resumable import ResumableDocs, streams, with_seed
 from gateway.mapping.inputs import BadRequest
 from schemas import EmbeddingDocument, ModelOutputDocument, PromptDocument
 
+SSE = "text/event-stream"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -87,7 +90,7 @@ class Upstream(Interface):
 class Protocol:
     """A wire format. Subclasses supply the mapping and the encoders."""
 
-    media_type = "text/event-stream"
+    media_type = SSE
 
     async def parse(self, request: Request, backend: Upstream) -> Parsed:
         raise NotImplementedError
@@ -106,6 +109,9 @@ class Protocol:
 
 
 async def serve(protocol: Protocol, backend: Upstream, request: Request) -> Response:
+    last_event_id = request.headers.get("last-event-id")
+    if last_event_id and protocol.media_type == SSE:
+        return _resumed(protocol, request, last_event_id)
     try:
         parsed = await protocol.parse(request, backend)
         info = await backend.info(parsed.doc.model)  # a model none serves: 404 before any work
@@ -120,12 +126,27 @@ async def serve(protocol: Protocol, backend: Upstream, request: Request) -> Resp
         if result.error is not None:
             return protocol.refusal(parsed.as_sent(result.error))
         return protocol.answer(parsed, result, info)
-    first, rest = await backend.open(parsed.doc)
+    doc = with_seed(parsed.doc) if protocol.media_type == SSE else parsed.doc
+    first, rest = await backend.open(doc)
     if first.error is not None:
         await close_quietly(rest)
         return protocol.refusal(parsed.as_sent(first))
-    return StreamingResponse(_frames(protocol, parsed, first, rest, info), media_type=protocol.media_type,
-                             headers=SSE_HEADERS)
+    if protocol.media_type != SSE:
+        return StreamingResponse(_frames(protocol, parsed, first, rest, info), media_type=protocol.media_type,
+                                 headers=SSE_HEADERS)
+    docs = ResumableDocs(backend.open, doc, first, rest)
+    stored = streams().start(request.url.path, docs, protocol.events(parsed, docs, info))
+    return StreamingResponse(streams().read(stored, 0), media_type=SSE, headers=SSE_HEADERS)
+
+
+def _resumed(protocol: Protocol, request: Request, last_event_id: str) -> Response:
+    """A reconnect: the events after the one it names, then the rest of the answer."""
+    found = streams().find(request.url.path, last_event_id)
+    if found is None:
+        return protocol.refusal(error_doc(
+            f"Last-Event-ID: {last_event_id!r} names no stream of {request.url.path} kept here (they are kept "
+            f"LLM_RESUME_SECONDS after their reader left)", ErrorKind.NOT_FOUND, "Last-Event-ID"))
+    return StreamingResponse(streams().read(*found), media_type=SSE, headers=SSE_HEADERS)
 
 
 async def _documents(first: ModelOutputDocument, rest: AsyncIterator[ModelOutputDocument],

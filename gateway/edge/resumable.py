@@ -1,0 +1,237 @@
+"""Streams that survive a dropped connection. Every event of an SSE stream carries an id,
+`<stream>/<n>`; a request that sends `Last-Event-ID` with one gets the events after it, then the
+rest of the answer, as if the connection had never dropped.
+
+A stream's events are made by a task of their own (the protocol's encoder over the executor's
+documents), apart from the connection that reads them. When the reader goes, the generation is
+cancelled at once, as before, and its batch slot freed; the encoder waits. A reconnect replays
+the events made after the id it names, and the executor goes on from the tokens already encoded
+(`resume_tokens`, with the seed the answer is sampled with: a sampled request without one gets
+one drawn here). Sampling is a function of the seed and the position, so the encoder's next
+events are the very ones an unbroken stream would have had.
+
+A stream is kept `resume_seconds` after its reader left or it ended, within `resume_streams`
+streams and `resume_bytes` of events in all (contract/limits.py); past a bound the stream that
+waited longest without a reader goes first. A stream with several answers (`n` > 1) cannot go
+on from tokens: its events are replayed, but a cut one ends with an error event.
+"""
+import asyncio
+import time
+import uuid
+import weakref
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Optional
+
+from contract.limits import ResumeLimits, draw_seed
+from gateway.edge.backend import Ends, close_quietly, error_doc
+from schemas import ModelOutputDocument, PromptDocument
+
+Opener = Callable[[PromptDocument], Awaitable[tuple[ModelOutputDocument, AsyncIterator[ModelOutputDocument]]]]
+
+
+def with_seed(doc: PromptDocument) -> PromptDocument:
+    """A sampled request without a seed gets one, so that it can go on from its tokens."""
+    sampled = doc.do_sample and doc.temperature != 0
+    return doc.model_copy(update={"seed": draw_seed()}) if sampled and doc.seed is None else doc
+
+
+class ResumableDocs:
+    """The executor's documents for one stream; after `cut`, `resume` goes on from the tokens of
+    the documents handed on so far."""
+
+    def __init__(self, open_: Opener, doc: PromptDocument, first: ModelOutputDocument,
+                 rest: AsyncIterator[ModelOutputDocument]):
+        self._open, self._doc, self._rest = open_, doc, rest
+        self._first: Optional[ModelOutputDocument] = first
+        self._ends = Ends(doc.n if isinstance(doc.n, int) and doc.n > 0 else 1)
+        self._pull: Optional[asyncio.Future] = None
+        self._live = asyncio.Event()
+        self._live.set()
+        self.tokens: list[int] = []
+        self.text = ""  # handed on: what a resumed run's generated_text goes on from
+        self._prefix = ""
+        self._closing: Optional[asyncio.Future] = None
+        self.over = False
+
+    def __aiter__(self) -> "ResumableDocs":
+        return self
+
+    async def __anext__(self) -> ModelOutputDocument:
+        if self.over:
+            raise StopAsyncIteration
+        while True:
+            if self._first is not None:
+                out, self._first = self._first, None
+                return self._handed(out)
+            if not self._live.is_set():  # cut: wait for a reader, whose resume sets the next first
+                await self._live.wait()
+                continue
+            self._pull = asyncio.ensure_future(self._rest.__anext__())
+            try:
+                return self._handed(await self._pull)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if (task is not None and task.cancelling()) or self._live.is_set():
+                    raise  # the stream itself is dropped, not its connection
+            finally:
+                self._pull = None
+
+    def _handed(self, out: ModelOutputDocument) -> ModelOutputDocument:
+        if self._prefix and out.generated_text:
+            out = out.model_copy(update={"generated_text": self._prefix + out.generated_text})
+        self.tokens += list(out.token_ids)
+        self.text += out.text
+        self.over = self._ends.last(out)
+        return out
+
+    def cut(self) -> None:
+        """The reader left: the generation stops now (its upstream call closed)."""
+        if self.over or not self._live.is_set():
+            return
+        self._live.clear()
+        if self._pull is not None:
+            self._pull.cancel()
+        else:  # between documents: nothing is pulling, so the stream can be closed now
+            self._closing = asyncio.ensure_future(close_quietly(self._rest))
+
+    async def resume(self) -> None:
+        """A reader is back: the executor goes on from the tokens handed on so far."""
+        if self.over or self._live.is_set():
+            return
+        if self._closing is not None:
+            await self._closing
+        await close_quietly(self._rest)
+        if self._doc.n not in (None, 1):
+            first = error_doc("the stream was cut, and an answer of several (n) cannot go on from its tokens")
+            rest: AsyncIterator[ModelOutputDocument] = _nothing()
+        else:
+            self._prefix = self.text
+            first, rest = await self._open(self._doc.model_copy(update={"resume_tokens": list(self.tokens)}))
+        self._first, self._rest = first, rest
+        self._live.set()
+
+    async def close(self) -> None:
+        if self._pull is not None:
+            self._pull.cancel()
+        await close_quietly(self._rest)
+
+
+async def _nothing() -> AsyncIterator[ModelOutputDocument]:
+    return
+    yield  # an async generator that ends at once
+
+
+@dataclass
+class StoredStream:
+    id: str
+    route: str  # the path it was made on: a reconnect comes back there
+    docs: ResumableDocs
+    frames: list[str] = field(default_factory=list)
+    size: int = 0
+    done: bool = False
+    readers: int = 0
+    idle_since: float = field(default_factory=time.monotonic)
+    producer: Optional[asyncio.Task] = None
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def append(self, frame: str) -> None:
+        self.frames.append(f"id: {self.id}/{len(self.frames)}\n{frame}")
+        self.size += len(self.frames[-1])
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def end(self) -> None:
+        self.done, self.idle_since = True, time.monotonic()
+        self._changed.set()
+
+    async def changed(self) -> None:
+        await self._changed.wait()
+
+
+class StreamStore:
+    """The streams kept for a reconnect, within ResumeLimits."""
+
+    def __init__(self, limits: Optional[ResumeLimits] = None):
+        self.limits = limits or ResumeLimits.from_env()
+        self._streams: OrderedDict[str, StoredStream] = OrderedDict()
+
+    def start(self, route: str, docs: ResumableDocs, frames: AsyncIterator[str]) -> StoredStream:
+        """A new stream, its events made from now on by a task of its own."""
+        self._evict(keep=1)
+        stored = StoredStream("strm_" + uuid.uuid4().hex, route, docs)
+        stored.producer = asyncio.ensure_future(self._produce(stored, frames))
+        self._streams[stored.id] = stored
+        return stored
+
+    def find(self, route: str, last_event_id: str) -> Optional[tuple[StoredStream, int]]:
+        """The stream of `route` that `Last-Event-ID` names, and the event after which to go on."""
+        self._evict(keep=0)
+        stream_id, _, index = last_event_id.strip().rpartition("/")
+        stored = self._streams.get(stream_id)
+        if stored is None or stored.route != route or not index.isdigit() or int(index) >= len(stored.frames):
+            return None
+        return stored, int(index) + 1
+
+    async def read(self, stored: StoredStream, start: int) -> AsyncIterator[str]:
+        """The stream's events from `start` on, to its end; when this reader goes, the generation
+        stops until the next one comes."""
+        stored.readers += 1
+        await stored.docs.resume()
+        try:
+            index = start
+            while True:
+                while index < len(stored.frames):
+                    yield stored.frames[index]
+                    index += 1
+                if stored.done:
+                    return
+                await stored.changed()
+        finally:
+            stored.readers -= 1
+            if stored.readers == 0:
+                stored.idle_since = time.monotonic()
+                stored.docs.cut()
+
+    @property
+    def size(self) -> int:
+        return sum(s.size for s in self._streams.values())
+
+    def __len__(self) -> int:
+        return len(self._streams)
+
+    async def _produce(self, stored: StoredStream, frames: AsyncIterator[str]) -> None:
+        try:
+            async for frame in frames:
+                stored.append(frame)
+        finally:
+            stored.end()
+            await stored.docs.close()
+
+    def _evict(self, keep: int) -> None:
+        """Streams past their time, then (while over a bound, leaving room for `keep` more) the
+        readerless one that waited longest."""
+        now, limits = time.monotonic(), self.limits
+        idle = sorted((s for s in self._streams.values() if s.readers == 0), key=lambda s: s.idle_since)
+        for stored in idle:
+            over = len(self._streams) + keep > limits.resume_streams or self.size > limits.resume_bytes
+            if now - stored.idle_since > limits.resume_seconds or over:
+                self._drop(stored)
+
+    def _drop(self, stored: StoredStream) -> None:
+        del self._streams[stored.id]
+        if stored.producer is not None and not stored.producer.done():
+            stored.producer.cancel()
+
+
+_STORES: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, StreamStore]" = weakref.WeakKeyDictionary()
+
+
+def streams() -> StreamStore:
+    """The store of the running event loop: the gateway's one loop (a test's app may run each
+    request in a loop of its own, and a task lives in its loop)."""
+    loop = asyncio.get_running_loop()
+    if loop not in _STORES:
+        _STORES[loop] = StreamStore()
+    return _STORES[loop]

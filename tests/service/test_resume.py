@@ -1,0 +1,93 @@
+"""A stream that survives its dropped connection, through a real Flow: the client reads a few
+events of an SSE stream and leaves, the generation stops, and a reconnect with `Last-Event-ID`
+gets the events after that id and then the rest, made from the tokens already sent. Joined, the
+two parts are the events of an unbroken run: the same text, the same usage, ids without a gap."""
+import json
+import time
+
+import pytest
+import requests
+
+from tests.gateway_helpers import busy, wait_until
+
+BODIES = {
+    "/v1/chat/completions": {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 48, "temperature": 0,
+                             "stream": True, "stream_options": {"include_usage": True}},
+    "/v1/completions": {"prompt": "hello", "max_tokens": 48, "temperature": 0.8, "seed": 5, "stream": True},
+    "/v1/messages": {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 48, "temperature": 0,
+                     "stream": True},
+}
+
+
+def events(response: requests.Response, limit: int = 10**9) -> list[dict]:
+    """Each event's id and data (as text), the first `limit` of them."""
+    out: list[dict] = []
+    current: dict = {}
+    for line in response.iter_lines(decode_unicode=True):
+        if not line:
+            if current:
+                out.append(current)
+                current = {}
+                if len(out) >= limit:
+                    break
+            continue
+        key, _, value = line.partition(": ")
+        current[key] = value
+    return out
+
+
+def text_of(path: str, evs: list[dict]) -> str:
+    text = ""
+    for e in evs:
+        if e.get("data", "[DONE]") == "[DONE]":
+            continue
+        data = json.loads(e["data"])
+        if path == "/v1/chat/completions" and data["choices"]:
+            text += data["choices"][0]["delta"].get("content") or ""
+        elif path == "/v1/completions":
+            text += data["choices"][0]["text"]
+        elif path == "/v1/messages" and data["type"] == "content_block_delta":
+            text += data["delta"]["text"]
+    return text
+
+
+def usage(evs: list[dict]) -> list:
+    """The usage reports, but for what the prefix cache held: that depends on the requests before
+    (the unbroken run's prompt was new; the cut run's was cached by then)."""
+    reports = [json.loads(e["data"]).get("usage") for e in evs if e.get("data", "[DONE]") != "[DONE]"]
+    return [{k: v for k, v in r.items() if "cache" not in k and k != "prompt_tokens_details"} for r in reports if r]
+
+
+@pytest.mark.parametrize("path", list(BODIES))
+def test_a_dropped_stream_goes_on_from_its_last_event_id(slow_flow, path):
+    _, http = slow_flow
+    url = f"http://127.0.0.1:{http}{path}"
+    with requests.post(url, json=BODIES[path], stream=True, timeout=60) as r:
+        whole = events(r)
+    with requests.post(url, json=BODIES[path], stream=True, timeout=60) as r:
+        assert r.status_code == 200
+        head = events(r, limit=6)
+    # the connection is gone: the generation stops long before its 48 tokens
+    assert busy(wait_until(http, lambda s: busy(s) == 0, timeout=20)) == 0
+    with requests.post(url, json=BODIES[path], headers={"Last-Event-ID": head[-1]["id"]}, stream=True, timeout=60) as r:
+        assert r.status_code == 200, r.text
+        tail = events(r)
+    joined = head + tail
+    stream_id = head[0]["id"].rsplit("/", 1)[0]
+    assert [e["id"] for e in joined] == [f"{stream_id}/{i}" for i in range(len(joined))]
+    assert text_of(path, joined) == text_of(path, whole) and len(text_of(path, whole)) > 20
+    assert usage(joined) == usage(whole)
+    assert [e.get("event") for e in joined] == [e.get("event") for e in whole]
+
+
+def test_an_unknown_or_foreign_last_event_id_is_refused_naming_the_header(slow_flow):
+    _, http = slow_flow
+    url = f"http://127.0.0.1:{http}/v1/chat/completions"
+    with requests.post(url, json=BODIES["/v1/chat/completions"], stream=True, timeout=60) as r:
+        first = events(r, limit=1)[0]["id"]
+    time.sleep(0.2)
+    for last in ("strm_nothing/3", first):
+        target = url if last != first else f"http://127.0.0.1:{http}/v1/completions"  # another route's
+        r = requests.post(target, json={"prompt": "x", "stream": True}, headers={"Last-Event-ID": last}, timeout=30)
+        assert r.status_code == 404, r.text
+        assert "Last-Event-ID" in r.text
