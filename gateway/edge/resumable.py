@@ -26,7 +26,7 @@ from typing import Optional
 
 from contract.limits import ResumeLimits, draw_seed
 from gateway.edge.backend import Ends, close_quietly, error_doc
-from schemas import ModelOutputDocument, PromptDocument
+from schemas import ModelOutputDocument, PromptDocument, Seed
 
 Opener = Callable[[PromptDocument], Awaitable[tuple[ModelOutputDocument, AsyncIterator[ModelOutputDocument]]]]
 
@@ -34,7 +34,7 @@ Opener = Callable[[PromptDocument], Awaitable[tuple[ModelOutputDocument, AsyncIt
 def with_seed(doc: PromptDocument) -> PromptDocument:
     """A sampled request without a seed gets one, so that it can go on from its tokens."""
     sampled = doc.do_sample and doc.temperature != 0
-    return doc.model_copy(update={"seed": draw_seed()}) if sampled and doc.seed is None else doc
+    return doc.model_copy(update={"seed": Seed(draw_seed())}) if sampled and doc.seed is None else doc
 
 
 class ResumableDocs:

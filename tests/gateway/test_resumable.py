@@ -46,7 +46,7 @@ class Script:
 async def frames(docs):
     """A protocol's encoder: an event per document, then a last one."""
     async for out in docs:
-        yield f"data: {out.text}|{out.generated_text}\n\n"
+        yield f"data: {out.error or out.text}|{out.generated_text}\n\n"
     yield "data: [DONE]\n\n"
 
 
@@ -116,3 +116,23 @@ def test_a_sampled_request_without_a_seed_gets_one_and_greedy_ones_none():
     assert with_seed(PromptDocument(prompt="x", do_sample=True, seed=7)).seed == 7
     assert with_seed(PromptDocument(prompt="x", do_sample=False)).seed is None
     assert with_seed(PromptDocument(prompt="x", do_sample=True, temperature=0)).seed is None
+
+
+async def test_a_cut_stream_of_several_answers_ends_with_an_error_event():
+    script, store = Script(), StreamStore(ResumeLimits())
+    doc = PromptDocument(prompt="hi", max_tokens=len(WORDS), n=2)
+    first, rest = await script.open(doc)
+    docs = ResumableDocs(script.open, doc, first, rest)
+    stored = store.start("/v1/x", docs, frames(docs))
+    reader = store.read(stored, 0)
+    await take(reader, 1)
+    await reader.aclose()
+    await settle()
+    rest_frames = [f async for f in store.read(stored, 1)]
+    assert len(script.sent) == 1  # not opened again
+    assert "several (n)" in rest_frames[0] and rest_frames[-1].endswith("data: [DONE]\n\n")
+
+
+def test_the_drawn_seed_travels_on_the_protobuf_wire():
+    doc = with_seed(PromptDocument(prompt="x", do_sample=True))
+    assert PromptDocument.from_protobuf(doc.to_protobuf()).seed == doc.seed
