@@ -12,7 +12,8 @@ events are the very ones an unbroken stream would have had.
 
 A stream is kept `resume_seconds` after its reader left or it ended, within `resume_streams`
 streams and `resume_bytes` of events in all (contract/limits.py); past a bound the stream that
-waited longest without a reader goes first. A stream with several answers (`n` > 1) cannot go
+waited longest without a reader goes first. The Responses API's `background` streams use the same
+store, made whoever reads them (gateway/protocols/responses_stored.py). A stream with several answers (`n` > 1) cannot go
 on from tokens: its events are replayed, but a cut one ends with an error event.
 """
 import asyncio
@@ -24,6 +25,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Optional
 
+from contract import kind_of
 from contract.limits import ResumeLimits, draw_seed
 from gateway.edge.backend import Ends, close_quietly, error_doc
 from schemas import ModelOutputDocument, PromptDocument, Seed
@@ -39,44 +41,61 @@ def with_seed(doc: PromptDocument) -> PromptDocument:
 
 class ResumableDocs:
     """The executor's documents for one stream; after `cut`, `resume` goes on from the tokens of
-    the documents handed on so far."""
+    the documents handed on so far.
 
-    def __init__(self, open_: Opener, doc: PromptDocument, first: ModelOutputDocument,
-                 rest: AsyncIterator[ModelOutputDocument]):
-        self._open, self._doc, self._rest = open_, doc, rest
-        self._first: Optional[ModelOutputDocument] = first
+    Each call to the executor is made and read by a pump task of its own, which lives as long as
+    the call: the gateway ends a call when the task that made it ends (jina_call_ends.py), and
+    a stream moved off a lost replica opens its new call from inside that reading. Cutting
+    cancels the pump, which ends the call; documents it had read but not handed on are dropped,
+    and made again on the resume."""
+
+    def __init__(self, open_: Opener, doc: PromptDocument):
+        self._open, self._doc = open_, doc
         self._ends = Ends(doc.n if isinstance(doc.n, int) and doc.n > 0 else 1)
-        self._pull: Optional[asyncio.Future] = None
+        self._queue: asyncio.Queue[Optional[ModelOutputDocument]] = asyncio.Queue(maxsize=1)  # None: the call ended
+        self._pump: Optional[asyncio.Task] = None
         self._live = asyncio.Event()
-        self._live.set()
         self.tokens: list[int] = []
         self.text = ""  # handed on: what a resumed run's generated_text goes on from
         self._prefix = ""
-        self._closing: Optional[asyncio.Future] = None
         self.over = False
+
+    async def start(self) -> ModelOutputDocument:
+        """Open the call; its first document (which stays the first handed on)."""
+        self._pump_from(self._doc)
+        first = await self._queue.get()
+        assert first is not None  # the opener gives a first document, or raises
+        self._queue.put_nowait(first)  # the pump waits for room: nothing came between
+        return first
+
+    def _pump_from(self, doc: PromptDocument) -> None:
+        self._live.set()
+        self._pump = asyncio.ensure_future(self._run(doc))
+
+    async def _run(self, doc: PromptDocument) -> None:
+        rest: Optional[AsyncIterator[ModelOutputDocument]] = None
+        try:
+            first, rest = await self._open(doc)
+            await self._queue.put(first)
+            async for out in rest:
+                await self._queue.put(out)
+        except Exception as exc:  # noqa: BLE001 - the stream ends with it, as an error document
+            await self._queue.put(error_doc(f"{type(exc).__name__}: {exc}", kind_of(exc)))
+        else:
+            await self._queue.put(None)
+        finally:
+            if rest is not None:
+                await close_quietly(rest)
 
     def __aiter__(self) -> "ResumableDocs":
         return self
 
     async def __anext__(self) -> ModelOutputDocument:
-        if self.over:
+        out = None if self.over else await self._queue.get()
+        if out is None:
+            self.over = True
             raise StopAsyncIteration
-        while True:
-            if self._first is not None:
-                out, self._first = self._first, None
-                return self._handed(out)
-            if not self._live.is_set():  # cut: wait for a reader, whose resume sets the next first
-                await self._live.wait()
-                continue
-            self._pull = asyncio.ensure_future(self._rest.__anext__())
-            try:
-                return self._handed(await self._pull)
-            except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if (task is not None and task.cancelling()) or self._live.is_set():
-                    raise  # the stream itself is dropped, not its connection
-            finally:
-                self._pull = None
+        return self._handed(out)
 
     def _handed(self, out: ModelOutputDocument) -> ModelOutputDocument:
         if self._prefix and out.generated_text:
@@ -87,40 +106,33 @@ class ResumableDocs:
         return out
 
     def cut(self) -> None:
-        """The reader left: the generation stops now (its upstream call closed)."""
+        """The reader left: the generation stops now (its call ends with its pump)."""
         if self.over or not self._live.is_set():
             return
         self._live.clear()
-        if self._pull is not None:
-            self._pull.cancel()
-        else:  # between documents: nothing is pulling, so the stream can be closed now
-            self._closing = asyncio.ensure_future(close_quietly(self._rest))
+        if self._pump is not None:
+            self._pump.cancel()
+        while not self._queue.empty():  # read from the executor, never handed on: made again
+            self._queue.get_nowait()
 
     async def resume(self) -> None:
         """A reader is back: the executor goes on from the tokens handed on so far."""
         if self.over or self._live.is_set():
             return
-        if self._closing is not None:
-            await self._closing
-        await close_quietly(self._rest)
+        await self.close()
         if self._doc.n not in (None, 1):
-            first = error_doc("the stream was cut, and an answer of several (n) cannot go on from its tokens")
-            rest: AsyncIterator[ModelOutputDocument] = _nothing()
-        else:
-            self._prefix = self.text
-            first, rest = await self._open(self._doc.model_copy(update={"resume_tokens": list(self.tokens)}))
-        self._first, self._rest = first, rest
-        self._live.set()
+            self._live.set()
+            await self._queue.put(error_doc("the stream was cut, and an answer of several (n) cannot go on "
+                                            "from its tokens"))
+            return
+        self._prefix = self.text
+        self._pump_from(self._doc.model_copy(update={"resume_tokens": list(self.tokens)}))
 
     async def close(self) -> None:
-        if self._pull is not None:
-            self._pull.cancel()
-        await close_quietly(self._rest)
-
-
-async def _nothing() -> AsyncIterator[ModelOutputDocument]:
-    return
-    yield  # an async generator that ends at once
+        """The call ended, whatever it was doing."""
+        if self._pump is not None:
+            self._pump.cancel()
+            await asyncio.gather(self._pump, return_exceptions=True)
 
 
 @dataclass
@@ -132,6 +144,8 @@ class StoredStream:
     size: int = 0
     done: bool = False
     readers: int = 0
+    background: bool = False  # made whoever reads it (Responses' background): a reader leaving cuts nothing
+    cancelled: bool = False
     idle_since: float = field(default_factory=time.monotonic)
     producer: Optional[asyncio.Task] = None
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -157,10 +171,11 @@ class StreamStore:
         self.limits = limits or ResumeLimits.from_env()
         self._streams: OrderedDict[str, StoredStream] = OrderedDict()
 
-    def start(self, route: str, docs: ResumableDocs, frames: AsyncIterator[str]) -> StoredStream:
+    def start(self, route: str, docs: ResumableDocs, frames: AsyncIterator[str], stream_id: Optional[str] = None,
+              background: bool = False) -> StoredStream:
         """A new stream, its events made from now on by a task of its own."""
         self._evict(keep=1)
-        stored = StoredStream("strm_" + uuid.uuid4().hex, route, docs)
+        stored = StoredStream(stream_id or "strm_" + uuid.uuid4().hex, route, docs, background=background)
         stored.producer = asyncio.ensure_future(self._produce(stored, frames))
         self._streams[stored.id] = stored
         return stored
@@ -173,6 +188,21 @@ class StreamStore:
         if stored is None or stored.route != route or not index.isdigit() or int(index) >= len(stored.frames):
             return None
         return stored, int(index) + 1
+
+    def by_id(self, route: str, stream_id: str) -> Optional[StoredStream]:
+        self._evict(keep=0)
+        stored = self._streams.get(stream_id)
+        return stored if stored is not None and stored.route == route else None
+
+    async def cancel(self, stored: StoredStream) -> None:
+        """Stop making its events (and its generation); what was made stays."""
+        if stored.producer is not None and not stored.producer.done():
+            stored.cancelled = True
+            stored.producer.cancel()
+            await asyncio.gather(stored.producer, return_exceptions=True)
+
+    def forget(self, stored: StoredStream) -> None:
+        self._streams.pop(stored.id, None)
 
     async def read(self, stored: StoredStream, start: int) -> AsyncIterator[str]:
         """The stream's events from `start` on, to its end; when this reader goes, the generation
@@ -190,7 +220,7 @@ class StreamStore:
                 await stored.changed()
         finally:
             stored.readers -= 1
-            if stored.readers == 0:
+            if stored.readers == 0 and not stored.background:
                 stored.idle_since = time.monotonic()
                 stored.docs.cut()
 
@@ -213,7 +243,8 @@ class StreamStore:
         """Streams past their time, then (while over a bound, leaving room for `keep` more) the
         readerless one that waited longest."""
         now, limits = time.monotonic(), self.limits
-        idle = sorted((s for s in self._streams.values() if s.readers == 0), key=lambda s: s.idle_since)
+        idle = sorted((s for s in self._streams.values() if s.readers == 0 and (s.done or not s.background)),
+                      key=lambda s: s.idle_since)
         for stored in idle:
             over = len(self._streams) + keep > limits.resume_streams or self.size > limits.resume_bytes
             if now - stored.idle_since > limits.resume_seconds or over:

@@ -48,6 +48,7 @@ class Parsed:
     stream: bool
     request: Any = None
     sent_as: dict[str, str] = field(default_factory=dict)  # an engine field -> the name this request used
+    background: Optional[str] = None  # the id of a stream made whoever reads it (Responses' background)
 
     def as_sent(self, error: ModelOutputDocument) -> ModelOutputDocument:
         """The executor's refusal, naming the field as the client sent it (response_format
@@ -107,6 +108,10 @@ class Protocol:
     def answer(self, parsed: Parsed, result: CollectedAnswer, info: Optional[ServerInfo]) -> Response:
         raise NotImplementedError
 
+    def accepted(self, parsed: Parsed, info: Optional[ServerInfo]) -> Optional[Response]:
+        """The answer to a background request that is not read as a stream (None: stream it)."""
+        return None
+
 
 async def serve(protocol: Protocol, backend: Upstream, request: Request) -> Response:
     last_event_id = request.headers.get("last-event-id")
@@ -126,16 +131,23 @@ async def serve(protocol: Protocol, backend: Upstream, request: Request) -> Resp
         if result.error is not None:
             return protocol.refusal(parsed.as_sent(result.error))
         return protocol.answer(parsed, result, info)
-    doc = with_seed(parsed.doc) if protocol.media_type == SSE else parsed.doc
-    first, rest = await backend.open(doc)
-    if first.error is not None:
-        await close_quietly(rest)
-        return protocol.refusal(parsed.as_sent(first))
     if protocol.media_type != SSE:
+        first, rest = await backend.open(parsed.doc)
+        if first.error is not None:
+            await close_quietly(rest)
+            return protocol.refusal(parsed.as_sent(first))
         return StreamingResponse(_frames(protocol, parsed, first, rest, info), media_type=protocol.media_type,
                                  headers=SSE_HEADERS)
-    docs = ResumableDocs(backend.open, doc, first, rest)
-    stored = streams().start(request.url.path, docs, protocol.events(parsed, docs, info))
+    docs = ResumableDocs(backend.open, with_seed(parsed.doc))
+    first = await docs.start()
+    if first.error is not None:
+        await docs.close()
+        return protocol.refusal(parsed.as_sent(first))
+    stored = streams().start(request.url.path, docs, protocol.events(parsed, docs, info), parsed.background,
+                             background=parsed.background is not None)
+    accepted = protocol.accepted(parsed, info) if parsed.background else None
+    if accepted is not None:
+        return accepted
     return StreamingResponse(streams().read(stored, 0), media_type=SSE, headers=SSE_HEADERS)
 
 

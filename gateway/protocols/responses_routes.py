@@ -4,10 +4,12 @@ openai SDK's `responses`, the openai-agents SDK and Codex.
 `input` (a string, or items: messages, `function_call` and `function_call_output`) and
 `instructions` become the engine's conversation; `tools` (function tools) and `tool_choice` its
 tools; `text.format` (json_schema, json_object) its structured output; `max_output_tokens`,
-`temperature`, `top_p` its fields. Nothing is kept: `store: true` and `previous_response_id` are
-refused naming the field (a client sends the conversation each time, as agents do with
-`store: false`), and so are the other fields that would change an answer and are not served, and
-any field that FIELDS (which docs/api.md's table follows) does not name.
+`temperature`, `top_p` its fields. `background: true` answers at once and generates on; such a
+response is kept for GET, cancel and DELETE (responses_stored.py). Nothing else is kept: `store:
+true` without `background` and `previous_response_id` are refused naming the field (a client sends
+the conversation each time, as agents do with `store: false`), and so are the other fields that
+would change an answer and are not served, and any field that FIELDS (which docs/api.md's table
+follows) does not name.
 """
 import time
 import uuid
@@ -35,16 +37,16 @@ from gateway.mapping.inputs import BadRequest, Number, parse_body, prompt_docume
 from gateway.mapping.protocol import Parsed, Upstream, kind, serve, sse
 from gateway.mapping.structured_output import response_format
 from gateway.protocols.openai_routes import OpenAI
+from gateway.protocols.responses_stored import add_stored_routes
 from schemas import ModelOutputDocument
 
 # every top-level field of a Responses request (docs/api.md's table is checked against it)
 FIELDS = ApiFields("OpenAI's Responses API", (
     *served("model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools", "tool_choice",
-            "parallel_tool_calls", "text", "stream", "reasoning"),
+            "parallel_tool_calls", "text", "stream", "reasoning", "background", "store"),
     *no_effect("metadata", "user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
                "prompt_cache_options", "stream_options"),
-    refused("store", False), refused("previous_response_id"), refused("conversation"), refused("background", False),
-    refused("background_options"), refused("include", []), refused("prompt"),
+    refused("previous_response_id"), refused("conversation"), refused("background_options"), refused("include", []), refused("prompt"),
     refused("max_tool_calls"), refused("top_logprobs", 0), refused("service_tier", "auto", "default"),
     refused("truncation", "auto"),  # the oldest turns are dropped to fit, always
     refused("context_management"), refused("moderation"), refused("image"), refused("access_programs")))
@@ -65,6 +67,8 @@ class ResponsesRequest(BaseModel):
     parallel_tool_calls: Optional[StrictBool] = None
     text: Optional[dict[str, Any]] = None
     stream: Optional[bool] = False
+    background: Optional[StrictBool] = None
+    store: Optional[StrictBool] = None
     metadata: Optional[dict[str, Any]] = None
     user: Optional[StrictStr] = None
     safety_identifier: Optional[StrictStr] = None
@@ -72,6 +76,19 @@ class ResponsesRequest(BaseModel):
     prompt_cache_retention: Optional[StrictStr] = None
     prompt_cache_options: Optional[dict[str, Any]] = None
     stream_options: Optional[dict[str, Any]] = None
+
+
+def kept(req: Any) -> bool:
+    """Whether the response is kept: `background: true` (with `store` true or unsaid, as OpenAI's
+    default is); a response that is not in the background is not kept, so `store: true` alone is
+    refused."""
+    if req.background:
+        if req.store is False:
+            raise BadRequest("background: a background response is kept: it needs store true (or unsaid)", "background")
+        return True
+    if req.store:
+        raise BadRequest("store: only background responses are kept here (background: true)", "store")
+    return False
 
 
 def conversation(req: Any) -> list[dict[str, Any]]:
@@ -196,8 +213,16 @@ class Responses(OpenAI):
         fields = {"model": req.model, "max_tokens": max_tokens, **reasoning(req), "do_sample": True, **tools(req), **text_format(req)}
         fields.update({k: getattr(req, k) for k in ("temperature", "top_p") if getattr(req, k) is not None})
         sent_as = {"max_tokens": "max_output_tokens", "json_schema": "text", "json_object": "text"}
-        return Parsed(prompt_document(messages=conversation(req), **fields), bool(req.stream),
-                      ResponseContext(req), sent_as)
+        background = kept(req)
+        context = ResponseContext(req)
+        return Parsed(prompt_document(messages=conversation(req), **fields), bool(req.stream) or background,
+                      context, sent_as, background=context.id if background else None)
+
+    def accepted(self, parsed: Parsed, info: Optional[ServerInfo]) -> Optional[Response]:
+        """A background response that is not streamed: the response as it starts, at once."""
+        if parsed.request.req.stream:
+            return None
+        return JSONResponse(self.response(parsed, info, [], "in_progress", []))
 
     def response(self, parsed: Parsed, info: Optional[ServerInfo], output: list, status: str,
                  finals: list[ModelOutputDocument]) -> dict:
@@ -210,7 +235,7 @@ class Responses(OpenAI):
                 "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
                 "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
                 "parallel_tool_calls": req.parallel_tool_calls is not False, "previous_response_id": None,
-                "store": False, "temperature": req.temperature, "top_p": req.top_p, "tool_choice": req.tool_choice or
+                "store": bool(req.background), "background": bool(req.background), "temperature": req.temperature, "top_p": req.top_p, "tool_choice": req.tool_choice or
                 "auto", "tools": req.tools or [], "text": req.text or {"format": {"type": "text"}},
                 "truncation": "auto", "metadata": req.metadata or {}, "user": req.user,
                 "usage": None if not finals else {
@@ -353,9 +378,10 @@ class _ItemStream:
 def responses_router(backend: Upstream) -> APIRouter:
     router = APIRouter(prefix="/v1", tags=["OpenAI Responses"])
 
-    @router.post("/responses", summary="OpenAI Responses, stateless (streaming with stream=true)")
+    @router.post("/responses", summary="OpenAI Responses (streaming with stream=true; kept with background=true)")
     async def responses(request: Request) -> Response:
         return await serve(Responses(), backend, request)
 
+    add_stored_routes(router)
     return router
 

@@ -56,9 +56,8 @@ async def settle() -> None:
 
 
 async def start(script: Script, store: StreamStore):
-    doc = PromptDocument(prompt="hi", max_tokens=len(WORDS))
-    first, rest = await script.open(doc)
-    docs = ResumableDocs(script.open, doc, first, rest)
+    docs = ResumableDocs(script.open, PromptDocument(prompt="hi", max_tokens=len(WORDS)))
+    await docs.start()
     return store.start("/v1/x", docs, frames(docs))
 
 
@@ -120,9 +119,8 @@ def test_a_sampled_request_without_a_seed_gets_one_and_greedy_ones_none():
 
 async def test_a_cut_stream_of_several_answers_ends_with_an_error_event():
     script, store = Script(), StreamStore(ResumeLimits())
-    doc = PromptDocument(prompt="hi", max_tokens=len(WORDS), n=2)
-    first, rest = await script.open(doc)
-    docs = ResumableDocs(script.open, doc, first, rest)
+    docs = ResumableDocs(script.open, PromptDocument(prompt="hi", max_tokens=len(WORDS), n=2))
+    await docs.start()
     stored = store.start("/v1/x", docs, frames(docs))
     reader = store.read(stored, 0)
     await take(reader, 1)
@@ -136,3 +134,11 @@ async def test_a_cut_stream_of_several_answers_ends_with_an_error_event():
 def test_the_drawn_seed_travels_on_the_protobuf_wire():
     doc = with_seed(PromptDocument(prompt="x", do_sample=True))
     assert PromptDocument.from_protobuf(doc.to_protobuf()).seed == doc.seed
+
+
+async def test_a_call_that_raises_ends_the_stream_with_an_error_document():
+    async def broken(doc):
+        raise ConnectionError("the executor is gone")
+    docs = ResumableDocs(broken, PromptDocument(prompt="hi"))
+    first = await docs.start()
+    assert first.finish_reason == "error" and "the executor is gone" in first.error

@@ -91,3 +91,36 @@ def test_an_unknown_or_foreign_last_event_id_is_refused_naming_the_header(slow_f
         r = requests.post(target, json={"prompt": "x", "stream": True}, headers={"Last-Event-ID": last}, timeout=30)
         assert r.status_code == 404, r.text
         assert "Last-Event-ID" in r.text
+
+
+def test_a_background_response_generates_on_and_is_read_from_any_point(slow_flow):
+    """The openai SDK's `background=True`: the answer at once, in progress; then the whole
+    response by its id, its events after a sequence number, a cancel, and a delete."""
+    import openai
+    _, http = slow_flow
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{http}/v1", api_key="unused")
+    model = client.models.list().data[0].id
+    ask = {"model": model, "input": "hello", "max_output_tokens": 32, "temperature": 0}
+    whole = client.responses.create(**ask)
+    started = client.responses.create(**ask, background=True)
+    assert started.status == "in_progress" and started.background and started.output == []
+    deadline = time.monotonic() + 60
+    while (kept := client.responses.retrieve(started.id)).status == "in_progress" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert kept.status == whole.status and kept.output_text == whole.output_text and len(whole.output_text) > 10
+    assert kept.usage.output_tokens == whole.usage.output_tokens
+    after = list(client.responses.retrieve(started.id, stream=True, starting_after=3))
+    assert [e.sequence_number for e in after] == list(range(4, 4 + len(after)))
+    assert after[-1].type == f"response.{whole.status}"
+    assert "".join(e.delta for e in after if e.type == "response.output_text.delta") in whole.output_text
+
+    long = client.responses.create(**{**ask, "max_output_tokens": 600}, background=True)
+    time.sleep(0.5)
+    assert client.responses.cancel(long.id).status == "cancelled"
+    assert busy(wait_until(http, lambda s: busy(s) == 0, timeout=20)) == 0  # its generation stopped
+    client.responses.delete(long.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(long.id)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(**ask, store=True)
+    assert refused.value.body["param"] == "store"
