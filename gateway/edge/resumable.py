@@ -13,8 +13,9 @@ events are the very ones an unbroken stream would have had.
 A stream is kept `resume_seconds` after its reader left or it ended, within `resume_streams`
 streams and `resume_bytes` of events in all (contract/limits.py); past a bound the stream that
 waited longest without a reader goes first. The Responses API's `background` streams use the same
-store, made whoever reads them (gateway/protocols/responses_stored.py). A stream with several answers (`n` > 1) cannot go
-on from tokens: its events are replayed, but a cut one ends with an error event.
+store, made whoever reads them (gateway/protocols/responses_stored.py). A stream with several
+answers (`n` > 1) cannot go on from tokens: its events are replayed, but a cut one ends with an
+error event.
 """
 import asyncio
 import time
