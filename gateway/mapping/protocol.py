@@ -4,9 +4,9 @@
 the field), open the stream, refuse with a status if the first document is an error,
 then stream the events or collect the whole answer, 499 when the client left first. A
 protocol supplies only its request mapping (`parse`) and its encoders (`refusal`,
-`events`, `answer`). An SSE stream is kept for a reconnect (gateway/edge/resumable.py): its events
-carry ids, and `Last-Event-ID` goes on from one. Handlers take any backend with `open`, `complete` and `info`, so
-a fake one tests every protocol in milliseconds.
+`events`, `answer`). An SSE stream is kept for a reconnect (gateway/edge/resumable.py):
+its events carry ids, and `Last-Event-ID` goes on from one. Handlers take any backend with
+`open`, `complete` and `info`, so a fake one tests every protocol in milliseconds.
 """
 import json
 from collections.abc import AsyncIterator

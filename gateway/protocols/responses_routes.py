@@ -46,7 +46,8 @@ FIELDS = ApiFields("OpenAI's Responses API", (
             "parallel_tool_calls", "text", "stream", "reasoning", "background", "store"),
     *no_effect("metadata", "user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
                "prompt_cache_options", "stream_options"),
-    refused("previous_response_id"), refused("conversation"), refused("background_options"), refused("include", []), refused("prompt"),
+    refused("previous_response_id"), refused("conversation"), refused("background_options"), refused("include", []),
+    refused("prompt"),
     refused("max_tool_calls"), refused("top_logprobs", 0), refused("service_tier", "auto", "default"),
     refused("truncation", "auto"),  # the oldest turns are dropped to fit, always
     refused("context_management"), refused("moderation"), refused("image"), refused("access_programs")))
