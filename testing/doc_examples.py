@@ -81,4 +81,5 @@ def mask(text: str) -> str:
     prompt another request left in the prefix cache."""
     text = re.sub(r'"created": \d+', '"created": ...', text)
     text = re.sub(r'"cached_tokens": \d+', '"cached_tokens": ...', text)
+    text = re.sub(r"^id: strm_[\w.]+/", "id: strm_.../", text, flags=re.M)  # an SSE stream's id, for a reconnect
     return re.sub(r'"(id|requestId)": "[^"]*"', r'"\1": "..."', text)

@@ -93,11 +93,12 @@ def cli_session(example: Example, ports: Ports) -> str:
 
 @producer("api-sse")
 def sse_session(example: Example, ports: Ports) -> str:
-    """The example's `curl -N` of Jina's SSE route, each document's id cut short."""
+    """The example's `curl -N` of Jina's SSE route, each document's id and the stream's cut short."""
     command = example.content().splitlines()[0]
     url = shlex.split(command[2:])[-1].replace("localhost:12346", f"127.0.0.1:{ports[1]}")
     body = requests.get(url, timeout=120).text.replace("\r\n", "\n")
     body = re.sub(r'"id": "(\w{6})\w*"', r'"id": "\1..."', body)
+    body = re.sub(r"^id: strm_(\w{6})\w*/", r"id: strm_\1.../", body, flags=re.M)
     return command + "\n" + body.rstrip("\n")
 
 

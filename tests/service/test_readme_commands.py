@@ -95,10 +95,14 @@ class Started:
         return line
 
     def models(self, timeout: float = 240) -> list[str]:
-        """The ids /v1/models lists, once it answers."""
+        """The ids /v1/models lists once the Flow says it is ready (its HTTP app answers a moment
+        before the last executor is reached, and the embedding model is listed from then on)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, f"{self.line!r} exited {self.proc.returncode}:\n{self.log.read_text()[-3000:]}"
+            if "Flow is ready to serve" not in self.log.read_text(errors="replace"):
+                time.sleep(0.5)
+                continue
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.http}/v1/models", timeout=5) as r:
                     return [m["id"] for m in json.load(r)["data"]]
