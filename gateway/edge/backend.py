@@ -24,6 +24,9 @@ from schemas import EmbeddingDocument, ModelOutputDocument, PromptDocument
 T = TypeVar("T")
 
 
+EMBED_INFO_TRIES = 4  # the embedder's first call can fail just after the start, before its connection is up
+
+
 def error_doc(message: str, kind: ErrorKind = ErrorKind.GENERATION,
               field: Optional[str] = None) -> ModelOutputDocument:
     return ModelOutputDocument(finish_reason="error", error=message, error_type=kind.value, error_field=field)
@@ -143,12 +146,17 @@ class Backend:
 
     async def embed_info(self) -> Optional[dict]:
         """The embedding model's EmbedderInfo (engine/embeddings.py) as a dict; None when none is served."""
-        if self._embed_info is None:
+        for attempt in range(EMBED_INFO_TRIES if self._embed_info is None else 0):
             try:
                 [out] = [out for result in await self._embedder(EMBED_INFO, [EmbeddingDocument()]) for out in result]
-            except Exception:  # noqa: BLE001 - no embedder in this Flow: asked again next time
+            except LookupError:  # this Flow has no embedding deployment
                 return None
+            except Exception:  # noqa: BLE001 - not reached yet (just after the start): again, then next time
+                if attempt + 1 < EMBED_INFO_TRIES:
+                    await asyncio.sleep(0.5)
+                continue
             self._embed_info = json.loads(out.text) if out.error is None else {}
+            break
         return self._embed_info or None
 
     async def _embedder(self, endpoint: str, docs: list[EmbeddingDocument]) -> list[DocList[EmbeddingDocument]]:
