@@ -40,6 +40,11 @@ class Ends:
     n: int = 1
     ended: set[int] = field(default_factory=set)
 
+    @classmethod
+    def of(cls, doc: PromptDocument) -> "Ends":
+        """For a request's answers: its `n`, one when it names none."""
+        return cls(doc.n if isinstance(doc.n, int) and doc.n > 0 else 1)
+
     def last(self, out: ModelOutputDocument) -> bool:
         if out.finish_reason is not None:
             self.ended.add(out.choice_index)
@@ -84,7 +89,7 @@ class Backend:
 
         Closing this generator (client gone, stop button) closes the upstream call.
         """
-        ends = Ends(doc.n if isinstance(doc.n, int) and doc.n > 0 else 1)
+        ends = Ends.of(doc)
         try:
             async with aclosing(self.streamer.stream_doc(doc=doc, exec_endpoint=self.endpoint,
                                                           return_results=True)) as it:

@@ -52,7 +52,7 @@ class ResumableDocs:
 
     def __init__(self, open_: Opener, doc: PromptDocument):
         self._open, self._doc = open_, doc
-        self._ends = Ends(doc.n if isinstance(doc.n, int) and doc.n > 0 else 1)
+        self._ends = Ends.of(doc)
         self._queue: asyncio.Queue[Optional[ModelOutputDocument]] = asyncio.Queue(maxsize=1)  # None: the call ended
         self._pump: Optional[asyncio.Task] = None
         self._live = asyncio.Event()
@@ -183,10 +183,9 @@ class StreamStore:
 
     def find(self, route: str, last_event_id: str) -> Optional[tuple[StoredStream, int]]:
         """The stream of `route` that `Last-Event-ID` names, and the event after which to go on."""
-        self._evict(keep=0)
         stream_id, _, index = last_event_id.strip().rpartition("/")
-        stored = self._streams.get(stream_id)
-        if stored is None or stored.route != route or not index.isdigit() or int(index) >= len(stored.frames):
+        stored = self.by_id(route, stream_id)
+        if stored is None or not index.isdigit() or int(index) >= len(stored.frames):
             return None
         return stored, int(index) + 1
 
@@ -243,13 +242,14 @@ class StreamStore:
     def _evict(self, keep: int) -> None:
         """Streams past their time, then (while over a bound, leaving room for `keep` more) the
         readerless one that waited longest."""
-        now, limits = time.monotonic(), self.limits
+        now, limits, size = time.monotonic(), self.limits, self.size
         idle = sorted((s for s in self._streams.values() if s.readers == 0 and (s.done or not s.background)),
                       key=lambda s: s.idle_since)
         for stored in idle:
-            over = len(self._streams) + keep > limits.resume_streams or self.size > limits.resume_bytes
+            over = len(self._streams) + keep > limits.resume_streams or size > limits.resume_bytes
             if now - stored.idle_since > limits.resume_seconds or over:
                 self._drop(stored)
+                size -= stored.size
 
     def _drop(self, stored: StoredStream) -> None:
         del self._streams[stored.id]

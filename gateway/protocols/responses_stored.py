@@ -10,7 +10,7 @@ so `starting_after` is the store's own position.
 import json
 from typing import Any, Optional, Union
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from contract import ErrorKind
@@ -65,7 +65,7 @@ def add_stored_routes(router: APIRouter) -> None:
     """GET, cancel and DELETE of a kept response, on the Responses router (its prefix, /v1)."""
 
     @router.get("/responses/{response_id}", summary="A kept response: whole, or its events (stream=true)")
-    async def retrieve(response_id: str, request: Request, stream: bool = False,
+    async def retrieve(response_id: str, stream: bool = False,
                        starting_after: Optional[int] = None) -> Response:
         stored = _stored(response_id)
         if stored is None:
