@@ -96,13 +96,17 @@ def llama_tokenizer(pad_to: int = 0) -> PreTrainedTokenizerFast:
 # vocabulary: tens of ms per token on 2 CPU cores, so tests can cancel a generation
 # that is surely still running.
 # today's small architectures, tiny: each one's own features (QKV bias, q/k norms, Gemma's norms,
-# GeGLU and scaled embeddings, sliding-window layers, Phi-3's fused projections, tied outputs)
+# GeGLU and scaled embeddings, Gemma 2's softcapping, sliding-window layers, Phi-3's fused projections,
+# tied outputs)
 ARCHITECTURES = {
     "qwen2": {},
     "qwen3": {"head_dim": 16},
     "mistral": {"sliding_window": 8},
     "phi3": {},
     "gemma3_text": {"head_dim": 16, "sliding_window": 8, "query_pre_attn_scalar": 16},
+    # caps low enough to bend these random weights' scores and logits (Gemma 2's own are 50 and 30)
+    "gemma2": {"head_dim": 16, "sliding_window": 8, "query_pre_attn_scalar": 16, "attn_logit_softcapping": 4.0,
+               "final_logit_softcapping": 8.0},
 }
 
 # 'medium' is a llama a stream of which lasts a second or two: long enough to kill its replica midway.

@@ -36,17 +36,19 @@ typedef struct {
 } LlamaStep;
 
 /* paged_attention.c: each sequence's queries over its own keys, through its block table; the
- * pool's keys and values in fp32, or in fp16 (their bits) for paged_attention_f16 (ready: 1) */
+ * pool's keys and values in fp32, or in fp16 (their bits) for paged_attention_f16 (ready: 1);
+ * softcap: scores become softcap * tanh(score / softcap) (Gemma 2's; 0: none) */
 int paged_attention(const float *q, int64_t q_tok, int64_t q_head, const float *k_pool, const float *v_pool,
                     float *out, const int64_t *q_starts, const int64_t *q_lens, const int64_t *ctx_lens,
                     const int32_t *tables, int64_t table_width, int64_t sequences, int64_t heads,
-                    int64_t kv_heads, int64_t dim, int64_t block, int64_t window, float scale, int threads);
+                    int64_t kv_heads, int64_t dim, int64_t block, int64_t window, float scale, float softcap,
+                    int threads);
 int paged_attention_f16_ready(void);
 int paged_attention_f16(const float *q, int64_t q_tok, int64_t q_head, const uint16_t *k_pool,
                         const uint16_t *v_pool, float *out, const int64_t *q_starts, const int64_t *q_lens,
                         const int64_t *ctx_lens, const int32_t *tables, int64_t table_width, int64_t sequences,
                         int64_t heads, int64_t kv_heads, int64_t dim, int64_t block, int64_t window, float scale,
-                        int threads);
+                        float softcap, int threads);
 
 /* quant_matmul.c: y = x W^T for int4 weights (int4.py's Q4_1 blocks) and for int8 weights packed
  * [outputs / 16][width][16] with an fp16 scale per block of 32 inputs, [outputs / 16][blocks][16]

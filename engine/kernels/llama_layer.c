@@ -134,10 +134,10 @@ int llama_layer(const LlamaLayer *layer, const LlamaStep *step, const float *cos
     status = kv_half ? paged_attention_f16(qkv, qkv_width, dim, k_pool, v_pool, attended, step->q_starts,
                                            step->q_lens, step->ctx_lens, step->tables, step->table_width,
                                            step->sequences, heads, layer->kv_heads, dim, step->block, 0,
-                                           layer->scale, threads)
+                                           layer->scale, 0.0f, threads)
                      : paged_attention(qkv, qkv_width, dim, k_pool, v_pool, attended, step->q_starts, step->q_lens,
                                        step->ctx_lens, step->tables, step->table_width, step->sequences, heads,
-                                       layer->kv_heads, dim, step->block, 0, layer->scale, threads);
+                                       layer->kv_heads, dim, step->block, 0, layer->scale, 0.0f, threads);
     if (status || (status = matmul(&layer->o, attended, sum, n, threads))) goto done;
     #pragma omp parallel for schedule(static) num_threads(threads) if (wide)
     for (int64_t t = 0; t < n; t++) {

@@ -24,11 +24,13 @@ def library() -> Any:
 
 
 def paged_attention(query: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-                    step: tuple[torch.Tensor, ...], scale: float, window: int) -> Optional[torch.Tensor]:
+                    step: tuple[torch.Tensor, ...], scale: float, window: int,
+                    softcap: float = 0.0) -> Optional[torch.Tensor]:
     """query [1, heads, tokens, dim] (any strides but a contiguous dim); k_pool [blocks, kv_heads,
     dim, block_size] and v_pool [blocks, block_size, kv_heads, dim], contiguous, fp32 or fp16; step: q_starts,
     q_lens, ctx_lens (int64) and the block tables [sequences, width] (int32), as PagedStep.c_args
-    makes them. Returns [tokens, heads, dim], or None where the kernels are missing or do not take
+    makes them. softcap: scores become softcap * tanh(score / softcap) before the softmax (0:
+    none). Returns [tokens, heads, dim], or None where the kernels are missing or do not take
     these tensors."""
     built = library()
     half = k_pool.dtype == torch.float16
@@ -42,7 +44,7 @@ def paged_attention(query: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Ten
     attend = built.paged_attention_f16 if half else built.paged_attention
     status = attend(query.data_ptr(), query.stride(2), query.stride(1), k_pool.data_ptr(), v_pool.data_ptr(),
                     out.data_ptr(), q_starts.data_ptr(), q_lens.data_ptr(), ctx_lens.data_ptr(), tables.data_ptr(),
-                    tables.shape[1], tables.shape[0], heads, kv_heads, dim, block_size, window, scale,
+                    tables.shape[1], tables.shape[0], heads, kv_heads, dim, block_size, window, scale, softcap,
                     torch.get_num_threads())
     if status == -2:
         raise MemoryError("paged attention: out of memory for its scores")

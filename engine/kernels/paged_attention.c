@@ -126,9 +126,16 @@ static void scores_of(const float *q, int64_t q_tok, int64_t q_head, const kv_t 
                                    scores + (i * group + g) * stride + c * LANES, stride);
 }
 
-/* Softmax over one row of scores[lo..hi] (in place, weights after); returns the weights' sum. */
-static inline float softmax_row(float *scores, int64_t lo, int64_t hi) {
+/* Softmax over one row of scores[lo..hi] (in place, weights after), the scores first capped
+ * to cap * tanh(score / cap) where cap > 0; returns the weights' sum. */
+static inline float softmax_row(float *scores, int64_t lo, int64_t hi, float cap) {
     int64_t from = lo / LANES * LANES, to = hi / LANES * LANES + LANES;  /* whole vectors */
+    for (int64_t j = from; cap > 0.0f && j < to; j += LANES) {
+        vec s;
+        memcpy(&s, scores + j, sizeof s);
+        s = cap * tanh8(s / cap);
+        memcpy(scores + j, &s, sizeof s);
+    }
     for (int64_t j = from; j < lo; j++) scores[j] = -3.4e38f;  /* lanes outside [lo, hi]: weight 0 */
     for (int64_t j = hi + 1; j < to; j++) scores[j] = -3.4e38f;
     vec most = {0}, sum = {0};
@@ -155,9 +162,10 @@ static inline float softmax_row(float *scores, int64_t lo, int64_t hi) {
  * keys in order. G and CH are literal sizes (a macro makes one function per shape), so the
  * sums stay in registers. */
 #define WEIGH_HEADS(G, CH)                                                                                  \
-    static void weigh_##G##_##CH(float *scores, int64_t stride, int64_t lo, int64_t hi, pages v, float *out) { \
+    static void weigh_##G##_##CH(float *scores, int64_t stride, int64_t lo, int64_t hi, float cap, pages v,    \
+                                 float *out) {                                                               \
         float total[G];                                                                                     \
-        for (int g = 0; g < G; g++) total[g] = softmax_row(scores + g * stride, lo, hi);                    \
+        for (int g = 0; g < G; g++) total[g] = softmax_row(scores + g * stride, lo, hi, cap);               \
         vec acc[G][CH];                                                                                     \
         _Pragma("GCC unroll 16") for (int g = 0; g < G; g++)                                                \
             _Pragma("GCC unroll 16") for (int c = 0; c < CH; c++) acc[g][c] = (vec){0};                    \
@@ -189,21 +197,21 @@ WEIGH_HEADS(2, 8)
 WEIGH_HEADS(3, 8)
 WEIGH_HEADS(1, 16)
 
-static void weigh(float *scores, int64_t stride, int64_t lo, int64_t hi, pages v, int64_t group, int64_t dim,
-                  float *out) {
+static void weigh(float *scores, int64_t stride, int64_t lo, int64_t hi, float cap, pages v, int64_t group,
+                  int64_t dim, float *out) {
     switch (group * 32 + dim / LANES) {  /* the common shapes */
-        case 1 * 32 + 2: weigh_1_2(scores, stride, lo, hi, v, out); return;
-        case 1 * 32 + 4: weigh_1_4(scores, stride, lo, hi, v, out); return;
-        case 2 * 32 + 4: weigh_2_4(scores, stride, lo, hi, v, out); return;
-        case 3 * 32 + 4: weigh_3_4(scores, stride, lo, hi, v, out); return;
-        case 4 * 32 + 4: weigh_4_4(scores, stride, lo, hi, v, out); return;
-        case 1 * 32 + 8: weigh_1_8(scores, stride, lo, hi, v, out); return;
-        case 2 * 32 + 8: weigh_2_8(scores, stride, lo, hi, v, out); return;
-        case 3 * 32 + 8: weigh_3_8(scores, stride, lo, hi, v, out); return;
-        case 1 * 32 + 16: weigh_1_16(scores, stride, lo, hi, v, out); return;
+        case 1 * 32 + 2: weigh_1_2(scores, stride, lo, hi, cap, v, out); return;
+        case 1 * 32 + 4: weigh_1_4(scores, stride, lo, hi, cap, v, out); return;
+        case 2 * 32 + 4: weigh_2_4(scores, stride, lo, hi, cap, v, out); return;
+        case 3 * 32 + 4: weigh_3_4(scores, stride, lo, hi, cap, v, out); return;
+        case 4 * 32 + 4: weigh_4_4(scores, stride, lo, hi, cap, v, out); return;
+        case 1 * 32 + 8: weigh_1_8(scores, stride, lo, hi, cap, v, out); return;
+        case 2 * 32 + 8: weigh_2_8(scores, stride, lo, hi, cap, v, out); return;
+        case 3 * 32 + 8: weigh_3_8(scores, stride, lo, hi, cap, v, out); return;
+        case 1 * 32 + 16: weigh_1_16(scores, stride, lo, hi, cap, v, out); return;
     }
     for (int64_t g = 0; g < group; g++) {  /* any other: a head and a vector of its dims at a time, the same sums */
-        float *row = scores + g * stride, total = softmax_row(row, lo, hi);
+        float *row = scores + g * stride, total = softmax_row(row, lo, hi, cap);
         for (int64_t c = 0; c < dim / LANES; c++) {
             vec acc = {0};
             for (int64_t j = lo; j <= hi; j++) {
@@ -224,7 +232,7 @@ static void weigh(float *scores, int64_t stride, int64_t lo, int64_t hi, pages v
  * also holds scores of keys after its own position, which it never reads. */
 static void task(const float *q, int64_t q_tok, int64_t q_head, const kv_t *keys, pages v, float *out,
                  int64_t out_tok, int64_t first, int64_t last, int64_t q_len, int64_t ctx, int64_t window,
-                 int64_t group, int64_t dim, float scale, float *scores, int64_t stride) {
+                 int64_t group, int64_t dim, float scale, float cap, float *scores, int64_t stride) {
     int64_t base = ctx - q_len;  /* query i sits at position base + i */
     int64_t lo_first = window > 0 && base + first - window + 1 > 0 ? base + first - window + 1 : 0;
     int64_t block = v.block, key_block = (v.token / dim) * dim * block;  /* values per block of keys */
@@ -247,7 +255,7 @@ static void task(const float *q, int64_t q_tok, int64_t q_head, const kv_t *keys
     }
     for (int64_t i = first; i < last; i++) {
         int64_t p = base + i, lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
-        weigh(scores + (i - first) * group * stride, stride, lo, p, v, group, dim, out + i * out_tok);
+        weigh(scores + (i - first) * group * stride, stride, lo, p, cap, v, group, dim, out + i * out_tok);
     }
 }
 
@@ -256,12 +264,12 @@ static void task(const float *q, int64_t q_tok, int64_t q_head, const kv_t *keys
  * block, kv_heads, dim], contiguous; block a multiple of LANES.
  * Sequence s owns queries [q_starts[s], q_starts[s] + q_lens[s]) and ctx_lens[s] keys (its new
  * tokens' included, already written), through tables[s * table_width ...]. window: a sliding
- * window in keys (0: none). threads: torch's count. Returns 0, -1 for a shape it does not take,
- * -2 when out of memory. */
+ * window in keys (0: none). softcap: Gemma 2's cap on the scores (0: none). threads: torch's
+ * count. Returns 0, -1 for a shape it does not take, -2 when out of memory. */
 int ATTEND(const float *q, int64_t q_tok, int64_t q_head, const kv_t *k_pool, const kv_t *v_pool, float *out,
            const int64_t *q_starts, const int64_t *q_lens, const int64_t *ctx_lens, const int32_t *tables,
            int64_t table_width, int64_t sequences, int64_t heads, int64_t kv_heads, int64_t dim, int64_t block,
-           int64_t window, float scale, int threads) {
+           int64_t window, float scale, float softcap, int threads) {
     if (kv_heads < 1 || heads % kv_heads || dim % LANES || dim > 256
         || block < 1 || block % LANES || sequences < 1)
         return -1;
@@ -296,7 +304,7 @@ int ATTEND(const float *q, int64_t q_tok, int64_t q_head, const kv_t *k_pool, co
             pages v = {v_pool + h * dim, tables + s * table_width, block, token};
             task(q + q_starts[s] * q_tok + h * group * q_head, q_tok, q_head, k_pool + h * dim * block, v,
                  out + (q_starts[s] * heads + h * group) * dim, heads * dim, first, last, q_lens[s], ctx_lens[s],
-                 window, group, dim, scale, scores, stride);
+                 window, group, dim, scale, softcap, scores, stride);
         }
         free(scores);
     }

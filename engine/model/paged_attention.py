@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward
 
 from contract import MAX_SPECULATIVE_TOKENS
 
@@ -138,8 +139,9 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     if paged is None:
         return _outside_the_engine(module, query, key, value, attention_mask, dropout, scaling, sliding_window,
                                    **kwargs)
-    if kwargs.get("softcap") or getattr(module, "sinks", None) is not None:
-        raise ValueError("paged attention: attention logit softcapping and sinks are not supported")
+    if getattr(module, "sinks", None) is not None:
+        raise ValueError("paged attention: attention sinks are not supported")
+    cap = float(kwargs.get("softcap") or 0.0)
     layer = int(module.layer_idx)  # type: ignore[arg-type]  # every attention layer has one
     paged.pool.write(layer, key[0].transpose(0, 1), value[0].transpose(0, 1), *paged.where)
     k_pool, v_pool = paged.pool.layer(layer)
@@ -149,12 +151,12 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     if isinstance(paged, DecodeStep):
         if window:
             raise ValueError("paged attention: a captured decode step knows no sliding window")
-        out = _fixed_width(query, k_pool, v_pool, paged, scale)
+        out = _fixed_width(query, k_pool, v_pool, paged, scale, cap)
     else:
-        out = c_paged_attention(query, k_pool, v_pool, paged.c_args, scale, window)
+        out = c_paged_attention(query, k_pool, v_pool, paged.c_args, scale, window, cap)
         if out is None:
             padded = query.device.type == "cuda"
-            out = (_padded if padded else _per_sequence)(query, layer, paged, scale, window)
+            out = (_padded if padded else _per_sequence)(query, layer, paged, scale, window, cap)
     paged.counted.append(layer)
     return out[None], None
 
@@ -181,10 +183,14 @@ def _outside_the_engine(module: torch.nn.Module, query: torch.Tensor, key: torch
         args = (torch.tensor([0]), torch.tensor([q_len]), torch.tensor([width]),
                 torch.arange(blocks, dtype=torch.int32)[None])
         out = c_paged_attention(query, k_pool, v_pool, args, dim ** -0.5 if scaling is None else scaling,
-                                sliding_window or 0)
+                                sliding_window or 0, float(kwargs.get("softcap") or 0.0))
         if out is not None:
             return out[None], None
     key, value = key.to(query.dtype), value.to(query.dtype)
+    if kwargs.get("softcap"):  # transformers' SDPA knows no cap: its eager attention does
+        out, _ = eager_attention_forward(module, query, key, value, _additive(mask, q_len, width, query),
+                                         dropout=dropout, scaling=scaling, sliding_window=sliding_window, **kwargs)
+        return out, None
     return sdpa_attention_forward(module, query, key, value, mask, dropout=dropout, scaling=scaling,
                                   sliding_window=sliding_window, **kwargs)
 
@@ -210,13 +216,42 @@ def _window_mask(q_len: int, ctx: int, window: int, device: torch.device) -> Opt
     return mask
 
 
-def _per_sequence(query: torch.Tensor, layer: int, step: PagedStep, scale: float, window: int) -> torch.Tensor:
+def _additive(mask: Optional[torch.Tensor], q_len: int, width: int, query: torch.Tensor) -> torch.Tensor:
+    """The mask as eager attention adds it: 0 where a query sees a key, the dtype's least
+    elsewhere (causal, end-aligned, where no mask is given)."""
+    if mask is None:
+        mask = torch.ones(q_len, width, dtype=torch.bool, device=query.device).tril(width - q_len)[None, None]
+    if mask.dtype != torch.bool:
+        return mask
+    return torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(
+        ~mask, torch.finfo(query.dtype).min)
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], scale: float,
+          cap: float) -> torch.Tensor:
+    """PyTorch's SDPA (grouped keys where q has more heads); with a cap on the scores (Gemma
+    2's), which SDPA cannot take, the same product written out: cap * tanh(scores / cap), masked
+    (a boolean mask: True sees), softmaxed in fp32, over the values."""
+    gqa = q.shape[-3] != k.shape[-3]
+    if not cap:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+    if gqa:
+        groups = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(groups, dim=-3), v.repeat_interleave(groups, dim=-3)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / cap) * cap
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
+
+
+def _per_sequence(query: torch.Tensor, layer: int, step: PagedStep, scale: float, window: int,
+                  cap: float) -> torch.Tensor:
     """One SDPA call per sequence over its own keys: [tokens, heads, dim]. A few queries (a row's
     last token and its drafts) go one call each, over exactly the keys a decode step of each would
     see, so speculation changes no number here either."""
     heads, dim = query.shape[1], query.shape[-1]
     out = query.new_empty((query.shape[2], heads, dim))
-    gqa = heads != step.pool.shape.kv_heads
     for s, (start, n, ctx) in enumerate(zip(step.q_starts, step.q_lens, step.ctx_lens, strict=True)):
         keys, values = (t[None].to(query.dtype) for t in step.pool.gather(layer, step.block_tables[s], ctx))
         one_by_one = n <= 1 + MAX_SPECULATIVE_TOKENS
@@ -224,37 +259,36 @@ def _per_sequence(query: torch.Tensor, layer: int, step: PagedStep, scale: float
             seen = ctx - n + q1  # keys up to the last of these queries
             lo = max(0, seen - window) if window and one_by_one else 0
             mask = _window_mask(q1 - q0, seen, window, query.device) if not one_by_one else None
-            o = F.scaled_dot_product_attention(query[:, :, start + q0:start + q1], keys[:, :, lo:seen],
-                                               values[:, :, lo:seen], attn_mask=mask, scale=scale, enable_gqa=gqa)
+            o = _sdpa(query[:, :, start + q0:start + q1], keys[:, :, lo:seen], values[:, :, lo:seen], mask, scale,
+                      cap)
             out[start + q0:start + q1] = o[0].transpose(0, 1)
     return out
 
 
-def _padded(query: torch.Tensor, layer: int, step: PagedStep, scale: float, window: int) -> torch.Tensor:
+def _padded(query: torch.Tensor, layer: int, step: PagedStep, scale: float, window: int,
+            cap: float) -> torch.Tensor:
     """One SDPA call over every sequence, padded to the longest: [tokens, heads, dim]."""
     if window:  # the padded mask knows no window
-        return _per_sequence(query, layer, step, scale, window)
+        return _per_sequence(query, layer, step, scale, window, cap)
     tables, queries, real, mask = step.padded
     heads, dim = query.shape[1], query.shape[-1]
     keys, values = _gather(*step.pool.layer(layer), tables, mask.shape[-1], query.dtype)
     q = query[0].transpose(0, 1)[queries].transpose(1, 2)  # [seqs, heads, max q, dim]
-    o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale,
-                                       enable_gqa=heads != step.pool.shape.kv_heads)
+    o = _sdpa(q, keys, values, mask, scale, cap)
     out = query.new_empty((query.shape[2], heads, dim))
     out[queries[real]] = o.transpose(1, 2)[real]
     return out
 
 
 def _fixed_width(query: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, step: DecodeStep,
-                 scale: float) -> torch.Tensor:
+                 scale: float, cap: float) -> torch.Tensor:
     """_padded's SDPA call for the same number of queries a sequence, over tables of the step's
     fixed width: [tokens, heads, dim]."""
     heads, dim = query.shape[1], query.shape[-1]
     seqs, queries = step.seen.shape
     keys, values = _gather(k_pool, v_pool, step.tables, step.mask.shape[-1], query.dtype)
     q = query[0].transpose(0, 1).reshape(seqs, queries, heads, dim).transpose(1, 2)  # [seqs, heads, queries, dim]
-    o = F.scaled_dot_product_attention(q, keys, values, attn_mask=step.mask, scale=scale,
-                                       enable_gqa=heads != step.pool.shape.kv_heads)
+    o = _sdpa(q, keys, values, step.mask, scale, cap)
     return o.transpose(1, 2).reshape(seqs * queries, heads, dim)
 
 

@@ -1,5 +1,5 @@
 """Today's small architectures (testing/toy_models.ARCHITECTURES: Qwen2, Qwen3, Mistral, Phi-3,
-Gemma 3), tiny and random, built from their transformers configs with no download, served with
+Gemma 3, Gemma 2), tiny and random, built from their transformers configs with no download, served with
 int4 weights and the fp16 KV cache: transformers' modules around the C products and the C paged
 attention (the whole-layer C path is Llama's). Each gives transformers' own log probabilities
 (its eager forward, fp32) within a stated tolerance, and keeps the engine's promises: a request

@@ -62,8 +62,9 @@ def test_int4_and_int8_matmuls(paths, rows):
         same_on_every_path(paths, int8)
 
 
+@pytest.mark.parametrize("cap", [0.0, 2.0], ids=["plain", "softcapped"])
 @pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (4, 2, 16), (2, 1, 80)])
-def test_attention_over_fp32_and_fp16_pools(paths, heads, kv_heads, dim):
+def test_attention_over_fp32_and_fp16_pools(paths, heads, kv_heads, dim, cap):
     query, k_pool, v_pool, tables, q_lens, ctx_lens = step(MIXED, heads, kv_heads, dim, seed=7)
     starts, lens, ctx, table = c_args(tables, q_lens, ctx_lens)
     q = query.contiguous()  # [1, heads, tokens, dim]: token t's head h at t * dim + h * tokens * dim
@@ -75,7 +76,7 @@ def test_attention_over_fp32_and_fp16_pools(paths, heads, kv_heads, dim):
             out = torch.empty(sum(q_lens), heads, dim)
             assert function(q.data_ptr(), dim, q.shape[2] * dim, keys.data_ptr(), values.data_ptr(), out.data_ptr(),
                             starts.data_ptr(), lens.data_ptr(), ctx.data_ptr(), table.data_ptr(), table.shape[1],
-                            table.shape[0], heads, kv_heads, dim, k_pool.shape[-1], 0, dim ** -0.5, 2) == 0
+                            table.shape[0], heads, kv_heads, dim, k_pool.shape[-1], 0, dim ** -0.5, cap, 2) == 0
             outs.append(out)
         return outs
     same_on_every_path(paths, attend)

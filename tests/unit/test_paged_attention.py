@@ -1,7 +1,7 @@
 """Attention through block tables (paged_attention.c, and paged_attention.py's PyTorch paths):
 SDPA's results over each sequence's own keys, a query's bits whatever its step holds (alone,
-batched, in a whole prefill or a chunk after cached keys), sliding windows, and the fallbacks
-where the kernel cannot be built or does not fit."""
+batched, in a whole prefill or a chunk after cached keys), sliding windows, Gemma 2's cap on the
+scores, and the fallbacks where the kernel cannot be built or does not fit."""
 import logging
 import random
 import shutil
@@ -50,8 +50,9 @@ def c_args(tables, q_lens, ctx_lens):
     return torch.tensor(starts), torch.tensor(q_lens), torch.tensor(ctx_lens), packed
 
 
-def reference(query, k_pool, v_pool, tables, q_lens, ctx_lens, scale, window=0):
-    """SDPA over each sequence's keys, gathered in order; query i at position ctx - q + i."""
+def reference(query, k_pool, v_pool, tables, q_lens, ctx_lens, scale, window=0, cap=0.0):
+    """SDPA over each sequence's keys, gathered in order; query i at position ctx - q + i. With
+    a cap, the scores written out in float64: cap * tanh(scores / cap), masked, softmaxed."""
     out, at = [], 0
     k_pool = k_pool.permute(0, 3, 1, 2)  # rows again: [blocks, block, kv_heads, dim]
     for table, q, ctx in zip(tables, q_lens, ctx_lens, strict=True):
@@ -61,8 +62,14 @@ def reference(query, k_pool, v_pool, tables, q_lens, ctx_lens, scale, window=0):
         mask = torch.arange(ctx) <= positions
         if window:
             mask &= torch.arange(ctx) > positions - window
-        o = F.scaled_dot_product_attention(query[:, :, at:at + q], keys, values, attn_mask=mask, scale=scale,
-                                           enable_gqa=True)
+        if cap:
+            group = query.shape[1] // keys.shape[1]
+            scores = query[:, :, at:at + q].double() @ keys.double().repeat_interleave(group, 1).transpose(-1, -2)
+            scores = (torch.tanh(scores * scale / cap) * cap).masked_fill(~mask, float("-inf"))
+            o = (torch.softmax(scores, -1) @ values.double().repeat_interleave(group, 1)).float()
+        else:
+            o = F.scaled_dot_product_attention(query[:, :, at:at + q], keys, values, attn_mask=mask, scale=scale,
+                                               enable_gqa=True)
         out.append(o[0].transpose(0, 1))
         at += q
     return torch.cat(out)
@@ -118,6 +125,25 @@ def test_a_sliding_window_limits_each_query_to_its_last_keys(built):
                                rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("window", [0, 24])
+def test_a_cap_on_the_scores_is_gemma_2s_softcapping(built, window):
+    """scores -> cap * tanh(scores / cap) before the softmax, arith.h's tanh8 within float
+    rounding of float64's; a capped query is still the same bits alone and batched."""
+    query, k_pool, v_pool, tables, q_lens, ctx_lens = step(MIXED, 6, 2, 32, seed=5)
+    query = query * 8  # scores of several units: the cap bends them
+    out = native.paged_attention(query, k_pool, v_pool, c_args(tables, q_lens, ctx_lens), 0.2, window, 3.0)
+    expected = reference(query, k_pool, v_pool, tables, q_lens, ctx_lens, 0.2, window, cap=3.0)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=2e-6)
+    uncapped = reference(query, k_pool, v_pool, tables, q_lens, ctx_lens, 0.2, window)
+    assert (uncapped - expected).abs().max() > 0.1  # the cap changes these numbers: the test can fail
+    at = 0
+    for s, q in enumerate(q_lens):
+        alone = native.paged_attention(query[:, :, at:at + q], k_pool, v_pool,
+                                       c_args(tables[s:s + 1], [q], ctx_lens[s:s + 1]), 0.2, window, 3.0)
+        assert alone is not None and torch.equal(alone, out[at:at + q]), s
+        at += q
+
+
 def test_what_it_does_not_take_is_left_to_pytorch(built):
     query, k_pool, v_pool, tables, q_lens, ctx_lens = step([(5, 1), (9, 2)], 4, 2, 20)  # dim not a multiple of 8
     assert native.paged_attention(query, k_pool, v_pool, c_args(tables, q_lens, ctx_lens), 0.2, 0) is None
@@ -131,9 +157,10 @@ class Layer(torch.nn.Module):
     layer_idx = 0
 
 
+@pytest.mark.parametrize("cap", [0.0, 2.0], ids=["plain", "softcapped"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("path", ["c", "per_sequence", "padded"])
-def test_every_path_writes_the_new_keys_then_attends_as_sdpa(monkeypatch, path, dtype):
+def test_every_path_writes_the_new_keys_then_attends_as_sdpa(monkeypatch, path, dtype, cap):
     """paged_attention as transformers' layers call it: this step's keys and values go into
     their slots (rounded to the pool's dtype), then each sequence attends over all its keys. The
     C kernel, one SDPA call per sequence (CPU without the kernel), and one padded SDPA call
@@ -153,11 +180,12 @@ def test_every_path_writes_the_new_keys_then_attends_as_sdpa(monkeypatch, path, 
              for p in range(ctx - q, ctx)]
     new_k, new_v = torch.randn(2, 1, kv_heads, len(slots), dim)
     paged = paged_attention.PagedStep(pool, torch.tensor(slots), q_lens, ctx_lens, tables)
-    out, _ = paged_attention.paged_attention(Layer(), query, new_k, new_v, None, scaling=0.3, paged=paged)
+    out, _ = paged_attention.paged_attention(Layer(), query, new_k, new_v, None, scaling=0.3, paged=paged,
+                                             softcap=cap or None)
     rows = k_pool.permute(0, 3, 1, 2).reshape(-1, kv_heads, dim).float(), v_pool.reshape(-1, kv_heads, dim).float()
     rows[0][slots], rows[1][slots] = (new[0].transpose(0, 1).to(dtype).float() for new in (new_k, new_v))
     expected = reference(query, rows[0].view(-1, 16, kv_heads, dim).permute(0, 2, 3, 1), rows[1].view_as(v_pool),
-                         tables, q_lens, ctx_lens, 0.3)
+                         tables, q_lens, ctx_lens, 0.3, cap=cap)
     torch.testing.assert_close(out[0], expected, rtol=1e-5, atol=1e-5)
     assert paged.counted == [0] and pool.keys.dtype == dtype
 

@@ -1,6 +1,7 @@
 """The README's "What is served" tables say what the code serves: every GGUF type that
 gguf_types.py keeps as blocks is listed, nothing else, with the kernel that runs it (declared in
-kernels.h) and a test file that exists; every tiny architecture the tests build is listed."""
+kernels.h) and a test file that exists; every tiny architecture the tests build is listed, as
+served and with its tests."""
 import re
 
 from engine.model.gguf_types import SERVED
@@ -36,5 +37,8 @@ def test_every_tested_architecture_is_listed():
     for style in ARCHITECTURES:  # "gemma3_text" is "Gemma 3", "phi3" "Phi-3"
         assert style.removesuffix("_text") in names, f"README: {style} is not in the architectures table"
     for row in _table("architectures"):
+        tested = {style.removesuffix("_text") for style in ARCHITECTURES}
+        if any(name in tested for name in re.sub(r"\(.*?\)", "", row[0]).lower().replace(" ", "").split(",")):
+            assert "refused" not in row[1] and row[2], f"README: {row[0]} is tested and served, not refused"
         for path in re.findall(r"`([\w/.]+\.py)`", row[2]):
             assert (ROOT / path).exists(), path
