@@ -22,9 +22,9 @@ import time
 import uuid
 import weakref
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from contract import kind_of
 from contract.limits import ResumeLimits, draw_seed
@@ -32,6 +32,12 @@ from gateway.edge.backend import Ends, close_quietly, error_doc
 from schemas import ModelOutputDocument, PromptDocument, Seed
 
 Opener = Callable[[PromptDocument], Awaitable[tuple[ModelOutputDocument, AsyncIterator[ModelOutputDocument]]]]
+Labeller = Callable[[str, str], str]  # (event id, frame) -> the frame as sent, carrying its id
+
+
+def sse_labelled(event_id: str, frame: str) -> str:
+    """An SSE frame with its `id:` line, which a browser's EventSource sends back as Last-Event-ID."""
+    return f"id: {event_id}\n{frame}"
 
 
 def with_seed(doc: PromptDocument) -> PromptDocument:
@@ -149,10 +155,13 @@ class StoredStream:
     cancelled: bool = False
     idle_since: float = field(default_factory=time.monotonic)
     producer: Optional[asyncio.Task] = None
+    label: Labeller = sse_labelled
+    on_cancel: Optional[Callable[["StoredStream"], str]] = None  # the last frame of a cancelled stream
+    context: Any = None  # what the route keeps beside the events (the WebSocket chat: its conversation)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def append(self, frame: str) -> None:
-        self.frames.append(f"id: {self.id}/{len(self.frames)}\n{frame}")
+        self.frames.append(self.label(f"{self.id}/{len(self.frames)}", frame))
         self.size += len(self.frames[-1])
         self._changed.set()
         self._changed = asyncio.Event()
@@ -173,10 +182,11 @@ class StreamStore:
         self._streams: OrderedDict[str, StoredStream] = OrderedDict()
 
     def start(self, route: str, docs: ResumableDocs, frames: AsyncIterator[str], stream_id: Optional[str] = None,
-              background: bool = False) -> StoredStream:
-        """A new stream, its events made from now on by a task of its own."""
+              background: bool = False, **kept: Any) -> StoredStream:
+        """A new stream, its events made from now on by a task of its own. `kept`: StoredStream's
+        label, on_cancel and context."""
         self._evict(keep=1)
-        stored = StoredStream(stream_id or "strm_" + uuid.uuid4().hex, route, docs, background=background)
+        stored = StoredStream(stream_id or "strm_" + uuid.uuid4().hex, route, docs, background=background, **kept)
         stored.producer = asyncio.ensure_future(self._produce(stored, frames))
         self._streams[stored.id] = stored
         return stored
@@ -204,7 +214,7 @@ class StreamStore:
     def forget(self, stored: StoredStream) -> None:
         self._streams.pop(stored.id, None)
 
-    async def read(self, stored: StoredStream, start: int) -> AsyncIterator[str]:
+    async def read(self, stored: StoredStream, start: int) -> AsyncGenerator[str, None]:
         """The stream's events from `start` on, to its end; when this reader goes, the generation
         stops until the next one comes."""
         stored.readers += 1
@@ -236,6 +246,8 @@ class StreamStore:
             async for frame in frames:
                 stored.append(frame)
         finally:
+            if stored.cancelled and stored.on_cancel is not None:
+                stored.append(stored.on_cancel(stored))
             stored.end()
             await stored.docs.close()
 

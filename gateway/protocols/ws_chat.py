@@ -3,6 +3,8 @@
 Protocol (JSON text frames):
   client -> {"prompt": "...", <any PromptDocument sampling field>} or plain text (the prompt);
             {"type": "stop"} cancels the answer in progress; {"type": "reset"} forgets the
+            conversation; {"type": "resume", "last_event_id": "<id>"} (on a new connection, after
+            a dropped one) goes on with the answer from the event after that id, and with its
             conversation.
   server -> {"type": "token", "text": ..., "token_id": ..., "token_ids": [...]} per step (and
             "tool_calls": [...], OpenAI's delta parts, when the step carries calls; "reasoning": a
@@ -14,12 +16,19 @@ Protocol (JSON text frames):
             the answer called tools};
             a stopped answer ends with finish_reason "cancelled";
             {"type": "error", "error": ..., "error_type": ...} on failure (the socket stays open).
+            An answer's token and end events carry an "id", `<stream>/<n>`.
 The connection keeps the conversation: each prompt goes to the executor as chat messages
 with the earlier turns; the engine drops the oldest turns when they no longer fit the
 context. A failed turn is not remembered; a stopped one is, with the text sent so far.
+
+An answer's events are kept as an SSE stream's are (gateway/edge/resumable.py, within its
+bounds): when the socket drops, the generation stops; a `resume` on a new socket replays the
+events after the id it names and the rest of the answer, made from the tokens already sent.
 """
 import asyncio
 import json
+from contextlib import aclosing
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Optional
 
@@ -27,17 +36,61 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from fastapi.responses import HTMLResponse
 
 from contract import RequestLimits, request_fields
-from gateway.edge.backend import Backend, close_quietly
+from gateway.edge.backend import Backend
 from gateway.edge.http_guard import api_key, key_matches, origin_allowed
+from gateway.edge.resumable import ResumableDocs, StoredStream, streams, with_seed
 from gateway.mapping.inputs import BadRequest, check_text, prompt_document
 from gateway.mapping.logprobs import chat_logprobs
 from gateway.mapping.tool_calls import parts, whole_calls
 from schemas import PromptDocument
 
+ROUTE = "/chat"
+
 SAMPLING_FIELDS = tuple(f.name for f in request_fields())
 # a chat turn is one answer to the conversation: fields the chat cannot show are refused
 ONE_ANSWER = {"n": 1, "prompt_logprobs": False}
 MAX_HISTORY_MESSAGES = 200  # the gateway's own bound; the engine trims to the context
+
+
+@dataclass(frozen=True)
+class ChatTurn:
+    """What an answer's kept stream holds beside its events: the conversation it answers, so
+    that the socket that resumes it goes on with that conversation."""
+
+    history: list[dict[str, Any]]
+    turn: dict[str, str]
+
+
+def _labelled(event_id: str, frame: str) -> str:
+    return json.dumps({**json.loads(frame), "id": event_id}, ensure_ascii=False)
+
+
+def _cancelled(stored: StoredStream) -> str:
+    """The end event of a stopped answer."""
+    return json.dumps({"type": "end", "finish_reason": "cancelled", "prompt_tokens": None,
+                       "generated_tokens": len(stored.docs.tokens)})
+
+
+async def _events(doc: PromptDocument, docs: ResumableDocs) -> Any:
+    """An answer's events (JSON text): a token event per document, then its end or error."""
+    kept = []
+    async for out in docs:
+        if out.error is not None:
+            yield json.dumps({"type": "error", "error": out.error, "error_type": out.error_type or "generation"})
+            return
+        kept.append(out)
+        event = {"type": "token", "text": out.text, "token_id": out.token_id, "token_ids": list(out.token_ids),
+                 **({"tool_calls": calls} if (calls := parts(out)) else {}),
+                 **({"reasoning": out.reasoning} if out.reasoning else {})}
+        if doc.logprobs or doc.top_logprobs:
+            event["logprobs"] = chat_logprobs([out])["content"]
+        yield json.dumps(event, ensure_ascii=False)
+        if out.finish_reason is not None:
+            yield json.dumps({"type": "end", "finish_reason": out.finish_reason, "prompt_tokens": out.prompt_tokens,
+                              "cached_tokens": out.cached_tokens, "generated_tokens": out.generated_tokens,
+                              "seed": out.seed, **({"tool_calls": calls} if (calls := whole_calls(kept)) else {})},
+                             ensure_ascii=False)
+            return
 
 
 class ChatSession:
@@ -48,11 +101,12 @@ class ChatSession:
         self.history: list[dict[str, Any]] = []
         self.limits = RequestLimits.from_env()
         self.task: Optional[asyncio.Task] = None
+        self.stream: Optional[StoredStream] = None  # the answer in progress, once it started
         self._send_lock = asyncio.Lock()
 
-    async def send(self, message: dict[str, Any]) -> None:
+    async def send(self, message: dict[str, Any] | str) -> None:
         async with self._send_lock:
-            await self.ws.send_text(json.dumps(message, ensure_ascii=False))
+            await self.ws.send_text(message if isinstance(message, str) else json.dumps(message, ensure_ascii=False))
 
     async def error(self, message: str, error_type: str = "validation") -> None:
         await self.send({"type": "error", "error": message, "error_type": error_type})
@@ -69,6 +123,10 @@ class ChatSession:
             return None, {"prompt": raw}
         if data.get("type") in ("stop", "reset"):
             return data["type"], {}
+        if data.get("type") == "resume":
+            if not isinstance(data.get("last_event_id"), str):
+                raise ValueError("last_event_id: a resume names the id of the last event received, a string")
+            return "resume", {"last_event_id": data["last_event_id"]}
         unknown = sorted(set(data) - set(SAMPLING_FIELDS) - {"prompt", "type"})
         if unknown:
             raise ValueError(f"{unknown[0]}: unknown field; send prompt and any of {', '.join(SAMPLING_FIELDS)}")
@@ -87,14 +145,18 @@ class ChatSession:
             return await self.error(str(exc))
         running = self.task if self.task is not None and not self.task.done() else None
         if command == "stop":
-            if running is not None:
-                running.cancel()
+            if running is not None and self.stream is not None:
+                await streams().cancel(self.stream)  # its events end with a cancelled end event
+            elif running is not None:
+                running.cancel()  # before its first token
             return
         if command == "reset":
             self.history.clear()
             return
         if running is not None:
             return await self.error("an answer is in progress: wait for its end or send {\"type\": \"stop\"}")
+        if command == "resume":
+            return await self.resume(fields["last_event_id"])
         prompt = fields.pop("prompt")
         if not prompt.strip():
             return await self.error("prompt: must be a non-empty string")
@@ -110,45 +172,47 @@ class ChatSession:
         self.task = asyncio.create_task(self.answer(doc, turn))
 
     async def answer(self, doc: PromptDocument, turn: dict[str, str]) -> None:
-        text, generated, docs = "", 0, []
-        final: dict[str, Any] = {"type": "end", "finish_reason": "cancelled", "prompt_tokens": None}
-        stream = self.backend.stream(doc)
+        docs = ResumableDocs(self.backend.open, with_seed(doc))
         try:
-            async for out in stream:
-                if out.error is not None:
-                    final = {"type": "error", "error": out.error, "error_type": out.error_type or "generation"}
-                    break
-                text, generated = out.generated_text, out.index + 1
-                docs.append(out)
-                event = {"type": "token", "text": out.text, "token_id": out.token_id, "token_ids": list(out.token_ids),
-                         **({"tool_calls": calls} if (calls := parts(out)) else {}),
-                         **({"reasoning": out.reasoning} if out.reasoning else {})}
-                if doc.logprobs or doc.top_logprobs:
-                    event["logprobs"] = chat_logprobs([out])["content"]
-                await self.send(event)
-                if out.finish_reason is not None:
-                    final = {"type": "end", "finish_reason": out.finish_reason,
-                             "prompt_tokens": out.prompt_tokens, "cached_tokens": out.cached_tokens,
-                             "generated_tokens": out.generated_tokens,
-                             "seed": out.seed, **({"tool_calls": calls} if (calls := whole_calls(docs)) else {})}
-                    break
-        except asyncio.CancelledError:  # stop button, or the socket closed
-            final["generated_tokens"] = generated
-            await self._finish(stream, turn, text, final)
+            await docs.start()
+        except asyncio.CancelledError:  # stopped, or the socket closed, before the first token
+            await docs.close()
+            self.task = None
+            await self._send_last({"type": "end", "finish_reason": "cancelled", "prompt_tokens": None,
+                                   "generated_tokens": 0})
             raise
-        finally:
-            await close_quietly(stream)
-        await self._finish(stream, turn, text, final)
+        self.stream = streams().start(ROUTE, docs, _events(doc, docs), label=_labelled, on_cancel=_cancelled,
+                                      context=ChatTurn(list(self.history), turn))
+        await self.relay(self.stream, 0)
 
-    async def _finish(self, stream: Any, turn: dict[str, str], text: str, final: dict[str, Any]) -> None:
-        """Close the upstream, keep the turn (a failed one is not kept) and go idle *before*
-        the last event: a stop or prompt sent after it is about the next answer."""
-        await close_quietly(stream)
-        if final["type"] == "end":
-            self.remember(turn, text, final.get("tool_calls"))
-        self.task = None
+    async def resume(self, last_event_id: str) -> None:
+        found = streams().find(ROUTE, last_event_id)
+        if found is None:
+            return await self.error(f"last_event_id: {last_event_id!r} names no answer kept here (they are kept "
+                                    f"LLM_RESUME_SECONDS after their socket closed)", "not_found")
+        self.stream, start = found
+        self.history = list(self.stream.context.history)
+        self.task = asyncio.create_task(self.relay(self.stream, start))
+
+    async def relay(self, stored: StoredStream, start: int) -> None:
+        """Send the answer's events from `start`. Before its last one, keep the turn (a failed one
+        is not kept) and go idle: a stop or prompt sent after it is about the next answer."""
+        async with aclosing(streams().read(stored, start)) as frames:
+            async for frame in frames:
+                event = json.loads(frame)
+                if event["type"] == "token":
+                    await self.send(frame)
+                    continue
+                if event["type"] == "end":
+                    context: ChatTurn = stored.context
+                    self.history = list(context.history)
+                    self.remember(context.turn, stored.docs.text, event.get("tool_calls"))
+                self.task = self.stream = None
+                await self._send_last(frame)
+
+    async def _send_last(self, frame: dict[str, Any] | str) -> None:
         try:
-            await asyncio.shield(self.send(final))
+            await asyncio.shield(self.send(frame))
         except Exception:  # noqa: BLE001 - the socket is gone
             pass
 

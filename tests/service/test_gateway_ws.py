@@ -31,7 +31,8 @@ async def test_conversation_keeps_context(flow, ws):
     grpc_port, _ = flow
     first, tokens, end = await ask(ws, {"prompt": "hello there", "max_tokens": 6})
     assert end == {"type": "end", "finish_reason": "length", "prompt_tokens": end["prompt_tokens"],
-                   "cached_tokens": end["cached_tokens"], "generated_tokens": 6, "seed": None}
+                   "cached_tokens": end["cached_tokens"], "generated_tokens": 6, "seed": None, "id": end["id"]}
+    assert [t["id"] for t in tokens] + [end["id"]] == [f"{end['id'].rsplit('/', 1)[0]}/{i}" for i in range(len(tokens) + 1)]
     assert sum(len(t["token_ids"]) for t in tokens) == 6
     ref1 = await generate("User: hello there\nAssistant:", port=grpc_port, max_tokens=6)
     assert first == ref1.generated_text

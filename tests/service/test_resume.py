@@ -1,7 +1,8 @@
 """A stream that survives its dropped connection, through a real Flow: the client reads a few
 events of an SSE stream and leaves, the generation stops, and a reconnect with `Last-Event-ID`
 gets the events after that id and then the rest, made from the tokens already sent. Joined, the
-two parts are the events of an unbroken run: the same text, the same usage, ids without a gap."""
+two parts are the events of an unbroken run: the same text, the same usage, ids without a gap. The
+WebSocket chat's answers resume the same way."""
 import json
 import time
 
@@ -124,3 +125,51 @@ def test_a_background_response_generates_on_and_is_read_from_any_point(slow_flow
     with pytest.raises(openai.BadRequestError) as refused:
         client.responses.create(**ask, store=True)
     assert refused.value.body["param"] == "store"
+
+
+async def answer_events(ws, limit: int = 10**9) -> list[dict]:
+    """A WebSocket answer's events, to its end (or the first `limit`)."""
+    out: list[dict] = []
+    while len(out) < limit:
+        out.append(json.loads(await ws.recv()))
+        if out[-1]["type"] != "token":
+            break
+    return out
+
+
+async def test_a_dropped_websocket_answer_goes_on_after_a_resume(slow_flow):
+    """The chat page's socket drops mid-answer: the generation stops; a new socket that sends
+    `resume` with the last id it got gets the rest, and the conversation goes on from there."""
+    import websockets
+    _, http = slow_flow
+    url = f"ws://127.0.0.1:{http}/chat"
+    ask = {"prompt": "hello", "max_tokens": 48, "temperature": 0}
+    async with websockets.connect(url) as ws:
+        await ws.send(json.dumps(ask))
+        whole = await answer_events(ws)
+    async with websockets.connect(url) as ws:
+        await ws.send(json.dumps(ask))
+        head = await answer_events(ws, limit=6)
+    assert busy(wait_until(http, lambda s: busy(s) == 0, timeout=20)) == 0  # stopped with its socket
+    async with websockets.connect(url) as ws:
+        await ws.send(json.dumps({"type": "resume", "last_event_id": "strm_nothing/3"}))
+        refused = json.loads(await ws.recv())
+        assert refused["type"] == "error" and refused["error_type"] == "not_found"
+        assert "last_event_id" in refused["error"]
+        await ws.send(json.dumps({"type": "resume", "last_event_id": head[-1]["id"]}))
+        tail = await answer_events(ws)
+        await ws.send(json.dumps({"prompt": "and then?", "max_tokens": 2}))
+        next_turn = await answer_events(ws)
+    joined = head + tail
+    stream_id = head[0]["id"].rsplit("/", 1)[0]
+    assert [e["id"] for e in joined] == [f"{stream_id}/{i}" for i in range(len(joined))]
+
+    def text(events: list[dict]) -> str:
+        return "".join(e["text"] for e in events if e["type"] == "token")
+    assert text(joined) == text(whole) and len(text(whole)) > 20
+    assert [e["token_ids"] for e in joined[:-1]] == [e["token_ids"] for e in whole[:-1]]
+    unsaid = ("id", "cached_tokens")
+    assert {k: v for k, v in joined[-1].items() if k not in unsaid} == \
+           {k: v for k, v in whole[-1].items() if k not in unsaid}
+    # the resumed socket holds the conversation: the next prompt comes after the whole answer
+    assert next_turn[-1]["prompt_tokens"] > whole[-1]["prompt_tokens"] + whole[-1]["generated_tokens"]
