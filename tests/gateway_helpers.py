@@ -20,18 +20,32 @@ needs_chromium = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=(
 
 
 @contextlib.contextmanager
-def chat_page(url: str) -> Iterator[Any]:
-    """The chat page at `url` in headless Chromium, once its WebSocket is connected."""
+def chat_page(url: str, width: int = 1280, height: int = 800) -> Iterator[Any]:
+    """The chat page at `url` in headless Chromium (a fresh profile, allowed the clipboard),
+    once its WebSocket is connected."""
     from playwright.sync_api import expect, sync_playwright
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page()
+            context = browser.new_context(viewport={"width": width, "height": height},
+                                          permissions=["clipboard-read", "clipboard-write"])
+            page = context.new_page()
             page.goto(url)
             expect(page.locator("#status")).to_have_text("connected", timeout=15000)
             yield page
         finally:
             browser.close()
+
+
+def set_fields(page: Any, system: str | None = None, **fields: Any) -> None:
+    """Fill the chat page's settings (each request field's input, and the system prompt)."""
+    page.click("#settings-toggle")
+    page.wait_for_selector("#setting-max_tokens")  # built from /chat-ui/settings
+    for name, value in fields.items():
+        page.fill(f"#setting-{name}", str(value))
+    if system is not None:
+        page.fill("#system-prompt", system)
+    page.click("#settings-toggle")
 
 
 def stats(http_port: int) -> dict:

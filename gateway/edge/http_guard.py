@@ -48,7 +48,10 @@ def origin_allowed(origin: Optional[str], host: Optional[str]) -> bool:
     return bool(host) and urlsplit(origin).netloc == host
 
 
-OPEN_PATHS = {"/", "/health", "/metrics", "/chat-ui"}  # GET: what probes, scrapers and browsers need
+# GET: what probes, scrapers and browsers need (the chat page and its script; not its settings,
+# which name the models: the page sends its key for those)
+OPEN_PATHS = {"/", "/health", "/metrics", "/chat-ui", "/chat-ui/chat.js"}
+OPEN_PREFIX = "/chat-ui/vendor/"  # GET: the chat page's libraries
 
 
 def error_body(path: str, message: str, param: Optional[str], kind: ErrorKind = ErrorKind.VALIDATION) -> bytes:
@@ -103,7 +106,8 @@ class ApiKey:
         self.app, self.key = app, api_key()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not self.key or scope["type"] != "http" or (scope["method"] in ("GET", "HEAD") and scope["path"] in OPEN_PATHS):
+        if not self.key or scope["type"] != "http" or (scope["method"] in ("GET", "HEAD") and (scope["path"] in OPEN_PATHS
+                                                  or scope["path"].startswith(OPEN_PREFIX))):
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or [])
         x_api_key = headers.get(b"x-api-key")

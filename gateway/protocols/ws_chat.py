@@ -3,7 +3,9 @@
 Protocol (JSON text frames):
   client -> {"prompt": "...", <any PromptDocument sampling field>} or plain text (the prompt);
             {"type": "stop"} cancels the answer in progress; {"type": "reset"} forgets the
-            conversation; {"type": "resume", "last_event_id": "<id>"} (on a new connection, after
+            conversation; {"type": "history", "messages": [{"role": ..., "content": ...}, ...]}
+            replaces it (a page that keeps its conversations itself: one reloaded, edited or
+            branched); {"type": "resume", "last_event_id": "<id>"} (on a new connection, after
             a dropped one) goes on with the answer from the event after that id, and with its
             conversation.
   server -> {"type": "token", "text": ..., "token_id": ..., "token_ids": [...]} per step (and
@@ -29,11 +31,9 @@ import asyncio
 import json
 from contextlib import aclosing
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any, Optional
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
-from fastapi.responses import HTMLResponse
 
 from contract import RequestLimits, request_fields
 from gateway.edge.backend import Backend
@@ -42,6 +42,7 @@ from gateway.edge.resumable import ResumableDocs, StoredStream, streams, with_se
 from gateway.mapping.inputs import BadRequest, check_text, prompt_document
 from gateway.mapping.logprobs import chat_logprobs
 from gateway.mapping.tool_calls import parts, whole_calls
+from gateway.protocols.chat_page import page_router
 from schemas import PromptDocument
 
 ROUTE = "/chat"
@@ -59,6 +60,21 @@ class ChatTurn:
 
     history: list[dict[str, Any]]
     turn: dict[str, str]
+
+
+ROLES = ("system", "user", "assistant")
+
+
+def _history(messages: Any) -> list[dict[str, str]]:
+    """A conversation the client sends: raises ValueError naming `messages` where it is not one."""
+    if not isinstance(messages, list) or len(messages) > MAX_HISTORY_MESSAGES:
+        raise ValueError(f"messages: a list of at most {MAX_HISTORY_MESSAGES} {{role, content}} messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or set(m) != {"role", "content"} or m["role"] not in ROLES \
+                or not isinstance(m["content"], str):
+            raise ValueError(f"messages[{i}]: expected {{\"role\": one of {', '.join(ROLES)}, "
+                             f"\"content\": a string}}")
+    return [dict(m) for m in messages]
 
 
 def _labelled(event_id: str, frame: str) -> str:
@@ -123,6 +139,8 @@ class ChatSession:
             return None, {"prompt": raw}
         if data.get("type") in ("stop", "reset"):
             return data["type"], {}
+        if data.get("type") == "history":
+            return "history", {"messages": _history(data.get("messages"))}
         if data.get("type") == "resume":
             if not isinstance(data.get("last_event_id"), str):
                 raise ValueError("last_event_id: a resume names the id of the last event received, a string")
@@ -157,6 +175,9 @@ class ChatSession:
             return await self.error("an answer is in progress: wait for its end or send {\"type\": \"stop\"}")
         if command == "resume":
             return await self.resume(fields["last_event_id"])
+        if command == "history":
+            self.history = fields["messages"]
+            return
         prompt = fields.pop("prompt")
         if not prompt.strip():
             return await self.error("prompt: must be a non-empty string")
@@ -243,7 +264,6 @@ class ChatSession:
 
 def chat_router(backend: Backend) -> APIRouter:
     router = APIRouter(tags=["Chat"])
-    page = resources.files("gateway").joinpath("static/chat.html").read_text(encoding="utf-8")
 
     @router.websocket("/chat")
     async def chat(ws: WebSocket) -> None:
@@ -259,8 +279,5 @@ def chat_router(backend: Backend) -> APIRouter:
         await ws.accept()
         await ChatSession(ws, backend).run()
 
-    @router.get("/chat-ui", response_class=HTMLResponse, summary="A small browser chat over /chat")
-    async def chat_ui() -> HTMLResponse:
-        return HTMLResponse(page)
-
+    router.include_router(page_router(backend))
     return router

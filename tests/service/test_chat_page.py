@@ -1,14 +1,44 @@
-"""The browser chat page (/chat-ui) in headless Chromium, on the trained model: markdown is
-rendered without letting model output inject HTML, temperature and max tokens reach the
-request, and the status line shows tokens per second."""
+"""The browser chat page (/chat-ui) in headless Chromium, on the real model, driven as a user
+drives it: an answer streams and stops, a reload finds the conversation (IndexedDB), an edit
+and a regeneration make branches, a code block is copied, the system prompt reaches the model,
+and the layout fits from a phone to a wide screen. Model output cannot become markup. Every
+state is kept as a screenshot under $LLM_TEST_ARTIFACTS (test-artifacts/ by default)."""
+import os
+from pathlib import Path
+
 import pytest
 import requests
 
-from tests.gateway_helpers import chat_page, needs_chromium
+from tests.gateway_helpers import chat_page, needs_chromium, set_fields
 
+from ..conftest import ROOT
+
+ARTIFACTS = Path(os.environ.get("LLM_TEST_ARTIFACTS", ROOT / "test-artifacts")) / "chat-page"
 HOSTILE = ('<img src=x onerror="window.pwned=1"> **bold** and *em* and `<b>code</b>`\n'
            '<script>window.pwned=2</script>\n\n- one\n- [two](javascript:window.pwned=3)\n'
-           '1. [three](https://example.com)\n\n```\n<i>raw</i>\n```\n2 * 3 * 4')
+           '1. [three](https://example.com)\n\n```python\n<i>raw</i> = 1\n```\n\n'
+           '| a | b |\n|---|---|\n| 1 | 2 |\n\n> quoted\n\n2 * 3 * 4 ![pic](https://example.com/x.png)')
+IDLE = 120000  # ms: an answer of the real model, on a loaded machine
+
+
+def shot(page, name: str) -> None:
+    """The page as it is now, kept; `answered` is also the docs' picture with LLM_WRITE_EXAMPLES=1."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
+    if name == "answered" and os.environ.get("LLM_WRITE_EXAMPLES"):
+        page.screenshot(path=str(ROOT / "docs" / "chat-ui.png"))
+
+
+def reference(http_port: int, messages: list[dict], max_tokens: int) -> dict:
+    return requests.post(f"http://127.0.0.1:{http_port}/v1/chat/completions", timeout=120, json={
+        "messages": messages, "max_tokens": max_tokens, "temperature": 0}).json()["choices"][0]
+
+
+def send(page, text: str) -> None:
+    from playwright.sync_api import expect
+    page.fill("#prompt", text)
+    page.press("#prompt", "Enter")
+    expect(page.locator("body")).to_have_attribute("data-state", "idle", timeout=IDLE)
 
 
 @pytest.fixture(scope="module")
@@ -19,35 +49,140 @@ def page(real_flow):
 
 @needs_chromium
 def test_markdown_is_rendered_and_model_html_is_inert(page):
-    html = page.evaluate("(t) => { const d = renderMarkdown(t); document.body.appendChild(d); "
+    html = page.evaluate("(t) => { const d = renderMarkdown(t); document.getElementById('log').appendChild(d); "
                          "return d.innerHTML; }", HOSTILE)
     assert page.evaluate("window.pwned") is None
-    assert "<img" not in html and "<script" not in html and "<b>" not in html and "<i>" not in html
+    markup = page.evaluate("""() => { const d = document.querySelector('#log .markdown');
+        return ['img', 'script', 'b', 'i'].map((t) => d.querySelectorAll(t).length); }""")
+    assert markup == [0, 0, 0, 0], html  # the model's tags, and its image, never became elements
     assert "&lt;img src=x" in html and "&lt;script&gt;" in html  # shown as text
     assert "<strong>bold</strong>" in html and "<em>em</em>" in html
     assert "<code>&lt;b&gt;code&lt;/b&gt;</code>" in html
-    assert "<li>one</li>" in html and "<li>[two](javascript:window.pwned=3)</li>" in html
-    assert '<a href="https://example.com"' in html and "<ol>" in html
-    assert "<pre><code>&lt;i&gt;raw&lt;/i&gt;</code></pre>" in html
-    assert "2 * 3 * 4" in html  # stars with spaces are not emphasis
+    assert "javascript:" not in page.evaluate("() => [...document.querySelectorAll('#log a')].map(a => a.href).join()")
+    assert 'href="https://example.com" target="_blank" rel="noopener noreferrer"' in html
+    assert "<table>" in html and "<blockquote>" in html and "2 * 3 * 4" in html
+    assert 'class="language-python hljs"' in html and "copy-code" in html  # highlighted, with its copy button
+    page.evaluate("() => document.getElementById('log').replaceChildren()")
 
 
 @needs_chromium
-def test_a_greedy_answer_streams_renders_and_shows_its_speed(page, real_flow):
+def test_an_answer_streams_and_stops(page, real_flow):
     from playwright.sync_api import expect
-    _, http_port = real_flow
     question = "List three fruits."
-    page.fill("#temperature", "0")
-    page.fill("#max-tokens", "40")
-    page.fill("#prompt", question)
-    page.click("#send")
-    expect(page.locator("body")).to_have_attribute("data-state", "idle", timeout=60000)
-    answer = page.locator(".assistant").last
-    ref = requests.post(f"http://127.0.0.1:{http_port}/v1/chat/completions", timeout=120, json={
-        "messages": [{"role": "user", "content": question}], "max_tokens": 40,
-        "temperature": 0}).json()["choices"][0]
+    set_fields(page, temperature=0, max_tokens=40)
+    send(page, question)
+    answer = page.locator(".message.assistant").last
+    ref = reference(real_flow[1], [{"role": "user", "content": question}], 40)
     assert answer.get_attribute("data-text") == ref["message"]["content"]  # temperature 0 was sent
     assert answer.get_attribute("data-finish") == {"length": "length", "stop": "eos_token"}[ref["finish_reason"]]
     assert answer.locator("ol li, ul li").count() >= 1  # the model's list, as a list
-    expect(page.locator("#status")).to_contain_text("tokens/s")
+    expect(answer.locator(".meta")).to_contain_text("tokens/s")
     expect(page.locator("#model")).to_contain_text("SmolLM2-135M-Instruct")
+    shot(page, "answered")
+    set_fields(page, max_tokens=600)
+    page.fill("#prompt", "Write a long story about a dragon who learns to bake bread.")
+    page.press("#prompt", "Enter")
+    expect(page.locator("body")).to_have_attribute("data-state", "generating")
+    page.wait_for_function("() => (document.querySelector('.message.assistant:last-child')?.dataset.text || '')"
+                           ".length > 20", timeout=IDLE)
+    shot(page, "streaming")
+    page.click("#stop")
+    expect(page.locator("body")).to_have_attribute("data-state", "idle", timeout=30000)
+    assert page.locator(".message.assistant").last.get_attribute("data-finish") == "cancelled"
+    set_fields(page, max_tokens=40)
+
+
+@needs_chromium
+def test_a_reload_finds_the_conversation(page):
+    from playwright.sync_api import expect
+    before = [page.locator(".message").nth(i).text_content() for i in range(page.locator(".message").count())]
+    page.reload()
+    expect(page.locator("#status")).to_have_text("connected", timeout=15000)
+    expect(page.locator(".message")).to_have_count(0)  # a reload opens a new chat...
+    page.locator(".conversation .open", has_text="List three fruits.").click()  # ...beside the kept ones
+    assert [page.locator(".message").nth(i).text_content() for i in range(page.locator(".message").count())] == before
+    page.fill("#search", "dragon")
+    expect(page.locator(".conversation")).to_have_count(1)
+    page.fill("#search", "no such words anywhere")
+    expect(page.locator(".conversation")).to_have_count(0)
+    page.fill("#search", "")
+    shot(page, "reloaded")
+
+
+@needs_chromium
+def test_edit_and_regenerate_make_branches(page, real_flow):
+    from playwright.sync_api import expect
+    page.click("#new-chat")
+    set_fields(page, temperature=0, max_tokens=24)
+    send(page, "Name a colour.")
+    first = page.locator(".message.assistant").last.get_attribute("data-text")
+    set_fields(page, temperature=1.0, seed=7)
+    page.locator(".message.assistant .regenerate").last.click()
+    expect(page.locator("body")).to_have_attribute("data-state", "idle", timeout=IDLE)
+    expect(page.locator(".message.assistant .branch").last).to_have_text("2/2")
+    second = page.locator(".message.assistant").last.get_attribute("data-text")
+    page.locator(".message.assistant .branch-prev").last.click()
+    assert page.locator(".message.assistant").last.get_attribute("data-text") == first
+    set_fields(page, temperature=0, seed="")
+    page.locator(".message.user .edit").last.click()
+    page.fill(".edit-box", "Name a fruit.")
+    page.click(".save-edit")
+    expect(page.locator("body")).to_have_attribute("data-state", "idle", timeout=IDLE)
+    expect(page.locator(".message.user .branch").last).to_have_text("2/2")
+    edited = reference(real_flow[1], [{"role": "user", "content": "Name a fruit."}], 24)["message"]["content"]
+    assert page.locator(".message.assistant").last.get_attribute("data-text") == edited
+    shot(page, "branched")
+    page.locator(".message.user .branch-prev").last.click()  # back to the first question, its last answer
+    expect(page.locator(".message.user .content").last).to_have_text("Name a colour.")
+    assert page.locator(".message.assistant").last.get_attribute("data-text") == second != first
+
+
+@needs_chromium
+def test_a_code_block_is_copied(page):
+    page.evaluate("() => document.getElementById('log').appendChild(renderMarkdown('```python\\nprint(1)\\n```'))")
+    page.locator("#log .copy-code").last.click()
+    assert page.evaluate("navigator.clipboard.readText()").strip() == "print(1)"
+    assert page.locator("#log .copy-code").last.get_attribute("data-copied") == "true"
+
+
+@needs_chromium
+def test_the_system_prompt_reaches_the_model(page, real_flow):
+    question = "Who are you?"
+    system = "You are a pirate named Jack. Always talk like a pirate."
+    page.click("#new-chat")
+    set_fields(page, system=system, temperature=0, max_tokens=24)
+    send(page, question)
+    ref = reference(real_flow[1], [{"role": "system", "content": system}, {"role": "user", "content": question}], 24)
+    plain = reference(real_flow[1], [{"role": "user", "content": question}], 24)
+    assert ref["message"]["content"] != plain["message"]["content"]  # the test can tell
+    assert page.locator(".message.assistant").last.get_attribute("data-text") == ref["message"]["content"]
+    set_fields(page, system="")
+    shot(page, "system-prompt")
+
+
+@needs_chromium
+@pytest.mark.parametrize("width,height", [(360, 740), (1280, 800), (1920, 1080)])
+def test_the_layout_fits_narrow_and_wide(page, width, height):
+    from playwright.sync_api import expect
+    page.set_viewport_size({"width": width, "height": height})
+    page.reload()
+    expect(page.locator("#status")).to_have_text("connected", timeout=15000)
+    if not page.locator(".conversation").count():  # run alone: a conversation to show
+        set_fields(page, max_tokens=8)
+        send(page, "Name a colour.")
+    page.locator(".conversation .open", has_text="Name a colour.").first.dispatch_event("click")  # hidden on a phone
+    expect(page.locator(".message")).not_to_have_count(0)
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+    boxes = [page.locator(s).bounding_box() for s in ("#prompt", "#send", "#stop")]
+    assert max(b["y"] for b in boxes) - min(b["y"] for b in boxes) < boxes[0]["height"]  # the form: one line
+    sidebar = page.locator("#sidebar")
+    if width <= 720:
+        assert not sidebar.is_visible()
+        page.click("#menu")
+    assert sidebar.is_visible()
+    shot(page, f"layout-{width}")
+    page.click("#theme")  # the other theme, kept for the next load
+    theme = page.evaluate("document.documentElement.dataset.theme")
+    page.reload()
+    assert page.evaluate("document.documentElement.dataset.theme") == theme
+    shot(page, f"layout-{width}-{theme}")

@@ -89,10 +89,34 @@ async def test_long_conversations_drop_the_oldest_turns(ws):
 
 
 def test_chat_page_is_served(flow):
+    """The page, and everything it loads, from this service: its script, its pinned libraries
+    (byte for byte as VERSIONS says) and its settings, read from the request contract."""
+    import hashlib
+    import re
+
+    from contract import request_fields
+    from tests.conftest import ROOT
     _, http_port = flow
-    r = requests.get(f"http://127.0.0.1:{http_port}/chat-ui", timeout=30)
+    base = f"http://127.0.0.1:{http_port}"
+    r = requests.get(f"{base}/chat-ui", timeout=30)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
-    assert "new WebSocket(" in r.text and 'id="stop"' in r.text
+    assert 'id="stop"' in r.text
+    loaded = re.findall(r'(?:src|href)="(/chat-ui/[^"]+)"', r.text)
+    assert len(loaded) == 6 and not re.search(r'(?:src|href)="(?:https?:)?//', r.text)  # nothing from elsewhere
+    for path in loaded:
+        asset = requests.get(base + path, timeout=30)
+        assert asset.status_code == 200 and asset.headers["content-type"].startswith(("text/javascript", "text/css"))
+    assert "new WebSocket(" in requests.get(f"{base}/chat-ui/chat.js", timeout=30).text
+    for line in (ROOT / "gateway/static/vendor/VERSIONS").read_text().splitlines():
+        if not line.startswith("#"):
+            _, _, file, digest = line.split()
+            body = requests.get(f"{base}/chat-ui/vendor/{file.rsplit('/', 1)[-1]}", timeout=30).content
+            assert hashlib.sha256(body).hexdigest() == digest, file
+    settings = requests.get(f"{base}/chat-ui/settings", timeout=30).json()
+    declared = {f.name: f for f in request_fields()}
+    assert settings["models"] and {s["name"] for s in settings["fields"]} <= set(declared)
+    for s in settings["fields"]:
+        assert s["help"] == declared[s["name"]].metadata["help"]
 
 
 async def test_next_prompt_right_after_end_and_a_late_stop(ws):

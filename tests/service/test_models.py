@@ -15,7 +15,7 @@ import websockets
 
 from client import StreamError, generate
 from testing.procs import ROOT
-from tests.gateway_helpers import chat_page, needs_chromium
+from tests.gateway_helpers import chat_page, needs_chromium, set_fields
 
 GREEDY = {"max_tokens": 6, "temperature": 0}
 
@@ -176,11 +176,10 @@ def test_the_chat_page_folds_the_thoughts_apart(two_models):
         "model": "thinking", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8,
         "temperature": 0}).json()["choices"][0]["message"]
     with chat_page(f"http://127.0.0.1:{http_port}/chat-ui?model=thinking") as page:
-        page.fill("#temperature", "0")
-        page.fill("#max-tokens", "8")
+        set_fields(page, temperature=0, max_tokens=8)
         page.fill("#prompt", "hello")
         page.click("#send")
         expect(page.locator("body")).to_have_attribute("data-state", "idle", timeout=60000)
-        thinking = page.locator(".assistant .thinking div").last
+        thinking = page.locator(".message.assistant .thinking div").last
         assert thinking.text_content() == ref["reasoning"] and ref["reasoning"]
-        assert page.locator(".assistant").last.get_attribute("data-text") == ref["content"]
+        assert page.locator(".message.assistant").last.get_attribute("data-text") == ref["content"]

@@ -1,0 +1,424 @@
+"use strict";
+// The chat page. Conversations are kept in this browser (IndexedDB), each a tree of messages:
+// an edit or a regeneration adds a sibling, and the arrows beside a message move between them.
+// Each answer is asked over the WebSocket at /chat with its branch's messages (a "history"
+// message, then the prompt), so the server holds no state the page depends on; a socket that
+// drops mid-answer reconnects and resumes it from the last event received.
+// Model output is markdown rendered by marked with its HTML escaped (never parsed), then
+// sanitized by DOMPurify: nothing the model writes becomes markup, a script or a request.
+
+const $ = (id) => document.getElementById(id);
+const log = $("log"), statusLine = $("status"), promptInput = $("prompt");
+const query = new URLSearchParams(location.search);
+const apiKey = query.get("api_key");  // with LLM_API_KEY set on the server: /chat-ui?api_key=KEY
+// where the page starts, before the user changes anything: small models stay on track this way
+const PAGE_DEFAULTS = { temperature: "0.2", top_p: "0.9", max_tokens: "256" };
+const SETTINGS_KEY = "llm-stream-chat-settings", THEME_KEY = "llm-stream-chat-theme";
+const MAX_MESSAGES = 199;  // the socket takes 200 at most; the system prompt is one
+
+let conversations = [], current = null, socket = null, fields = [];
+let answer = null;  // the answer being streamed: {conv, node, el, tokens, started, lastId}
+
+// ----- storage: one IndexedDB store of conversations -----
+let database = null;
+function openDatabase() {
+  return new Promise((resolve, reject) => {
+    const request = indexedDB.open("llm-stream-chat", 1);
+    request.onupgradeneeded = () => request.result.createObjectStore("conversations", { keyPath: "id" });
+    request.onsuccess = () => resolve(request.result);
+    request.onerror = () => reject(request.error);
+  });
+}
+function store(mode, work) {
+  return new Promise((resolve, reject) => {
+    const t = database.transaction("conversations", mode), request = work(t.objectStore("conversations"));
+    t.oncomplete = () => resolve(request.result);
+    t.onerror = () => reject(t.error);
+  });
+}
+function persist(conv) {
+  conv.updated = Date.now();
+  if (!conversations.includes(conv)) conversations.unshift(conv);
+  renderList();
+  return store("readwrite", (s) => s.put(conv));
+}
+
+// ----- a conversation: messages in a tree, `leaf` the end of the branch shown -----
+const uid = () => Date.now().toString(36) + Math.random().toString(36).slice(2, 10);
+const newConversation = () => ({ id: uid(), title: "New chat", updated: Date.now(), nodes: {}, roots: [], leaf: null });
+
+function addNode(conv, parent, role, content) {
+  const node = { id: uid(), parent, role, content, reasoning: "", meta: null, error: null, children: [] };
+  conv.nodes[node.id] = node;
+  (parent ? conv.nodes[parent].children : conv.roots).push(node.id);
+  conv.leaf = node.id;
+  return node;
+}
+function chain(conv, id) {  // the messages from the first to `id`
+  const out = [];
+  for (; id; id = conv.nodes[id].parent) out.unshift(conv.nodes[id]);
+  return out;
+}
+const siblings = (conv, node) => (node.parent ? conv.nodes[node.parent].children : conv.roots);
+function deepest(conv, id) {
+  let node = conv.nodes[id];
+  while (node.children.length) node = conv.nodes[node.children[node.children.length - 1]];
+  return node.id;
+}
+
+// ----- markdown, safely -----
+const escapeHtml = (s) => s.replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
+function setUpMarkdown() {
+  marked.use({ gfm: true, renderer: { html: (token) => escapeHtml(token.text) } });  // the model's HTML is text
+  DOMPurify.addHook("afterSanitizeAttributes", (node) => {
+    if (node.tagName === "A") { node.setAttribute("target", "_blank"); node.setAttribute("rel", "noopener noreferrer"); }
+  });
+  hljs.configure({ ignoreUnescapedHTML: true });
+}
+function renderMarkdown(text) {
+  const root = document.createElement("div");
+  root.className = "markdown";
+  // no images, forms or styles: the page fetches nothing the model names
+  root.innerHTML = DOMPurify.sanitize(marked.parse(text), {
+    FORBID_TAGS: ["img", "style", "form", "input", "button", "iframe", "video", "audio"], FORBID_ATTR: ["style"] });
+  for (const code of root.querySelectorAll("pre > code")) {
+    hljs.highlightElement(code);
+    const copy = button("Copy", "copy-code", () => copyText(code.textContent, copy));
+    code.parentElement.append(copy);
+  }
+  return root;
+}
+window.renderMarkdown = renderMarkdown;  // for the tests
+
+async function copyText(text, from) {
+  try {
+    await navigator.clipboard.writeText(text);
+  } catch {  // not a secure context (http on another host): the older way
+    const area = document.createElement("textarea");
+    area.value = text; document.body.append(area); area.select(); document.execCommand("copy"); area.remove();
+  }
+  from.textContent = "Copied"; from.dataset.copied = "true";
+  setTimeout(() => { from.textContent = "Copy"; }, 1500);
+}
+
+// ----- the log -----
+function button(label, cls, onClick) {
+  const b = document.createElement("button");
+  b.type = "button"; b.className = cls; b.textContent = label;
+  b.addEventListener("click", onClick);
+  return b;
+}
+function span(cls, text) {
+  const s = document.createElement("span");
+  s.className = cls; s.textContent = text;
+  return s;
+}
+function thoughts(text, open) {  // a reasoning model's thoughts, folded apart (open while it still thinks)
+  const box = document.createElement("details"), title = document.createElement("summary"), body = document.createElement("div");
+  box.className = "thinking"; box.open = open; title.textContent = "Thinking"; body.textContent = text;
+  box.append(title, body);
+  return box;
+}
+function metaText(meta) {
+  if (!meta) return "";
+  const parts = [`${meta.tokens ?? 0} tokens`];
+  if (meta.rate) parts.push(`${meta.rate} tokens/s`);
+  if (meta.cached) parts.push(`${meta.cached} cached`);
+  parts.push(meta.finish);
+  return parts.join(" · ");
+}
+function fill(el, node) {
+  const content = el.querySelector(".content");
+  if (node.role === "user") {
+    content.textContent = node.content;
+  } else {
+    const streaming = answer && answer.node === node;
+    content.replaceChildren(...(node.reasoning ? [thoughts(node.reasoning, streaming && !node.content)] : []),
+                            renderMarkdown(node.content), ...(node.error ? [span("error", node.error)] : []));
+    el.dataset.text = node.content;
+    if (node.meta) el.dataset.finish = node.meta.finish;
+    el.querySelector(".meta").textContent = metaText(node.meta);
+  }
+}
+function messageElement(conv, node) {
+  const el = document.createElement("div"), content = document.createElement("div"), tools = document.createElement("div");
+  el.className = `message ${node.role}`; el.dataset.id = node.id;
+  content.className = "content"; tools.className = "tools";
+  const family = siblings(conv, node);
+  if (family.length > 1) {
+    const at = family.indexOf(node.id);
+    const go = (step) => () => { if (!answer) { conv.leaf = deepest(conv, family[at + step]); renderLog(); persist(conv); } };
+    const prev = button("‹", "branch-prev", go(-1)), next = button("›", "branch-next", go(1));
+    prev.disabled = at === 0; next.disabled = at === family.length - 1;
+    tools.append(prev, span("branch", `${at + 1}/${family.length}`), next);
+  }
+  if (node.role === "user") {
+    tools.append(button("Edit", "edit", () => startEdit(conv, node, el)));
+  } else {
+    tools.append(button("Regenerate", "regenerate", () => { if (!answer) ask(conv, conv.nodes[node.parent]); }),
+                 button("Copy", "copy", (e) => copyText(node.content, e.target)), span("meta", ""));
+  }
+  el.append(content, tools);
+  fill(el, node);
+  return el;
+}
+function renderLog() {
+  log.replaceChildren(...(current && current.leaf ? chain(current, current.leaf).map((n) => messageElement(current, n)) : []));
+  log.scrollTop = log.scrollHeight;
+  if (answer && answer.conv === current) answer.el = log.querySelector(`[data-id="${answer.node.id}"]`);
+}
+function startEdit(conv, node, el) {
+  if (answer) return;
+  const box = document.createElement("textarea");
+  box.className = "edit-box"; box.value = node.content;
+  const save = button("Save & send", "save-edit", () => {
+    if (box.value.trim()) ask(conv, addNode(conv, node.parent, "user", box.value));
+  });
+  el.querySelector(".content").replaceChildren(box);
+  el.querySelector(".tools").replaceChildren(save, button("Cancel", "cancel-edit", renderLog));
+  box.focus();
+}
+
+// ----- the conversation list -----
+function renderList() {
+  const wanted = $("search").value.trim().toLowerCase();
+  const found = conversations.filter((c) => !wanted || c.title.toLowerCase().includes(wanted)
+    || Object.values(c.nodes).some((n) => n.content.toLowerCase().includes(wanted)));
+  $("conversations").replaceChildren(...found.map((conv) => {
+    const li = document.createElement("li");
+    li.className = "conversation"; li.dataset.id = conv.id;
+    li.setAttribute("aria-current", String(conv === current));
+    li.append(button(conv.title, "open", () => open(conv)),
+      button("✎", "rename", () => {
+        const title = prompt("Rename the conversation", conv.title);
+        if (title && title.trim()) { conv.title = title.trim(); persist(conv); }
+      }),
+      button("✕", "delete", async () => {
+        if (answer || !confirm(`Delete "${conv.title}"?`)) return;
+        conversations = conversations.filter((c) => c !== conv);
+        await store("readwrite", (s) => s.delete(conv.id));
+        if (conv === current) open(newConversation()); else renderList();
+      }));
+    li.querySelector(".rename").setAttribute("aria-label", "rename");
+    li.querySelector(".delete").setAttribute("aria-label", "delete");
+    return li;
+  }));
+}
+function open(conv) {
+  if (answer) return;
+  current = conv;
+  document.body.classList.remove("menu-open");
+  renderLog(); renderList();
+}
+
+// ----- settings: the request fields the contract declares (/chat-ui/settings), saved -----
+function savedSettings() {
+  try { return JSON.parse(localStorage.getItem(SETTINGS_KEY)) || {}; } catch { return {}; }
+}
+function saveSettings() {
+  const saved = { system: $("system-prompt").value, model: $("setting-model").value };
+  for (const f of fields) saved[f.name] = $(`setting-${f.name}`).value;
+  localStorage.setItem(SETTINGS_KEY, JSON.stringify(saved));
+  $("model").textContent = saved.model ? `· ${saved.model}` : "";
+}
+function buildSettings(info) {
+  const saved = savedSettings();
+  fields = info.fields;
+  $("fields").replaceChildren(...fields.map((f) => {
+    const label = document.createElement("label"), input = document.createElement(f.type === "list" ? "textarea" : "input");
+    label.title = f.help; label.append(f.name, input);
+    input.id = `setting-${f.name}`;
+    if (f.type === "list") input.placeholder = "one per line";
+    else {
+      input.type = "number";
+      input.step = f.type === "int" ? "1" : "any";
+      if (f.ge !== undefined) input.min = f.ge;
+      if (f.le !== undefined) input.max = f.le;
+      input.placeholder = f.default === null ? "none" : String(f.default);
+    }
+    input.value = saved[f.name] ?? PAGE_DEFAULTS[f.name] ?? "";
+    return label;
+  }));
+  const select = $("setting-model");
+  select.replaceChildren(...info.models.map((id) => new Option(id, id)));
+  select.value = query.get("model") || saved.model || info.models[0];
+  if (!select.value) select.value = info.models[0];
+  $("system-prompt").value = saved.system || "";
+  saveSettings();
+}
+function requestFields() {
+  const request = { model: $("setting-model").value || undefined };
+  for (const f of fields) {
+    const raw = $(`setting-${f.name}`).value.trim();
+    if (!raw) continue;  // the server's default
+    request[f.name] = f.type === "list" ? raw.split("\n").filter((s) => s) : Number(raw);
+  }
+  if (request.temperature > 0) request.do_sample = true;  // 0: greedy
+  return request;
+}
+function history(conv, upTo) {
+  const messages = chain(conv, upTo).filter((n) => n.role === "user" || !n.error)
+    .map((n) => ({ role: n.role, content: n.content })).slice(-MAX_MESSAGES);
+  const system = $("system-prompt").value.trim();
+  return system ? [{ role: "system", content: system }, ...messages] : messages;
+}
+
+// ----- asking, streaming -----
+function setBusy(busy) {
+  $("send").disabled = busy;
+  $("stop").disabled = !busy;
+  document.body.dataset.state = busy ? "generating" : "idle";
+}
+function ask(conv, user) {
+  if (!socket || socket.readyState !== WebSocket.OPEN) return;
+  if (conv.title === "New chat") conv.title = user.content.trim().split("\n")[0].slice(0, 48);
+  const node = addNode(conv, user.id, "assistant", "");
+  answer = { conv, node, el: null, tokens: 0, started: 0, lastId: null };
+  socket.send(JSON.stringify({ type: "history", messages: history(conv, user.parent) }));
+  socket.send(JSON.stringify({ prompt: user.content, ...requestFields() }));
+  setBusy(true);
+  renderLog();
+  persist(conv);
+}
+function rate(a) {
+  const seconds = (performance.now() - a.started) / 1000;
+  return a.tokens > 1 && seconds > 0 ? ((a.tokens - 1) / seconds).toFixed(1) : "";
+}
+function onToken(msg) {
+  if (!answer) return;
+  if (!answer.tokens) answer.started = performance.now();  // the rate counts from the first token
+  answer.tokens += msg.token_ids.length;
+  answer.lastId = msg.id;  // a socket that drops goes on from here
+  answer.node.content += msg.text;
+  answer.node.reasoning += msg.reasoning || "";
+  if (answer.el) fill(answer.el, answer.node);
+  if (answer.conv === current) log.scrollTop = log.scrollHeight;
+  statusLine.textContent = `generating… ${answer.tokens} tokens ${rate(answer) ? rate(answer) + " tokens/s" : ""}`;
+}
+function onEnd(msg) {
+  if (!answer) return setBusy(false);
+  const { node, conv } = answer, speed = rate(answer);
+  node.meta = { finish: msg.finish_reason, tokens: msg.generated_tokens, cached: msg.cached_tokens, rate: speed };
+  answer = null;
+  renderLog();
+  persist(conv);
+  statusLine.textContent = `done: ${msg.finish_reason}, ${msg.generated_tokens} tokens` + (speed ? `, ${speed} tokens/s` : "");
+  setBusy(false);
+}
+function onError(msg) {
+  const text = `error (${msg.error_type}): ${msg.error}`;
+  if (answer) {
+    const { node, conv } = answer;
+    node.error = text; node.meta = { finish: "error", tokens: answer.tokens };
+    answer = null;
+    renderLog();
+    persist(conv);
+  } else {
+    log.append(span("error", text));
+  }
+  statusLine.textContent = "error";
+  setBusy(false);
+}
+function connect() {
+  const scheme = location.protocol === "https:" ? "wss" : "ws";
+  socket = new WebSocket(`${scheme}://${location.host}/chat` + (apiKey ? `?api_key=${encodeURIComponent(apiKey)}` : ""));
+  socket.onopen = () => {
+    statusLine.textContent = "connected";
+    if (answer && answer.lastId) {  // the socket dropped mid-answer: the rest of it, from the last event
+      socket.send(JSON.stringify({ type: "resume", last_event_id: answer.lastId }));
+      setBusy(true);
+    } else {
+      if (answer) onError({ error_type: "connection", error: "the connection dropped before the answer began" });
+      setBusy(false);
+    }
+  };
+  socket.onclose = () => {
+    statusLine.textContent = "disconnected: reconnecting…";
+    $("send").disabled = true; $("stop").disabled = true;
+    setTimeout(connect, 1000);
+  };
+  socket.onmessage = (event) => {
+    const msg = JSON.parse(event.data);
+    if (msg.type === "token") onToken(msg);
+    else if (msg.type === "end") onEnd(msg);
+    else if (msg.type === "error") onError(msg);
+  };
+}
+
+// ----- the controls -----
+function applyTheme(theme) {
+  document.documentElement.dataset.theme = theme;
+  $("hl-dark").disabled = theme !== "dark";
+  $("hl-light").disabled = theme === "dark";
+}
+function wire() {
+  $("form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const text = promptInput.value;
+    if (!text.trim() || answer || !socket || socket.readyState !== WebSocket.OPEN) return;
+    promptInput.value = "";
+    ask(current, addNode(current, current.leaf, "user", text));
+  });
+  promptInput.addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && !event.shiftKey && !event.isComposing) { event.preventDefault(); $("form").requestSubmit(); }
+  });
+  $("stop").addEventListener("click", () => {
+    if (socket && socket.readyState === WebSocket.OPEN) socket.send(JSON.stringify({ type: "stop" }));
+  });
+  $("new-chat").addEventListener("click", () => open(newConversation()));
+  $("search").addEventListener("input", renderList);
+  $("menu").addEventListener("click", () => document.body.classList.toggle("menu-open"));
+  $("settings-toggle").addEventListener("click", () => {
+    const panel = $("settings");
+    panel.hidden = !panel.hidden;
+    $("settings-toggle").setAttribute("aria-expanded", String(!panel.hidden));
+  });
+  $("settings").addEventListener("input", saveSettings);
+  $("settings").addEventListener("change", saveSettings);
+  $("reset-settings").addEventListener("click", () => {
+    for (const f of fields) $(`setting-${f.name}`).value = PAGE_DEFAULTS[f.name] ?? "";
+    $("system-prompt").value = "";
+    saveSettings();
+  });
+  $("theme").addEventListener("click", () => {
+    const theme = document.documentElement.dataset.theme === "dark" ? "light" : "dark";
+    localStorage.setItem(THEME_KEY, theme);
+    applyTheme(theme);
+  });
+  $("export").addEventListener("click", () => {
+    const blob = new Blob([JSON.stringify({ format: "llm-stream-chat", conversations }, null, 1)], { type: "application/json" });
+    const link = document.createElement("a");
+    link.href = URL.createObjectURL(blob); link.download = "conversations.json"; link.click();
+    URL.revokeObjectURL(link.href);
+  });
+  $("import").addEventListener("click", () => $("import-file").click());
+  $("import-file").addEventListener("change", async (event) => {
+    const file = event.target.files[0];
+    if (!file) return;
+    try {
+      const data = JSON.parse(await file.text());
+      const found = (data.conversations || []).filter((c) => c && c.id && c.nodes && Array.isArray(c.roots));
+      for (const conv of found) {
+        conversations = conversations.filter((c) => c.id !== conv.id);
+        await persist(conv);
+      }
+      statusLine.textContent = `imported ${found.length} conversations`;
+    } catch (error) {
+      statusLine.textContent = `import: ${error.message}`;
+    }
+    event.target.value = "";
+  });
+}
+
+async function start() {
+  applyTheme(localStorage.getItem(THEME_KEY) || (matchMedia("(prefers-color-scheme: dark)").matches ? "dark" : "light"));
+  setUpMarkdown();
+  wire();
+  database = await openDatabase();
+  conversations = (await store("readonly", (s) => s.getAll())).sort((a, b) => b.updated - a.updated);
+  open(newConversation());
+  fetch("/chat-ui/settings", apiKey ? { headers: { Authorization: `Bearer ${apiKey}` } } : {})
+    .then((r) => r.json()).then(buildSettings).catch(() => {});
+  connect();
+}
+start();
