@@ -144,7 +144,7 @@ async def serve(protocol: Protocol, backend: Upstream, request: Request) -> Resp
         await docs.close()
         return protocol.refusal(parsed.as_sent(first))
     stored = streams().start(request.url.path, docs, protocol.events(parsed, docs, info), parsed.background,
-                             background=parsed.background is not None)
+                             background=parsed.background is not None, context=parsed.request)
     accepted = protocol.accepted(parsed, info) if parsed.background else None
     if accepted is not None:
         return accepted

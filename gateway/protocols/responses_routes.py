@@ -5,11 +5,11 @@ openai SDK's `responses`, the openai-agents SDK and Codex.
 `instructions` become the engine's conversation; `tools` (function tools) and `tool_choice` its
 tools; `text.format` (json_schema, json_object) its structured output; `max_output_tokens`,
 `temperature`, `top_p` its fields. `background: true` answers at once and generates on; such a
-response is kept for GET, cancel and DELETE (responses_stored.py). Nothing else is kept: `store:
-true` without `background` and `previous_response_id` are refused naming the field (a client sends
-the conversation each time, as agents do with `store: false`), and so are the other fields that
-would change an answer and are not served, and any field that FIELDS (which docs/api.md's table
-follows) does not name.
+response is kept for GET, cancel and DELETE (responses_stored.py), and a later request may go on
+from it with `previous_response_id`. Nothing else is kept: `store: true` without `background` is
+refused naming the field (a client sends the conversation each time, as agents do with `store:
+false`), and so are the other fields that would change an answer and are not served, and any
+field that FIELDS (which docs/api.md's table follows) does not name.
 """
 import time
 import uuid
@@ -37,16 +37,16 @@ from gateway.mapping.inputs import BadRequest, Number, parse_body, prompt_docume
 from gateway.mapping.protocol import Parsed, Upstream, kind, serve, sse
 from gateway.mapping.structured_output import response_format
 from gateway.protocols.openai_routes import OpenAI
-from gateway.protocols.responses_stored import add_stored_routes
+from gateway.protocols.responses_stored import add_stored_routes, earlier_items
 from schemas import ModelOutputDocument
 
 # every top-level field of a Responses request (docs/api.md's table is checked against it)
 FIELDS = ApiFields("OpenAI's Responses API", (
     *served("model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools", "tool_choice",
-            "parallel_tool_calls", "text", "stream", "reasoning", "background", "store"),
+            "parallel_tool_calls", "text", "stream", "reasoning", "background", "store", "previous_response_id"),
     *no_effect("metadata", "user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
                "prompt_cache_options", "stream_options"),
-    refused("previous_response_id"), refused("conversation"), refused("background_options"), refused("include", []),
+    refused("conversation"), refused("background_options"), refused("include", []),
     refused("prompt"),
     refused("max_tool_calls"), refused("top_logprobs", 0), refused("service_tier", "auto", "default"),
     refused("truncation", "auto"),  # the oldest turns are dropped to fit, always
@@ -70,6 +70,7 @@ class ResponsesRequest(BaseModel):
     stream: Optional[bool] = False
     background: Optional[StrictBool] = None
     store: Optional[StrictBool] = None
+    previous_response_id: Optional[StrictStr] = None
     metadata: Optional[dict[str, Any]] = None
     user: Optional[StrictStr] = None
     safety_identifier: Optional[StrictStr] = None
@@ -92,11 +93,17 @@ def kept(req: Any) -> bool:
     return False
 
 
-def conversation(req: Any) -> list[dict[str, Any]]:
+def input_items(req: Any) -> list[dict[str, Any]]:
+    """The request's input as items, after those of the response it goes on from (its input and
+    its output; not its instructions, as OpenAI's API has it)."""
+    items = [{"role": "user", "content": req.input}] if isinstance(req.input, str) else list(req.input)
+    return (earlier_items(req.previous_response_id) if req.previous_response_id is not None else []) + items
+
+
+def conversation(instructions: Optional[str], items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     talk = Conversation()
-    talk.system(req.instructions or "")
-    items = [{"role": "user", "content": req.input}] if isinstance(req.input, str) else req.input
-    pending: list[tuple[str, str, Any]] = []  # an assistant's calls, joined into its turn
+    talk.system(instructions or "")
+    pending: list[tuple[str, Any, Any]] = []  # an assistant's calls, joined into its turn
     for i, item in enumerate(items):
         kind_ = item.get("type", "message")
         if kind_ == "reasoning":  # past thoughts go no further, as reasoning models' templates drop them
@@ -192,6 +199,7 @@ def reasoning(req: Any) -> dict[str, Any]:
 @dataclass
 class ResponseContext:
     req: Any
+    items: list[dict[str, Any]]  # the conversation's items: earlier responses', then this input
     id: str = field(default_factory=lambda: "resp_" + uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
     sequence: int = 0
@@ -215,8 +223,9 @@ class Responses(OpenAI):
         fields.update({k: getattr(req, k) for k in ("temperature", "top_p") if getattr(req, k) is not None})
         sent_as = {"max_tokens": "max_output_tokens", "json_schema": "text", "json_object": "text"}
         background = kept(req)
-        context = ResponseContext(req)
-        return Parsed(prompt_document(messages=conversation(req), **fields), bool(req.stream) or background,
+        context = ResponseContext(req, input_items(req))
+        return Parsed(prompt_document(messages=conversation(req.instructions, context.items), **fields),
+                      bool(req.stream) or background,
                       context, sent_as, background=context.id if background else None)
 
     def accepted(self, parsed: Parsed, info: Optional[ServerInfo]) -> Optional[Response]:
@@ -235,7 +244,7 @@ class Responses(OpenAI):
                 "model": info.model_id, "output": output, "error": None,
                 "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
                 "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
-                "parallel_tool_calls": req.parallel_tool_calls is not False, "previous_response_id": None,
+                "parallel_tool_calls": req.parallel_tool_calls is not False, "previous_response_id": req.previous_response_id,
                 "store": bool(req.background), "background": bool(req.background), "temperature": req.temperature, "top_p": req.top_p, "tool_choice": req.tool_choice or
                 "auto", "tools": req.tools or [], "text": req.text or {"format": {"type": "text"}},
                 "truncation": "auto", "metadata": req.metadata or {}, "user": req.user,

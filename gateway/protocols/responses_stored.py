@@ -1,7 +1,8 @@
 """OpenAI's Responses API, for the responses this gateway keeps: `background: true` (with
 `store: true`) answers at once with the response's id, and the answer is generated on whoever
 reads it; then `GET /v1/responses/{id}` (a snapshot, or with `stream=true&starting_after=N` the
-events after sequence number N), `POST /v1/responses/{id}/cancel` and `DELETE /v1/responses/{id}`.
+events after sequence number N), `POST /v1/responses/{id}/cancel` and `DELETE /v1/responses/{id}`;
+and a request's `previous_response_id`, which goes on from a kept response's conversation.
 
 The events are the stream store's (gateway/edge/resumable.py), kept within its bounds: a response
 is gone LLM_RESUME_SECONDS after it ended. An event's sequence number is its place in the stream,
@@ -16,6 +17,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from contract import ErrorKind
 from gateway.edge.backend import error_doc
 from gateway.edge.resumable import StoredStream, streams
+from gateway.mapping.inputs import BadRequest
 from gateway.mapping.protocol import SSE, SSE_HEADERS
 from gateway.protocols.openai_routes import OpenAI
 
@@ -40,6 +42,18 @@ async def _stop(response_id: str) -> Union[StoredStream, Response]:
         return _missing(response_id)
     await streams().cancel(stored)
     return stored
+
+
+def earlier_items(response_id: str) -> list[dict[str, Any]]:
+    """The items a response with `previous_response_id` goes on from: the kept response's input
+    items (its own earlier ones first), then its output."""
+    stored = _stored(response_id)
+    if stored is None:
+        raise BadRequest(f"previous_response_id: no response {response_id!r} is kept here (background responses "
+                         f"are kept, LLM_RESUME_SECONDS after they end)", "previous_response_id")
+    if not stored.done:
+        raise BadRequest(f"previous_response_id: {response_id!r} is still in progress", "previous_response_id")
+    return list(stored.context.items) + list(snapshot(stored).get("output", []))
 
 
 def snapshot(stored: StoredStream) -> dict[str, Any]:

@@ -110,6 +110,19 @@ def test_a_background_response_generates_on_and_is_read_from_any_point(slow_flow
         time.sleep(0.2)
     assert kept.status == whole.status and kept.output_text == whole.output_text and len(whole.output_text) > 10
     assert kept.usage.output_tokens == whole.usage.output_tokens
+    # a later request goes on from the kept one: its conversation, then the new input
+    follow = {"model": model, "input": "and then?", "max_output_tokens": 8, "temperature": 0}
+    went_on = client.responses.create(**follow, previous_response_id=started.id)
+    spelled_out = client.responses.create(**{**follow, "input": [
+        {"role": "user", "content": "hello"}, {"role": "assistant", "content": whole.output_text},
+        {"role": "user", "content": "and then?"}]})
+    assert went_on.previous_response_id == started.id
+    assert went_on.output_text == spelled_out.output_text
+    assert went_on.usage.input_tokens == spelled_out.usage.input_tokens > whole.usage.input_tokens + 10
+    for unknown in ("resp_nothing", whole.id):  # never kept, or not in the background
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.responses.create(**follow, previous_response_id=unknown)
+        assert refused.value.body["param"] == "previous_response_id"
     after = list(client.responses.retrieve(started.id, stream=True, starting_after=3))
     assert [e.sequence_number for e in after] == list(range(4, 4 + len(after)))
     assert after[-1].type == f"response.{whole.status}"
