@@ -1,7 +1,7 @@
 """Several replicas behind one gateway (testing/fleet.py: the multi-host shape on one machine): the
 router keeps a conversation where its prefix is cached and spreads the rest, every replica is in
 /metrics, /stats and /info, a stream whose replica dies goes on elsewhere with the very bytes it
-would have had, and a rolling restart under load fails no request."""
+would have had (a kept background response too), and a rolling restart under load fails no request."""
 import asyncio
 import json
 import signal
@@ -179,3 +179,30 @@ def test_a_rolling_restart_under_load_fails_no_request(fleet):
         for thread in clients:
             thread.join(120)
     assert len(outcomes) >= 6 and all(o is True for o in outcomes), outcomes
+
+
+def test_a_background_response_is_kept_whichever_replica_makes_it_and_survives_it(fleet):
+    """The gateway keeps a background response (its stream store), whichever replica the router
+    gave it; when that replica dies mid-answer, the migration finishes it with the very text and
+    usage of an unbroken run."""
+    base = f"http://127.0.0.1:{fleet.http_port}/v1/responses"
+    ask = {"input": "the cat sat on the mat and the dog", "max_output_tokens": 600, "temperature": 0}
+    migrations = fleet.stats()["router"]["migrations"]
+    started = requests.post(base, json={**ask, "background": True}, timeout=60).json()
+    deadline = time.monotonic() + 30
+    while not any(r["streams"] for r in fleet.stats()["replicas"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    killed = serving(fleet)
+    fleet.signal(killed, signal.SIGKILL)
+    try:
+        deadline = time.monotonic() + 120
+        while (kept := requests.get(f"{base}/{started['id']}", timeout=30).json())["status"] == "in_progress":
+            assert time.monotonic() < deadline, kept
+            time.sleep(0.2)
+        unbroken = requests.post(base, json=ask, timeout=120).json()
+        assert kept["status"] == unbroken["status"] and kept["output"][0]["content"][0]["text"] \
+            == unbroken["output"][0]["content"][0]["text"]
+        assert kept["usage"]["output_tokens"] == unbroken["usage"]["output_tokens"] > 20
+        assert fleet.stats()["router"]["migrations"] > migrations  # it was cut mid-answer, and went on
+    finally:
+        rejoin(fleet, killed)
