@@ -110,6 +110,28 @@ def test_a_reload_finds_the_conversation(page):
 
 
 @needs_chromium
+def test_conversations_are_renamed_deleted_exported_and_imported(page, tmp_path):
+    from playwright.sync_api import expect
+    fruits = page.locator(".conversation", has_text="List three fruits.")
+    page.once("dialog", lambda dialog: dialog.accept("Fruit talk"))
+    fruits.locator(".rename").click()
+    renamed = page.locator(".conversation", has_text="Fruit talk")
+    expect(renamed).to_have_count(1)
+    with page.expect_download() as download:
+        page.click("#export")
+    exported = tmp_path / "conversations.json"
+    download.value.save_as(exported)
+    count = page.locator(".conversation").count()
+    page.once("dialog", lambda dialog: dialog.accept())
+    renamed.locator(".delete").click()
+    expect(page.locator(".conversation")).to_have_count(count - 1)
+    page.set_input_files("#import-file", str(exported))
+    expect(page.locator(".conversation")).to_have_count(count)
+    page.locator(".conversation .open", has_text="Fruit talk").click()
+    expect(page.locator(".message.user .content").first).to_have_text("List three fruits.")
+
+
+@needs_chromium
 def test_edit_and_regenerate_make_branches(page, real_flow):
     from playwright.sync_api import expect
     page.click("#new-chat")
