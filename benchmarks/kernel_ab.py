@@ -54,7 +54,7 @@ def compile_rev(rev: str, folder: Path, flags: tuple[str, ...] = ()) -> ctypes.C
         (folder / name).write_text(text)
         sources += [folder / name] if name.endswith(".c") else []
     build.compile_into(build.find_compiler(), folder / "kernels.so", tuple(sources), flags)
-    return build.bind(ctypes.CDLL(str(folder / "kernels.so")), missing_ok=True)
+    return build.bind(ctypes.CDLL(str(folder / "kernels.so")), missing_ok=True, path=folder / "kernels.h")
 
 
 def int4_case(rows: int) -> Case:
@@ -108,12 +108,14 @@ def attention_case(steps: list[list[tuple[int, int]]]) -> Case:
 
     def run(lib: ctypes.CDLL) -> list[torch.Tensor]:
         outs = []
+        # a side's kernels from before the scores' cap (softcap) take one argument fewer
+        capped = (0.0,) if len(lib.paged_attention.argtypes) == 20 else ()
         for q, starts, q_lens, ctx, tables in calls:
             outs.append(torch.empty(q.shape[0], HEADS, DIM))
             assert lib.paged_attention(q.data_ptr(), HEADS * DIM, DIM, k_pool.data_ptr(), v_pool.data_ptr(),
                                        outs[-1].data_ptr(), starts.data_ptr(), q_lens.data_ptr(), ctx.data_ptr(),
                                        tables.data_ptr(), tables.shape[1], tables.shape[0], HEADS, KV_HEADS, DIM,
-                                       BLOCK, 0, DIM ** -0.5, torch.get_num_threads()) == 0
+                                       BLOCK, 0, DIM ** -0.5, *capped, torch.get_num_threads()) == 0
         return outs
     return run
 

@@ -64,9 +64,10 @@ def _ctype(declaration: str, structs: dict[str, type]) -> Any:
     return structs[base] if base in structs else SCALARS[base]
 
 
-def header() -> tuple[dict[str, type], dict[str, tuple[Any, list[Any]]]]:
-    """kernels.h as ctypes: its structures (name -> Structure) and functions (name -> (result, params))."""
-    text = _COMMENT.sub("", HEADER.read_text())
+def header(path: Path = HEADER) -> tuple[dict[str, type], dict[str, tuple[Any, list[Any]]]]:
+    """kernels.h (this one, or another commit's) as ctypes: its structures (name -> Structure) and
+    functions (name -> (result, params))."""
+    text = _COMMENT.sub("", path.read_text())
     structs: dict[str, type] = {}
     for match in _STRUCT.finditer(text):
         fields: list[tuple[str, Any]] = []
@@ -111,10 +112,10 @@ def find_compiler() -> str:
     return compiler
 
 
-def bind(library: ctypes.CDLL, missing_ok: bool = False) -> ctypes.CDLL:
-    """kernels.h's signatures on the library's functions (those it has, where `missing_ok`:
-    another commit's kernels, benchmarks/kernel_ab.py)."""
-    for name, (result, params) in FUNCTIONS.items():
+def bind(library: ctypes.CDLL, missing_ok: bool = False, path: Path = HEADER) -> ctypes.CDLL:
+    """A header's signatures on the library's functions (those it has, where `missing_ok`:
+    another commit's kernels, bound from that commit's header: benchmarks/kernel_ab.py)."""
+    for name, (result, params) in (FUNCTIONS if path == HEADER else header(path)[1]).items():
         function = getattr(library, name, None) if missing_ok else getattr(library, name)
         if function is not None:
             function.restype, function.argtypes = result, params

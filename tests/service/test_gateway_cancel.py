@@ -18,11 +18,11 @@ import websockets
 from client import StreamError, generate
 from testing.flows import start_flow
 from tests.gateway_helpers import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
     busy,
+    chat_page,
     executor_process,
     needs_chromium,
+    set_fields,
     sse_data,
     stats,
     wait_until,
@@ -196,29 +196,23 @@ async def test_grpc_refusals_are_status_codes(limited_flow):
 
 @needs_chromium
 def test_browser_page_streams_and_stops(limited_flow):
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
     _, http_port, _ = limited_flow
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            before = aborted(http_port)
-            page = browser.new_page()
-            page.goto(f"{base(http_port)}/chat-ui")
-            expect(page.locator("#status")).to_have_text("connected", timeout=15000)
-            page.fill("#max-tokens", str(LONG))
-            page.fill("#prompt", "tell me a long story")
-            page.click("#send")
-            answer = page.locator(".assistant").last
-            expect(answer).not_to_have_text("", timeout=15000)  # tokens arrive...
-            expect(page.locator("body")).to_have_attribute("data-state", "generating")  # ...before the end
-            assert busy(stats(http_port)) == 1
-            page.click("#stop")
-            expect(page.locator("body")).to_have_attribute("data-state", "idle", timeout=10000)
-            expect(answer).to_have_attribute("data-finish", "cancelled")
-            expect(page.locator("#status")).to_contain_text("cancelled")
-            assert_freed(http_port, before)
-        finally:
-            browser.close()
+    before = aborted(http_port)
+    with chat_page(f"{base(http_port)}/chat-ui") as page:
+        set_fields(page, max_tokens=LONG)
+        page.fill("#prompt", "tell me a long story")
+        page.click("#send")
+        answer = page.locator(".message.assistant").last
+        page.wait_for_function("() => document.querySelector('.message.assistant:last-child')?.dataset.text",
+                               timeout=15000)  # tokens arrive...
+        expect(page.locator("body")).to_have_attribute("data-state", "generating")  # ...before the end
+        assert busy(stats(http_port)) == 1
+        page.click("#stop")
+        expect(page.locator("body")).to_have_attribute("data-state", "idle", timeout=10000)
+        expect(answer).to_have_attribute("data-finish", "cancelled")
+        expect(page.locator("#status")).to_contain_text("cancelled")
+        assert_freed(http_port, before)
 
 
 def test_executor_failure_mid_stream_sends_an_error_event(limited_flow):
