@@ -69,7 +69,8 @@ function deepest(conv, id) {
 // ----- markdown, safely -----
 const escapeHtml = (s) => s.replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
 function setUpMarkdown() {
-  marked.use({ gfm: true, renderer: { html: (token) => escapeHtml(token.text) } });  // the model's HTML is text
+  // the model's HTML is text; a single newline breaks the line, as chat answers mean it
+  marked.use({ gfm: true, breaks: true, renderer: { html: (token) => escapeHtml(token.text) } });
   DOMPurify.addHook("afterSanitizeAttributes", (node) => {
     if (node.tagName === "A") { node.setAttribute("target", "_blank"); node.setAttribute("rel", "noopener noreferrer"); }
   });
