@@ -19,12 +19,17 @@ typedef struct {
     int64_t width, outputs;
 } Int4;
 
-/* one Llama decoder layer, built once (fast_layers.py) */
+/* one Llama-shaped decoder layer, built once (fast_layers.py), with the features of its kin, each
+ * off where its pointer is NULL (or its number 0) */
 typedef struct {
     Int4 qkv, o, gate_up, down;  /* q, k, v end to end; gate, up end to end */
     const float *norm_in, *norm_post;  /* [hidden] */
     float eps_in, eps_post, scale;
     int64_t hidden, heads, kv_heads, dim, inter;
+    const float *qkv_bias;  /* [q, k, v outputs]: added after the product (Qwen2) */
+    const float *q_norm, *k_norm;  /* [dim]: each head's RMSNorm, before the rotation (Qwen3) */
+    float eps_qk;
+    int64_t window;  /* a sliding window, in keys (Mistral, Qwen2's and Qwen3's sliding layers) */
 } LlamaLayer;
 
 /* one step, built once for all layers (paged_attention.py's PagedStep) */

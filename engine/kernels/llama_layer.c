@@ -10,6 +10,10 @@
  *   y = rms_norm(x) ; q, k, v = y Wqkv ; rotate q and k ; write k, v to the pool ;
  *   a = attention(q) ; h = x + a Wo ; z = rms_norm(h) ; g, u = z Wgu ; out = h + (silu(g) u) Wd
  *
+ * and, where the layer has them, its kin's features: a bias after the q, k, v product (Qwen2),
+ * each head's RMSNorm of q and k before the rotation (Qwen3), a sliding window (Mistral, and
+ * Qwen's sliding layers).
+ *
  * Every token's numbers come from its own values with the same instructions whatever the other
  * tokens are (the matmuls and attention promise the same), so a row is bit for bit the same
  * alone, batched, chunked or after cached keys. They are also PyTorch's numbers for the same
@@ -127,17 +131,22 @@ int llama_layer(const LlamaLayer *layer, const LlamaStep *step, const float *cos
     #pragma omp parallel for schedule(static) num_threads(threads) if (wide)
     for (int64_t t = 0; t < n; t++) {
         float *row = qkv + t * qkv_width;
+        if (layer->qkv_bias)
+            for (int64_t i = 0; i < qkv_width; i++) row[i] += layer->qkv_bias[i];
+        if (layer->q_norm) rms_norm_rows(row, layer->q_norm, row, heads, dim, layer->eps_qk);  /* in place */
+        if (layer->k_norm)
+            rms_norm_rows(row + q_width, layer->k_norm, row + q_width, layer->kv_heads, dim, layer->eps_qk);
         for (int64_t h = 0; h < heads + layer->kv_heads; h++) rotate(row + h * dim, cos + t * dim, sin + t * dim, dim);
         write_kv(row + q_width, row + q_width + kv_width, step->slots[t], k_pool, v_pool, kv_half,
                  layer->kv_heads, dim, step->block);
     }
     status = kv_half ? paged_attention_f16(qkv, qkv_width, dim, k_pool, v_pool, attended, step->q_starts,
                                            step->q_lens, step->ctx_lens, step->tables, step->table_width,
-                                           step->sequences, heads, layer->kv_heads, dim, step->block, 0,
-                                           layer->scale, 0.0f, threads)
+                                           step->sequences, heads, layer->kv_heads, dim, step->block,
+                                           layer->window, layer->scale, 0.0f, threads)
                      : paged_attention(qkv, qkv_width, dim, k_pool, v_pool, attended, step->q_starts, step->q_lens,
                                        step->ctx_lens, step->tables, step->table_width, step->sequences, heads,
-                                       layer->kv_heads, dim, step->block, 0, layer->scale, 0.0f, threads);
+                                       layer->kv_heads, dim, step->block, layer->window, layer->scale, 0.0f, threads);
     if (status || (status = matmul(&layer->o, attended, sum, n, threads))) goto done;
     #pragma omp parallel for schedule(static) num_threads(threads) if (wide)
     for (int64_t t = 0; t < n; t++) {

@@ -199,16 +199,30 @@ class LlamaLayerSizes:
     scale: float  # the attention's
 
 
+@dataclass(frozen=True)
+class LlamaKin:
+    """What a Llama-shaped layer of another family adds (None, 0: not this one's)."""
+
+    qkv_bias: Optional[torch.Tensor] = None  # [q, k, v outputs] (Qwen2)
+    qk_norms: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # [dim] each (Qwen3)
+    eps_qk: float = 0.0
+    window: int = 0  # a sliding window in keys
+
+
 def llama_layer_args(qkv: Int4Weights, o: Int4Weights, gate_up: Int4Weights, down: Int4Weights,
                      norms: tuple[torch.Tensor, torch.Tensor], eps: tuple[float, float],
-                     sizes: LlamaLayerSizes) -> Optional[Struct]:
-    """A layer for `llama_layer`, or None where it does not run here. The norms' weights must
-    stay where they are (the caller keeps them), as the int4 buffers do."""
-    if library() is None or not _cpu_fp32(*norms) or not all(t.is_contiguous() for t in norms):
+                     sizes: LlamaLayerSizes, kin: LlamaKin = LlamaKin()) -> Optional[Struct]:
+    """A layer for `llama_layer`, or None where it does not run here. The norms' weights (and the
+    kin's tensors) must stay where they are (the caller keeps them), as the int4 buffers do."""
+    extra = [t for t in (kin.qkv_bias, *(kin.qk_norms or ())) if t is not None]
+    if library() is None or not _cpu_fp32(*norms, *extra) or not all(t.is_contiguous() for t in (*norms, *extra)):
         return None
     parts = [_Int4(w.packed, w.scale, w.low, w.width, w.outputs) for w in (qkv, o, gate_up, down)]
+    q_norm, k_norm = kin.qk_norms or (None, None)
+    pointer = (lambda t: None if t is None else t.data_ptr())
     return LlamaLayer(*parts, norms[0].data_ptr(), norms[1].data_ptr(), eps[0], eps[1], sizes.scale, sizes.hidden,
-                      sizes.heads, sizes.kv_heads, sizes.dim, sizes.inter)
+                      sizes.heads, sizes.kv_heads, sizes.dim, sizes.inter, pointer(kin.qkv_bias), pointer(q_norm),
+                      pointer(k_norm), kin.eps_qk, kin.window)
 
 
 def llama_step(slots: torch.Tensor, c_args: tuple[torch.Tensor, ...], block: int) -> Struct:

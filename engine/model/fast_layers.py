@@ -36,11 +36,22 @@ from transformers.models.llama.modeling_llama import (
     LlamaRMSNorm,
     apply_rotary_pos_emb,
 )
+from transformers.models.mistral import modeling_mistral as mistral
+from transformers.models.qwen2 import modeling_qwen2 as qwen2
+from transformers.models.qwen3 import modeling_qwen3 as qwen3
 
 from ..kernels import native
 from ..kernels.table import Op, choose
 from .int4 import Int4Linear
 from .paged_attention import PagedStep, paged_attention
+
+# Llama's kin: the same decoder layer, with features that llama_layer.c has too (native.LlamaKin):
+# Qwen2's q, k, v biases, Qwen3's q and k norms, Mistral's (and Qwen's sliding layers') window
+LAYERS = (LlamaDecoderLayer, mistral.MistralDecoderLayer, qwen2.Qwen2DecoderLayer, qwen3.Qwen3DecoderLayer)
+NORMS = (LlamaRMSNorm, mistral.MistralRMSNorm, qwen2.Qwen2RMSNorm, qwen3.Qwen3RMSNorm)  # the same arithmetic
+STACKS = {LlamaForCausalLM: LlamaModel, mistral.MistralForCausalLM: mistral.MistralModel,
+          qwen2.Qwen2ForCausalLM: qwen2.Qwen2Model, qwen3.Qwen3ForCausalLM: qwen3.Qwen3Model}
+QKV = ("q_proj", "k_proj", "v_proj")
 
 
 @dataclass(frozen=True)
@@ -50,6 +61,7 @@ class Joined:
     weights: native.Int4Weights
     buffers: tuple[torch.Tensor, ...]  # what `weights` points at, kept alive here
     widths: list[int]  # each layer's outputs, in order
+    bias: Optional[torch.Tensor] = None  # the layers' biases end to end (each has one, or none has)
 
 
 def _joined(layers: list[Int4Linear]) -> Joined:
@@ -64,7 +76,8 @@ def _joined(layers: list[Int4Linear]) -> Joined:
             setattr(layer, name, joined[start:start + groups])
         layer.weights = native.int4_weights(layer.packed, layer.scale, layer.low)
         start += groups
-    return Joined(native.int4_weights(*buffers), buffers, [layer.out_features for layer in layers])
+    bias = torch.cat([layer.bias.detach() for layer in layers]) if layers[0].bias is not None else None
+    return Joined(native.int4_weights(*buffers), buffers, [layer.out_features for layer in layers], bias)
 
 
 def _int4(x: torch.Tensor, weights: native.Int4Weights) -> torch.Tensor:
@@ -72,11 +85,29 @@ def _int4(x: torch.Tensor, weights: native.Int4Weights) -> torch.Tensor:
 
 
 def _fits(layer: nn.Module) -> bool:
-    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-    if type(layer) is not LlamaDecoderLayer or attn is None or mlp is None:
-        return False
-    projections = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
-    return all(isinstance(p, Int4Linear) and p.c_kernel and not p.wide and p.bias is None for p in projections)
+    return type(layer) in LAYERS and _misfit(layer) is None
+
+
+def _misfit(layer: Any) -> Optional[str]:
+    """What keeps a layer of Llama's shape out of llama_layer.c (None: nothing)."""
+    attn, mlp = layer.self_attn, layer.mlp
+    for name in (*QKV, "o_proj", "gate_proj", "up_proj", "down_proj"):
+        p = getattr(attn, name, None) or getattr(mlp, name, None)
+        if not isinstance(p, Int4Linear) or not p.c_kernel:
+            return f"its {name} is {type(p).__name__}, not int4 with fp16 scales (Q4_0, Q4_1)"
+        if p.wide:
+            return f"its {name} has fp32 scales (Q4_K)"
+        if p.bias is not None and name not in QKV:
+            return f"its {name} has a bias"
+    if len({getattr(attn, name).bias is None for name in QKV}) > 1:
+        return "some of its q, k and v have a bias, not all"
+    return None
+
+
+def _window(attn: Any) -> int:
+    """The attention's sliding window in keys (0: none), as the model's forward passes it."""
+    window = attn.sliding_window if hasattr(attn, "sliding_window") else getattr(attn.config, "sliding_window", None)
+    return int(window or 0)
 
 
 class NativeRMSNorm(LlamaRMSNorm):
@@ -102,16 +133,10 @@ def outside(model: nn.Module) -> Optional[str]:
     layer = next((m for m in model.modules() if hasattr(m, "self_attn") and hasattr(m, "mlp")), None)
     if layer is None or _fits(layer):
         return None
-    if type(layer) is not LlamaDecoderLayer:
-        return f"{type(layer).__name__} is not Llama's layer shape, which is the only one in C so far"
-    attn, mlp = layer.self_attn, layer.mlp
-    for name in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"):
-        p = getattr(attn, name, None) or getattr(mlp, name, None)
-        if not isinstance(p, Int4Linear) or not p.c_kernel:
-            return f"its {name} is {type(p).__name__}, not int4 with fp16 scales (Q4_0, Q4_1)"
-        if p.wide or p.bias is not None:
-            return f"its {name} has " + ("fp32 scales (Q4_K)" if p.wide else "a bias")
-    return "its layers do not fit llama_layer.c"
+    if type(layer) not in LAYERS:
+        return (f"{type(layer).__name__} is not a layer of Llama's shape (Llama, Mistral, Qwen2, Qwen3), the only "
+                f"ones in C so far")
+    return _misfit(layer) or "its layers do not fit llama_layer.c"
 
 
 def native_ops(model: nn.Module) -> list[Any]:
@@ -121,8 +146,8 @@ def native_ops(model: nn.Module) -> list[Any]:
     layers: list[Any] = [module for module in model.modules() if _fits(module)]
     if layers and choose(Op.DECODER_LAYERS, "int4").c:
         for module in model.modules():
-            if type(module) is LlamaRMSNorm:
-                module.__class__ = NativeRMSNorm  # the same parameters, another forward
+            if type(module) in NORMS:
+                module.__class__ = NativeRMSNorm  # the same parameters and arithmetic, another forward
         for layer in layers:
             if type(layer.mlp.act_fn) is SiLUActivation:
                 layer.mlp.act_fn = NativeSiLU()
@@ -145,12 +170,13 @@ def install(model: nn.Module) -> int:
 
 def _stack(model: nn.Module) -> Optional[Any]:
     """All decoder layers for one llama_layers call per step, where every one runs in C and
-    transformers' Llama is around them (embeddings, rotary embedding, final norm, output layer)."""
+    transformers' Llama (or its kin) is around them (embeddings, rotary embedding, final norm,
+    output layer)."""
     decoder = getattr(model, "model", None)
-    if type(model) is not LlamaForCausalLM or type(decoder) is not LlamaModel:
+    if type(model) not in STACKS or type(decoder) is not STACKS[type(model)]:
         return None
     layers: list[Any] = list(cast(Any, decoder).layers)
-    if len(layers) != model.config.num_hidden_layers or any(getattr(x, "lean_native", None) is None for x in layers):
+    if len(layers) != cast(Any, model).config.num_hidden_layers or any(getattr(x, "lean_native", None) is None for x in layers):
         return None
     return native.llama_stack([layer.lean_native for layer in layers])
 
@@ -179,15 +205,19 @@ def forward(model: nn.Module, ids: torch.Tensor, positions: torch.Tensor, step: 
 def _native(layer: Any) -> Optional[native.Struct]:
     """The layer for llama_layer.c, where it runs."""
     attn, mlp, norms = layer.self_attn, layer.mlp, (layer.input_layernorm, layer.post_attention_layernorm)
-    if (type(mlp.act_fn) is not NativeSiLU or any(type(n) is not NativeRMSNorm for n in norms)
-            or getattr(attn, "sliding_window", None) is not None):  # llama_layer.c attends without a window
+    qk_norms: tuple[Any, Any] = (getattr(attn, "q_norm", None), getattr(attn, "k_norm", None))
+    if (type(mlp.act_fn) is not NativeSiLU
+            or any(type(n) is not NativeRMSNorm for n in (*norms, *(n for n in qk_norms if n is not None)))):
         return None
     config = attn.config
     sizes = native.LlamaLayerSizes(config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
                                    attn.head_dim, mlp.intermediate_size, attn.scaling)
+    q_norm, k_norm = qk_norms
+    kin = native.LlamaKin(layer.lean_qkv.bias, None if q_norm is None else (q_norm.weight, k_norm.weight),
+                          0.0 if q_norm is None else q_norm.variance_epsilon, _window(attn))
     return native.llama_layer_args(layer.lean_qkv.weights, attn.o_proj.weights, layer.lean_gate_up.weights,
                                    mlp.down_proj.weights, (norms[0].weight, norms[1].weight),
-                                   (norms[0].variance_epsilon, norms[1].variance_epsilon), sizes)
+                                   (norms[0].variance_epsilon, norms[1].variance_epsilon), sizes, kin)
 
 
 def _forward(self: LlamaDecoderLayer, hidden_states: torch.Tensor, *args: Any,
@@ -206,10 +236,16 @@ def _forward(self: LlamaDecoderLayer, hidden_states: torch.Tensor, *args: Any,
             return out
     attn, mlp, qkv, gate_up = self.self_attn, self.mlp, cast(Joined, lean.lean_qkv), cast(Joined, lean.lean_gate_up)
     shape = hidden_states.shape[:-1]
-    q, k, v = _int4(self.input_layernorm.forward(hidden_states), qkv.weights).split(qkv.widths, dim=-1)
-    q, k, v = (t.view(*shape, -1, attn.head_dim).transpose(1, 2) for t in (q, k, v))
+    joined = _int4(self.input_layernorm.forward(hidden_states), qkv.weights)
+    q, k, v = (joined if qkv.bias is None else joined + qkv.bias).split(qkv.widths, dim=-1)
+    q, k, v = (t.view(*shape, -1, attn.head_dim) for t in (q, k, v))
+    norms: Any = (getattr(attn, "q_norm", None), getattr(attn, "k_norm", None))
+    if norms[0] is not None:
+        q, k = norms[0].forward(q), norms[1].forward(k)
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     q, k = apply_rotary_pos_emb(q, k, *position_embeddings)
-    out, _ = paged_attention(attn, q, k, v, None, scaling=attn.scaling, paged=paged)
+    out, _ = paged_attention(attn, q, k, v, None, scaling=attn.scaling, paged=paged,
+                             sliding_window=_window(attn) or None)
     hidden_states = hidden_states + attn.o_proj.forward(out.reshape(*shape, -1).contiguous())
     gate, up = _int4(self.post_attention_layernorm.forward(hidden_states), gate_up.weights).split(gate_up.widths,
                                                                                                dim=-1)

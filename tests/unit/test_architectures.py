@@ -73,11 +73,39 @@ async def test_log_probabilities_are_transformers_own(architecture_model, make_e
     assert (reference.max(dim=-1).values - reference[torch.arange(16), tokens]).max() < TOLERANCE
 
 
+KIN = ("mistral", "qwen2", "qwen3")  # Llama's layer shape, with features llama_layer.c has too
+
+
 def test_the_load_says_why_layers_run_outside_the_c_layers(architecture_model, caplog):
     from contract import EngineConfig
     from engine.model.loader import load_model
     with caplog.at_level("INFO", logger="engine.model.loader"):
         loaded = load_model(EngineConfig(model=architecture_model, device="cpu"))
     assert loaded.info.dtype == "int4"
-    [line] = [r.getMessage() for r in caplog.records if "decoder layers:" in r.getMessage()]
-    assert "is not Llama's layer shape" in line, line
+    lines = [r.getMessage() for r in caplog.records if "decoder layers:" in r.getMessage()]
+    if architecture_model.rsplit("-", 1)[-1] in KIN:  # every layer in llama_layer.c, the stack in one call
+        assert not lines and getattr(loaded.model, "lean_stack", None) is not None, lines
+    else:
+        [line] = lines
+        assert "is not a layer of Llama's shape" in line, line
+
+
+@pytest.fixture(scope="module", params=KIN)
+def kin_model(request, models_dir) -> str:
+    return shared_build(models_dir / f"arch-{request.param}", request.param, four_bit=True)
+
+
+@pytest.mark.parametrize("whole_layers", [True, False], ids=["llama_layer.c", "python"])
+async def test_llamas_kin_give_the_numbers_of_transformers_layers(kin_model, make_engine, monkeypatch, whole_layers):
+    """Qwen2's biases, Qwen3's q and k norms and Mistral's window, in llama_layer.c's whole layers
+    (and in fast_layers.py's Python layers where those do not run): the same tokens and log
+    probabilities as transformers' own layers (with the C norms), bit for bit, greedy and seeded."""
+    from engine.model import fast_layers
+    from tests.unit.test_int4 import _answers, _lean_and_full
+    if not whole_layers:
+        monkeypatch.setattr(fast_layers, "_native", lambda layer: None)
+    lean, full, requests = _lean_and_full(kin_model, make_engine, monkeypatch)
+    layers = [m for m in lean.core.loaded.model.modules() if hasattr(m, "lean_qkv")]
+    assert layers and all(bool(m.lean_native) == whole_layers for m in layers)
+    answers = await _answers(lean, requests)
+    assert answers == await _answers(full, requests) and all(ids for ids, _ in answers)

@@ -133,7 +133,7 @@ def test_the_per_sequence_path_computes_drafts_as_decode_steps(monkeypatch):
     pool = KVPool(KVShape(1, 2, 16, torch.float32), k_pool.shape[0] - 1, torch.device("cpu"))
     pool.keys[0], pool.values[0] = k_pool, v_pool
     paged = paged_attention.PagedStep(pool, torch.zeros(0, dtype=torch.long), q_lens, ctx_lens, tables)
-    paged_attention._per_sequence(query, 0, paged, 0.25, 0)
+    paged_attention._per_sequence(query, 0, paged, 0.25, 0, 0.0)
     assert calls == [1, 1, 1, 1, 1, 200]
 
 
