@@ -3,7 +3,8 @@ fewer calls.
 
 A decode step of a small model is mostly Python: transformers' modules make some 4,500 PyTorch
 calls a step for SmolLM2-135M, against 210 int4 matmuls. In the engine's steps (where the
-`paged` argument is given), each LlamaDecoderLayer here runs its own forward instead:
+`paged` argument is given), each LlamaDecoderLayer here (and each of its kin's: Mistral, Qwen2,
+Qwen3, Phi-3, LAYERS) runs its own forward instead:
 
 - where the C kernels are built, the whole layer is one call to llama_layer.c. The model's
   norms and SiLU become that file's functions everywhere (NativeRMSNorm, NativeSiLU), and it
@@ -37,6 +38,7 @@ from transformers.models.llama.modeling_llama import (
     apply_rotary_pos_emb,
 )
 from transformers.models.mistral import modeling_mistral as mistral
+from transformers.models.phi3 import modeling_phi3 as phi3
 from transformers.models.qwen2 import modeling_qwen2 as qwen2
 from transformers.models.qwen3 import modeling_qwen3 as qwen3
 
@@ -46,12 +48,34 @@ from .int4 import Int4Linear
 from .paged_attention import PagedStep, paged_attention
 
 # Llama's kin: the same decoder layer, with features that llama_layer.c has too (native.LlamaKin):
-# Qwen2's q, k, v biases, Qwen3's q and k norms, Mistral's (and Qwen's sliding layers') window
-LAYERS = (LlamaDecoderLayer, mistral.MistralDecoderLayer, qwen2.Qwen2DecoderLayer, qwen3.Qwen3DecoderLayer)
-NORMS = (LlamaRMSNorm, mistral.MistralRMSNorm, qwen2.Qwen2RMSNorm, qwen3.Qwen3RMSNorm)  # the same arithmetic
+# Qwen2's q, k, v biases, Qwen3's q and k norms, Mistral's (and Qwen's sliding layers') window, and
+# Phi-3's q, k, v and gate, up projections, fused as llama_layer.c joins them anyway
+LAYERS = (LlamaDecoderLayer, mistral.MistralDecoderLayer, qwen2.Qwen2DecoderLayer, qwen3.Qwen3DecoderLayer,
+          phi3.Phi3DecoderLayer)
+NORMS = (LlamaRMSNorm, mistral.MistralRMSNorm, qwen2.Qwen2RMSNorm, qwen3.Qwen3RMSNorm,  # the same arithmetic
+         phi3.Phi3RMSNorm)
 STACKS = {LlamaForCausalLM: LlamaModel, mistral.MistralForCausalLM: mistral.MistralModel,
-          qwen2.Qwen2ForCausalLM: qwen2.Qwen2Model, qwen3.Qwen3ForCausalLM: qwen3.Qwen3Model}
+          qwen2.Qwen2ForCausalLM: qwen2.Qwen2Model, qwen3.Qwen3ForCausalLM: qwen3.Qwen3Model,
+          phi3.Phi3ForCausalLM: phi3.Phi3Model}
 QKV = ("q_proj", "k_proj", "v_proj")
+
+
+@dataclass(frozen=True)
+class Parts:
+    """A Llama-shaped layer's projections, as its family names them."""
+
+    qkv: list[Any]  # q, k, v: three layers, or Phi-3's one
+    o: Any
+    gate_up: list[Any]  # gate, up: two layers, or Phi-3's one
+    down: Any
+    act: str  # the MLP's attribute that holds its activation
+
+
+def _parts(layer: Any) -> Parts:
+    attn, mlp = layer.self_attn, layer.mlp
+    if hasattr(attn, "qkv_proj"):
+        return Parts([attn.qkv_proj], attn.o_proj, [mlp.gate_up_proj], mlp.down_proj, "activation_fn")
+    return Parts([getattr(attn, n) for n in QKV], attn.o_proj, [mlp.gate_proj, mlp.up_proj], mlp.down_proj, "act_fn")
 
 
 @dataclass(frozen=True)
@@ -64,9 +88,10 @@ class Joined:
     bias: Optional[torch.Tensor] = None  # the layers' biases end to end (each has one, or none has)
 
 
-def _joined(layers: list[Int4Linear]) -> Joined:
+def _joined(layers: list[Int4Linear], widths: list[int]) -> Joined:
     """The layers' buffers end to end; each layer's own buffers become views of these, so the
-    weights are held once (outputs are the layout's first dimension: each view is contiguous)."""
+    weights are held once (outputs are the layout's first dimension: each view is contiguous).
+    widths: the parts the joined outputs split into (q, k, v; gate, up)."""
     names = ("packed", "scale", "low")
     buffers = tuple(torch.cat([getattr(layer, name) for layer in layers]) for name in names)
     start = 0
@@ -77,7 +102,7 @@ def _joined(layers: list[Int4Linear]) -> Joined:
         layer.weights = native.int4_weights(layer.packed, layer.scale, layer.low)
         start += groups
     bias = torch.cat([layer.bias.detach() for layer in layers]) if layers[0].bias is not None else None
-    return Joined(native.int4_weights(*buffers), buffers, [layer.out_features for layer in layers], bias)
+    return Joined(native.int4_weights(*buffers), buffers, widths, bias)
 
 
 def _int4(x: torch.Tensor, weights: native.Int4Weights) -> torch.Tensor:
@@ -90,17 +115,19 @@ def _fits(layer: nn.Module) -> bool:
 
 def _misfit(layer: Any) -> Optional[str]:
     """What keeps a layer of Llama's shape out of llama_layer.c (None: nothing)."""
-    attn, mlp = layer.self_attn, layer.mlp
-    for name in (*QKV, "o_proj", "gate_proj", "up_proj", "down_proj"):
-        p = getattr(attn, name, None) or getattr(mlp, name, None)
+    parts = _parts(layer)
+    for p in (*parts.qkv, parts.o, *parts.gate_up, parts.down):
+        name = next(n for n, m in layer.named_modules() if m is p)
         if not isinstance(p, Int4Linear) or not p.c_kernel:
             return f"its {name} is {type(p).__name__}, not int4 with fp16 scales (Q4_0, Q4_1)"
         if p.wide:
             return f"its {name} has fp32 scales (Q4_K)"
-        if p.bias is not None and name not in QKV:
+        if p.bias is not None and p not in parts.qkv:
             return f"its {name} has a bias"
-    if len({getattr(attn, name).bias is None for name in QKV}) > 1:
+    if len({p.bias is None for p in parts.qkv}) > 1:
         return "some of its q, k and v have a bias, not all"
+    if getattr(layer.self_attn.config, "partial_rotary_factor", 1.0) != 1.0:
+        return "its rotary embedding turns part of each head only"
     return None
 
 
@@ -134,8 +161,8 @@ def outside(model: nn.Module) -> Optional[str]:
     if layer is None or _fits(layer):
         return None
     if type(layer) not in LAYERS:
-        return (f"{type(layer).__name__} is not a layer of Llama's shape (Llama, Mistral, Qwen2, Qwen3), the only "
-                f"ones in C so far")
+        return (f"{type(layer).__name__} is not a layer of Llama's shape (Llama, Mistral, Qwen2, Qwen3, Phi-3), "
+                f"the only ones in C so far")
     return _misfit(layer) or "its layers do not fit llama_layer.c"
 
 
@@ -149,8 +176,9 @@ def native_ops(model: nn.Module) -> list[Any]:
             if type(module) in NORMS:
                 module.__class__ = NativeRMSNorm  # the same parameters and arithmetic, another forward
         for layer in layers:
-            if type(layer.mlp.act_fn) is SiLUActivation:
-                layer.mlp.act_fn = NativeSiLU()
+            act = _parts(layer).act
+            if type(getattr(layer.mlp, act)) is SiLUActivation:
+                setattr(layer.mlp, act, NativeSiLU())
     return layers
 
 
@@ -158,9 +186,10 @@ def install(model: nn.Module) -> int:
     """Give every fitting decoder layer the lean forward (after `native_ops`); returns how many got it."""
     layers = native_ops(model)
     for layer in layers:  # each gets attributes of its own
-        attn, mlp = layer.self_attn, layer.mlp
-        layer.lean_qkv = _joined([attn.q_proj, attn.k_proj, attn.v_proj])
-        layer.lean_gate_up = _joined([mlp.gate_proj, mlp.up_proj])
+        attn, parts, config = layer.self_attn, _parts(layer), layer.self_attn.config
+        kv = config.num_key_value_heads * attn.head_dim
+        layer.lean_qkv = _joined(parts.qkv, [config.num_attention_heads * attn.head_dim, kv, kv])
+        layer.lean_gate_up = _joined(parts.gate_up, [config.intermediate_size] * 2)
         layer.lean_native = _native(layer)
         layer.full_forward = layer.forward
         layer.forward = types.MethodType(_forward, layer)
@@ -206,17 +235,18 @@ def _native(layer: Any) -> Optional[native.Struct]:
     """The layer for llama_layer.c, where it runs."""
     attn, mlp, norms = layer.self_attn, layer.mlp, (layer.input_layernorm, layer.post_attention_layernorm)
     qk_norms: tuple[Any, Any] = (getattr(attn, "q_norm", None), getattr(attn, "k_norm", None))
-    if (type(mlp.act_fn) is not NativeSiLU
+    parts = _parts(layer)
+    if (type(getattr(mlp, parts.act)) is not NativeSiLU
             or any(type(n) is not NativeRMSNorm for n in (*norms, *(n for n in qk_norms if n is not None)))):
         return None
     config = attn.config
     sizes = native.LlamaLayerSizes(config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
-                                   attn.head_dim, mlp.intermediate_size, attn.scaling)
+                                   attn.head_dim, config.intermediate_size, attn.scaling)
     q_norm, k_norm = qk_norms
     kin = native.LlamaKin(layer.lean_qkv.bias, None if q_norm is None else (q_norm.weight, k_norm.weight),
                           0.0 if q_norm is None else q_norm.variance_epsilon, _window(attn))
-    return native.llama_layer_args(layer.lean_qkv.weights, attn.o_proj.weights, layer.lean_gate_up.weights,
-                                   mlp.down_proj.weights, (norms[0].weight, norms[1].weight),
+    return native.llama_layer_args(layer.lean_qkv.weights, parts.o.weights, layer.lean_gate_up.weights,
+                                   parts.down.weights, (norms[0].weight, norms[1].weight),
                                    (norms[0].variance_epsilon, norms[1].variance_epsilon), sizes, kin)
 
 
@@ -249,4 +279,4 @@ def _forward(self: LlamaDecoderLayer, hidden_states: torch.Tensor, *args: Any,
     hidden_states = hidden_states + attn.o_proj.forward(out.reshape(*shape, -1).contiguous())
     gate, up = _int4(self.post_attention_layernorm.forward(hidden_states), gate_up.weights).split(gate_up.widths,
                                                                                                dim=-1)
-    return hidden_states + mlp.down_proj.forward(mlp.act_fn(gate) * up)
+    return hidden_states + mlp.down_proj.forward(getattr(mlp, _parts(self).act)(gate) * up)

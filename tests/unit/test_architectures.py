@@ -1,10 +1,10 @@
 """Today's small architectures (testing/toy_models.ARCHITECTURES: Qwen2, Qwen3, Mistral, Phi-3,
-Gemma 3, Gemma 2), tiny and random, built from their transformers configs with no download, served with
-int4 weights and the fp16 KV cache: transformers' modules around the C products and the C paged
-attention (the whole-layer C path is Llama's). Each gives transformers' own log probabilities
-(its eager forward, fp32) within a stated tolerance, and keeps the engine's promises: a request
-batched with others answers as it does alone, and a prompt served from the prefix cache answers
-as it did uncached."""
+Gemma 3, Gemma 2), tiny and random, built from their transformers configs with no download, served
+with int4 weights and the fp16 KV cache: whole layers in C for Llama's kin (Mistral, Phi-3, Qwen2,
+Qwen3), transformers' modules around the C products and the C paged attention for Gemma. Each
+gives transformers' own log probabilities (its eager forward, fp32) within a stated tolerance, and
+keeps the engine's promises: a request batched with others answers as it does alone, and a prompt
+served from the prefix cache answers as it did uncached."""
 import asyncio
 
 import pytest
@@ -73,7 +73,7 @@ async def test_log_probabilities_are_transformers_own(architecture_model, make_e
     assert (reference.max(dim=-1).values - reference[torch.arange(16), tokens]).max() < TOLERANCE
 
 
-KIN = ("mistral", "qwen2", "qwen3")  # Llama's layer shape, with features llama_layer.c has too
+KIN = ("mistral", "phi3", "qwen2", "qwen3")  # Llama's layer shape, with features llama_layer.c has too
 
 
 def test_the_load_says_why_layers_run_outside_the_c_layers(architecture_model, caplog):
@@ -97,7 +97,8 @@ def kin_model(request, models_dir) -> str:
 
 @pytest.mark.parametrize("whole_layers", [True, False], ids=["llama_layer.c", "python"])
 async def test_llamas_kin_give_the_numbers_of_transformers_layers(kin_model, make_engine, monkeypatch, whole_layers):
-    """Qwen2's biases, Qwen3's q and k norms and Mistral's window, in llama_layer.c's whole layers
+    """Qwen2's biases, Qwen3's q and k norms, Mistral's window and Phi-3's fused projections, in
+    llama_layer.c's whole layers
     (and in fast_layers.py's Python layers where those do not run): the same tokens and log
     probabilities as transformers' own layers (with the C norms), bit for bit, greedy and seeded."""
     from engine.model import fast_layers
