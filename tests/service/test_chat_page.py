@@ -1,7 +1,7 @@
 """The browser chat page (/chat-ui) in headless Chromium, on the real model, driven as a user
-drives it: an answer streams and stops, a reload finds the conversation (IndexedDB), an edit
-and a regeneration make branches, a code block is copied, the system prompt reaches the model,
-and the layout fits from a phone to a wide screen. Model output cannot become markup. Every
+drives it: an answer streams and stops, and survives its socket dropping, a reload finds the
+conversation (IndexedDB), an edit and a regeneration make branches, a code block is copied, the
+system prompt reaches the model, and the layout fits from a phone to a wide screen. Model output cannot become markup. Every
 state is kept as a screenshot under $LLM_TEST_ARTIFACTS (test-artifacts/ by default)."""
 import os
 from pathlib import Path
@@ -93,8 +93,30 @@ def test_an_answer_streams_and_stops(page, real_flow):
 
 
 @needs_chromium
+def test_an_answer_whose_socket_drops_goes_on(page, real_flow):
+    """The socket closes mid-answer: the page reconnects, resumes from the last event it got, and
+    the answer comes out whole, as the same greedy request over HTTP gives it."""
+    from playwright.sync_api import expect
+    question = "Describe a forest in autumn."
+    page.click("#new-chat")
+    set_fields(page, temperature=0, max_tokens=64)
+    page.fill("#prompt", question)
+    page.press("#prompt", "Enter")
+    page.wait_for_function("() => (document.querySelector('.message.assistant:last-child')?.dataset.text || '')"
+                           ".length > 10", timeout=IDLE)
+    page.evaluate("socket.close()")  # the page's own socket, as a network change would drop it
+    expect(page.locator("#status")).to_contain_text("reconnecting")
+    expect(page.locator("body")).to_have_attribute("data-state", "idle", timeout=IDLE)
+    ref = reference(real_flow[1], [{"role": "user", "content": question}], 64)
+    answer = page.locator(".message.assistant").last
+    assert answer.get_attribute("data-text") == ref["message"]["content"]
+    assert answer.get_attribute("data-finish") == {"length": "length", "stop": "eos_token"}[ref["finish_reason"]]
+
+
+@needs_chromium
 def test_a_reload_finds_the_conversation(page):
     from playwright.sync_api import expect
+    page.locator(".conversation .open", has_text="List three fruits.").click()
     before = [page.locator(".message").nth(i).text_content() for i in range(page.locator(".message").count())]
     page.reload()
     expect(page.locator("#status")).to_have_text("connected", timeout=15000)
