@@ -76,6 +76,25 @@ async def test_errors_keep_the_connection_usable(ws):
     assert again["prompt_tokens"] == ref_prompt_tokens
 
 
+async def test_a_history_message_replaces_the_conversation(flow, ws):
+    """What the chat page sends before each question: the branch's messages. A malformed one is
+    refused naming `messages` (the socket stays usable); a good one is the context of the next
+    prompt, as the same messages are over gRPC."""
+    grpc_port, _ = flow
+    for bad, named in (("x", "messages:"), ([{"role": "robot", "content": "x"}], "messages[0]:"),
+                       ([{"role": "user"}], "messages[0]:"), ([{"role": "user", "content": "x"}] * 201, "messages:")):
+        await ws.send(json.dumps({"type": "history", "messages": bad}))
+        err = json.loads(await ws.recv())
+        assert err["type"] == "error" and err["error"].startswith(named), err
+    history = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"},
+               {"role": "assistant", "content": "hi"}]
+    await ws.send(json.dumps({"type": "history", "messages": history}))
+    text, _, end = await ask(ws, {"prompt": "what next?", "max_tokens": 6})
+    ref = await generate("", port=grpc_port, max_tokens=6,
+                         messages=json.dumps(history + [{"role": "user", "content": "what next?"}]))
+    assert text == ref.generated_text and end["prompt_tokens"] == ref.prompt_tokens
+
+
 async def test_long_conversations_drop_the_oldest_turns(ws):
     """The tiny model's context is 512 tokens; each turn here is over 100 tokens."""
     ends = []
