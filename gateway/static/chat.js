@@ -189,7 +189,7 @@ function renderList() {
     const li = document.createElement("li");
     li.className = "conversation"; li.dataset.id = conv.id;
     li.setAttribute("aria-current", String(conv === current));
-    li.append(button(conv.title, "open", () => open(conv)),
+    li.append(button(conv.title, "open", () => openConversation(conv)),
       button("✎", "rename", () => {
         const title = prompt("Rename the conversation", conv.title);
         if (title && title.trim()) { conv.title = title.trim(); persist(conv); }
@@ -198,14 +198,14 @@ function renderList() {
         if (answer || !confirm(`Delete "${conv.title}"?`)) return;
         conversations = conversations.filter((c) => c !== conv);
         await store("readwrite", (s) => s.delete(conv.id));
-        if (conv === current) open(newConversation()); else renderList();
+        if (conv === current) openConversation(newConversation()); else renderList();
       }));
     li.querySelector(".rename").setAttribute("aria-label", "rename");
     li.querySelector(".delete").setAttribute("aria-label", "delete");
     return li;
   }));
 }
-function open(conv) {
+function openConversation(conv) {
   if (answer) return;
   current = conv;
   document.body.classList.remove("menu-open");
@@ -366,7 +366,7 @@ function wire() {
   $("stop").addEventListener("click", () => {
     if (socket && socket.readyState === WebSocket.OPEN) socket.send(JSON.stringify({ type: "stop" }));
   });
-  $("new-chat").addEventListener("click", () => open(newConversation()));
+  $("new-chat").addEventListener("click", () => openConversation(newConversation()));
   $("search").addEventListener("input", renderList);
   $("menu").addEventListener("click", () => document.body.classList.toggle("menu-open"));
   $("settings-toggle").addEventListener("click", () => {
@@ -417,7 +417,7 @@ async function start() {
   wire();
   database = await openDatabase();
   conversations = (await store("readonly", (s) => s.getAll())).sort((a, b) => b.updated - a.updated);
-  open(newConversation());
+  openConversation(newConversation());
   fetch("/chat-ui/settings", apiKey ? { headers: { Authorization: `Bearer ${apiKey}` } } : {})
     .then((r) => r.json()).then(buildSettings).catch(() => {});
   connect();
