@@ -123,10 +123,12 @@ def test_a_background_response_generates_on_and_is_read_from_any_point(slow_flow
         with pytest.raises(openai.BadRequestError) as refused:
             client.responses.create(**follow, previous_response_id=unknown)
         assert refused.value.body["param"] == "previous_response_id"
+    events = list(client.responses.retrieve(started.id, stream=True))  # every event, from the first
     after = list(client.responses.retrieve(started.id, stream=True, starting_after=3))
     assert [e.sequence_number for e in after] == list(range(4, 4 + len(after)))
+    assert [e.model_dump() for e in after] == [e.model_dump() for e in events[4:]]  # exactly the rest
     assert after[-1].type == f"response.{whole.status}"
-    assert "".join(e.delta for e in after if e.type == "response.output_text.delta") in whole.output_text
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == whole.output_text
 
     long = client.responses.create(**{**ask, "max_output_tokens": 600}, background=True)
     time.sleep(0.5)
