@@ -131,6 +131,11 @@ def _misfit(layer: Any) -> Optional[str]:
     return None
 
 
+def _qk_norms(attn: Any) -> tuple[Any, Any]:
+    """The attention's q and k norms (Qwen3's), or (None, None)."""
+    return getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+
+
 def _window(attn: Any) -> int:
     """The attention's sliding window in keys (0: none), as the model's forward passes it."""
     window = attn.sliding_window if hasattr(attn, "sliding_window") else getattr(attn.config, "sliding_window", None)
@@ -190,6 +195,9 @@ def install(model: nn.Module) -> int:
         kv = config.num_key_value_heads * attn.head_dim
         layer.lean_qkv = _joined(parts.qkv, [config.num_attention_heads * attn.head_dim, kv, kv])
         layer.lean_gate_up = _joined(parts.gate_up, [config.intermediate_size] * 2)
+        # what the Python lean forward reads every step, found once (the activation by its name: a
+        # module set as an attribute would become another child of the layer)
+        layer.lean_act, layer.lean_window = parts.act, _window(attn) or None
         layer.lean_native = _native(layer)
         layer.full_forward = layer.forward
         layer.forward = types.MethodType(_forward, layer)
@@ -234,7 +242,7 @@ def forward(model: nn.Module, ids: torch.Tensor, positions: torch.Tensor, step: 
 def _native(layer: Any) -> Optional[native.Struct]:
     """The layer for llama_layer.c, where it runs."""
     attn, mlp, norms = layer.self_attn, layer.mlp, (layer.input_layernorm, layer.post_attention_layernorm)
-    qk_norms: tuple[Any, Any] = (getattr(attn, "q_norm", None), getattr(attn, "k_norm", None))
+    qk_norms = _qk_norms(attn)
     parts = _parts(layer)
     if (type(getattr(mlp, parts.act)) is not NativeSiLU
             or any(type(n) is not NativeRMSNorm for n in (*norms, *(n for n in qk_norms if n is not None)))):
@@ -269,14 +277,14 @@ def _forward(self: LlamaDecoderLayer, hidden_states: torch.Tensor, *args: Any,
     joined = _int4(self.input_layernorm.forward(hidden_states), qkv.weights)
     q, k, v = (joined if qkv.bias is None else joined + qkv.bias).split(qkv.widths, dim=-1)
     q, k, v = (t.view(*shape, -1, attn.head_dim) for t in (q, k, v))
-    norms: Any = (getattr(attn, "q_norm", None), getattr(attn, "k_norm", None))
-    if norms[0] is not None:
-        q, k = norms[0].forward(q), norms[1].forward(k)
+    q_norm, k_norm = _qk_norms(attn)
+    if q_norm is not None:
+        q, k = q_norm.forward(q), k_norm.forward(k)
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     q, k = apply_rotary_pos_emb(q, k, *position_embeddings)
     out, _ = paged_attention(attn, q, k, v, None, scaling=attn.scaling, paged=paged,
-                             sliding_window=_window(attn) or None)
+                             sliding_window=lean.lean_window)
     hidden_states = hidden_states + attn.o_proj.forward(out.reshape(*shape, -1).contiguous())
     gate, up = _int4(self.post_attention_layernorm.forward(hidden_states), gate_up.weights).split(gate_up.widths,
                                                                                                dim=-1)
-    return hidden_states + mlp.down_proj.forward(getattr(mlp, _parts(self).act)(gate) * up)
+    return hidden_states + mlp.down_proj.forward(getattr(mlp, lean.lean_act)(gate) * up)

@@ -141,7 +141,7 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
                                    **kwargs)
     if getattr(module, "sinks", None) is not None:
         raise ValueError("paged attention: attention sinks are not supported")
-    cap = float(kwargs.get("softcap") or 0.0)
+    cap = _softcap(kwargs)
     layer = int(module.layer_idx)  # type: ignore[arg-type]  # every attention layer has one
     paged.pool.write(layer, key[0].transpose(0, 1), value[0].transpose(0, 1), *paged.where)
     k_pool, v_pool = paged.pool.layer(layer)
@@ -183,11 +183,11 @@ def _outside_the_engine(module: torch.nn.Module, query: torch.Tensor, key: torch
         args = (torch.tensor([0]), torch.tensor([q_len]), torch.tensor([width]),
                 torch.arange(blocks, dtype=torch.int32)[None])
         out = c_paged_attention(query, k_pool, v_pool, args, dim ** -0.5 if scaling is None else scaling,
-                                sliding_window or 0, float(kwargs.get("softcap") or 0.0))
+                                sliding_window or 0, _softcap(kwargs))
         if out is not None:
             return out[None], None
     key, value = key.to(query.dtype), value.to(query.dtype)
-    if kwargs.get("softcap"):  # transformers' SDPA knows no cap: its eager attention does
+    if _softcap(kwargs):  # transformers' SDPA knows no cap: its eager attention does
         out, _ = eager_attention_forward(module, query, key, value, _additive(mask, q_len, width, query),
                                          dropout=dropout, scaling=scaling, sliding_window=sliding_window, **kwargs)
         return out, None
@@ -199,8 +199,18 @@ def _end_aligned_causal(mask: torch.Tensor, q_len: int, width: int) -> bool:
     """Whether a boolean mask [1, 1, q, k] lets query i see keys up to width - q_len + i, no more."""
     if mask.dtype != torch.bool or mask.shape[-2:] != (q_len, width) or mask.shape[0] != 1:
         return False
-    expected = torch.ones(q_len, width, dtype=torch.bool, device=mask.device).tril(width - q_len)
-    return torch.equal(mask[0, 0], expected)
+    return torch.equal(mask[0, 0], _causal(q_len, width, mask.device))
+
+
+def _causal(q_len: int, width: int, device: torch.device) -> torch.Tensor:
+    """[q_len, width] booleans: query i sees keys up to width - q_len + i (the last queries of a
+    causal sequence)."""
+    return torch.ones(q_len, width, dtype=torch.bool, device=device).tril(width - q_len)
+
+
+def _softcap(kwargs: dict[str, Any]) -> float:
+    """The cap on the attention scores that the model passes (Gemma 2's `softcap`; 0: none)."""
+    return float(kwargs.get("softcap") or 0.0)
 
 
 def _window_mask(q_len: int, ctx: int, window: int, device: torch.device) -> Optional[torch.Tensor]:
@@ -220,7 +230,7 @@ def _additive(mask: Optional[torch.Tensor], q_len: int, width: int, query: torch
     """The mask as eager attention adds it: 0 where a query sees a key, the dtype's least
     elsewhere (causal, end-aligned, where no mask is given)."""
     if mask is None:
-        mask = torch.ones(q_len, width, dtype=torch.bool, device=query.device).tril(width - q_len)[None, None]
+        mask = _causal(q_len, width, query.device)[None, None]
     if mask.dtype != torch.bool:
         return mask
     return torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(

@@ -54,6 +54,12 @@ OPEN_PATHS = {"/", "/health", "/metrics", "/chat-ui", "/chat-ui/chat.js"}
 OPEN_PREFIX = "/chat-ui/vendor/"  # GET: the chat page's libraries
 
 
+def _open(scope: Scope) -> bool:
+    """An HTTP request that needs no key: a GET of OPEN_PATHS or of the chat page's libraries."""
+    path = scope["path"]
+    return scope["method"] in ("GET", "HEAD") and (path in OPEN_PATHS or path.startswith(OPEN_PREFIX))
+
+
 def error_body(path: str, message: str, param: Optional[str], kind: ErrorKind = ErrorKind.VALIDATION) -> bytes:
     """The protocol's own error shape: Anthropic's under /v1/messages, OpenAI's elsewhere under
     /v1, Ollama's under /api, TGI's elsewhere."""
@@ -106,8 +112,7 @@ class ApiKey:
         self.app, self.key = app, api_key()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not self.key or scope["type"] != "http" or (scope["method"] in ("GET", "HEAD") and (scope["path"] in OPEN_PATHS
-                                                  or scope["path"].startswith(OPEN_PREFIX))):
+        if not self.key or scope["type"] != "http" or _open(scope):
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or [])
         x_api_key = headers.get(b"x-api-key")

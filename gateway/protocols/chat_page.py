@@ -1,9 +1,9 @@
 """The browser chat page (GET /chat-ui) and what it loads: its script, the pinned libraries it
 renders markdown with (gateway/static/vendor, see its VERSIONS), and what its settings panel
 offers: the generating models, and the request fields, read from the request contract so that
-the page never names a default or a bound of its own. Everything comes from this service: nothing is fetched from
-elsewhere, so the page works offline and behind a firewall."""
-from dataclasses import MISSING
+the page never names a default or a bound of its own. Everything comes from this service:
+nothing is fetched from elsewhere, so the page works offline and behind a firewall."""
+from dataclasses import MISSING, Field
 from importlib import resources
 from typing import Any
 
@@ -22,17 +22,18 @@ ASSETS = ("chat.js", "vendor/marked.umd.js", "vendor/purify.min.js", "vendor/hig
 
 
 def settings() -> list[dict[str, Any]]:
-    """Each field the panel shows: its name, type, default, bounds and help, as declared."""
-    out = []
-    for f in request_fields():
-        if f.name not in SETTINGS:
-            continue
-        kind, nullable = field_type(f)
-        bounds = {k: f.metadata[k] for k in ("ge", "gt", "le", "lt") if k in f.metadata}
-        default = [] if f.default is MISSING else f.default
-        out.append({"name": f.name, "type": kind.__name__, "nullable": nullable, "default": default,
-                    "help": f.metadata["help"], **bounds})
-    return sorted(out, key=lambda s: SETTINGS.index(s["name"]))
+    """Each field the panel shows, in SETTINGS' order: its name, type, default, bounds and help,
+    as declared."""
+    declared = {f.name: f for f in request_fields()}
+    return [_described(declared[name]) for name in SETTINGS]
+
+
+def _described(f: Field) -> dict[str, Any]:
+    kind, nullable = field_type(f)
+    bounds = {k: f.metadata[k] for k in ("ge", "gt", "le", "lt") if k in f.metadata}
+    default = [] if f.default is MISSING else f.default
+    return {"name": f.name, "type": kind.__name__, "nullable": nullable, "default": default,
+            "help": f.metadata["help"], **bounds}
 
 
 def page_router(backend: Upstream) -> APIRouter:
