@@ -44,6 +44,7 @@ SCALARS: dict[str, Any] = {"int": ctypes.c_int, "int64_t": ctypes.c_int64, "floa
 _STRUCT = re.compile(r"typedef struct \{(?P<body>[^}]*)\} (?P<name>\w+);")
 _FUNCTION = re.compile(r"^(?P<result>int|void) (?P<name>\w+)\((?P<params>[^)]*)\);", re.M)
 _COMMENT = re.compile(r"/\*.*?\*/", re.S)
+_CONSTANT = re.compile(r"^#define (?P<name>[A-Z][A-Z0-9_]*) (?P<value>-?\d+)\b", re.M)
 
 
 def flags() -> tuple[str, ...]:
@@ -74,7 +75,9 @@ def header(path: Path = HEADER) -> tuple[dict[str, type], dict[str, tuple[Any, l
         for line in filter(None, (x.strip() for x in match["body"].split(";"))):
             base, declarators = line.removeprefix("const ").split(None, 1)
             for name in (d.strip() for d in declarators.split(",")):
-                fields.append((name.lstrip("* "), _ctype(f"{base} {'*' if name.startswith('*') else ''}", structs)))
+                name, _, count = name.rstrip("]").partition("[")  # `Weight qkv[3]`: an array of 3
+                kind = _ctype(f"{base} {'*' if name.startswith('*') else ''}", structs)
+                fields.append((name.lstrip("* "), kind * int(count) if count else kind))
         structs[match["name"]] = type(match["name"], (ctypes.Structure,), {"_fields_": fields})
     functions = {}
     for match in _FUNCTION.finditer(text):
@@ -84,6 +87,7 @@ def header(path: Path = HEADER) -> tuple[dict[str, type], dict[str, tuple[Any, l
 
 
 STRUCTS, FUNCTIONS = header()
+CONSTANTS = {m["name"]: int(m["value"]) for m in _CONSTANT.finditer(HEADER.read_text())}  # kernels.h's #defines
 
 
 def library() -> Optional[ctypes.CDLL]:

@@ -11,25 +11,37 @@
 #define ENGINE_KERNELS_H
 #include <stdint.h>
 
-/* int4.py's packed weights of one layer (Q4_1 blocks of 32 inputs, 16 outputs per group; each
- * block's scale and low as fp16 bits, as a GGUF holds them) */
+/* one projection's weights as quant_matmul.c multiplies them, the GGUF's blocks kept exactly
+ * (gguf_types.py's layouts): `kind` says which product reads them; a part of 0 outputs is absent */
+#define WEIGHT_INT4 0      /* int4_matmul: 4-bit steps, fp16 scale and low per 32 (Q4_0, Q4_1) */
+#define WEIGHT_INT4_F32 1  /* int4f_matmul: 4-bit steps, fp32 scale and low per 32 (Q4_K) */
+#define WEIGHT_INT8 2      /* int8_matmul: int8 steps, fp16 scale per 32 (Q8_0, Q5_0) */
+#define WEIGHT_INT8_SUB 3  /* int8s_matmul: int8 steps, fp32 scale and low (or none) per 16 (Q5_1, Q5_K, Q6_K) */
 typedef struct {
-    const uint8_t *packed;
-    const uint16_t *scale, *low;
-    int64_t width, outputs;
-} Int4;
+    const void *packed, *scale, *low;
+    int64_t width, outputs, kind;
+} Weight;
 
-/* one Llama-shaped decoder layer, built once (fast_layers.py), with the features of its kin, each
- * off where its pointer is NULL (or its number 0) */
+/* the activation between gate and up */
+#define ACT_SILU 0       /* Llama's */
+#define ACT_GELU_TANH 1  /* Gemma's GeGLU: GELU's tanh approximation */
+
+/* one decoder layer of Llama's shape, built once (c_layers.py), with the features of its kin and
+ * of Gemma, each off where its pointer is NULL (or its number 0) */
 typedef struct {
-    Int4 qkv, o, gate_up, down;  /* q, k, v end to end; gate, up end to end */
-    const float *norm_in, *norm_post;  /* [hidden] */
+    Weight qkv[3], o, gate_up[2], down;  /* q, k, v end to end, in one part or three; gate, up in one or two */
+    const float *norm_in, *norm_post;  /* [hidden]: before attention, before the MLP */
     float eps_in, eps_post, scale;
     int64_t hidden, heads, kv_heads, dim, inter;
     const float *qkv_bias;  /* [q, k, v outputs]: added after the product (Qwen2) */
-    const float *q_norm, *k_norm;  /* [dim]: each head's RMSNorm, before the rotation (Qwen3) */
+    const float *q_norm, *k_norm;  /* [dim]: each head's RMSNorm, before the rotation (Qwen3, Gemma 3) */
     float eps_qk;
-    int64_t window;  /* a sliding window, in keys (Mistral, Qwen2's and Qwen3's sliding layers) */
+    int64_t window;  /* a sliding window, in keys (Mistral, Gemma's and Qwen's sliding layers) */
+    const float *norm_attn_out, *norm_mlp_out;  /* [hidden]: each sublayer's output normed before its sum (Gemma) */
+    float eps_out;
+    int64_t act;  /* ACT_* */
+    int64_t rope;  /* which of the step's rotary tables turns this layer's q and k (Gemma 3's local, global) */
+    float softcap;  /* attention scores become softcap * tanh(score / softcap) (Gemma 2; 0: none) */
 } LlamaLayer;
 
 /* one step, built once for all layers (paged_attention.py's PagedStep) */
@@ -82,15 +94,17 @@ int fp32_matmul(const float *x, const float *packed, float *y, int64_t rows, int
 int bf16_matmul(const float *x, const uint16_t *packed, float *y, int64_t rows, int64_t width, int64_t outputs,
                 int threads);  /* fp32 weights that are bf16 values, kept as bf16 */
 
-/* llama_layer.c: whole decoder layers, and the norms and SiLU the model's modules share with them;
- * the pool's keys and values in fp32 (kv_half 0) or fp16 (1), pool_stride in values */
+/* llama_layer.c: whole decoder layers, and the norms and activations the model's modules share with
+ * them; the pool's keys and values in fp32 (kv_half 0) or fp16 (1), pool_stride in values; cos and
+ * sin [tables][tokens][dim], a layer's `rope` picking its table */
 int llama_layer(const LlamaLayer *layer, const LlamaStep *step, const float *cos, const float *sin,
-                const float *in, float *out, void *k_pool, void *v_pool, int kv_half, int threads);
+                int64_t tables, const float *in, float *out, void *k_pool, void *v_pool, int kv_half, int threads);
 int llama_layers(const LlamaLayer *layers, int64_t count, const LlamaStep *step, const float *cos, const float *sin,
-                 const float *in, float *out, void *k_pools, void *v_pools, int64_t pool_stride, int kv_half,
+                 int64_t tables, const float *in, float *out, void *k_pools, void *v_pools, int64_t pool_stride, int kv_half,
                  int threads);
 void rms_norm_rows(const float *x, const float *weight, float *y, int64_t rows, int64_t n, float eps);
 void silu_rows(const float *x, float *y, int64_t rows, int64_t n, int64_t x_stride);
+void gelu_tanh_rows(const float *x, float *y, int64_t n);
 void fp16_rows(const float *x, uint16_t *out, int64_t n);  /* rounded as the fp16 KV cache keeps them */
 
 /* greedy.c: the plain greedy rows' argmax and its log probability, and log-softmax rows, in arith.h's

@@ -1,27 +1,31 @@
-/* One Llama decoder layer in one call, for fast_layers.py: the engine's step on CPU, int4 layers.
+/* One decoder layer of Llama's shape in one call, for fast_layers.py: the engine's step on CPU,
+ * with the weights of a GGUF's blocks (or int4.py's), whatever kind each projection has.
  *
  * A decode step of a small model is mostly the small operations between the matmuls: with
  * PyTorch each RMSNorm, rotary embedding, activation and residual sum is several calls of tens
  * of microseconds (on this project's 2-core machine a token's step spent 9 ms of 25 there, as
- * long as its int4 matmuls). Here they are loops over each token's own values, between the int4
- * matmuls (quant_matmul.c) and the paged attention (paged_attention.c) that PyTorch's path calls
- * too:
+ * long as its int4 matmuls). Here they are loops over each token's own values, between the
+ * products (quant_matmul.c, the product each projection's kind needs) and the paged attention
+ * (paged_attention.c) that PyTorch's path calls too:
  *
  *   y = rms_norm(x) ; q, k, v = y Wqkv ; rotate q and k ; write k, v to the pool ;
- *   a = attention(q) ; h = x + a Wo ; z = rms_norm(h) ; g, u = z Wgu ; out = h + (silu(g) u) Wd
+ *   a = attention(q) ; h = x + a Wo ; z = rms_norm(h) ; g, u = z Wgu ; out = h + (act(g) u) Wd
  *
  * and, where the layer has them, its kin's features: a bias after the q, k, v product (Qwen2),
- * each head's RMSNorm of q and k before the rotation (Qwen3), a sliding window (Mistral, and
- * Qwen's sliding layers).
+ * each head's RMSNorm of q and k before the rotation (Qwen3, Gemma 3), a sliding window
+ * (Mistral, Gemma's and Qwen's sliding layers); and Gemma's: each sublayer's output normed
+ * before its sum, GELU's tanh approximation for the activation, capped attention scores (Gemma
+ * 2), and a rotary table of the layer's own (Gemma 3's local and global bases). Gemma's norms
+ * scale by 1 + w: the caller passes that sum as the weight.
  *
  * Every token's numbers come from its own values with the same instructions whatever the other
  * tokens are (the matmuls and attention promise the same), so a row is bit for bit the same
  * alone, batched, chunked or after cached keys. They are also PyTorch's numbers for the same
  * layer, bit for bit, so a direct forward of the model computes what the engine does: the
  * rotary embedding and the sums are single IEEE operations in PyTorch's order (no fused
- * multiply-adds), and the norms and SiLU, whose sums and exponentials PyTorch rounds its own way,
- * are `rms_norm_rows` and `silu_rows` here, which fast_layers.py also puts in the model's
- * modules.
+ * multiply-adds), and the norms and activations, whose sums and exponentials PyTorch rounds its
+ * own way, are `rms_norm_rows`, `silu_rows` and `gelu_tanh_rows` here, which
+ * native_modules.py also puts in the model's modules.
  */
 #include <math.h>
 #include <stdint.h>
@@ -46,23 +50,38 @@ __attribute__((noinline)) void rms_norm_rows(const float *x, const float *weight
  * float64. */
 static inline f8 silu8(f8 x) { return x / (1.0f + exp8(-x)); }
 
-/* n values: whole vectors, then the rest through one padded vector, so every value gets the same
- * operations wherever it sits. */
-static inline void silu_span(const float *x, float *y, int64_t n) {
+/* f of n values: whole vectors, then the rest through one padded vector, so every value gets the
+ * same operations wherever it sits */
+static inline void map_span(f8 (*f)(f8), const float *x, float *y, int64_t n) {
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) store8(y + i, silu8(load8(x + i)));
+    for (; i + 8 <= n; i += 8) store8(y + i, f(load8(x + i)));
     if (i < n) {
         float pad[8] = {0};
         for (int64_t j = i; j < n; j++) pad[j - i] = x[j];
-        store8(pad, silu8(load8(pad)));
+        store8(pad, f(load8(pad)));
         for (int64_t j = i; j < n; j++) y[j] = pad[j - i];
     }
 }
+
+static inline void silu_span(const float *x, float *y, int64_t n) { map_span(silu8, x, y, n); }
 
 /* SiLU, x / (1 + exp(-x)), of n values per row; rows of x are x_stride apart, y's n. */
 __attribute__((noinline)) void silu_rows(const float *x, float *y, int64_t rows, int64_t n, int64_t x_stride) {
     for (int64_t r = 0; r < rows; r++, x += x_stride, y += n) silu_span(x, y, n);
 }
+
+/* GELU's tanh approximation of 8 values, PyTorch's formula (gelu(approximate="tanh")):
+ * 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), in arith.h's tanh, each operation rounded
+ * on its own */
+static inline f8 gelu_tanh8(f8 x) {
+    const float beta = 0.7978845608028654f, kappa = 0.044715f;  /* sqrt(2 / pi) */
+    f8 cube = x * x * x;
+    f8 inner = beta * (x + kappa * cube);
+    return 0.5f * x * (1.0f + tanh8(inner));
+}
+
+/* Gemma's activation over n values */
+__attribute__((noinline)) void gelu_tanh_rows(const float *x, float *y, int64_t n) { map_span(gelu_tanh8, x, y, n); }
 
 /* transformers' apply_rotary_pos_emb on one head: v cos + rotate_half(v) sin, where rotate_half
  * turns halves (a, b) into (-b, a); each product and sum rounded on its own, as PyTorch does. */
@@ -103,31 +122,83 @@ static void write_kv(const float *k, const float *v, int64_t slot, void *k_pool,
 
 #define PARALLEL_TOKENS 64  /* from here a loop between the matmuls is worth waking the threads */
 
-static int matmul(const Int4 *w, const float *x, float *y, int64_t rows, int threads) {
-    return int4_matmul(x, w->packed, w->scale, w->low, y, rows, w->width, w->outputs, threads);
+/* y = x W^T by the product that reads the part's kind of weights */
+static int product(const Weight *w, const float *x, float *y, int64_t rows, int threads) {
+    switch (w->kind) {
+    case WEIGHT_INT4:
+        return int4_matmul(x, w->packed, w->scale, w->low, y, rows, w->width, w->outputs, threads);
+    case WEIGHT_INT4_F32:
+        return int4f_matmul(x, w->packed, w->scale, w->low, y, rows, w->width, w->outputs, threads);
+    case WEIGHT_INT8:
+        return int8_matmul(x, w->packed, w->scale, y, rows, w->width, w->outputs, threads);
+    case WEIGHT_INT8_SUB:
+        return int8s_matmul(x, w->packed, w->scale, w->low, y, rows, w->width, w->outputs, threads);
+    default:
+        return -1;
+    }
 }
 
-/* in, out [tokens, hidden]; cos, sin [tokens, dim]. Returns 0, -1 for shapes the kernels do not
- * take (before anything is written but this step's keys and values, which a retry rewrites),
- * -2 when out of memory. */
+/* the outputs of `count` parts end to end (an empty part: none); each output group is computed
+ * alone by every product, so one part or several give the same bits */
+static int64_t outputs_of(const Weight *parts, int count) {
+    int64_t total = 0;
+    for (int i = 0; i < count; i++) total += parts[i].outputs;
+    return total;
+}
+
+/* y [rows, outputs_of(parts)] = x times the parts end to end: one product where one part holds
+ * them all (a model whose q, k and v share a kind is joined so), else one per part and a copy */
+static int products(const Weight *parts, int count, const float *x, float *y, int64_t rows, int threads) {
+    const int64_t total = outputs_of(parts, count);
+    int used = 0;
+    for (int i = 0; i < count; i++) used += parts[i].outputs > 0;
+    if (used == 1)
+        for (int i = 0; i < count; i++)
+            if (parts[i].outputs) return product(parts + i, x, y, rows, threads);
+    int64_t start = 0;
+    for (int i = 0; i < count; i++) {
+        const int64_t width = parts[i].outputs;
+        if (!width) continue;
+        float *part = malloc(rows * width * sizeof(float));
+        if (!part) return -2;
+        int status = product(parts + i, x, part, rows, threads);
+        for (int64_t r = 0; r < rows && !status; r++)
+            for (int64_t j = 0; j < width; j++) y[r * total + start + j] = part[r * width + j];
+        free(part);
+        if (status) return status;
+        start += width;
+    }
+    return 0;
+}
+
+/* the activation between gate and up, of n values */
+static void activate(int64_t act, const float *x, float *y, int64_t n) {
+    if (act == ACT_GELU_TANH) gelu_tanh_rows(x, y, n);
+    else silu_span(x, y, n);
+}
+
+/* in, out [tokens, hidden]; cos, sin [tables][tokens, dim] (the layer's `rope` picks one). Returns
+ * 0, -1 for shapes the kernels do not take (before anything is written but this step's keys and
+ * values, which a retry rewrites), -2 when out of memory. */
 int llama_layer(const LlamaLayer *layer, const LlamaStep *step, const float *cos, const float *sin,
-                const float *in, float *out, void *k_pool, void *v_pool, int kv_half, int threads) {
+                int64_t tables, const float *in, float *out, void *k_pool, void *v_pool, int kv_half, int threads) {
     const int64_t n = step->tokens, hidden = layer->hidden, dim = layer->dim, heads = layer->heads;
-    const int64_t qkv_width = layer->qkv.outputs, inter = layer->inter, q_width = heads * dim;
+    const int64_t qkv_width = outputs_of(layer->qkv, 3), inter = layer->inter, q_width = heads * dim;
     const int64_t kv_width = layer->kv_heads * dim;
-    if (n < 1 || dim % 2 || qkv_width != q_width + 2 * kv_width || layer->gate_up.outputs != 2 * inter
-        || layer->o.outputs != hidden || layer->down.outputs != hidden)
+    if (n < 1 || dim % 2 || layer->rope < 0 || layer->rope >= tables || qkv_width != q_width + 2 * kv_width
+        || outputs_of(layer->gate_up, 2) != 2 * inter || layer->o.outputs != hidden || layer->down.outputs != hidden)
         return -1;
     float *buffer = malloc(n * (2 * hidden + qkv_width + q_width + 3 * inter) * sizeof(float));
     if (!buffer) return -2;
     float *normed = buffer, *qkv = normed + n * hidden, *attended = qkv + n * qkv_width;
     float *gate_up = attended + n * q_width, *act = gate_up + n * 2 * inter, *sum = act + n * inter;
+    cos += layer->rope * n * dim, sin += layer->rope * n * dim;
     int status = 0;
     const int wide = n >= PARALLEL_TOKENS;  /* a prompt's chunk: the loops between the matmuls in parallel too */
     #pragma omp parallel for schedule(static) num_threads(threads) if (wide)
     for (int64_t t = 0; t < n; t++) rms_norm_rows(in + t * hidden, layer->norm_in, normed + t * hidden, 1, hidden,
                                                   layer->eps_in);
-    if ((status = matmul(&layer->qkv, normed, qkv, n, threads))) goto done;
+    if ((status = products(layer->qkv, 3, normed, qkv, n, threads))) goto done;
     #pragma omp parallel for schedule(static) num_threads(threads) if (wide)
     for (int64_t t = 0; t < n; t++) {
         float *row = qkv + t * qkv_width;
@@ -143,27 +214,34 @@ int llama_layer(const LlamaLayer *layer, const LlamaStep *step, const float *cos
     status = kv_half ? paged_attention_f16(qkv, qkv_width, dim, k_pool, v_pool, attended, step->q_starts,
                                            step->q_lens, step->ctx_lens, step->tables, step->table_width,
                                            step->sequences, heads, layer->kv_heads, dim, step->block,
-                                           layer->window, layer->scale, 0.0f, threads)
+                                           layer->window, layer->scale, layer->softcap, threads)
                      : paged_attention(qkv, qkv_width, dim, k_pool, v_pool, attended, step->q_starts, step->q_lens,
                                        step->ctx_lens, step->tables, step->table_width, step->sequences, heads,
-                                       layer->kv_heads, dim, step->block, layer->window, layer->scale, 0.0f, threads);
-    if (status || (status = matmul(&layer->o, attended, sum, n, threads))) goto done;
+                                       layer->kv_heads, dim, step->block, layer->window, layer->scale,
+                                       layer->softcap, threads);
+    if (status || (status = product(&layer->o, attended, sum, n, threads))) goto done;
     #pragma omp parallel for schedule(static) num_threads(threads) if (wide)
     for (int64_t t = 0; t < n; t++) {
-        for (int64_t i = t * hidden; i < (t + 1) * hidden; i++) sum[i] += in[i];  /* x + y rounds as y + x */
-        rms_norm_rows(sum + t * hidden, layer->norm_post, normed + t * hidden, 1, hidden, layer->eps_post);
+        float *row = sum + t * hidden;
+        if (layer->norm_attn_out) rms_norm_rows(row, layer->norm_attn_out, row, 1, hidden, layer->eps_out);
+        for (int64_t i = 0; i < hidden; i++) row[i] += in[t * hidden + i];  /* x + y rounds as y + x */
+        rms_norm_rows(row, layer->norm_post, normed + t * hidden, 1, hidden, layer->eps_post);
     }
-    if ((status = matmul(&layer->gate_up, normed, gate_up, n, threads))) goto done;
+    if ((status = products(layer->gate_up, 2, normed, gate_up, n, threads))) goto done;
     #pragma omp parallel for schedule(static) num_threads(threads) if (n * inter >= 16384)
     for (int64_t t = 0; t < n; t++) {  /* act_fn(gate) * up */
         float *a = act + t * inter;
         const float *up = gate_up + t * 2 * inter + inter;
-        silu_span(gate_up + t * 2 * inter, a, inter);
+        activate(layer->act, gate_up + t * 2 * inter, a, inter);
         for (int64_t i = 0; i < inter; i++) a[i] *= up[i];
     }
-    if ((status = matmul(&layer->down, act, out, n, threads))) goto done;
+    if ((status = product(&layer->down, act, out, n, threads))) goto done;
     #pragma omp parallel for schedule(static) num_threads(threads) if (wide)
-    for (int64_t i = 0; i < n * hidden; i++) out[i] += sum[i];
+    for (int64_t t = 0; t < n; t++) {
+        float *row = out + t * hidden;
+        if (layer->norm_mlp_out) rms_norm_rows(row, layer->norm_mlp_out, row, 1, hidden, layer->eps_out);
+        for (int64_t i = 0; i < hidden; i++) row[i] += sum[t * hidden + i];
+    }
 done:
     free(buffer);
     return status;
@@ -174,8 +252,8 @@ done:
  * per layer: with one stream, Python's share of a step (calls, checks, views of the pool) was a
  * sixth of it. The same numbers as llama_layer layer by layer. Returns as llama_layer does. */
 int llama_layers(const LlamaLayer *layers, int64_t count, const LlamaStep *step, const float *cos, const float *sin,
-                 const float *in, float *out, void *k_pools, void *v_pools, int64_t pool_stride, int kv_half,
-                 int threads) {
+                 int64_t tables, const float *in, float *out, void *k_pools, void *v_pools, int64_t pool_stride,
+                 int kv_half, int threads) {
     if (count < 1) return -1;
     const int64_t size = step->tokens * layers[0].hidden;
     float *between = count > 1 ? malloc(size * sizeof(float)) : NULL;
@@ -186,8 +264,8 @@ int llama_layers(const LlamaLayer *layers, int64_t count, const LlamaStep *step,
         float *target = (count - 1 - i) % 2 == 0 ? out : between;
         const float *source = i == 0 ? in : (target == out ? between : out);
         if (layers[i].hidden != layers[0].hidden) status = -1;
-        else status = llama_layer(layers + i, step, cos, sin, source, target, (char *)k_pools + i * stride,
-                                  (char *)v_pools + i * stride, kv_half, threads);
+        else status = llama_layer(layers + i, step, cos, sin, tables, source, target,
+                                  (char *)k_pools + i * stride, (char *)v_pools + i * stride, kv_half, threads);
     }
     free(between);
     return status;

@@ -14,7 +14,11 @@ from .table import Op, choose
 
 INT4_CHANNELS = 16  # quant_matmul.c's outputs per group
 DENSE_CHANNELS = 16  # outputs per group of dense_matmul.c (fp32, bf16 weights) and of quant_matmul.c's int8
-_Int4, LlamaLayer, LlamaStep = (build.STRUCTS[name] for name in ("Int4", "LlamaLayer", "LlamaStep"))
+_Weight, LlamaLayer, LlamaStep = (build.STRUCTS[name] for name in ("Weight", "LlamaLayer", "LlamaStep"))
+# which product reads a layer's weights (kernels.h's WEIGHT_*), and the activations of ACT_*
+WEIGHT_INT4, WEIGHT_INT4_F32, WEIGHT_INT8, WEIGHT_INT8_SUB = (
+    build.CONSTANTS[f"WEIGHT_{kind}"] for kind in ("INT4", "INT4_F32", "INT8", "INT8_SUB"))
+ACTIVATIONS = {"silu": build.CONSTANTS["ACT_SILU"], "gelu_tanh": build.CONSTANTS["ACT_GELU_TANH"]}
 Struct = ctypes.Structure  # a LlamaLayer or a LlamaStep, as annotations name them
 
 
@@ -68,23 +72,36 @@ def int4_activations() -> Optional[str]:
 
 
 @dataclass(frozen=True)
-class Int4Weights:
-    """What quant_matmul.c reads of one layer: the addresses of int4.py's packed buffers (kept
-    alive by the layer, which never moves them) and the layer's sizes."""
+class Weights:
+    """What quant_matmul.c reads of one layer: the addresses of its packed buffers (kept alive by
+    the layer, which never moves them), the layer's sizes, and which product reads them
+    (WEIGHT_*: int4.py's int4 layers, and the int8 ones of Int8Linear)."""
 
     packed: int
     scale: int
     low: int
     width: int
     outputs: int
+    kind: int = WEIGHT_INT4
 
 
-def int4_weights(packed: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> Int4Weights:
+def int4_weights(packed: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> Weights:
     groups, blocks, pairs, channels = packed.shape  # int4.py's layout: two steps per byte
-    return Int4Weights(packed.data_ptr(), scale.data_ptr(), low.data_ptr(), blocks * pairs * 2, groups * channels)
+    kind = WEIGHT_INT4_F32 if scale.dtype == torch.float32 else WEIGHT_INT4
+    return Weights(packed.data_ptr(), scale.data_ptr(), low.data_ptr(), blocks * pairs * 2, groups * channels,
+                       kind)
 
 
-def int4_matmul(x: torch.Tensor, weights: Int4Weights) -> torch.Tensor:
+def int8_weights(packed: torch.Tensor, scale: torch.Tensor, low: Optional[torch.Tensor]) -> Weights:
+    """An int8 layer's (packed [outputs / 16, width, 16]): fp16 scales per 32 (Q8_0's), or fp32
+    scales and lows (or none) per 16."""
+    groups, width, channels = packed.shape
+    kind = WEIGHT_INT8_SUB if scale.dtype == torch.float32 else WEIGHT_INT8
+    return Weights(packed.data_ptr(), scale.data_ptr(), 0 if low is None else low.data_ptr(), width,
+                       groups * channels, kind)
+
+
+def int4_matmul(x: torch.Tensor, weights: Weights) -> torch.Tensor:
     """x [rows, width] on CPU times a layer's int4 weights; returns [rows, outputs] fp32. Only
     where `int4_ready()`. A decode step makes about 200 of these calls, so this stays lean."""
     built = library()
@@ -204,25 +221,36 @@ class LlamaKin:
     """What a Llama-shaped layer of another family adds (None, 0: not this one's)."""
 
     qkv_bias: Optional[torch.Tensor] = None  # [q, k, v outputs] (Qwen2)
-    qk_norms: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # [dim] each (Qwen3)
+    qk_norms: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # [dim] each (Qwen3, Gemma 3)
     eps_qk: float = 0.0
     window: int = 0  # a sliding window in keys
+    out_norms: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # [hidden]: attention's, MLP's output (Gemma)
+    eps_out: float = 0.0
+    act: str = "silu"  # ACTIVATIONS' name
+    rope: int = 0  # which rotary table of the step turns this layer (Gemma 3: its local or global one)
+    softcap: float = 0.0  # attention scores' cap (Gemma 2)
 
 
-def llama_layer_args(qkv: Int4Weights, o: Int4Weights, gate_up: Int4Weights, down: Int4Weights,
+def llama_layer_args(qkv: list[Weights], o: Weights, gate_up: list[Weights], down: Weights,
                      norms: tuple[torch.Tensor, torch.Tensor], eps: tuple[float, float],
                      sizes: LlamaLayerSizes, kin: LlamaKin = LlamaKin()) -> Optional[Struct]:
-    """A layer for `llama_layer`, or None where it does not run here. The norms' weights (and the
-    kin's tensors) must stay where they are (the caller keeps them), as the int4 buffers do."""
-    extra = [t for t in (kin.qkv_bias, *(kin.qk_norms or ())) if t is not None]
-    if library() is None or not _cpu_fp32(*norms, *extra) or not all(t.is_contiguous() for t in (*norms, *extra)):
+    """A layer for `llama_layer`, or None where it does not run here. qkv: q, k and v end to end in
+    one part or three; gate_up likewise in one or two. The norms' weights (and the kin's tensors)
+    must stay where they are (the caller keeps them), as the layers' buffers do."""
+    extra = [t for t in (kin.qkv_bias, *(kin.qk_norms or ()), *(kin.out_norms or ())) if t is not None]
+    if (library() is None or not _cpu_fp32(*norms, *extra) or not all(t.is_contiguous() for t in (*norms, *extra))
+            or not 1 <= len(qkv) <= 3 or not 1 <= len(gate_up) <= 2):
         return None
-    parts = [_Int4(w.packed, w.scale, w.low, w.width, w.outputs) for w in (qkv, o, gate_up, down)]
+    weight = (lambda w: _Weight(w.packed, w.scale, w.low or None, w.width, w.outputs, w.kind))
+    padded = (lambda ws, n: (_Weight * n)(*map(weight, ws)))  # absent parts: zeros, 0 outputs
     q_norm, k_norm = kin.qk_norms or (None, None)
+    attn_out, mlp_out = kin.out_norms or (None, None)
     pointer = (lambda t: None if t is None else t.data_ptr())
-    return LlamaLayer(*parts, norms[0].data_ptr(), norms[1].data_ptr(), eps[0], eps[1], sizes.scale, sizes.hidden,
-                      sizes.heads, sizes.kv_heads, sizes.dim, sizes.inter, pointer(kin.qkv_bias), pointer(q_norm),
-                      pointer(k_norm), kin.eps_qk, kin.window)
+    return LlamaLayer(padded(qkv, 3), weight(o), padded(gate_up, 2), weight(down), norms[0].data_ptr(),
+                      norms[1].data_ptr(), eps[0], eps[1], sizes.scale, sizes.hidden, sizes.heads, sizes.kv_heads,
+                      sizes.dim, sizes.inter, pointer(kin.qkv_bias), pointer(q_norm), pointer(k_norm), kin.eps_qk,
+                      kin.window, pointer(attn_out), pointer(mlp_out), kin.eps_out, ACTIVATIONS[kin.act], kin.rope,
+                      kin.softcap)
 
 
 def llama_step(slots: torch.Tensor, c_args: tuple[torch.Tensor, ...], block: int) -> Struct:
@@ -233,12 +261,15 @@ def llama_step(slots: torch.Tensor, c_args: tuple[torch.Tensor, ...], block: int
                      tables.data_ptr(), slots.shape[0], tables.shape[0], tables.shape[1], block)
 
 
-def llama_layer(layer: Struct, step: Struct, rotary: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor,
-                k_pool: torch.Tensor, v_pool: torch.Tensor) -> Optional[torch.Tensor]:
+Rotary = tuple[torch.Tensor, torch.Tensor]  # cos and sin [1, tokens, head_dim]
+
+
+def llama_layer(layer: Struct, step: Struct, rotary: Rotary, x: torch.Tensor, k_pool: torch.Tensor,
+                v_pool: torch.Tensor) -> Optional[torch.Tensor]:
     """One decoder layer of a step (llama_layer.c): x [1, tokens, hidden] fp32 in, the layer's
-    output out; rotary: cos and sin [1, tokens, head_dim]; the pool fp32 or fp16 (KVPool's). None
-    where the kernels do not take these tensors (the caller runs the layer otherwise)."""
-    return _layers(ctypes.byref(layer), 1, layer, step, rotary, x, k_pool, v_pool)
+    output out; rotary: this layer's cos and sin; the pool fp32 or fp16 (KVPool's). None where the
+    kernels do not take these tensors (the caller runs the layer otherwise)."""
+    return _layers(ctypes.byref(layer), 1, layer, step, [rotary] * (layer.rope + 1), x, k_pool, v_pool)
 
 
 def llama_stack(layers: list[Struct]) -> Any:
@@ -247,19 +278,21 @@ def llama_stack(layers: list[Struct]) -> Any:
     return array(*layers)
 
 
-def llama_layers(stack: Any, step: Struct, rotary: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor,
-                 k_pools: torch.Tensor, v_pools: torch.Tensor) -> Optional[torch.Tensor]:
-    """Every layer of `stack` for a step in one call, as `llama_layer` one after another; k_pools
-    and v_pools: the pool's keys and values of every layer (KVPool's). None where it does not run."""
+def llama_layers(stack: Any, step: Struct, tables: list[Rotary], x: torch.Tensor, k_pools: torch.Tensor,
+                 v_pools: torch.Tensor) -> Optional[torch.Tensor]:
+    """Every layer of `stack` for a step in one call, as `llama_layer` one after another; tables:
+    the step's rotary tables, each layer's `rope` naming its own; k_pools and v_pools: the pool's
+    keys and values of every layer (KVPool's). None where it does not run."""
     if k_pools.shape[0] != len(stack) or v_pools.shape[0] != len(stack):
         return None
-    return _layers(stack, len(stack), stack[0], step, rotary, x, k_pools, v_pools)
+    return _layers(stack, len(stack), stack[0], step, tables, x, k_pools, v_pools)
 
 
-def _layers(layers: Any, count: int, first: Struct, step: Struct, rotary: tuple[torch.Tensor, torch.Tensor],
-            x: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> Optional[torch.Tensor]:
+def _layers(layers: Any, count: int, first: Struct, step: Struct, tables: list[Rotary], x: torch.Tensor,
+            k_pool: torch.Tensor, v_pool: torch.Tensor) -> Optional[torch.Tensor]:
     built = library()
-    cos, sin = (t.float().contiguous() for t in rotary)
+    cos, sin = ((table[0] if len(tables) == 1 else torch.stack(table)).float().contiguous()
+                for table in zip(*tables, strict=True))
     stride = k_pool.stride(0) if count > 1 else 0  # values from one layer's pool to the next
     if (built is None or not _cpu_fp32(x) or not _kv_pool(k_pool, v_pool)
             or not all(t.is_contiguous() for t in (x, k_pool, v_pool))
@@ -268,8 +301,8 @@ def _layers(layers: Any, count: int, first: Struct, step: Struct, rotary: tuple[
             or (count > 1 and v_pool.stride(0) != stride)):
         return None
     out = torch.empty_like(x)
-    status = built.llama_layers(layers, count, ctypes.byref(step), cos.data_ptr(), sin.data_ptr(), x.data_ptr(),
-                                out.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), stride,
+    status = built.llama_layers(layers, count, ctypes.byref(step), cos.data_ptr(), sin.data_ptr(), len(tables),
+                                x.data_ptr(), out.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), stride,
                                 int(k_pool.dtype == torch.float16), torch.get_num_threads())
     if status == -2:
         raise MemoryError("llama layer: out of memory")
@@ -290,12 +323,22 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> Optional[torc
 
 def silu(x: torch.Tensor) -> Optional[torch.Tensor]:
     """SiLU as llama_layer.c computes it; None where it cannot."""
+    return _each_value(x, lambda built, n, x_at, y_at: built.silu_rows(x_at, y_at, 1, n, n))
+
+
+def gelu_tanh(x: torch.Tensor) -> Optional[torch.Tensor]:
+    """GELU's tanh approximation (Gemma's GeGLU) as llama_layer.c computes it; None where it cannot."""
+    return _each_value(x, lambda built, n, x_at, y_at: built.gelu_tanh_rows(x_at, y_at, n))
+
+
+def _each_value(x: torch.Tensor, call: Any) -> Optional[torch.Tensor]:
+    """An activation of llama_layer.c over every value of x: call(library, n, x's, y's address)."""
     built = library()
     if built is None or not _cpu_fp32(x) or x.numel() == 0:
         return None
     x = x.contiguous()
     y = torch.empty_like(x)
-    built.silu_rows(x.data_ptr(), y.data_ptr(), 1, x.numel(), x.numel())
+    call(built, x.numel(), x.data_ptr(), y.data_ptr())
     return y
 
 

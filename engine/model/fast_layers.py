@@ -1,27 +1,27 @@
-"""A leaner decoder layer for Llama-shaped int4 models in the engine's steps: the same numbers,
-fewer calls.
+"""A leaner decoder layer in the engine's steps, for models of Llama's and Gemma's shape whose
+projections run in the C products: the same numbers, fewer calls.
 
 A decode step of a small model is mostly Python: transformers' modules make some 4,500 PyTorch
 calls a step for SmolLM2-135M, against 210 int4 matmuls. In the engine's steps (where the
-`paged` argument is given), each LlamaDecoderLayer here (and each of its kin's: Mistral, Qwen2,
-Qwen3, Phi-3, LAYERS) runs its own forward instead:
+`paged` argument is given), each decoder layer of LAYERS (Llama and its kin: Mistral, Qwen2,
+Qwen3, Phi-3) and GEMMA_LAYERS (Gemma 2, Gemma 3) runs its own forward instead:
 
-- where the C kernels are built, the whole layer is one call to llama_layer.c. The model's
-  norms and SiLU become that file's functions everywhere (NativeRMSNorm, NativeSiLU), and it
-  does the rest as PyTorch does, so transformers' forward of the same model gives the same
-  numbers bit for bit;
-- otherwise, in Python: q, k and v come from one int4 call over the three layers' packed weights
-  laid end to end, and gate and up from another. quant_matmul.c computes each group of 16
-  outputs alone, so these are bit for bit the three (two) calls' results. The norms, rotary
-  embedding, activation and residual sums are the modules' own functions and tensor operations,
-  called directly rather than through nn.Module: the same numbers. Attention is
-  paged_attention.py's, as transformers would call it.
+- where the C kernels are built, the whole layer is one call to llama_layer.c, whatever GGUF
+  kind each projection keeps (Q4_0 and Q4_1, Q4_K, Q5_0, Q8_0, Q6_K...). The model's norms and
+  activations become that file's functions everywhere (native_modules.py), and it does the rest
+  as PyTorch does, so transformers' forward of the same model gives the same numbers bit for bit;
+- otherwise, for Llama's kin with int4 layers, in Python: q, k and v come from one int4 call
+  over the three layers' packed weights laid end to end, and gate and up from another.
+  quant_matmul.c computes each group of 16 outputs alone, so these are bit for bit the three
+  (two) calls' results. The norms, rotary embedding, activation and residual sums are the
+  modules' own functions and tensor operations, called directly rather than through nn.Module:
+  the same numbers. Attention is paged_attention.py's, as transformers would call it.
 
 Where every layer runs in C, `forward` takes a step's whole stack in one call, with the
-embeddings, final norm and output layer of the model around it.
+embeddings, rotary tables, final norm and output layer of the model around it.
 
 Outside the engine's steps (a direct forward, generate), the layer's own forward runs. Where a
-layer is not Llama's shape, or its projections are not C int4 layers, nothing changes.
+layer is of neither shape, or its projections are not C products, nothing changes.
 """
 import types
 from dataclasses import dataclass
@@ -29,12 +29,12 @@ from typing import Any, Optional, cast
 
 import torch
 from torch import nn
-from transformers.activations import SiLUActivation
+from transformers.models.gemma2 import modeling_gemma2 as gemma2
+from transformers.models.gemma3 import modeling_gemma3 as gemma3
 from transformers.models.llama.modeling_llama import (
     LlamaDecoderLayer,
     LlamaForCausalLM,
     LlamaModel,
-    LlamaRMSNorm,
     apply_rotary_pos_emb,
 )
 from transformers.models.mistral import modeling_mistral as mistral
@@ -44,7 +44,9 @@ from transformers.models.qwen3 import modeling_qwen3 as qwen3
 
 from ..kernels import native
 from ..kernels.table import Op, choose
-from .int4 import Int4Linear
+from . import native_modules
+from .int4 import Int4Linear, Int8Linear
+from .native_modules import ACTIVATIONS
 from .paged_attention import PagedStep, paged_attention
 
 # Llama's kin: the same decoder layer, with features that llama_layer.c has too (native.LlamaKin):
@@ -52,11 +54,14 @@ from .paged_attention import PagedStep, paged_attention
 # Phi-3's q, k, v and gate, up projections, fused as llama_layer.c joins them anyway
 LAYERS = (LlamaDecoderLayer, mistral.MistralDecoderLayer, qwen2.Qwen2DecoderLayer, qwen3.Qwen3DecoderLayer,
           phi3.Phi3DecoderLayer)
-NORMS = (LlamaRMSNorm, mistral.MistralRMSNorm, qwen2.Qwen2RMSNorm, qwen3.Qwen3RMSNorm,  # the same arithmetic
-         phi3.Phi3RMSNorm)
+# Gemma's layers run whole in C too (not in the Python lean forward): each sublayer's output normed
+# before its sum, norms that scale by 1 + w, GeGLU, Gemma 2's capped scores, Gemma 3's q and k norms
+# and its local and global rotary tables
+GEMMA_LAYERS = (gemma2.Gemma2DecoderLayer, gemma3.Gemma3DecoderLayer)
 STACKS = {LlamaForCausalLM: LlamaModel, mistral.MistralForCausalLM: mistral.MistralModel,
           qwen2.Qwen2ForCausalLM: qwen2.Qwen2Model, qwen3.Qwen3ForCausalLM: qwen3.Qwen3Model,
-          phi3.Phi3ForCausalLM: phi3.Phi3Model}
+          phi3.Phi3ForCausalLM: phi3.Phi3Model, gemma2.Gemma2ForCausalLM: gemma2.Gemma2Model,
+          gemma3.Gemma3ForCausalLM: gemma3.Gemma3TextModel}
 QKV = ("q_proj", "k_proj", "v_proj")
 
 
@@ -82,7 +87,7 @@ def _parts(layer: Any) -> Parts:
 class Joined:
     """Layers' packed weights end to end, for one int4 call over all of them."""
 
-    weights: native.Int4Weights
+    weights: native.Weights
     buffers: tuple[torch.Tensor, ...]  # what `weights` points at, kept alive here
     widths: list[int]  # each layer's outputs, in order
     bias: Optional[torch.Tensor] = None  # the layers' biases end to end (each has one, or none has)
@@ -105,34 +110,40 @@ def _joined(layers: list[Int4Linear], widths: list[int]) -> Joined:
     return Joined(native.int4_weights(*buffers), buffers, widths, bias)
 
 
-def _int4(x: torch.Tensor, weights: native.Int4Weights) -> torch.Tensor:
+def _int4(x: torch.Tensor, weights: native.Weights) -> torch.Tensor:
     return native.int4_matmul(x.reshape(-1, x.shape[-1]), weights).view(*x.shape[:-1], weights.outputs)
 
 
 def _fits(layer: nn.Module) -> bool:
-    return type(layer) in LAYERS and _misfit(layer) is None
+    return type(layer) in (*LAYERS, *GEMMA_LAYERS) and _misfit(layer) is None
 
 
 def _misfit(layer: Any) -> Optional[str]:
-    """What keeps a layer of Llama's shape out of llama_layer.c (None: nothing)."""
+    """What keeps a layer of Llama's (or Gemma's) shape out of llama_layer.c (None: nothing)."""
     parts = _parts(layer)
     for p in (*parts.qkv, parts.o, *parts.gate_up, parts.down):
         name = next(n for n, m in layer.named_modules() if m is p)
-        if not isinstance(p, Int4Linear) or not p.c_kernel:
-            return f"its {name} is {type(p).__name__}, not int4 with fp16 scales (Q4_0, Q4_1)"
-        if p.wide:
-            return f"its {name} has fp32 scales (Q4_K)"
+        if not isinstance(p, (Int4Linear, Int8Linear)) or not p.c_kernel:
+            return f"its {name} is {type(p).__name__}, not a layer of the C products (a GGUF's blocks, int4)"
         if p.bias is not None and p not in parts.qkv:
             return f"its {name} has a bias"
     if len({p.bias is None for p in parts.qkv}) > 1:
         return "some of its q, k and v have a bias, not all"
     if getattr(layer.self_attn.config, "partial_rotary_factor", 1.0) != 1.0:
         return "its rotary embedding turns part of each head only"
+    act = getattr(layer.mlp, parts.act)
+    if type(act) not in ACTIVATIONS:
+        return f"its activation is {type(act).__name__}, not SiLU or GELU's tanh approximation"
     return None
 
 
+def _joinable(parts: Parts) -> bool:
+    """Whether the Python lean forward takes the layer: every projection int4 with fp16 scales."""
+    return all(isinstance(p, Int4Linear) and not p.wide for p in (*parts.qkv, parts.o, *parts.gate_up, parts.down))
+
+
 def _qk_norms(attn: Any) -> tuple[Any, Any]:
-    """The attention's q and k norms (Qwen3's), or (None, None)."""
+    """The attention's q and k norms (Qwen3's, Gemma 3's), or (None, None)."""
     return getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
 
 
@@ -142,73 +153,70 @@ def _window(attn: Any) -> int:
     return int(window or 0)
 
 
-class NativeRMSNorm(LlamaRMSNorm):
-    """LlamaRMSNorm computed by llama_layer.c's own function, so that a forward through
-    transformers' layers rounds as the whole-layer kernel does (PyTorch's where that cannot run)."""
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        out = native.rms_norm(hidden_states, self.weight, self.variance_epsilon)
-        return super().forward(hidden_states) if out is None else out
-
-
-class NativeSiLU(nn.Module):
-    """SiLU computed by llama_layer.c's own function (PyTorch's where that cannot run)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = native.silu(x)
-        return nn.functional.silu(x) if out is None else out
-
-
 def outside(model: nn.Module) -> Optional[str]:
     """Why the model's first decoder layer does not run in llama_layer.c (None: it does, or the
     model has no decoder layers): what the log names once at load."""
     layer = next((m for m in model.modules() if hasattr(m, "self_attn") and hasattr(m, "mlp")), None)
     if layer is None or _fits(layer):
         return None
-    if type(layer) not in LAYERS:
-        return (f"{type(layer).__name__} is not a layer of Llama's shape (Llama, Mistral, Qwen2, Qwen3, Phi-3), "
-                f"the only ones in C so far")
+    if type(layer) not in (*LAYERS, *GEMMA_LAYERS):
+        return (f"{type(layer).__name__} is not a layer of Llama's or Gemma's shape (Llama, Mistral, Qwen2, Qwen3, "
+                f"Phi-3, Gemma 2, Gemma 3), the only ones in C so far")
     return _misfit(layer) or "its layers do not fit llama_layer.c"
 
 
 def native_ops(model: nn.Module) -> list[Any]:
-    """Where the C kernels run, the model's norms and its fitting layers' SiLU become
-    llama_layer.c's (NativeRMSNorm, NativeSiLU), inside the whole-layer kernel and out of it
-    alike. Returns the fitting layers."""
+    """Where the C kernels run, the model's norms and its fitting layers' activations become
+    llama_layer.c's (native_modules.py), inside the whole-layer kernel and out of it alike.
+    Returns the fitting layers."""
     layers: list[Any] = [module for module in model.modules() if _fits(module)]
     if layers and choose(Op.DECODER_LAYERS, "int4").c:
-        for module in model.modules():
-            if type(module) in NORMS:
-                module.__class__ = NativeRMSNorm  # the same parameters and arithmetic, another forward
-        for layer in layers:
-            act = _parts(layer).act
-            if type(getattr(layer.mlp, act)) is SiLUActivation:
-                setattr(layer.mlp, act, NativeSiLU())
+        native_modules.convert(model, [(layer.mlp, _parts(layer).act) for layer in layers])
     return layers
 
 
 def install(model: nn.Module) -> int:
     """Give every fitting decoder layer the lean forward (after `native_ops`); returns how many got it."""
     layers = native_ops(model)
+    tables = _rope_tables(model)
     for layer in layers:  # each gets attributes of its own
         attn, parts, config = layer.self_attn, _parts(layer), layer.self_attn.config
         kv = config.num_key_value_heads * attn.head_dim
-        layer.lean_qkv = _joined(parts.qkv, [config.num_attention_heads * attn.head_dim, kv, kv])
-        layer.lean_gate_up = _joined(parts.gate_up, [config.intermediate_size] * 2)
+        joinable = type(layer) in LAYERS and _joinable(parts)  # the Python lean forward's
+        layer.lean_qkv = _joined(parts.qkv, [config.num_attention_heads * attn.head_dim, kv, kv]) if joinable else None
+        layer.lean_gate_up = _joined(parts.gate_up, [config.intermediate_size] * 2) if joinable else None
         # what the Python lean forward reads every step, found once (the activation by its name: a
         # module set as an attribute would become another child of the layer)
         layer.lean_act, layer.lean_window = parts.act, _window(attn) or None
-        layer.lean_native = _native(layer)
+        layer.lean_bias = _qkv_bias(layer, parts)
+        layer.lean_native = _native(layer, tables)
         layer.full_forward = layer.forward
         layer.forward = types.MethodType(_forward, layer)
     setattr(model, "lean_stack", _stack(model))  # noqa: B010 - nn.Module's typed __setattr__
+    setattr(model, "lean_tables", tables)  # noqa: B010
     return len(layers)
+
+
+def _rope_tables(model: nn.Module) -> Optional[list[str]]:
+    """The layer types whose rotary tables a step computes, in the order the C layers' `rope`
+    names them (Gemma 3's local and global ones); None: one table for every layer."""
+    config = getattr(model, "config", None)
+    if type(getattr(model, "model", None)) is not gemma3.Gemma3TextModel or config is None:
+        return None
+    return sorted(set(config.layer_types))
+
+
+def _qkv_bias(layer: Any, parts: Parts) -> Optional[torch.Tensor]:
+    """q, k and v's biases end to end (kept here for the C layer), or None."""
+    if layer.lean_qkv is not None:
+        return layer.lean_qkv.bias
+    return None if parts.qkv[0].bias is None else torch.cat([p.bias.detach() for p in parts.qkv])
 
 
 def _stack(model: nn.Module) -> Optional[Any]:
     """All decoder layers for one llama_layers call per step, where every one runs in C and
-    transformers' Llama (or its kin) is around them (embeddings, rotary embedding, final norm,
-    output layer)."""
+    transformers' Llama (or its kin, or Gemma) is around them (embeddings, rotary embedding,
+    final norm, output layer)."""
     decoder = getattr(model, "model", None)
     if type(model) not in STACKS or type(decoder) is not STACKS[type(model)]:
         return None
@@ -221,41 +229,58 @@ def _stack(model: nn.Module) -> Optional[Any]:
 def forward(model: nn.Module, ids: torch.Tensor, positions: torch.Tensor, step: PagedStep,
             keep: int | torch.Tensor) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
     """(the logits, the decoder's output [1, tokens, hidden]) of a step with every decoder layer
-    in one C call: what the model's forward computes (LlamaForCausalLM with `logits_to_keep=keep`,
-    the layers' forward above), bit for bit, without Python between the layers. The decoder's
-    output is what a prompt's scores are computed from (prompt_logprobs.py). None where the model
-    has no such stack or the call does not take these tensors: the caller runs the model's forward."""
+    in one C call: what the model's forward computes (LlamaForCausalLM, or its kin's or Gemma's,
+    with `logits_to_keep=keep`, the layers' forward above), bit for bit, without Python between
+    the layers. The decoder's output is what a prompt's scores are computed from
+    (prompt_logprobs.py). None where the model has no such stack or the call does not take these
+    tensors: the caller runs the model's forward."""
     stack = getattr(model, "lean_stack", None)
     if stack is None:
         return None
     decoder: Any = cast(Any, model).model
     hidden = decoder.embed_tokens(ids)
-    out = native.llama_layers(stack, step.native_step, decoder.rotary_emb(hidden, positions), hidden,
-                              *step.pool.all_layers())
+    kinds = getattr(model, "lean_tables", None)
+    tables = ([decoder.rotary_emb(hidden, positions)] if kinds is None
+              else [decoder.rotary_emb(hidden, positions, kind) for kind in kinds])
+    out = native.llama_layers(stack, step.native_step, tables, hidden, *step.pool.all_layers())
     if out is None:
         return None
     step.counted.extend(range(len(stack)))
     hidden = decoder.norm(out)
-    return cast(Any, model).lm_head(hidden if isinstance(keep, int) else hidden[:, keep]), hidden
+    logits = cast(Any, model).lm_head(hidden if isinstance(keep, int) else hidden[:, keep])
+    cap = getattr(cast(Any, model).config, "final_logit_softcapping", None)
+    if cap is not None:  # Gemma 2's, in its forward's operations
+        logits = logits / cap
+        logits = torch.tanh(logits)
+        logits = logits * cap
+    return logits, hidden
 
 
-def _native(layer: Any) -> Optional[native.Struct]:
+def _native(layer: Any, tables: Optional[list[str]]) -> Optional[native.Struct]:
     """The layer for llama_layer.c, where it runs."""
-    attn, mlp, norms = layer.self_attn, layer.mlp, (layer.input_layernorm, layer.post_attention_layernorm)
-    qk_norms = _qk_norms(attn)
-    parts = _parts(layer)
-    if (type(getattr(mlp, parts.act)) is not NativeSiLU
-            or any(type(n) is not NativeRMSNorm for n in (*norms, *(n for n in qk_norms if n is not None)))):
+    attn, mlp, parts, config = layer.self_attn, layer.mlp, _parts(layer), layer.self_attn.config
+    gemma = type(layer) in GEMMA_LAYERS
+    norms = (layer.input_layernorm, layer.pre_feedforward_layernorm if gemma else layer.post_attention_layernorm)
+    outs = (layer.post_attention_layernorm, layer.post_feedforward_layernorm) if gemma else None
+    q_norm, k_norm = _qk_norms(attn)
+    if not all(native_modules.is_native(m) for m in (getattr(mlp, parts.act), *norms, *(outs or ()),
+                                                        *(n for n in (q_norm, k_norm) if n is not None))):
         return None
-    config = attn.config
+    scale = (lambda norm: norm.plus_one if gemma else norm.weight)  # Gemma's norms scale by 1 + w
+    eps = (lambda norm: norm.eps if gemma else norm.variance_epsilon)
     sizes = native.LlamaLayerSizes(config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
                                    attn.head_dim, config.intermediate_size, attn.scaling)
-    q_norm, k_norm = qk_norms
-    kin = native.LlamaKin(layer.lean_qkv.bias, None if q_norm is None else (q_norm.weight, k_norm.weight),
-                          0.0 if q_norm is None else q_norm.variance_epsilon, _window(attn))
-    return native.llama_layer_args(layer.lean_qkv.weights, parts.o.weights, layer.lean_gate_up.weights,
-                                   parts.down.weights, (norms[0].weight, norms[1].weight),
-                                   (norms[0].variance_epsilon, norms[1].variance_epsilon), sizes, kin)
+    kin = native.LlamaKin(
+        layer.lean_bias, None if q_norm is None else (scale(q_norm), scale(k_norm)),
+        0.0 if q_norm is None else eps(q_norm), _window(attn),
+        None if outs is None else (scale(outs[0]), scale(outs[1])), 0.0 if outs is None else eps(outs[0]),
+        native_modules.ACTIVATIONS[type(getattr(mlp, parts.act))][0],
+        0 if tables is None else tables.index(config.layer_types[attn.layer_idx]),
+        float(getattr(attn, "attn_logit_softcapping", None) or 0.0))
+    qkv = [layer.lean_qkv.weights] if layer.lean_qkv is not None else [p.weights for p in parts.qkv]
+    gate_up = [layer.lean_gate_up.weights] if layer.lean_gate_up is not None else [p.weights for p in parts.gate_up]
+    return native.llama_layer_args(qkv, parts.o.weights, gate_up, parts.down.weights,
+                                   (scale(norms[0]), scale(norms[1])), (eps(norms[0]), eps(norms[1])), sizes, kin)
 
 
 def _forward(self: LlamaDecoderLayer, hidden_states: torch.Tensor, *args: Any,
@@ -272,6 +297,9 @@ def _forward(self: LlamaDecoderLayer, hidden_states: torch.Tensor, *args: Any,
         if out is not None:
             paged.counted.append(self.self_attn.layer_idx)
             return out
+    if lean.lean_qkv is None:  # not Llama's kin with int4 layers: the layer's own forward
+        return lean.full_forward(hidden_states, *args, position_embeddings=position_embeddings, paged=paged,
+                                 **kwargs)
     attn, mlp, qkv, gate_up = self.self_attn, self.mlp, cast(Joined, lean.lean_qkv), cast(Joined, lean.lean_gate_up)
     shape = hidden_states.shape[:-1]
     joined = _int4(self.input_layernorm.forward(hidden_states), qkv.weights)

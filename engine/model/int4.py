@@ -128,6 +128,11 @@ class Int8Linear(nn.Module):
         self.register_buffer("scales", scale.contiguous())
         self.bias = linear.bias
 
+    @property
+    def weights(self) -> native.Weights:
+        """The C kernel's view of the buffers (where `c_kernel`), for the whole C layers."""
+        return native.int8_weights(self.weight_int8, self.scales, self.lows)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         if self.sub:

@@ -1,7 +1,6 @@
 """Today's small architectures (testing/toy_models.ARCHITECTURES: Qwen2, Qwen3, Mistral, Phi-3,
 Gemma 3, Gemma 2), tiny and random, built from their transformers configs with no download, served
-with int4 weights and the fp16 KV cache: whole layers in C for Llama's kin (Mistral, Phi-3, Qwen2,
-Qwen3), transformers' modules around the C products and the C paged attention for Gemma. Each
+with int4 weights and the fp16 KV cache, every one in whole C layers (llama_layer.c). Each
 gives transformers' own log probabilities (its eager forward, fp32) within a stated tolerance, and
 keeps the engine's promises: a request batched with others answers as it does alone, and a prompt
 served from the prefix cache answers as it did uncached."""
@@ -74,6 +73,7 @@ async def test_log_probabilities_are_transformers_own(architecture_model, make_e
 
 
 KIN = ("mistral", "phi3", "qwen2", "qwen3")  # Llama's layer shape, with features llama_layer.c has too
+GEMMA = ("gemma2", "gemma3_text")  # whole layers in C too, with Gemma's features
 
 
 def test_the_load_says_why_layers_run_outside_the_c_layers(architecture_model, caplog):
@@ -83,28 +83,24 @@ def test_the_load_says_why_layers_run_outside_the_c_layers(architecture_model, c
         loaded = load_model(EngineConfig(model=architecture_model, device="cpu"))
     assert loaded.info.dtype == "int4"
     lines = [r.getMessage() for r in caplog.records if "decoder layers:" in r.getMessage()]
-    if architecture_model.rsplit("-", 1)[-1] in KIN:  # every layer in llama_layer.c, the stack in one call
-        assert not lines and getattr(loaded.model, "lean_stack", None) is not None, lines
-    else:
-        [line] = lines
-        assert "is not a layer of Llama's shape" in line, line
+    # every layer in llama_layer.c, the stack in one call
+    assert not lines and getattr(loaded.model, "lean_stack", None) is not None, lines
 
 
-@pytest.fixture(scope="module", params=KIN)
-def kin_model(request, models_dir) -> str:
-    return shared_build(models_dir / f"arch-{request.param}", request.param, four_bit=True)
-
-
-@pytest.mark.parametrize("whole_layers", [True, False], ids=["llama_layer.c", "python"])
-async def test_llamas_kin_give_the_numbers_of_transformers_layers(kin_model, make_engine, monkeypatch, whole_layers):
-    """Qwen2's biases, Qwen3's q and k norms, Mistral's window and Phi-3's fused projections, in
-    llama_layer.c's whole layers
-    (and in fast_layers.py's Python layers where those do not run): the same tokens and log
-    probabilities as transformers' own layers (with the C norms), bit for bit, greedy and seeded."""
+@pytest.mark.parametrize("whole_layers, style", [*((True, s) for s in (*KIN, *GEMMA)), *((False, s) for s in KIN)],
+                         ids=lambda v: {True: "llama_layer.c", False: "python"}.get(v, v))
+async def test_whole_layers_give_the_numbers_of_transformers_layers(models_dir, make_engine, monkeypatch,
+                                                                   whole_layers, style):
+    """Qwen2's biases, Qwen3's q and k norms, Mistral's window, Phi-3's fused projections, and
+    Gemma's norms around each sublayer, (1 + w) norms, GeGLU, capped scores and local and global
+    rotary tables, in llama_layer.c's whole layers (and, for Llama's kin, in fast_layers.py's
+    Python layers where those do not run): the same tokens and log probabilities as transformers'
+    own layers (with the C norms and activations), bit for bit, greedy and seeded."""
     from engine.model import fast_layers
     from tests.unit.test_int4 import _answers, _lean_and_full
+    kin_model = shared_build(models_dir / f"arch-{style}", style, four_bit=True)
     if not whole_layers:
-        monkeypatch.setattr(fast_layers, "_native", lambda layer: None)
+        monkeypatch.setattr(fast_layers, "_native", lambda *layer: None)
     lean, full, requests = _lean_and_full(kin_model, make_engine, monkeypatch)
     layers = [m for m in lean.core.loaded.model.modules() if hasattr(m, "lean_qkv")]
     assert layers and all(bool(m.lean_native) == whole_layers for m in layers)

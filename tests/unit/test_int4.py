@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from contract import EngineConfig, SamplingParams
 from engine.kernels import build, native
-from engine.model import fast_layers, loader, paged_attention
+from engine.model import fast_layers, loader, native_modules, paged_attention
 from engine.model.int4 import Int4Linear, Int8Linear, _quantize, dequantize, int16_blocks, q8_0, quantize
 from engine.model.loader import load_model, pick_dtype
 from tests.unit.test_batching import collect, mixed_requests
@@ -227,7 +227,7 @@ async def test_int4_prefill_and_decode_steps_run_the_c_kernels(four_bit_llama, m
         monkeypatch.setattr(native, "llama_layer", spy(native.llama_layer))
         monkeypatch.setattr(native, "llama_layers", spy(native.llama_layers))
     else:
-        monkeypatch.setattr(fast_layers, "_native", lambda layer: None)
+        monkeypatch.setattr(fast_layers, "_native", lambda *layer: None)
         monkeypatch.setattr(paged_attention, "c_paged_attention", spy(native.paged_attention))
     engine = make_engine(four_bit_llama, device="cpu")
     ids, _, _ = await collect(engine, "the quick brown fox", SamplingParams(max_tokens=4, ignore_eos=True))
@@ -265,7 +265,7 @@ async def test_lean_layers_give_the_numbers_of_transformers_layers(four_bit_llam
     """fast_layers.py's decoder layers in Python (q, k, v in one int4 call, gate and up in
     another): the same tokens and log probabilities as transformers' own layers, bit for bit,
     greedy and seeded."""
-    monkeypatch.setattr(fast_layers, "_native", lambda layer: None)
+    monkeypatch.setattr(fast_layers, "_native", lambda *layer: None)
     lean, full, requests = _lean_and_full(four_bit_llama, make_engine, monkeypatch)
     assert not any(getattr(m, "lean_native", None) for m in lean.core.loaded.model.modules())
     answers = await _answers(lean, requests)
@@ -282,7 +282,7 @@ async def test_whole_c_layers_give_the_numbers_of_transformers_layers(four_bit_l
     lean, full, requests = _lean_and_full(four_bit_llama, make_engine, monkeypatch, prefill)
     model = lean.core.loaded.model
     assert all(m.lean_native for m in model.modules() if hasattr(m, "lean_qkv"))
-    assert any(isinstance(m, fast_layers.NativeRMSNorm) for m in full.core.loaded.model.modules())
+    assert any(isinstance(m, native_modules.NativeRMSNorm) for m in full.core.loaded.model.modules())
     widths: list[int] = []
     real = native.llama_layers
     monkeypatch.setattr(native, "llama_layers", lambda stack, step, *rest: widths.append(step.tokens) or
@@ -294,13 +294,13 @@ async def test_whole_c_layers_give_the_numbers_of_transformers_layers(four_bit_l
 
 def test_the_native_norm_and_silu_fall_back_off_cpu_fp32():
     torch.manual_seed(0)
-    norm = fast_layers.NativeRMSNorm(64, eps=1e-5)
+    norm = native_modules.NativeRMSNorm(64, eps=1e-5)
     norm.weight.data.normal_()
     x = torch.randn(3, 64)
     torch.testing.assert_close(norm(x), nn.functional.rms_norm(x, (64,), norm.weight, 1e-5))
     assert norm(x.double()).dtype == torch.float64  # PyTorch's forward
-    torch.testing.assert_close(fast_layers.NativeSiLU()(x), nn.functional.silu(x))
-    assert fast_layers.NativeSiLU()(x.double()).dtype == torch.float64
+    torch.testing.assert_close(native_modules.NativeSiLU()(x), nn.functional.silu(x))
+    assert native_modules.NativeSiLU()(x.double()).dtype == torch.float64
 
 
 def test_the_native_silu_is_accurate_and_the_same_wherever_a_value_sits():

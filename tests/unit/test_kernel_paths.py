@@ -82,7 +82,7 @@ def test_attention_over_fp32_and_fp16_pools(paths, heads, kv_heads, dim, cap):
     same_on_every_path(paths, attend)
 
 
-def test_norms_silu_greedy_and_log_softmax(paths):
+def test_norms_activations_greedy_and_log_softmax(paths):
     g = torch.Generator().manual_seed(3)
     x = torch.randn(5, 576, generator=g) * 3
     weight = torch.rand(576, generator=g)
@@ -90,14 +90,18 @@ def test_norms_silu_greedy_and_log_softmax(paths):
     logits[2, ::3] = float("-inf")  # what a constraint forbids
 
     def small_ops(library):
-        norm, act, lsm = torch.empty_like(x), torch.empty(5, 573), torch.empty_like(logits)
+        norm, act, lsm, gelu = torch.empty_like(x), torch.empty(5, 573), torch.empty_like(logits), torch.empty(2877)
         library.rms_norm_rows(x.data_ptr(), weight.data_ptr(), norm.data_ptr(), 5, 576, ctypes.c_float(1e-5))
         library.silu_rows(x.data_ptr(), act.data_ptr(), 5, 573, 576)  # rows not whole vectors
+        library.gelu_tanh_rows(x.data_ptr(), gelu.data_ptr(), 2877)  # not whole vectors
         assert library.log_softmax_rows(logits.data_ptr(), 6, 1003, lsm.data_ptr(), 2) == 0
         tokens, logprobs = torch.empty(6, dtype=torch.int64), torch.empty(6)
         assert library.greedy_rows(logits.data_ptr(), 6, 1003, tokens.data_ptr(), logprobs.data_ptr(), 2) == 0
-        return [norm, act, lsm, tokens, logprobs]
-    norm, act, lsm, tokens, logprobs = same_on_every_path(paths, small_ops)
+        return [norm, act, lsm, tokens, logprobs, gelu]
+    norm, act, lsm, tokens, logprobs, gelu = same_on_every_path(paths, small_ops)
+    # GELU's tanh approximation in arith.h's tanh: PyTorch's within float rounding
+    torch.testing.assert_close(gelu, torch.nn.functional.gelu(x.flatten()[:2877], approximate="tanh"),
+                               atol=1e-6, rtol=1e-6)
     assert torch.equal(tokens, logits.argmax(-1)) and torch.equal(logprobs, lsm.gather(1, tokens[:, None])[:, 0])
     assert torch.isinf(lsm[2, ::3]).all()
 
