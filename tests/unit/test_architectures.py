@@ -106,3 +106,64 @@ async def test_whole_layers_give_the_numbers_of_transformers_layers(models_dir, 
     assert layers and all(bool(m.lean_native) == whole_layers for m in layers)
     answers = await _answers(lean, requests)
     assert answers == await _answers(full, requests) and all(ids for ids, _ in answers)
+
+
+def _mixed_kinds(model: torch.nn.Module) -> None:
+    """Each decoder layer's projections as a Q4_K_M file mixes them: q and k Q8_0 (int8, fp16
+    scales), v and down int8 with fp32 scales per 16 (Q6_K's layout), o int4 with fp32 scales
+    (Q4_K's), gate int4 (Q4_1), up Q8_0: q, k, v and gate, up in parts of different kinds.
+    Steps and scales are drawn, the same for every engine that loads the model."""
+    from engine.model.int4 import Int4Linear, Int8Linear, _quantize
+    g = torch.Generator().manual_seed(5)
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        for owner, name, kind in ((attn, "q_proj", "q8_0"), (attn, "k_proj", "q8_0"), (attn, "v_proj", "sub16"),
+                                  (attn, "o_proj", "q4_k"), (mlp, "gate_proj", "q4_1"), (mlp, "up_proj", "q8_0"),
+                                  (mlp, "down_proj", "sub16")):
+            linear = torch.nn.Linear(getattr(owner, name).in_features, getattr(owner, name).out_features,
+                                     bias=getattr(owner, name).bias is not None)
+            if linear.bias is not None:
+                linear.bias = getattr(owner, name).bias
+            out, width = linear.out_features, linear.in_features
+            if kind == "q4_k":
+                scale = torch.rand(out, width // 32, generator=g) * 0.05 + 1e-3
+                steps = torch.randint(0, 16, (out, width), generator=g, dtype=torch.int32)
+                new: torch.nn.Module = Int4Linear(linear, steps, scale, -8 * scale, wide=True)
+            elif kind == "sub16":
+                steps = torch.randint(-32, 32, (out, width), generator=g, dtype=torch.int8)
+                new = Int8Linear(linear, (steps, torch.rand(out, width // 16, generator=g) * 0.01 + 1e-4, None))
+            elif kind == "q8_0":
+                new = Int8Linear(linear, (*q8_0(torch.randn(out, width, generator=g) * 0.2), None))
+            else:
+                steps, scale, low, _ = _quantize(torch.randn(out, width, generator=g) * 0.2)
+                new = Int4Linear(linear, steps, scale, low)
+            setattr(owner, name, new)
+
+
+@pytest.mark.parametrize("style", ["qwen2", "gemma3_text"])
+async def test_every_block_kind_runs_in_the_whole_c_layers(models_dir, make_engine, monkeypatch, style):
+    """Projections of every product's kind, mixed within q, k, v and within gate, up, as a Q4_K_M
+    file has them: whole C layers give transformers' layers' numbers (around the same products)
+    bit for bit, greedy and seeded, and batched equals alone."""
+    from engine.model import fast_layers, loader
+    from tests.unit.test_batching import mixed_requests
+    from tests.unit.test_int4 import _answers
+    path = shared_build(models_dir / f"arch-{style}", style, four_bit=True)
+    engines = {}
+    for name, install in (("whole", fast_layers.install), ("modules", fast_layers.native_ops)):
+        monkeypatch.setattr(loader, "lean_layers", lambda model, install=install: (_mixed_kinds(model),
+                                                                                   install(model))[1])
+        engines[name] = make_engine(path, device="cpu")
+    model = engines["whole"].core.loaded.model
+    assert model.lean_stack is not None and len(model.lean_stack) == model.config.num_hidden_layers
+    kinds = {p.weights.kind for p in model.model.layers[0].modules() if hasattr(p, "weights")}
+    assert len(kinds) == 4, kinds  # every product's kind
+    requests = mixed_requests(4, seed=3) + mixed_requests(4, seed=4, sample=True)
+    answers = await _answers(engines["whole"], requests)
+    assert answers == await _answers(engines["modules"], requests) and all(ids for ids, _ in answers)
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=True)
+    def flat(outs: list) -> tuple[list[int], list[float]]:
+        return [t for o in outs for t in o.token_ids], [lp for o in outs for lp in o.logprobs]
+    alone = [flat(await engines["whole"].complete(p, params)) for p in PROMPTS]
+    together = await asyncio.gather(*(engines["whole"].complete(p, params) for p in PROMPTS))
+    assert [flat(outs) for outs in together] == alone
