@@ -85,29 +85,49 @@ def _parts(layer: Any) -> Parts:
 
 @dataclass(frozen=True)
 class Joined:
-    """Layers' packed weights end to end, for one int4 call over all of them."""
+    """Layers' packed weights end to end, for one product over all of them."""
 
     weights: native.Weights
-    buffers: tuple[torch.Tensor, ...]  # what `weights` points at, kept alive here
+    buffers: tuple[Optional[torch.Tensor], ...]  # what `weights` points at, kept alive here
     widths: list[int]  # each layer's outputs, in order
     bias: Optional[torch.Tensor] = None  # the layers' biases end to end (each has one, or none has)
 
 
-def _joined(layers: list[Int4Linear], widths: list[int]) -> Joined:
+def _buffers(layer: Any) -> tuple[str, str, str]:
+    """A C product layer's buffers, output groups first: steps, scales, lows."""
+    return ("packed", "scale", "low") if isinstance(layer, Int4Linear) else ("weight_int8", "scales", "lows")
+
+
+def _join(layers: list[Any], widths: list[int]) -> Optional[Joined]:
+    """The layers joined (`_joined`) where one product reads them all: the same kind of weights,
+    lows in all or none; else None."""
+    kinds = {(type(layer), layer.weights.kind, getattr(layer, _buffers(layer)[2]) is None) for layer in layers}
+    return _joined(layers, widths) if len(kinds) == 1 else None
+
+
+def _joined(layers: list[Any], widths: list[int]) -> Joined:
     """The layers' buffers end to end; each layer's own buffers become views of these, so the
     weights are held once (outputs are the layout's first dimension: each view is contiguous).
     widths: the parts the joined outputs split into (q, k, v; gate, up)."""
-    names = ("packed", "scale", "low")
-    buffers = tuple(torch.cat([getattr(layer, name) for layer in layers]) for name in names)
+    names = _buffers(layers[0])
+    buffers = tuple(None if getattr(layers[0], name) is None else torch.cat([getattr(layer, name) for layer in layers])
+                    for name in names)
     start = 0
     for layer in layers:
-        groups = layer.packed.shape[0]
+        groups = getattr(layer, names[0]).shape[0]
         for name, joined in zip(names, buffers, strict=True):
-            setattr(layer, name, joined[start:start + groups])
-        layer.weights = native.int4_weights(layer.packed, layer.scale, layer.low)
+            if joined is not None:
+                setattr(layer, name, joined[start:start + groups])
+        if isinstance(layer, Int4Linear):
+            layer.weights = native.int4_weights(layer.packed, layer.scale, layer.low)
         start += groups
     bias = torch.cat([layer.bias.detach() for layer in layers]) if layers[0].bias is not None else None
-    return Joined(native.int4_weights(*buffers), buffers, widths, bias)
+    steps, scales, lows = buffers
+    assert steps is not None and scales is not None
+    if isinstance(layers[0], Int4Linear):
+        assert lows is not None
+        return Joined(native.int4_weights(steps, scales, lows), buffers, widths, bias)
+    return Joined(native.int8_weights(steps, scales, lows), buffers, widths, bias)
 
 
 def _int4(x: torch.Tensor, weights: native.Weights) -> torch.Tensor:
@@ -182,9 +202,10 @@ def install(model: nn.Module) -> int:
     for layer in layers:  # each gets attributes of its own
         attn, parts, config = layer.self_attn, _parts(layer), layer.self_attn.config
         kv = config.num_key_value_heads * attn.head_dim
-        joinable = type(layer) in LAYERS and _joinable(parts)  # the Python lean forward's
-        layer.lean_qkv = _joined(parts.qkv, [config.num_attention_heads * attn.head_dim, kv, kv]) if joinable else None
-        layer.lean_gate_up = _joined(parts.gate_up, [config.intermediate_size] * 2) if joinable else None
+        # one product for q, k, v and one for gate, up where each joins (all int4 for the Python lean forward)
+        layer.lean_qkv = _join(parts.qkv, [config.num_attention_heads * attn.head_dim, kv, kv])
+        layer.lean_gate_up = _join(parts.gate_up, [config.intermediate_size] * 2)
+        layer.lean_python = type(layer) in LAYERS and _joinable(parts)
         # what the Python lean forward reads every step, found once (the activation by its name: a
         # module set as an attribute would become another child of the layer)
         layer.lean_act, layer.lean_window = parts.act, _window(attn) or None
@@ -297,7 +318,7 @@ def _forward(self: LlamaDecoderLayer, hidden_states: torch.Tensor, *args: Any,
         if out is not None:
             paged.counted.append(self.self_attn.layer_idx)
             return out
-    if lean.lean_qkv is None:  # not Llama's kin with int4 layers: the layer's own forward
+    if not lean.lean_python:  # not Llama's kin with int4 layers: the layer's own forward
         return lean.full_forward(hidden_states, *args, position_embeddings=position_embeddings, paged=paged,
                                  **kwargs)
     attn, mlp, qkv, gate_up = self.self_attn, self.mlp, cast(Joined, lean.lean_qkv), cast(Joined, lean.lean_gate_up)
