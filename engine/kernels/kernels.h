@@ -81,6 +81,8 @@ int int8_matmul(const float *x, const int8_t *packed, const uint16_t *scale, flo
 /* the same products for the GGUF types whose scales fp16 cannot hold: int4 steps with fp32 scale and
  * low per block of 32 (Q4_K), and int8 steps with fp32 scale and low (low may be NULL) per 16
  * inputs (Q5_1, Q5_K, Q6_K); both run where int4_matmul does */
+/* any of the four, as a Weight's kind says */
+int weight_matmul(const float *x, const Weight *w, float *y, int64_t rows, int threads);
 int int4f_matmul(const float *x, const uint8_t *packed, const float *scale, const float *low, float *y,
                  int64_t rows, int64_t width, int64_t outputs, int threads);
 int int8s_matmul(const float *x, const int8_t *packed, const float *scale, const float *low, float *y, int64_t rows,

@@ -122,22 +122,6 @@ static void write_kv(const float *k, const float *v, int64_t slot, void *k_pool,
 
 #define PARALLEL_TOKENS 64  /* from here a loop between the matmuls is worth waking the threads */
 
-/* y = x W^T by the product that reads the part's kind of weights */
-static int product(const Weight *w, const float *x, float *y, int64_t rows, int threads) {
-    switch (w->kind) {
-    case WEIGHT_INT4:
-        return int4_matmul(x, w->packed, w->scale, w->low, y, rows, w->width, w->outputs, threads);
-    case WEIGHT_INT4_F32:
-        return int4f_matmul(x, w->packed, w->scale, w->low, y, rows, w->width, w->outputs, threads);
-    case WEIGHT_INT8:
-        return int8_matmul(x, w->packed, w->scale, y, rows, w->width, w->outputs, threads);
-    case WEIGHT_INT8_SUB:
-        return int8s_matmul(x, w->packed, w->scale, w->low, y, rows, w->width, w->outputs, threads);
-    default:
-        return -1;
-    }
-}
-
 /* the outputs of `count` parts end to end (an empty part: none); each output group is computed
  * alone by every product, so one part or several give the same bits */
 static int64_t outputs_of(const Weight *parts, int count) {
@@ -154,14 +138,14 @@ static int products(const Weight *parts, int count, const float *x, float *y, in
     for (int i = 0; i < count; i++) used += parts[i].outputs > 0;
     if (used == 1)
         for (int i = 0; i < count; i++)
-            if (parts[i].outputs) return product(parts + i, x, y, rows, threads);
+            if (parts[i].outputs) return weight_matmul(x, parts + i, y, rows, threads);
     int64_t start = 0;
     for (int i = 0; i < count; i++) {
         const int64_t width = parts[i].outputs;
         if (!width) continue;
         float *part = malloc(rows * width * sizeof(float));
         if (!part) return -2;
-        int status = product(parts + i, x, part, rows, threads);
+        int status = weight_matmul(x, parts + i, part, rows, threads);
         for (int64_t r = 0; r < rows && !status; r++)
             for (int64_t j = 0; j < width; j++) y[r * total + start + j] = part[r * width + j];
         free(part);
@@ -219,7 +203,7 @@ int llama_layer(const LlamaLayer *layer, const LlamaStep *step, const float *cos
                                        step->ctx_lens, step->tables, step->table_width, step->sequences, heads,
                                        layer->kv_heads, dim, step->block, layer->window, layer->scale,
                                        layer->softcap, threads);
-    if (status || (status = product(&layer->o, attended, sum, n, threads))) goto done;
+    if (status || (status = weight_matmul(attended, &layer->o, sum, n, threads))) goto done;
     #pragma omp parallel for schedule(static) num_threads(threads) if (wide)
     for (int64_t t = 0; t < n; t++) {
         float *row = sum + t * hidden;
@@ -235,7 +219,7 @@ int llama_layer(const LlamaLayer *layer, const LlamaStep *step, const float *cos
         activate(layer->act, gate_up + t * 2 * inter, a, inter);
         for (int64_t i = 0; i < inter; i++) a[i] *= up[i];
     }
-    if ((status = product(&layer->down, act, out, n, threads))) goto done;
+    if ((status = weight_matmul(act, &layer->down, out, n, threads))) goto done;
     #pragma omp parallel for schedule(static) num_threads(threads) if (wide)
     for (int64_t t = 0; t < n; t++) {
         float *row = out + t * hidden;

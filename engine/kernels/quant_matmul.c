@@ -262,22 +262,16 @@ int8s_tile(const Rows *x, const int8_t *packed, const float *scale, const float 
         default: CALL(1);                                                                             \
     }
 
-/* What one call multiplies x by: int4 steps (packed) or int8 steps (packed8), and their scales and
- * lows (low may be NULL for int8) as `kind` says. */
-typedef enum { INT4_HALF, INT4_FLOAT, INT8_Q8_0, INT8_SUB } Kind;
-typedef struct {
-    Kind kind;
-    const uint8_t *packed;
-    const int8_t *packed8;
-    const void *scale, *low;
-} Weights;
-
 /* x [rows, width] and y [rows, outputs], contiguous fp32: x's rows quantized, then each group of
  * outputs by one thread. Returns 0, or -2 when out of memory. */
-static int product(const float *x, Weights w, float *y, int64_t rows, int64_t width, int64_t outputs, int threads,
-                   int64_t parallel_from) {
+static int product(const float *x, const Weight *w, float *y, int64_t rows, int threads) {
+    const int64_t width = w->width, outputs = w->outputs;
+    const int int8 = w->kind == WEIGHT_INT8 || w->kind == WEIGHT_INT8_SUB;
+    const int64_t parallel_from = int8 ? 1 << 16 : 1 << 18;
+    const uint8_t *packed = w->packed;
+    const int8_t *packed8 = w->packed;
     Rows q;
-    if (rows_alloc(&q, rows, width, w.kind == INT8_SUB && w.low)) {
+    if (rows_alloc(&q, rows, width, w->kind == WEIGHT_INT8_SUB && w->low)) {
         rows_free(&q);
         return -2;
     }
@@ -289,15 +283,15 @@ static int product(const float *x, Weights w, float *y, int64_t rows, int64_t wi
         #pragma omp for schedule(dynamic, 4)
         for (int64_t group = 0; group < outputs / CHANNELS; group++)
             for (int64_t r0 = 0; r0 < rows; r0 += TILE) {
-#define INT4_TILE(N) int4_tile(&q, w.packed, w.scale, w.low, 0, y, outputs, group, r0, N)
-#define INT4F_TILE(N) int4_tile(&q, w.packed, w.scale, w.low, 1, y, outputs, group, r0, N)
-#define INT8_TILE(N) int8_tile(&q, w.packed8, w.scale, y, outputs, group, r0, N)
-#define INT8S_TILE(N) int8s_tile(&q, w.packed8, w.scale, w.low, y, outputs, group, r0, N)
-                switch (w.kind) {
-                    case INT4_HALF: EACH_TILE(INT4_TILE) break;
-                    case INT4_FLOAT: EACH_TILE(INT4F_TILE) break;
-                    case INT8_Q8_0: EACH_TILE(INT8_TILE) break;
-                    case INT8_SUB: EACH_TILE(INT8S_TILE) break;
+#define INT4_TILE(N) int4_tile(&q, packed, w->scale, w->low, 0, y, outputs, group, r0, N)
+#define INT4F_TILE(N) int4_tile(&q, packed, w->scale, w->low, 1, y, outputs, group, r0, N)
+#define INT8_TILE(N) int8_tile(&q, packed8, w->scale, y, outputs, group, r0, N)
+#define INT8S_TILE(N) int8s_tile(&q, packed8, w->scale, w->low, y, outputs, group, r0, N)
+                switch (w->kind) {
+                    case WEIGHT_INT4: EACH_TILE(INT4_TILE) break;
+                    case WEIGHT_INT4_F32: EACH_TILE(INT4F_TILE) break;
+                    case WEIGHT_INT8: EACH_TILE(INT8_TILE) break;
+                    case WEIGHT_INT8_SUB: EACH_TILE(INT8S_TILE) break;
                 }
 #undef INT4_TILE
 #undef INT4F_TILE
@@ -309,26 +303,31 @@ static int product(const float *x, Weights w, float *y, int64_t rows, int64_t wi
     return 0;
 }
 
+/* y = x W^T for one projection's weights of any kind (llama_layer.c's products, and the four below) */
+int weight_matmul(const float *x, const Weight *w, float *y, int64_t rows, int threads) {
+    const int whole_blocks = w->kind != WEIGHT_INT8;  /* Q8_0's last block may be partial */
+    if (rows < 1 || w->width < 1 || (whole_blocks && w->width % QBLOCK) || w->outputs % CHANNELS
+        || w->kind < WEIGHT_INT4 || w->kind > WEIGHT_INT8_SUB)
+        return -1;
+    return product(x, w, y, rows, threads);
+}
+
 int int4_matmul(const float *x, const uint8_t *packed, const uint16_t *scale, const uint16_t *low, float *y,
                 int64_t rows, int64_t width, int64_t outputs, int threads) {
-    if (rows < 1 || width % QBLOCK || outputs % CHANNELS) return -1;
-    return product(x, (Weights){INT4_HALF, packed, 0, scale, low}, y, rows, width, outputs, threads, 1 << 18);
+    return weight_matmul(x, &(Weight){packed, scale, low, width, outputs, WEIGHT_INT4}, y, rows, threads);
 }
 
 int int4f_matmul(const float *x, const uint8_t *packed, const float *scale, const float *low, float *y,
                  int64_t rows, int64_t width, int64_t outputs, int threads) {
-    if (rows < 1 || width % QBLOCK || outputs % CHANNELS) return -1;
-    return product(x, (Weights){INT4_FLOAT, packed, 0, scale, low}, y, rows, width, outputs, threads, 1 << 18);
+    return weight_matmul(x, &(Weight){packed, scale, low, width, outputs, WEIGHT_INT4_F32}, y, rows, threads);
 }
 
 int int8_matmul(const float *x, const int8_t *packed, const uint16_t *scale, float *y, int64_t rows, int64_t width,
                 int64_t outputs, int threads) {
-    if (rows < 1 || width < 1 || outputs % CHANNELS) return -1;
-    return product(x, (Weights){INT8_Q8_0, 0, packed, scale, 0}, y, rows, width, outputs, threads, 1 << 16);
+    return weight_matmul(x, &(Weight){packed, scale, NULL, width, outputs, WEIGHT_INT8}, y, rows, threads);
 }
 
 int int8s_matmul(const float *x, const int8_t *packed, const float *scale, const float *low, float *y, int64_t rows,
                  int64_t width, int64_t outputs, int threads) {
-    if (rows < 1 || width % QBLOCK || outputs % CHANNELS) return -1;
-    return product(x, (Weights){INT8_SUB, 0, packed, scale, low}, y, rows, width, outputs, threads, 1 << 16);
+    return weight_matmul(x, &(Weight){packed, scale, low, width, outputs, WEIGHT_INT8_SUB}, y, rows, threads);
 }
