@@ -13,44 +13,83 @@ Workload (cpu_record's plain one): the main benchmark's prompts over OpenAI stre
 greedy, `--max-tokens` (64) with `ignore_eos`, closed loops at `--concurrency` (1 and 16),
 `--num-requests` (32) each. Also each system's time from process start to ready (health answers;
 READY_GOAL_S for this service) and to its first answered request.
+
+Agreement with the file's fp32 run: AGREEMENT_PROMPTS prompts of their own, each completed alone,
+greedy, AGREEMENT_TOKENS tokens (stopping at the end of text, as the reference does), by each
+server; a completion agrees when its text is the fp32 run's exactly. The fp32 run is this engine
+with `dtype: fp32`, in this process, before the servers: transformers' dequantization of every
+tensor, fp32 products and an fp32 KV cache.
 """
 import argparse
+import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Optional
 
+import aiohttp
+
+from contract import EngineConfig, SamplingParams
+from engine import AsyncEngine
 from testing.procs import ROOT, settle
 
 from .cpu_record import SLOT_TOKENS, Target, _http_target
 from .load import closed_loop, make_prompts
 from .metrics import workload_row
 from .report import figure, goal_line, measure_each, run_and_write, run_record, workload_table
-from .systems import flow_server, http_session, llama_server
+from .systems import flow_server, http_session, llama_server, openai_model_id
 
 GGUF_SYSTEMS = ("this", "llama-cpp")
 GEMMA = ROOT / "models" / "gemma-3-270m-q4_k_m.gguf"
 READY_GOAL_S = 30.0
 SPEED_GOALS = {1: 1.2, 16: 2.0}  # this / llama.cpp's tokens per second, by concurrency
+AGREEMENT_PROMPTS, AGREEMENT_TOKENS = 16, 32
+Complete = Callable[[str], Awaitable[str]]  # a prompt's greedy completion, its text
 
 
 @contextlib.asynccontextmanager
-async def serve(system: str, gguf: Path, logs: Path) -> AsyncIterator[Target]:
+async def serve(system: str, gguf: Path, logs: Path) -> AsyncIterator[tuple[Target, Complete]]:
     """A fresh server of `system` on `gguf`, ready (its health check answers)."""
     if system == "llama-cpp":
         async with llama_server(gguf, logs, ctx_size=16 * SLOT_TOKENS, name=f"gguf-{system}",
                                 gguf=gguf) as (port, http):
-            yield await _http_target(http, port, gguf)
+            yield await _http_target(http, port, gguf), await _completer(http, port, gguf)
         return
     with flow_server(gguf, logs, name=f"gguf-{system}") as (_, port):
         async with http_session() as http:
-            yield await _http_target(http, port, gguf)
+            yield await _http_target(http, port, gguf), await _completer(http, port, gguf)
+
+
+async def _completer(http: aiohttp.ClientSession, port: int, gguf: Path) -> Complete:
+    model_id = await openai_model_id(http, port, gguf.name)
+
+    async def complete(prompt: str) -> str:
+        body = {"model": model_id, "prompt": prompt, "max_tokens": AGREEMENT_TOKENS, "temperature": 0}
+        async with http.post(f"http://127.0.0.1:{port}/v1/completions", json=body) as resp:
+            resp.raise_for_status()
+            return (await resp.json())["choices"][0]["text"]
+    return complete
+
+
+def agreement_prompts(seed: int) -> list[str]:
+    return make_prompts(AGREEMENT_PROMPTS, seed, draw="fp32 agreement")
+
+
+async def fp32_answers(gguf: Path, prompts: list[str]) -> list[str]:
+    """The file's fp32 run of each prompt (see the module docstring), in this process."""
+    engine = AsyncEngine(EngineConfig(model=str(gguf), device="cpu", dtype="fp32"))
+    try:
+        params = SamplingParams(max_tokens=AGREEMENT_TOKENS, temperature=0)
+        answers = await asyncio.gather(*(engine.complete(p, params) for p in prompts))
+        return ["".join(o.text for o in outs) for outs in answers]
+    finally:
+        engine.shutdown()
 
 
 async def measure_system(system: str, gguf: Path, args: argparse.Namespace, result: dict) -> None:
     t0 = time.perf_counter()
-    async with serve(system, gguf, args.out / "logs") as target:
+    async with serve(system, gguf, args.out / "logs") as (target, complete):
         ready = {"ready_s": round(time.perf_counter() - t0, 2)}
         for i, prompt in enumerate(("Warm-up: the first call", "Warm-up: and the second")):
             async for _ in target.plain(prompt, 4):
@@ -66,6 +105,11 @@ async def measure_system(system: str, gguf: Path, args: argparse.Namespace, resu
                                                        args.max_tokens, args.time_limit)
             result["rows"].append(workload_row(system, "plain", c, records, duration, cut))
             await settle()
+        reference = result["fp32"]
+        texts = [await complete(p) for p in agreement_prompts(args.seed)]
+        result["agreement"][system] = sum(a == b for a, b in zip(texts, reference, strict=True))
+        print(f"  {system}: {result['agreement'][system]} of {len(texts)} completions are the fp32 run's",
+              flush=True)
 
 
 def goals(result: dict) -> list[str]:
@@ -75,6 +119,12 @@ def goals(result: dict) -> list[str]:
                        SPEED_GOALS.get(c, 1.0)) for c in result["settings"]["concurrency"]]
     ready = result["ready"].get("this", {}).get("ready_s")
     met = "n/a" if ready is None else ("met" if ready <= READY_GOAL_S else "NOT met")
+    agree = result.get("agreement", {})
+    if "this" in agree and "llama-cpp" in agree:
+        verdict = "met" if agree["this"] >= agree["llama-cpp"] else "NOT met"
+        lines.append(f"greedy {AGREEMENT_TOKENS}-token completions identical to the fp32 run's: this "
+                     f"{agree['this']} of {AGREEMENT_PROMPTS}, llama.cpp {agree['llama-cpp']} (at least as often: "
+                     f"{verdict})")
     return lines + [f"this ready within {READY_GOAL_S:g} s of its start: {ready} s ({met})"]
 
 
@@ -97,7 +147,10 @@ def markdown(result: dict) -> str:
 def main(args: argparse.Namespace, machine: dict, argv: Optional[list[str]] = None, gguf: Path = GEMMA) -> int:
     result = run_record(argv, machine, settings={
         "model": gguf.name, "systems": args.systems, "concurrency": args.concurrency,
-        "max_tokens": args.max_tokens, "requests": args.num_requests}, rows=[], ready={}, notes=[])
+        "max_tokens": args.max_tokens, "requests": args.num_requests}, rows=[], ready={}, notes=[], agreement={})
+    started = time.perf_counter()
+    result["fp32"] = asyncio.run(fp32_answers(gguf, agreement_prompts(args.seed)))
+    print(f"fp32 run: {len(result['fp32'])} completions in {time.perf_counter() - started:.0f}s", flush=True)
     measure = measure_each(args.systems, lambda system: measure_system(system, gguf, args, result), result["notes"])
     code, text = run_and_write(measure, result, args.out, markdown)
     print("\n" + text)
