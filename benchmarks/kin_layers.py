@@ -1,9 +1,10 @@
-"""python -m benchmarks.kin_layers: Llama's kin (Mistral, Phi-3, Qwen2, Qwen3) with whole decoder
-layers in C (llama_layer.c), against transformers' modules around the same C products and paged
-attention (what those models ran before), side by side in one run.
+"""python -m benchmarks.kin_layers: Llama's kin (Mistral, Phi-3, Qwen2, Qwen3) and Gemma (2, 3) with
+whole decoder layers in C (llama_layer.c), against transformers' modules around the same C
+products and paged attention (what those models ran before), side by side in one run.
 
 Each model is random, of a small model's shape (12 layers, 768 wide), its projections snapped to
-4-bit groups so that they run as Q4_1 int4 layers, as a Q4_0 or Q4_1 GGUF's do. One stream,
+4-bit groups so that they run as Q4_1 int4 layers, as a Q4_0 or Q4_1 GGUF's do; or a GGUF file
+named in `--models` (Gemma 3 270M's Q4_K_M: Q4_K, Q5_0, Q6_K and Q8_0 projections). One stream,
 greedy, a 16-token prompt and 64 tokens (`ignore_eos`), in the engine alone: decode tokens per
 second. The two arms alternate, `--repeats` rounds; the median of each is reported. The answers of
 the two arms are checked equal (the numbers are the same bit for bit, tests/unit/test_architectures.py).
@@ -24,7 +25,7 @@ from testing.toy_models import build
 from .report import machine_info
 
 HERE = Path(__file__).resolve().parent
-KIN = ("mistral", "phi3", "qwen2", "qwen3")
+KIN = ("mistral", "phi3", "qwen2", "qwen3", "gemma2", "gemma3_text")
 PROMPT = "the quick brown fox jumps over the lazy dog while the cat sleeps"
 WHOLE, MODULES = "whole C layers", "transformers' modules"
 
@@ -50,7 +51,7 @@ def engines(path: Path) -> dict[str, AsyncEngine]:
 
 
 async def measure(style: str, folder: Path, repeats: int, tokens: int) -> dict:
-    path = build(folder / style, style, size="slow", four_bit=True)
+    path = Path(style) if style.endswith(".gguf") else build(folder / style, style, size="slow", four_bit=True)
     arms = engines(path)
     try:
         rates: dict[str, list[float]] = {name: [] for name in arms}
@@ -60,7 +61,7 @@ async def measure(style: str, folder: Path, repeats: int, tokens: int) -> dict:
                 rate, answers[name] = await one_stream(engine, tokens)
                 rates[name].append(rate)
         medians = {name: statistics.median(r) for name, r in rates.items()}
-        return {"model": style, "tok_s": medians, "ratio": medians[WHOLE] / medians[MODULES],
+        return {"model": Path(style).name, "tok_s": medians, "ratio": medians[WHOLE] / medians[MODULES],
                 "same_answers": len({tuple(a) for a in answers.values()}) == 1, "rounds": rates}
     finally:
         for engine in arms.values():
