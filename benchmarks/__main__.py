@@ -131,6 +131,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--gguf-record", action="store_true",
                    help="this against llama.cpp on the same GGUF file, Gemma 3 270M Q4_K_M (gguf_record.py): "
                         "plain prompts at --concurrency (1,16), and each server's time to ready")
+    p.add_argument("--gguf-file", default="gemma",
+                   help="--gguf-record's file: gemma (Gemma 3 270M Q4_K_M), smollm2-q4_1 (the default model's own "
+                        "GGUF), smollm2-q4_0 (llama.cpp's Q4_0 of it) or a path")
     p.add_argument("--speculation-sweep", action="store_true",
                    help="speculation on against off (spec_sweep.py): greedy and sampled, --concurrency "
                         "(1,4,16,64), on smollm2 and gpt2-small unless --models says otherwise")
@@ -264,7 +267,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.gguf_record:
         from .gguf_record import main as run_gguf
         try:
-            return run_gguf(args, _machine_checked(), argv)
+            from .gguf_record import gguf_file
+            return run_gguf(args, _machine_checked(), argv, gguf_file(args.gguf_file))
         finally:
             stop_all()
     if args.speculation_sweep:

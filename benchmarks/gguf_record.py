@@ -1,5 +1,6 @@
-"""python -m benchmarks --gguf-record: this service against llama.cpp on one GGUF file that is not the
-default model's, Gemma 3 270M Q4_K_M (a base model).
+"""python -m benchmarks --gguf-record: this service against llama.cpp on one GGUF file: Gemma 3 270M
+Q4_K_M (a base model), or with `--gguf-file` the default model's own Q4_1 GGUF or llama.cpp's Q4_0
+of it (chat models, served here as completions too).
 
 Why: the service serves GGUF files from their own blocks (engine/model/gguf_native.py), so any GGUF
 llama.cpp serves can be served here as it is; this measures both on the very same file, the way
@@ -37,8 +38,9 @@ from testing.procs import ROOT, settle
 from .cpu_record import SLOT_TOKENS, Target, _http_target
 from .load import closed_loop, make_prompts
 from .metrics import workload_row
+from .peers.llama_cpp import q4_0_of
 from .report import figure, goal_line, measure_each, run_and_write, run_record, workload_table
-from .systems import flow_server, http_session, llama_server, openai_model_id
+from .systems import flow_server, gguf_of, http_session, llama_server, openai_model_id
 
 GGUF_SYSTEMS = ("this", "llama-cpp")
 GEMMA = ROOT / "models" / "gemma-3-270m-q4_k_m.gguf"
@@ -70,6 +72,16 @@ async def _completer(http: aiohttp.ClientSession, port: int, gguf: Path) -> Comp
             resp.raise_for_status()
             return (await resp.json())["choices"][0]["text"]
     return complete
+
+
+def gguf_file(name: str) -> Path:
+    """--gguf-file's file: Gemma's, the default model's own Q4_1 GGUF or llama.cpp's Q4_0 of it, or a path."""
+    if name == "gemma":
+        return GEMMA
+    if name in ("smollm2-q4_1", "smollm2-q4_0"):
+        own = gguf_of(ROOT / "models" / "SmolLM2-135M-Instruct")
+        return q4_0_of(own) if name.endswith("q4_0") else own
+    return Path(name)
 
 
 def agreement_prompts(seed: int) -> list[str]:
