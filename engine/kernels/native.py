@@ -88,8 +88,7 @@ class Weights:
 def int4_weights(packed: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> Weights:
     groups, blocks, pairs, channels = packed.shape  # int4.py's layout: two steps per byte
     kind = WEIGHT_INT4_F32 if scale.dtype == torch.float32 else WEIGHT_INT4
-    return Weights(packed.data_ptr(), scale.data_ptr(), low.data_ptr(), blocks * pairs * 2, groups * channels,
-                       kind)
+    return Weights(packed.data_ptr(), scale.data_ptr(), low.data_ptr(), blocks * pairs * 2, groups * channels, kind)
 
 
 def int8_weights(packed: torch.Tensor, scale: torch.Tensor, low: Optional[torch.Tensor]) -> Weights:
@@ -98,7 +97,7 @@ def int8_weights(packed: torch.Tensor, scale: torch.Tensor, low: Optional[torch.
     groups, width, channels = packed.shape
     kind = WEIGHT_INT8_SUB if scale.dtype == torch.float32 else WEIGHT_INT8
     return Weights(packed.data_ptr(), scale.data_ptr(), 0 if low is None else low.data_ptr(), width,
-                       groups * channels, kind)
+                   groups * channels, kind)
 
 
 def int4_matmul(x: torch.Tensor, weights: Weights) -> torch.Tensor:
