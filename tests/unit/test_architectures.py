@@ -5,6 +5,10 @@ gives transformers' own log probabilities (its eager forward, fp32) within a sta
 keeps the engine's promises: a request batched with others answers as it does alone, and a prompt
 served from the prefix cache answers as it did uncached."""
 import asyncio
+import json
+import shutil
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -76,13 +80,30 @@ KIN = ("mistral", "phi3", "qwen2", "qwen3")  # Llama's layer shape, with feature
 GEMMA = ("gemma2", "gemma3_text")  # whole layers in C too, with Gemma's features
 
 
-def test_the_load_says_why_layers_run_outside_the_c_layers(architecture_model, caplog):
+def _load_logging(path: str, caplog) -> tuple[Any, list[str]]:
+    """(the loaded model, its load's "decoder layers:" log lines)."""
     from contract import EngineConfig
     from engine.model.loader import load_model
     with caplog.at_level("INFO", logger="engine.model.loader"):
-        loaded = load_model(EngineConfig(model=architecture_model, device="cpu"))
+        loaded = load_model(EngineConfig(model=path, device="cpu"))
     assert loaded.info.dtype == "int4"
-    lines = [r.getMessage() for r in caplog.records if "decoder layers:" in r.getMessage()]
+    return loaded, [r.getMessage() for r in caplog.records if "decoder layers:" in r.getMessage()]
+
+
+def test_the_load_says_why_layers_run_outside_the_c_layers(models_dir, tmp_path, caplog):
+    """A partial rotary embedding (Phi-4-mini's) is not in llama_layer.c: the model serves through
+    transformers' modules, and the load says why, once."""
+    source = Path(shared_build(models_dir / "arch-phi3", "phi3", four_bit=True))
+    shutil.copytree(source, tmp_path / "partial", dirs_exist_ok=True)
+    config = json.loads((tmp_path / "partial" / "config.json").read_text())
+    (tmp_path / "partial" / "config.json").write_text(json.dumps({**config, "partial_rotary_factor": 0.5}))
+    loaded, lines = _load_logging(str(tmp_path / "partial"), caplog)
+    assert len(lines) == 1 and "turns part of each head only" in lines[0], lines
+    assert loaded.model.lean_stack is None
+
+
+def test_every_architecture_runs_its_whole_stack_in_c(architecture_model, caplog):
+    loaded, lines = _load_logging(architecture_model, caplog)
     # every layer in llama_layer.c, the stack in one call
     assert not lines and getattr(loaded.model, "lean_stack", None) is not None, lines
 
