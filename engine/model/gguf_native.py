@@ -4,8 +4,8 @@
 transformers would dequantize every tensor to fp32 first (96 s for Gemma 3 270M here). Here the
 model is built empty from the config (gguf_file.py), and each tensor goes where transformers would
 put it (the `gguf` package's name map, and transformers' per-architecture processor), as exact
-int4/int8 layers for the quantized Linear weights and as fp32 for the rest (norms, biases, the
-embedding table).
+int4/int8 layers for the quantized Linear weights, the embedding table as the file's blocks too
+(gguf_embedding.py), and fp32 for the rest (norms, biases).
 
 A processor may reorder a tensor's rows (Llama's q and k): that order is read by passing the
 row numbers through it, and the blocks are reordered to match, which is exact. A tensor that a
@@ -25,7 +25,8 @@ from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorPr
 
 from ..kernels import native
 from . import gguf_file
-from .gguf_types import TYPES, Exact, Layout, split, weights
+from .gguf_embedding import keep_rows
+from .gguf_types import TYPES, Exact, Layout, split
 from .int4 import Int4Linear, Int8Linear
 
 log = logging.getLogger(__name__)
@@ -124,8 +125,7 @@ def _keep(model: PreTrainedModel, target: str, exact: Exact, order: Optional[np.
     module = model.get_submodule(module_name)
     rows = (lambda a: a) if order is None else (lambda a: a[order])
     if isinstance(module, nn.Embedding) and leaf == "weight":
-        table = weights(exact)
-        module.weight = nn.Parameter(table if order is None else table[torch.from_numpy(order)], requires_grad=False)
+        keep_rows(module, exact, None if order is None else torch.from_numpy(order))
         return True
     if type(module) is not nn.Linear or leaf != "weight" or not servable() or module.out_features % 16:
         return False
