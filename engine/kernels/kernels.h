@@ -29,7 +29,7 @@ typedef struct {
 /* one decoder layer of Llama's shape, built once (fast_layers.py), with the features of its kin and
  * of Gemma, each off where its pointer is NULL (or its number 0) */
 typedef struct {
-    Weight qkv[3], o, gate_up[2], down;  /* q, k, v end to end, in one part or three; gate, up in one or two */
+    Weight qkv[3], o, gate_up[2], down;  /* q, k, v end to end in one part or three; gate, up in one or two */
     const float *norm_in, *norm_post;  /* [hidden]: before attention, before the MLP */
     float eps_in, eps_post, scale;
     int64_t hidden, heads, kv_heads, dim, inter;
@@ -81,12 +81,12 @@ int int8_matmul(const float *x, const int8_t *packed, const uint16_t *scale, flo
 /* the same products for the GGUF types whose scales fp16 cannot hold: int4 steps with fp32 scale and
  * low per block of 32 (Q4_K), and int8 steps with fp32 scale and low (low may be NULL) per 16
  * inputs (Q5_1, Q5_K, Q6_K); both run where int4_matmul does */
-/* any of the four, as a Weight's kind says */
-int weight_matmul(const float *x, const Weight *w, float *y, int64_t rows, int threads);
 int int4f_matmul(const float *x, const uint8_t *packed, const float *scale, const float *low, float *y,
                  int64_t rows, int64_t width, int64_t outputs, int threads);
 int int8s_matmul(const float *x, const int8_t *packed, const float *scale, const float *low, float *y, int64_t rows,
                  int64_t width, int64_t outputs, int threads);
+/* any of the four, as a Weight's kind says (the whole layers' products) */
+int weight_matmul(const float *x, const Weight *w, float *y, int64_t rows, int threads);
 
 /* dense_matmul.c: y = x W^T for fp32 weights packed [outputs / 16][width][16] (fp32 Linear layers;
  * as bf16 where they are bf16 values); ready: 1 (AVX2 + FMA) */
@@ -102,8 +102,8 @@ int bf16_matmul(const float *x, const uint16_t *packed, float *y, int64_t rows, 
 int llama_layer(const LlamaLayer *layer, const LlamaStep *step, const float *cos, const float *sin,
                 int64_t tables, const float *in, float *out, void *k_pool, void *v_pool, int kv_half, int threads);
 int llama_layers(const LlamaLayer *layers, int64_t count, const LlamaStep *step, const float *cos, const float *sin,
-                 int64_t tables, const float *in, float *out, void *k_pools, void *v_pools, int64_t pool_stride, int kv_half,
-                 int threads);
+                 int64_t tables, const float *in, float *out, void *k_pools, void *v_pools, int64_t pool_stride,
+                 int kv_half, int threads);
 void rms_norm_rows(const float *x, const float *weight, float *y, int64_t rows, int64_t n, float eps);
 void silu_rows(const float *x, float *y, int64_t rows, int64_t n, int64_t x_stride);
 void gelu_tanh_rows(const float *x, float *y, int64_t n);
