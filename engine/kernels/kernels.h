@@ -85,8 +85,8 @@ int int4f_matmul(const float *x, const uint8_t *packed, const float *scale, cons
                  int64_t rows, int64_t width, int64_t outputs, int threads);
 int int8s_matmul(const float *x, const int8_t *packed, const float *scale, const float *low, float *y, int64_t rows,
                  int64_t width, int64_t outputs, int threads);
-/* any of the four, as a Weight's kind says (the whole layers' products) */
-int weight_matmul(const float *x, const Weight *w, float *y, int64_t rows, int threads);
+/* any of the four, as a Weight's kind says (the whole layers' products); y's rows y_stride apart */
+int weight_matmul(const float *x, const Weight *w, float *y, int64_t y_stride, int64_t rows, int threads);
 
 /* dense_matmul.c: y = x W^T for fp32 weights packed [outputs / 16][width][16] (fp32 Linear layers;
  * as bf16 where they are bf16 values); ready: 1 (AVX2 + FMA) */

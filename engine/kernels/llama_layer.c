@@ -130,29 +130,17 @@ static int64_t outputs_of(const Weight *parts, int count) {
     return total;
 }
 
-/* y [rows, outputs_of(parts)] = x times the parts end to end: one product where one part holds
- * them all (a model whose q, k and v share a kind is joined so), else one per part and a copy */
+/* y [rows, outputs_of(parts)] = x times the parts end to end, each part's product writing its
+ * own columns (a model whose q, k and v share a kind is joined into one part) */
 static int products(const Weight *parts, int count, const float *x, float *y, int64_t rows, int threads) {
     const int64_t total = outputs_of(parts, count);
-    int used = 0;
-    for (int i = 0; i < count; i++) used += parts[i].outputs > 0;
-    if (used == 1)
-        for (int i = 0; i < count; i++)
-            if (parts[i].outputs) return weight_matmul(x, parts + i, y, rows, threads);
     int64_t start = 0;
-    for (int i = 0; i < count; i++) {
-        const int64_t width = parts[i].outputs;
-        if (!width) continue;
-        float *part = malloc(rows * width * sizeof(float));
-        if (!part) return -2;
-        int status = weight_matmul(x, parts + i, part, rows, threads);
-        for (int64_t r = 0; r < rows && !status; r++)
-            for (int64_t j = 0; j < width; j++) y[r * total + start + j] = part[r * width + j];
-        free(part);
-        if (status) return status;
-        start += width;
+    int status = 0;
+    for (int i = 0; i < count && !status; i++) {
+        if (parts[i].outputs) status = weight_matmul(x, parts + i, y + start, total, rows, threads);
+        start += parts[i].outputs;
     }
-    return 0;
+    return status;
 }
 
 /* the activation between gate and up, of n values */
@@ -203,7 +191,7 @@ int llama_layer(const LlamaLayer *layer, const LlamaStep *step, const float *cos
                                        step->ctx_lens, step->tables, step->table_width, step->sequences, heads,
                                        layer->kv_heads, dim, step->block, layer->window, layer->scale,
                                        layer->softcap, threads);
-    if (status || (status = weight_matmul(attended, &layer->o, sum, n, threads))) goto done;
+    if (status || (status = weight_matmul(attended, &layer->o, sum, hidden, n, threads))) goto done;
     #pragma omp parallel for schedule(static) num_threads(threads) if (wide)
     for (int64_t t = 0; t < n; t++) {
         float *row = sum + t * hidden;
@@ -219,7 +207,7 @@ int llama_layer(const LlamaLayer *layer, const LlamaStep *step, const float *cos
         activate(layer->act, gate_up + t * 2 * inter, a, inter);
         for (int64_t i = 0; i < inter; i++) a[i] *= up[i];
     }
-    if ((status = weight_matmul(act, &layer->down, out, n, threads))) goto done;
+    if ((status = weight_matmul(act, &layer->down, out, hidden, n, threads))) goto done;
     #pragma omp parallel for schedule(static) num_threads(threads) if (wide)
     for (int64_t t = 0; t < n; t++) {
         float *row = out + t * hidden;

@@ -175,7 +175,7 @@ static inline __attribute__((always_inline)) f8 scales8(const void *p, int64_t a
 /* Outputs [group * 16, +16) for rows [r0, r0 + count). */
 static inline __attribute__((always_inline)) void
 int4_tile(const Rows *x, const uint8_t *packed, const void *scale, const void *low, const int wide, float *y,
-          int64_t outputs, int64_t group, int64_t r0, const int count) {
+          int64_t y_stride, int64_t group, int64_t r0, const int count) {
     const int64_t blocks = x->blocks, stride = blocks * QBLOCK;
     f8 total[TILE][2];
     int32_t sums[TILE][CHANNELS];
@@ -195,11 +195,11 @@ int4_tile(const Rows *x, const uint8_t *packed, const void *scale, const void *l
         }
     }
     for (int r = 0; r < count; r++)
-        for (int h = 0; h < 2; h++) store8(y + (r0 + r) * outputs + group * CHANNELS + 8 * h, total[r][h]);
+        for (int h = 0; h < 2; h++) store8(y + (r0 + r) * y_stride + group * CHANNELS + 8 * h, total[r][h]);
 }
 
 static inline __attribute__((always_inline)) void
-int8_tile(const Rows *x, const int8_t *packed, const uint16_t *scale, float *y, int64_t outputs, int64_t group,
+int8_tile(const Rows *x, const int8_t *packed, const uint16_t *scale, float *y, int64_t y_stride, int64_t group,
           int64_t r0, const int count) {
     const int64_t blocks = x->blocks, stride = blocks * QBLOCK;
     f8 total[TILE][2];
@@ -219,13 +219,13 @@ int8_tile(const Rows *x, const int8_t *packed, const uint16_t *scale, float *y, 
         }
     }
     for (int r = 0; r < count; r++)
-        for (int h = 0; h < 2; h++) store8(y + (r0 + r) * outputs + group * CHANNELS + 8 * h, total[r][h]);
+        for (int h = 0; h < 2; h++) store8(y + (r0 + r) * y_stride + group * CHANNELS + 8 * h, total[r][h]);
 }
 
 /* int8s: steps times an fp32 scale per sub-block of SUB inputs, plus an fp32 low (or none) per
  * sub-block: total = (total + (w . qx) dx d) + (dx sum(qx)) m, sub-block after sub-block. */
 static inline __attribute__((always_inline)) void
-int8s_tile(const Rows *x, const int8_t *packed, const float *scale, const float *low, float *y, int64_t outputs,
+int8s_tile(const Rows *x, const int8_t *packed, const float *scale, const float *low, float *y, int64_t y_stride,
            int64_t group, int64_t r0, const int count) {
     const int64_t blocks = x->blocks, stride = blocks * QBLOCK, subs = 2 * blocks;
     f8 total[TILE][2];
@@ -246,7 +246,7 @@ int8s_tile(const Rows *x, const int8_t *packed, const float *scale, const float 
         }
     }
     for (int r = 0; r < count; r++)
-        for (int h = 0; h < 2; h++) store8(y + (r0 + r) * outputs + group * CHANNELS + 8 * h, total[r][h]);
+        for (int h = 0; h < 2; h++) store8(y + (r0 + r) * y_stride + group * CHANNELS + 8 * h, total[r][h]);
 }
 
 #if TILE == 4
@@ -262,9 +262,9 @@ int8s_tile(const Rows *x, const int8_t *packed, const float *scale, const float 
         default: CALL(1);                                                                             \
     }
 
-/* x [rows, width] and y [rows, outputs], contiguous fp32: x's rows quantized, then each group of
- * outputs by one thread. Returns 0, or -2 when out of memory. */
-static int product(const float *x, const Weight *w, float *y, int64_t rows, int threads) {
+/* x [rows, width], contiguous fp32, and y [rows, outputs], its rows y_stride apart: x's rows
+ * quantized, then each group of outputs by one thread. Returns 0, or -2 when out of memory. */
+static int product(const float *x, const Weight *w, float *y, int64_t y_stride, int64_t rows, int threads) {
     const int64_t width = w->width, outputs = w->outputs;
     const int int8 = w->kind == WEIGHT_INT8 || w->kind == WEIGHT_INT8_SUB;
     const int64_t parallel_from = int8 ? 1 << 16 : 1 << 18;
@@ -283,10 +283,10 @@ static int product(const float *x, const Weight *w, float *y, int64_t rows, int 
         #pragma omp for schedule(dynamic, 4)
         for (int64_t group = 0; group < outputs / CHANNELS; group++)
             for (int64_t r0 = 0; r0 < rows; r0 += TILE) {
-#define INT4_TILE(N) int4_tile(&q, packed, w->scale, w->low, 0, y, outputs, group, r0, N)
-#define INT4F_TILE(N) int4_tile(&q, packed, w->scale, w->low, 1, y, outputs, group, r0, N)
-#define INT8_TILE(N) int8_tile(&q, packed8, w->scale, y, outputs, group, r0, N)
-#define INT8S_TILE(N) int8s_tile(&q, packed8, w->scale, w->low, y, outputs, group, r0, N)
+#define INT4_TILE(N) int4_tile(&q, packed, w->scale, w->low, 0, y, y_stride, group, r0, N)
+#define INT4F_TILE(N) int4_tile(&q, packed, w->scale, w->low, 1, y, y_stride, group, r0, N)
+#define INT8_TILE(N) int8_tile(&q, packed8, w->scale, y, y_stride, group, r0, N)
+#define INT8S_TILE(N) int8s_tile(&q, packed8, w->scale, w->low, y, y_stride, group, r0, N)
                 switch (w->kind) {
                     case WEIGHT_INT4: EACH_TILE(INT4_TILE) break;
                     case WEIGHT_INT4_F32: EACH_TILE(INT4F_TILE) break;
@@ -304,30 +304,34 @@ static int product(const float *x, const Weight *w, float *y, int64_t rows, int 
 }
 
 /* y = x W^T for one projection's weights of any kind (llama_layer.c's products, and the four below) */
-int weight_matmul(const float *x, const Weight *w, float *y, int64_t rows, int threads) {
+int weight_matmul(const float *x, const Weight *w, float *y, int64_t y_stride, int64_t rows, int threads) {
     const int whole_blocks = w->kind != WEIGHT_INT8;  /* Q8_0's last block may be partial */
     if (rows < 1 || w->width < 1 || (whole_blocks && w->width % QBLOCK) || w->outputs % CHANNELS
-        || w->kind < WEIGHT_INT4 || w->kind > WEIGHT_INT8_SUB)
+        || y_stride < w->outputs || w->kind < WEIGHT_INT4 || w->kind > WEIGHT_INT8_SUB)
         return -1;
-    return product(x, w, y, rows, threads);
+    return product(x, w, y, y_stride, rows, threads);
 }
 
 int int4_matmul(const float *x, const uint8_t *packed, const uint16_t *scale, const uint16_t *low, float *y,
                 int64_t rows, int64_t width, int64_t outputs, int threads) {
-    return weight_matmul(x, &(Weight){packed, scale, low, width, outputs, WEIGHT_INT4}, y, rows, threads);
+    const Weight w = {packed, scale, low, width, outputs, WEIGHT_INT4};
+    return weight_matmul(x, &w, y, outputs, rows, threads);
 }
 
 int int4f_matmul(const float *x, const uint8_t *packed, const float *scale, const float *low, float *y,
                  int64_t rows, int64_t width, int64_t outputs, int threads) {
-    return weight_matmul(x, &(Weight){packed, scale, low, width, outputs, WEIGHT_INT4_F32}, y, rows, threads);
+    const Weight w = {packed, scale, low, width, outputs, WEIGHT_INT4_F32};
+    return weight_matmul(x, &w, y, outputs, rows, threads);
 }
 
 int int8_matmul(const float *x, const int8_t *packed, const uint16_t *scale, float *y, int64_t rows, int64_t width,
                 int64_t outputs, int threads) {
-    return weight_matmul(x, &(Weight){packed, scale, NULL, width, outputs, WEIGHT_INT8}, y, rows, threads);
+    const Weight w = {packed, scale, NULL, width, outputs, WEIGHT_INT8};
+    return weight_matmul(x, &w, y, outputs, rows, threads);
 }
 
 int int8s_matmul(const float *x, const int8_t *packed, const float *scale, const float *low, float *y, int64_t rows,
                  int64_t width, int64_t outputs, int threads) {
-    return weight_matmul(x, &(Weight){packed, scale, low, width, outputs, WEIGHT_INT8_SUB}, y, rows, threads);
+    const Weight w = {packed, scale, low, width, outputs, WEIGHT_INT8_SUB};
+    return weight_matmul(x, &w, y, outputs, rows, threads);
 }
