@@ -1,5 +1,5 @@
 """A GGUF's embedding table kept as the file's blocks: each looked-up row is dequantized when it
-is looked up, with the very operations `gguf_types.weights` uses for the whole table.
+is looked up, by `gguf_types.affine`, which `gguf_types.weights` uses for the whole table.
 
 A step looks up one row per token, so the table need not be fp32 in memory. Gemma 3's is
 262,144 × 640: 671 MB in fp32, 178 MB as the file's Q8_0 blocks (which the output layer, tied
@@ -10,13 +10,13 @@ from typing import Optional
 import torch
 from torch import nn
 
-from .gguf_types import Exact
+from .gguf_types import Exact, affine
 
 
 class BlockRows(nn.Embedding):
     """nn.Embedding's lookup from int steps and per-block scales (and lows): scale * step + low in
-    fp32, as `gguf_types.weights` computes every value. Placed before nn.Embedding in a model's
-    own embedding class (Gemma's scaled one calls nn.Embedding's forward through super())."""
+    fp32 (`gguf_types.affine`). Placed before nn.Embedding in a model's own embedding class
+    (Gemma's scaled one calls nn.Embedding's forward through super())."""
 
     steps: torch.Tensor
     scales: torch.Tensor
@@ -24,11 +24,7 @@ class BlockRows(nn.Embedding):
     sub: int
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        steps = self.steps[input].float().view(*input.shape, -1, self.sub)
-        values = steps * self.scales[input].float()[..., None]
-        if self.lows is not None:
-            values += self.lows[input].float()[..., None]
-        return values.view(*input.shape, -1)
+        return affine(self.steps[input], self.scales[input], None if self.lows is None else self.lows[input], self.sub)
 
 
 def keep_rows(module: nn.Embedding, exact: Exact, order: Optional[torch.Tensor]) -> None:

@@ -130,11 +130,17 @@ def split(data: np.ndarray, qtype: T, width: int) -> Exact:
 
 
 def weights(exact: Exact) -> torch.Tensor:
-    """The fp32 weights [outputs, width] that `exact` stands for, scale * step + low in fp32 (an
-    embedding table's; tests compare them with the package's dequantization)."""
-    outputs, width = exact.steps.shape
-    steps = torch.from_numpy(exact.steps).float().view(outputs, -1, exact.sub)
-    values = steps * torch.from_numpy(exact.scale).float()[..., None]
-    if exact.low is not None:
-        values += torch.from_numpy(exact.low).float()[..., None]
-    return values.view(outputs, width)
+    """The fp32 weights [outputs, width] that `exact` stands for (tests compare them with the
+    package's dequantization)."""
+    low = None if exact.low is None else torch.from_numpy(exact.low)
+    return affine(torch.from_numpy(exact.steps), torch.from_numpy(exact.scale), low, exact.sub)
+
+
+def affine(steps: torch.Tensor, scale: torch.Tensor, low: Optional[torch.Tensor], sub: int) -> torch.Tensor:
+    """Rows [..., width] of weights from their steps [..., width] and per-`sub` scales and lows
+    [..., width // sub]: scale * step + low in fp32, each value on its own (an embedding's looked-up
+    rows are the whole table's bit for bit)."""
+    values = steps.float().view(*steps.shape[:-1], -1, sub) * scale.float()[..., None]
+    if low is not None:
+        values += low.float()[..., None]
+    return values.view(steps.shape)
