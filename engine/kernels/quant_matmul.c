@@ -14,10 +14,12 @@
  *   scales are per 16 (Q6_K) or per 32 inputs.
  *
  * Each output sums its blocks in input order, in fp32, each operation rounded on its own:
- * total = (total + (q . qx) dx d) + (dx sum(qx)) m (int8: total + (w . qx) dx d). The integer sums run in AVX2's `pmaddwd`
- * (16 products an instruction) where the CPU has AVX2, else in plain C; either gives the same
- * integers, and everything after is arith.h's fp32, so every path gives the same bits.
- * `int4_matmul_ready` and `int8_matmul_ready` say which: 2 (AVX2), 1 (plain C).
+ * total = (total + (q . qx) dx d) + (dx sum(qx)) m (int8: total + (w . qx) dx d). The integer
+ * sums run in AVX-512's `vpdpwssd` or `vpmaddwd` (32 products an instruction, quant_tiles512.h)
+ * where the CPU has AVX512BW, in AVX2's `pmaddwd` (16) where it has AVX2, else in plain C; each
+ * gives the same integers, and every path applies the scales with the same fp32 operations per
+ * output, so every path gives the same bits. `int4_matmul_ready` and `int8_matmul_ready` say
+ * which: 3 (AVX-512), 2 (AVX2), 1 (plain C).
  *
  * Against float64 on the same inputs, x's rounding errs by at most 2^-16 of its block's largest
  * magnitude (bf16 rounding: 2^-9 of each value; int8: 2^-8 of the largest). Each output is
@@ -75,6 +77,9 @@ static void quantize_row(const float *x, const Rows *q, int64_t r) {
     }
 }
 
+#if defined(__AVX512BW__)
+#include "quant_tiles512.h"
+#else
 #if defined(__AVX2__)
 #define PATH 2
 #define TILE 3  /* rows that share one unpacking of a block's weights */
@@ -162,10 +167,6 @@ static inline void int8_sums(const int8_t *w, const int16_t *xq, int64_t stride,
 }
 #endif
 
-int int4_matmul_ready(void) { return PATH; }
-
-int int8_matmul_ready(void) { return PATH; }
-
 /* A block's scales as fp32: fp16 bits (Q4_0, Q4_1, Q8_0: the file's own) or fp32 (Q4_K's d sc and
  * dmin m, exact products of an fp16 and a 6-bit integer, which fp16 cannot hold). */
 static inline __attribute__((always_inline)) f8 scales8(const void *p, int64_t at, const int wide) {
@@ -249,14 +250,23 @@ int8s_tile(const Rows *x, const int8_t *packed, const float *scale, const float 
         for (int h = 0; h < 2; h++) store8(y + (r0 + r) * y_stride + group * CHANNELS + 8 * h, total[r][h]);
 }
 
-#if TILE == 4
-#define TILE_4(CALL) case 4: CALL(4); break;
+#endif  /* AVX-512 */
+
+int int4_matmul_ready(void) { return PATH; }
+
+int int8_matmul_ready(void) { return PATH; }
+
+#if TILE == 8
+#define TILE_OVER_3(CALL) case 8: CALL(8); break; case 7: CALL(7); break; case 6: CALL(6); break; \
+    case 5: CALL(5); break; case 4: CALL(4); break;
+#elif TILE == 4
+#define TILE_OVER_3(CALL) case 4: CALL(4); break;
 #else
-#define TILE_4(CALL)
+#define TILE_OVER_3(CALL)
 #endif
 #define EACH_TILE(CALL) \
     switch (rows - r0 < TILE ? rows - r0 : TILE) {  /* a constant count per case, for the compiler */ \
-        TILE_4(CALL)                                                                                  \
+        TILE_OVER_3(CALL)                                                                             \
         case 3: CALL(3); break;                                                                       \
         case 2: CALL(2); break;                                                                       \
         default: CALL(1);                                                                             \

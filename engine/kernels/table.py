@@ -32,7 +32,7 @@ class Op(enum.StrEnum):
 _READY = {Op.INT4_MATMUL: "int4_matmul_ready", Op.INT8_MATMUL: "int8_matmul_ready",
           Op.FP32_MATMUL: "dense_matmul_ready", Op.GREEDY: "greedy_ready",
           Op.PAGED_ATTENTION_FP16: "paged_attention_f16_ready"}
-_QUANT = {1: "plain C, int16 activations", 2: "AVX2, int16 activations"}
+_QUANT = {1: "plain C, int16 activations", 2: "AVX2, int16 activations", 3: "AVX-512, int16 activations"}
 _READY_MEANS = {Op.INT4_MATMUL: _QUANT, Op.INT8_MATMUL: _QUANT, Op.FP32_MATMUL: {1: "AVX2 + FMA"},
                 Op.GREEDY: {1: "built for this CPU"}, Op.PAGED_ATTENTION_FP16: {1: "built for this CPU"}}
 _NEEDS = {Op.FP32_MATMUL: "AVX2 + FMA"}

@@ -1,0 +1,143 @@
+/* quant_matmul.c's tiles on AVX-512 (AVX512BW; AVX512-VNNI's `vpdpwssd` where the CPU has it):
+ * the same integers and the same fp32 operations per output as the AVX2 and plain C tiles, so
+ * the same bits, with a group's 16 outputs in one register.
+ *
+ * Why a version of its own: a register holds a pair of inputs for all 16 outputs as 32 int16
+ * weights, so one `vpdpwssd` (or `vpmaddwd` and an add) takes a row's 32 products, with x's pair
+ * broadcast from memory. A block's integer sums stay in registers, and its scales are applied
+ * there, 16 lanes an instruction: the AVX2 tiles store the sums and reload them as two halves.
+ * Eight rows share each unpacking of the weights (32 registers; AVX2 has 16).
+ *
+ * Every sum is exact (|w| <= 128, |x| <= 32767, 32 products: under 2^31), and each lane's fp32
+ * sequence is the one of quant_matmul.c's f8 tiles: convert, times dx, times d, plus the total
+ * (int4: then plus dx sum(x) times m), each operation rounded on its own (-ffp-contract=off). */
+#ifndef ENGINE_KERNELS_QUANT_TILES512_H
+#define ENGINE_KERNELS_QUANT_TILES512_H
+#include <immintrin.h>
+
+#define PATH 3
+#define TILE 8  /* rows that share one unpacking of a block's weights */
+
+/* acc + (w . x) per 32-bit lane: two int16 products, for a pair of inputs `x` broadcast */
+static inline __attribute__((always_inline)) __m512i dot_pairs(__m512i acc, __m512i w, const int16_t *x) {
+    int32_t pair;
+    memcpy(&pair, x, sizeof pair);
+#if defined(__AVX512VNNI__)
+    return _mm512_dpwssd_epi32(acc, w, _mm512_set1_epi32(pair));
+#else
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(w, _mm512_set1_epi32(pair)));
+#endif
+}
+
+/* int4: one block's q . qx for 16 outputs and `count` rows. Pair j's 16 bytes hold its two inputs'
+ * steps, low nibble first; widened to 32 bits, (b | b << 12) & 0x000F000F puts them in a lane's
+ * low and high int16. */
+static inline __attribute__((always_inline)) void
+int4_sums512(const uint8_t *w, const int16_t *xq, int64_t stride, __m512i acc[], const int count) {
+    const __m512i nibbles = _mm512_set1_epi32(0x000F000F);
+    for (int r = 0; r < count; r++) acc[r] = _mm512_setzero_si512();
+    for (int j = 0; j < PAIRS; j++) {
+        __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w + j * CHANNELS)));
+        __m512i q = _mm512_and_si512(_mm512_or_si512(bytes, _mm512_slli_epi32(bytes, 12)), nibbles);
+        for (int r = 0; r < count; r++) acc[r] = dot_pairs(acc[r], q, xq + r * stride + 2 * j);
+    }
+}
+
+/* int8: w . qx over n inputs ([n][16] int8 weights) for 16 outputs and `count` rows. Inputs 2j and
+ * 2j + 1 are 32 bytes; widened to int16 and interleaved, each lane holds one output's two weights.
+ * An odd last input pairs with a zero weight. */
+static inline __attribute__((always_inline)) void
+int8_sums512(const int8_t *w, const int16_t *xq, int64_t stride, int n, __m512i acc[], const int count) {
+    const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                                23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (int r = 0; r < count; r++) acc[r] = _mm512_setzero_si512();
+    int j = 0;
+    for (; 2 * j + 1 < n; j++) {
+        __m512i pair = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(w + 2 * j * CHANNELS)));
+        pair = _mm512_permutexvar_epi16(interleave, pair);
+        for (int r = 0; r < count; r++) acc[r] = dot_pairs(acc[r], pair, xq + r * stride + 2 * j);
+    }
+    if (2 * j < n) {
+        __m512i last = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w + 2 * j * CHANNELS)));
+        last = _mm512_and_si512(last, _mm512_set1_epi32(0xFFFF));
+        for (int r = 0; r < count; r++) acc[r] = dot_pairs(acc[r], last, xq + r * stride + 2 * j);
+    }
+}
+
+/* 16 fp16 scales, or fp32 where `wide` */
+static inline __attribute__((always_inline)) __m512 scales16(const void *p, int64_t at, const int wide) {
+    return wide ? _mm512_loadu_ps((const float *)p + at)
+                : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + at)));
+}
+
+/* (sum as fp32) dx d, rounded after each product */
+static inline __attribute__((always_inline)) __m512 scaled(__m512i sum, float dx, __m512 d) {
+    return _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(dx)), d);
+}
+
+static inline __attribute__((always_inline)) void
+store_tile(const __m512 total[], float *y, int64_t y_stride, int64_t group, int64_t r0, const int count) {
+    for (int r = 0; r < count; r++) _mm512_storeu_ps(y + (r0 + r) * y_stride + group * CHANNELS, total[r]);
+}
+
+/* Outputs [group * 16, +16) for rows [r0, r0 + count): quant_matmul.c's int4_tile */
+static inline __attribute__((always_inline)) void
+int4_tile(const Rows *x, const uint8_t *packed, const void *scale, const void *low, const int wide, float *y,
+          int64_t y_stride, int64_t group, int64_t r0, const int count) {
+    const int64_t blocks = x->blocks, stride = blocks * QBLOCK;
+    __m512 total[TILE];
+    __m512i sums[TILE];
+    for (int r = 0; r < count; r++) total[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < blocks; b++) {
+        const int64_t at = (group * blocks + b) * CHANNELS;
+        int4_sums512(packed + at * PAIRS, x->steps + r0 * stride + b * QBLOCK, stride, sums, count);
+        __m512 d = scales16(scale, at, wide), m = scales16(low, at, wide);
+        for (int r = 0; r < count; r++) {
+            const int64_t xb = (r0 + r) * blocks + b;
+            total[r] = _mm512_add_ps(_mm512_add_ps(total[r], scaled(sums[r], x->dx[xb], d)),
+                                     _mm512_mul_ps(_mm512_set1_ps(x->dsum[xb]), m));
+        }
+    }
+    store_tile(total, y, y_stride, group, r0, count);
+}
+
+/* quant_matmul.c's int8_tile */
+static inline __attribute__((always_inline)) void
+int8_tile(const Rows *x, const int8_t *packed, const uint16_t *scale, float *y, int64_t y_stride, int64_t group,
+          int64_t r0, const int count) {
+    const int64_t blocks = x->blocks, stride = blocks * QBLOCK;
+    __m512 total[TILE];
+    __m512i sums[TILE];
+    for (int r = 0; r < count; r++) total[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < blocks; b++) {
+        int n = x->width - b * QBLOCK < QBLOCK ? (int)(x->width - b * QBLOCK) : QBLOCK;
+        int8_sums512(packed + (group * x->width + b * QBLOCK) * CHANNELS, x->steps + r0 * stride + b * QBLOCK, stride,
+                     n, sums, count);
+        __m512 d = scales16(scale, (group * blocks + b) * CHANNELS, 0);
+        for (int r = 0; r < count; r++)
+            total[r] = _mm512_add_ps(total[r], scaled(sums[r], x->dx[(r0 + r) * blocks + b], d));
+    }
+    store_tile(total, y, y_stride, group, r0, count);
+}
+
+/* quant_matmul.c's int8s_tile */
+static inline __attribute__((always_inline)) void
+int8s_tile(const Rows *x, const int8_t *packed, const float *scale, const float *low, float *y, int64_t y_stride,
+           int64_t group, int64_t r0, const int count) {
+    const int64_t blocks = x->blocks, stride = blocks * QBLOCK, subs = 2 * blocks;
+    __m512 total[TILE];
+    __m512i sums[TILE];
+    for (int r = 0; r < count; r++) total[r] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < subs; s++) {
+        int8_sums512(packed + (group * x->width + s * SUB) * CHANNELS, x->steps + r0 * stride + s * SUB, stride, SUB,
+                     sums, count);
+        const int64_t at = (group * subs + s) * CHANNELS;
+        __m512 d = _mm512_loadu_ps(scale + at), m = low ? _mm512_loadu_ps(low + at) : _mm512_setzero_ps();
+        for (int r = 0; r < count; r++) {
+            total[r] = _mm512_add_ps(total[r], scaled(sums[r], x->dx[(r0 + r) * blocks + s / 2], d));
+            if (low) total[r] = _mm512_add_ps(total[r], _mm512_mul_ps(_mm512_set1_ps(x->dsum16[(r0 + r) * subs + s]), m));
+        }
+    }
+    store_tile(total, y, y_stride, group, r0, count);
+}
+#endif
