@@ -18,13 +18,16 @@
 #define PATH 3
 #define TILE 8  /* rows that share one unpacking of a block's weights */
 
-/* acc + (w . x) per 32-bit lane: two int16 products, for a pair of inputs `x` broadcast */
+/* acc + (w . x) per 32-bit lane: two int16 products, for a pair of inputs `x` broadcast. VNNI's
+ * in assembly, with x broadcast by the instruction's own load: GCC 12 copies the accumulator
+ * around the builtin twice and broadcasts x in an instruction of its own. */
 static inline __attribute__((always_inline)) __m512i dot_pairs(__m512i acc, __m512i w, const int16_t *x) {
+#if defined(__AVX512VNNI__)
+    __asm__("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t *)(const void *)x));
+    return acc;
+#else
     int32_t pair;
     memcpy(&pair, x, sizeof pair);
-#if defined(__AVX512VNNI__)
-    return _mm512_dpwssd_epi32(acc, w, _mm512_set1_epi32(pair));
-#else
     return _mm512_add_epi32(acc, _mm512_madd_epi16(w, _mm512_set1_epi32(pair)));
 #endif
 }
