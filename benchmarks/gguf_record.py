@@ -8,6 +8,9 @@ cpu_record.py measures the default model (its Target and servers, reused here).
 
 Systems, one after another in one run, each a fresh server warmed by two untimed requests:
 - `this`: `make serve`'s Flow with LLM_MODEL set to the GGUF file, its defaults;
+- `this-engine`: the same engine with no serving at all (AsyncEngine in this process, as
+  cpu_record.py's): what the Flow, the gateway and HTTP cost beside it, on the same two cores
+  (its completions are `this`'s bits, so it has no agreement count of its own);
 - `llama-cpp`: llama.cpp's server on the same file, 2 threads, 16 slots (as cpu_record.py starts it).
 
 Workload (cpu_record's plain one): the main benchmark's prompts over OpenAI streaming completions,
@@ -35,14 +38,14 @@ from contract import EngineConfig, SamplingParams
 from engine import AsyncEngine
 from testing.procs import ROOT, settle
 
-from .cpu_record import SLOT_TOKENS, Target, _http_target
+from .cpu_record import SLOT_TOKENS, Target, _http_target, _uncounted
 from .load import closed_loop, make_prompts
 from .metrics import workload_row
 from .peers.llama_cpp import q4_0_of
 from .report import figure, goal_line, measure_each, run_and_write, run_record, workload_table
-from .systems import flow_server, gguf_of, http_session, llama_server, openai_model_id
+from .systems import flow_server, gguf_of, http_session, llama_server, openai_model_id, raw_engine
 
-GGUF_SYSTEMS = ("this", "llama-cpp")
+GGUF_SYSTEMS = ("this", "this-engine", "llama-cpp")
 GEMMA = ROOT / "models" / "gemma-3-270m-q4_k_m.gguf"
 READY_GOAL_S = 30.0
 SPEED_GOALS = {1: 1.2, 16: 2.0}  # this / llama.cpp's tokens per second, by concurrency
@@ -51,8 +54,13 @@ Complete = Callable[[str], Awaitable[str]]  # a prompt's greedy completion, its 
 
 
 @contextlib.asynccontextmanager
-async def serve(system: str, gguf: Path, logs: Path) -> AsyncIterator[tuple[Target, Complete]]:
-    """A fresh server of `system` on `gguf`, ready (its health check answers)."""
+async def serve(system: str, gguf: Path, logs: Path) -> AsyncIterator[tuple[Target, Optional[Complete]]]:
+    """A fresh server of `system` on `gguf`, ready (its health check answers); no completer for
+    the engine alone."""
+    if system == "this-engine":
+        async with raw_engine(gguf, logs, [], sampling={"ignore_eos": True}) as transports:
+            yield Target(transports["in-process"], _uncounted), None
+        return
     if system == "llama-cpp":
         async with llama_server(gguf, logs, ctx_size=16 * SLOT_TOKENS, name=f"gguf-{system}",
                                 gguf=gguf) as (port, http):
@@ -117,6 +125,8 @@ async def measure_system(system: str, gguf: Path, args: argparse.Namespace, resu
                                                        args.max_tokens, args.time_limit)
             result["rows"].append(workload_row(system, "plain", c, records, duration, cut))
             await settle()
+        if complete is None:
+            return
         reference = result["fp32"]
         texts = [await complete(p) for p in agreement_prompts(args.seed)]
         result["agreement"][system] = sum(a == b for a, b in zip(texts, reference, strict=True))
@@ -129,6 +139,11 @@ def goals(result: dict) -> list[str]:
         return figure(result, system=system, workload="plain", concurrency=c)
     lines = [goal_line(f"C={c} plain, this / llama.cpp", tok_s("this", c), tok_s("llama-cpp", c),
                        SPEED_GOALS.get(c, 1.0)) for c in result["settings"]["concurrency"]]
+    for c in result["settings"]["concurrency"]:
+        served, alone, peer = tok_s("this", c), tok_s("this-engine", c), tok_s("llama-cpp", c)
+        if served and alone and peer:
+            lines.append(f"C={c}, the engine alone: {alone} tok/s, {alone / peer:.2f}x llama.cpp; the Flow made "
+                         f"{served / alone:.2f}x the engine alone's")
     ready = result["ready"].get("this", {}).get("ready_s")
     met = "n/a" if ready is None else ("met" if ready <= READY_GOAL_S else "NOT met")
     agree = result.get("agreement", {})

