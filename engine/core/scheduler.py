@@ -134,7 +134,7 @@ class Scheduler:
         plan, budget = StepPlan(), self.config.max_prefill_tokens
         preempted = False
         speculate = len(self.running) <= self.config.speculative_max_rows
-        positions = sum(1 for r in self.running if r.state is RequestState.RUNNING and r.todo == 1)
+        positions = decoding = sum(1 for r in self.running if r.state is RequestState.RUNNING and r.todo == 1)
         for req in list(self.running):
             if req.state is not RequestState.RUNNING:  # preempted for an older row this step
                 continue
@@ -142,7 +142,7 @@ class Scheduler:
             count = 1 if todo == 1 else min(todo, budget)
             if count == 0:
                 continue
-            drafts = self._drafts(req, positions) if todo == 1 and speculate else []
+            drafts = self._drafts(req, positions, decoding) if todo == 1 and speculate else []
             positions += len(drafts)
             while not self.kv.grow(req, count + len(drafts)):
                 victim = self.running[-1]
@@ -159,15 +159,17 @@ class Scheduler:
         self._decode_plan = (sum(w.tokens for w in plan.work), time.perf_counter()) if decode_only else None
         return plan
 
-    def _drafts(self, req: Request, positions: int) -> list[int]:
+    def _drafts(self, req: Request, positions: int, decoding: int) -> list[int]:
         """A decoding row's drafts, no more than the tokens it may still generate after the next,
-        and, where it adapts, no more than pay in a step of `positions` without them."""
+        and, where it adapts, no more than pay in a step of `positions` without them whose
+        `decoding` rows all wait for them."""
         room = min(req.speculative, req.params.max_tokens - len(req.generated) - 1)
         if req.drafter is None or room <= 0:
             return []
         drafts = req.drafter.propose(req.history(), room)
         if req.adaptive and drafts:
-            drafts = drafts[:worth(len(drafts), req.acceptance.rate(), lambda k: self.costs.ratio(positions, k))]
+            drafts = drafts[:worth(len(drafts), req.acceptance.rate(), lambda k: self.costs.ratio(positions, k),
+                                   decoding)]
         return drafts
 
     def _admit(self, plan: StepPlan, budget: int) -> None:

@@ -18,7 +18,8 @@ the draft is the standard acceptance rule: accepted with probability p(draft).)
 Drafts cost: a step that checks k of them computes k more positions, and on a CPU whose matmuls
 are compute-bound at a few rows that is far from free. So each row drafts only as many as pay
 (`worth`): its own acceptance so far (`Acceptance`), against what steps of each size have cost
-on this machine (`StepCosts`, measured as the engine runs). Where drafts stop paying, a row
+on this machine (`StepCosts`, measured as the engine runs), a cost that every row of the step
+pays. Where drafts stop paying, a row
 decodes plainly; sizes not measured lately are tried again, so a row whose answer starts to copy
 picks speculation up again.
 """
@@ -104,13 +105,16 @@ class StepCosts:
         return fresh[1] / fresh[0]
 
 
-def worth(drafts: int, rate: float, ratio: Callable[[int], float]) -> int:
-    """How many of `drafts` to check: the k whose expected tokens a step (1 + rate + ... + rate^k)
-    per cost (ratio(k), 1 for k = 0) is highest; 0 where none beats a plain step."""
+def worth(drafts: int, rate: float, ratio: Callable[[int], float], rows: int = 1) -> int:
+    """How many of `drafts` to check: the k whose step makes the most expected tokens per cost
+    (ratio(k), 1 for k = 0); 0 where none beats a plain step. The step's `rows` decoding rows all
+    wait for the k more positions, and only this one gains from them: the others' token each
+    plus this row's 1 + rate + ... + rate^k, against `rows` tokens for a plain step."""
     best, best_gain, expected = 0, 1.0, 1.0
+    others = max(rows, 1) - 1
     for k in range(1, drafts + 1):
         expected += rate ** k
-        gain = expected / ratio(k)
+        gain = (others + expected) / (others + 1) / ratio(k)
         if gain > best_gain:
             best, best_gain = k, gain
     return best

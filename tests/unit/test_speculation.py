@@ -143,6 +143,10 @@ def test_drafts_are_checked_only_as_far_as_they_pay():
     assert worth(8, 0.9, flat) == 8 and worth(8, 0.5, flat) >= 2
     assert worth(8, 0.2, steep) == 0 and worth(8, 0.9, steep) >= 1
     assert worth(0, 0.9, flat) == 0
+    # four rows share the step: a draft that pays for one row alone slows the other three
+    middling = lambda k: 1.0 + 0.2 * k  # noqa: E731
+    assert worth(8, 0.5, middling, rows=1) >= 1 and worth(8, 0.5, middling, rows=4) == 0
+    assert worth(8, 0.9, flat, rows=4) >= 1  # a row that copies still pays its way
 
 
 def test_acceptance_and_step_costs_are_what_was_measured():
