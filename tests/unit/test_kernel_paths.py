@@ -34,7 +34,7 @@ def activations(rows: int, width: int) -> torch.Tensor:
     return x
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 16, 17])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 14, 16, 17])  # every tile's count on every path
 def test_int4_and_int8_matmuls(paths, rows):
     g = torch.Generator().manual_seed(rows)
     width, outputs = 576, 96
@@ -49,8 +49,27 @@ def test_int4_and_int8_matmuls(paths, rows):
                                    rows, width, outputs, 2) == 0
         return [y]
     same_on_every_path(paths, int4)
+    wide_scale, wide_low = scale.float() * 0.37, low.float() * 1.3  # Q4_K's fp32 d sc and dmin m
+
+    def int4f(library):
+        y = torch.empty(rows, outputs)
+        assert library.int4f_matmul(x.data_ptr(), packed.data_ptr(), wide_scale.data_ptr(), wide_low.data_ptr(),
+                                    y.data_ptr(), rows, width, outputs, 2) == 0
+        return [y]
+    same_on_every_path(paths, int4f)
+    steps = torch.randint(-128, 128, (outputs // 16, width, 16), dtype=torch.int8, generator=g)
+    sub_scale = torch.rand(outputs // 16, width // 16, 16, generator=g) * 0.01
+    sub_low = -torch.rand(outputs // 16, width // 16, 16, generator=g) * 0.05
+
+    def int8s(library):  # Q5_1, Q5_K (with lows) and Q6_K (without)
+        ys = [torch.empty(rows, outputs), torch.empty(rows, outputs)]
+        for y, lows in zip(ys, (sub_low.data_ptr(), None), strict=True):
+            assert library.int8s_matmul(x.data_ptr(), steps.data_ptr(), sub_scale.data_ptr(), lows, y.data_ptr(),
+                                        rows, width, outputs, 2) == 0
+        return ys
+    same_on_every_path(paths, int8s)
     for width8 in (576, 77, 40):
-        weights = torch.randint(-127, 128, (outputs // 16, width8, 16), dtype=torch.int8, generator=g)
+        weights = torch.randint(-128, 128, (outputs // 16, width8, 16), dtype=torch.int8, generator=g)
         scales = (torch.rand(outputs // 16, -(-width8 // 32), 16, generator=g) * 0.01).half()
         x8 = activations(rows, width8)
 
