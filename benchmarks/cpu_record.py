@@ -84,8 +84,9 @@ async def serve(system: str, model: Path, logs: Path) -> AsyncIterator[Target]:
             yield await _http_target(http, port, model)
 
 
-async def _http_target(http: aiohttp.ClientSession, port: int, model: Path) -> Target:
-    model_id = await openai_model_id(http, port, model.name)
+async def _http_target(http: aiohttp.ClientSession, port: int, model: Path, model_id: Optional[str] = None) -> Target:
+    """The server's OpenAI completions as a Target; `model_id` where the caller asked for it already."""
+    model_id = model_id or await openai_model_id(http, port, model.name)
     return Target(this_openai(http, port, model_id, {"ignore_eos": True}),
                   functools.partial(_prompt_tokens, http, port, model_id))
 

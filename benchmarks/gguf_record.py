@@ -64,16 +64,20 @@ async def serve(system: str, gguf: Path, logs: Path) -> AsyncIterator[tuple[Targ
     if system == "llama-cpp":
         async with llama_server(gguf, logs, ctx_size=16 * SLOT_TOKENS, name=f"gguf-{system}",
                                 gguf=gguf) as (port, http):
-            yield await _http_target(http, port, gguf), await _completer(http, port, gguf)
+            yield await _measured(http, port, gguf)
         return
     with flow_server(gguf, logs, name=f"gguf-{system}") as (_, port):
         async with http_session() as http:
-            yield await _http_target(http, port, gguf), await _completer(http, port, gguf)
+            yield await _measured(http, port, gguf)
 
 
-async def _completer(http: aiohttp.ClientSession, port: int, gguf: Path) -> Complete:
+async def _measured(http: aiohttp.ClientSession, port: int, gguf: Path) -> tuple[Target, Complete]:
+    """A server's timed transport and its completer, on the model id it names (asked once)."""
     model_id = await openai_model_id(http, port, gguf.name)
+    return await _http_target(http, port, gguf, model_id), _completer(http, port, model_id)
 
+
+def _completer(http: aiohttp.ClientSession, port: int, model_id: str) -> Complete:
     async def complete(prompt: str) -> str:
         body = {"model": model_id, "prompt": prompt, "max_tokens": AGREEMENT_TOKENS, "temperature": 0}
         async with http.post(f"http://127.0.0.1:{port}/v1/completions", json=body) as resp:

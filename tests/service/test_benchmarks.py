@@ -154,6 +154,19 @@ def test_the_cpu_records_goals_and_the_speculation_sweeps_ratios():
     assert "| m | greedy | 1 | 100.0 | 95.0 | 0.95x |" in spec_sweep.markdown(result)
 
 
+def test_the_gguf_records_goals_set_the_flow_beside_the_engine_alone():
+    from benchmarks import gguf_record
+    base = dict(workload="plain", requests=4, completed=4, ttft_p50_ms=5.0, tpot_p50_ms=1.0, itl_p50_ms=1.0)
+    rows = [dict(base, system=system, concurrency=16, output_tok_s=tok_s)
+            for system, tok_s in (("this", 200.0), ("this-engine", 250.0), ("llama-cpp", 100.0))]
+    lines = gguf_record.goals({"rows": rows, "settings": {"concurrency": [16]}, "ready": {"this": {"ready_s": 20.0}},
+                               "agreement": {"this": 16, "llama-cpp": 10}})
+    assert "200 / 100 tok/s = 2.00x (goal >= 2: met)" in lines[0]
+    assert lines[1] == "C=16, the engine alone: 250.0 tok/s, 2.50x llama.cpp; the Flow made 0.80x the engine alone's"
+    assert "this 16 of 16, llama.cpp 10 (at least as often: met)" in lines[2]
+    assert lines[3].endswith("20.0 s (met)")
+
+
 def test_each_mode_takes_its_own_systems_by_name(capsys):
     import pytest
 
