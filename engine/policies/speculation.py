@@ -19,9 +19,8 @@ Drafts cost: a step that checks k of them computes k more positions, and on a CP
 are compute-bound at a few rows that is far from free. So each row drafts only as many as pay
 (`worth`): its own acceptance so far (`Acceptance`), against what steps of each size have cost
 on this machine (`StepCosts`, measured as the engine runs), a cost that every row of the step
-pays. Where drafts stop paying, a row
-decodes plainly; sizes not measured lately are tried again, so a row whose answer starts to copy
-picks speculation up again.
+pays. Where drafts stop paying, a row decodes plainly; sizes not measured lately are tried
+again, so a row whose answer starts to copy picks speculation up again.
 """
 from collections.abc import Callable
 from dataclasses import dataclass, field
