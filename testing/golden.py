@@ -76,12 +76,13 @@ def kernel_paths() -> dict[str, tuple[str, ...]]:
     """The kernel paths this CPU runs, by name: the machine's own, AVX-512 without VNNI where it
     has VNNI (quant_tiles512.h's other product), AVX2 where it has AVX-512 too, and plain C
     (build.PORTABLE), each as its LLM_KERNEL_FLAGS."""
+    flags = cpu_flags()
     paths: dict[str, tuple[str, ...]] = {"native": ()}
-    if "avx512_vnni" in cpu_flags() and "avx512bw" in cpu_flags():
+    if {"avx512_vnni", "avx512bw"} <= flags:
         paths["avx512bw"] = ("-mno-avx512vnni",)
-    if "avx512f" in cpu_flags():
+    if "avx512f" in flags:
         paths["avx2"] = ("-mno-avx512f",)
-    if "avx" in cpu_flags():
+    if "avx" in flags:
         paths["portable"] = tuple(build.PORTABLE.split())
     return paths
 
