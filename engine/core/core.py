@@ -18,9 +18,10 @@ from typing import Optional
 
 import torch
 
-from contract import EngineConfig, FinishReason
+from contract import MAX_SPECULATIVE_TOKENS, EngineConfig, FinishReason
 
 from ..messages import Prepared
+from ..model import fast_layers
 from ..model.cuda_graphs import DecodeGraphs
 from ..model.loader import LoadedModel
 from ..model.model_runner import ModelRunner, StepResult
@@ -41,11 +42,20 @@ from .scheduler import RowOutcome, Scheduler, StepPlan, Work
 log = logging.getLogger(__name__)
 
 
+def kv_pool_for(loaded: LoadedModel, config: EngineConfig) -> KVPool:
+    """The KV pool the config sizes, with a window pool for the model's sliding-window layers
+    sized for the rows that may run at once and one step's new tokens."""
+    shape = KVShape.of(loaded.model.config, loaded.kv_dtype, fast_layers.layer_windows(loaded.model))
+    step_tokens = config.max_prefill_tokens + MAX_SPECULATIVE_TOKENS * config.speculative_max_rows
+    blocks, window_blocks = shape.blocks_for(config.max_batch_tokens, config.kv_cache_bytes, config.max_running,
+                                             step_tokens)
+    return KVPool(shape, blocks, loaded.device, window_blocks)
+
+
 class EngineCore:
     def __init__(self, loaded: LoadedModel, config: EngineConfig):
         self.loaded, self.config, self.tokenizer = loaded, config, loaded.tokenizer
-        shape = KVShape.of(loaded.model.config, loaded.kv_dtype)
-        pool = KVPool(shape, shape.blocks_for(config.max_batch_tokens, config.kv_cache_bytes), loaded.device)
+        pool = kv_pool_for(loaded, config)
         self.kv = KVCacheManager(pool, config.prefix_caching)
         self.scheduler = Scheduler(config, self.kv, lambda: self.observer.preempted())
         self.runner = ModelRunner(loaded, self.kv, DecodeGraphs.for_model(loaded, pool, config))

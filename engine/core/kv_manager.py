@@ -14,12 +14,16 @@ attention, the same way whatever else is in the forward pass (paged_attention.c,
 so keys computed for one request, in a prefill or a decode step, are bit for bit those another
 request would compute. (On the fallbacks, PyTorch's matmuls round by shape: there, as for
 batching, the tokens are the same and the numbers within float rounding.)
+
+Where the model has sliding-window layers, each table block that a row's window still reaches
+has a window block too (window_blocks.py): every method below keeps both.
 """
 from typing import Optional
 
 from .block_pool import BlockPool, chain_hashes
 from .kv_pool import KVPool
 from .request import Request
+from .window_blocks import WindowBlocks
 
 
 class KVCacheManager:
@@ -29,6 +33,9 @@ class KVCacheManager:
         self.block_size = pool.shape.block_size
         self.caching = caching
         self.tables: dict[str, list[int]] = {}
+        self.windows = WindowBlocks(pool.window_blocks, pool.shape.window, self.block_size) if pool.window_blocks \
+            else None
+        self.first_read: dict[str, int] = {}  # each row's first table block its window layers still read
         self.block_keys: dict[str, list[int]] = {}  # each row's prefix-cache keys of its history's full blocks
         self.queries = 0  # prompt tokens looked up (vLLM's prefix_cache_queries)
         self.hits = 0  # of them found (prefix_cache_hits)
@@ -62,6 +69,8 @@ class KVCacheManager:
             if block is None:
                 break
             found.append(block)
+        while self.windows and found and not self.windows.can_read(found[self.windows.first_read(len(found) * size):]):
+            found.pop()  # its window layers' keys are gone: computed again
         return found
 
     def waits_for(self, req: Request, prefix: list[int], computing: set[int]) -> bool:
@@ -84,9 +93,17 @@ class KVCacheManager:
         need = self._blocks_for(len(prefix) * self.block_size + tokens) - len(prefix)
         if need + reserve > self.blocks.num_free - evictable:
             return None
+        first = self.windows.first_read(len(prefix) * self.block_size) if self.windows else 0
+        if self.windows and need + reserve > self.windows.available(prefix[first:]):
+            return None
         self.blocks.acquire(prefix)
-        self.tables[req.row_id] = prefix + (self.blocks.allocate(need) or [])
-        return self.blocks.allocate(reserve) or []
+        table = prefix + self._allocate(need)
+        reserved = self._allocate(reserve)
+        if self.windows:
+            self.first_read[req.row_id] = first
+            assert self.windows.read(table[first:] + reserved), "counted above"
+        self.tables[req.row_id] = table
+        return reserved
 
     def count_lookup(self, req: Request, cached: int) -> None:
         """A request's first start: its prompt counts in the hit rate."""
@@ -104,14 +121,21 @@ class KVCacheManager:
             assert reserved is not None, "a partial last block needs the block reserved at admission"
             own = [reserved]
             self.pool.copy_block(table[full], reserved)
+            if self.windows:
+                self.pool.copy_block(self.windows.of[table[full]], self.windows.of[reserved], windowed=True)
         elif reserved is not None:
-            self.blocks.release([reserved])
+            self.release([reserved])
         self.blocks.acquire(table[:full])
         self.tables[child.row_id] = table[:full] + own
         self.block_keys[child.row_id] = list(self.keys(parent))
+        if self.windows:  # the reserved block is read already (start)
+            first = self.first_read[child.row_id] = self.first_read[parent.row_id]
+            assert self.windows.read(table[first:full]), "the parent reads them"
 
     def release(self, blocks: list[int]) -> None:
         """Blocks held outside any table (reserved for a fork) go back."""
+        if self.windows:
+            self.windows.unread(blocks)
         self.blocks.release(blocks)
 
     # ----- a row's steps -----
@@ -121,11 +145,23 @@ class KVCacheManager:
         need = self._blocks_for(req.computed + tokens) - len(table)
         if need <= 0:
             return True
-        new = self.blocks.allocate(need)
-        if new is None:
+        if need > self.blocks.num_free or (self.windows and need > self.windows.available([])):
             return False
+        new = self._allocate(need)
+        if self.windows:
+            assert self.windows.read(new), "counted above"
         table += new
         return True
+
+    def window_table(self, req: Request) -> list[int]:
+        """The row's table as its window layers read it (window_blocks.py)."""
+        assert self.windows is not None
+        return self.windows.table(self.table(req), self.first_read[req.row_id])
+
+    def window_slot(self, slot: int) -> int:
+        """A slot of `slots` in the window pool."""
+        assert self.windows is not None
+        return self.windows.slot(slot)
 
     def slots(self, req: Request, start: int, count: int) -> list[int]:
         """Where tokens start.. of the row go: block * block_size + offset."""
@@ -133,8 +169,14 @@ class KVCacheManager:
         return [table[p // size] * size + p % size for p in range(start, start + count)]
 
     def computed(self, req: Request, before: int) -> None:
-        """The row computed tokens before..req.computed: key the blocks they filled."""
+        """The row computed tokens before..req.computed: key the blocks they filled, and let its
+        window layers' blocks that the window has passed go."""
         size = self.block_size
+        if self.windows:
+            first, now = self.first_read[req.row_id], self.windows.first_read(req.computed)
+            if now > first:
+                self.windows.unread(self.table(req)[first:now])
+                self.first_read[req.row_id] = now
         if not self.caching or before // size == req.computed // size:
             return
         table, keys = self.table(req), self.keys(req)
@@ -145,14 +187,42 @@ class KVCacheManager:
         """The row is done (finished, failed, aborted or preempted): its blocks go back."""
         table = self.tables.pop(req.row_id, None)
         self.block_keys.pop(req.row_id, None)
+        first = self.first_read.pop(req.row_id, 0)
         if table:
+            if self.windows:
+                self.windows.unread(table[first:])
             self.blocks.release(table)
+
+    def lend(self, count: int) -> Optional[list[int]]:
+        """Blocks held outside any row (the start-up probe's), window blocks and all; None when
+        the pool lacks them. `take_back` takes them back."""
+        if count > self.blocks.num_free or (self.windows and count > self.windows.available([])):
+            return None
+        blocks = self._allocate(count)
+        if self.windows:
+            assert self.windows.read(blocks), "counted above"
+        return blocks
+
+    def take_back(self, blocks: list[int]) -> None:
+        """Blocks that `lend` gave."""
+        self.release(blocks)
+
+    def _allocate(self, count: int) -> list[int]:
+        """`count` blocks (there are: the caller counted); their window blocks, if any, are no one's."""
+        blocks = self.blocks.allocate(count) or []
+        assert len(blocks) == count, "counted before"
+        if self.windows:
+            self.windows.forget(blocks)
+        return blocks
 
     def reset(self) -> None:
         """Every row gone and the cache emptied (after the loop itself failed: trust nothing)."""
         self.blocks = BlockPool(self.pool.blocks)
         self.tables.clear()
         self.block_keys.clear()
+        self.first_read.clear()
+        if self.windows:
+            self.windows.reset()
 
     def _blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
@@ -160,4 +230,6 @@ class KVCacheManager:
     def stats(self) -> dict:
         return {"kv_blocks": self.blocks.total, "kv_blocks_used": self.blocks.num_used,
                 "prefix_cache_blocks": len(self.blocks.cached), "prefix_cache_queries": self.queries,
-                "prefix_cache_hits": self.hits}
+                "prefix_cache_hits": self.hits,
+                **({"kv_window_blocks": self.windows.total, "kv_window_blocks_used": self.windows.num_used}
+                   if self.windows else {})}

@@ -9,6 +9,10 @@ head_dim] (PagedAttention keeps its keys in a layout of their own for the same r
 
 Block 0 is never handed out: padded reads point at it, masked. It starts zero; only a decode
 step that a CUDA graph replays writes there, its padding rows' keys (cuda_graphs.py).
+
+A model's sliding-window layers keep theirs in a second, smaller pool: such a layer reads only
+a sequence's last `window` keys, so a row holds only the blocks of its window there
+(window_blocks.py lends them). Its size is what the rows that may run at once need.
 """
 from dataclasses import dataclass
 
@@ -29,46 +33,83 @@ class KVShape:
     head_dim: int
     dtype: torch.dtype
     block_size: int = BLOCK_SIZE
+    windows: tuple[int, ...] = ()  # each layer's sliding window in keys (0: none); () for none at all
 
     @classmethod
-    def of(cls, config: PretrainedConfig, dtype: torch.dtype, block_size: int = BLOCK_SIZE) -> "KVShape":
+    def of(cls, config: PretrainedConfig, dtype: torch.dtype, windows: tuple[int, ...] = (),
+           block_size: int = BLOCK_SIZE) -> "KVShape":
         text = config.get_text_config()
-        return cls(text.num_hidden_layers, find_num_key_value_heads(text), find_head_dim(text), dtype, block_size)
+        return cls(text.num_hidden_layers, find_num_key_value_heads(text), find_head_dim(text), dtype, block_size,
+                   windows if any(windows) else ())
+
+    @property
+    def window(self) -> int:
+        """The window layers' window (the widest where they differ); 0 where no layer has one."""
+        return max(self.windows, default=0)
+
+    @property
+    def main_layers(self) -> list[int]:
+        return [i for i in range(self.layers) if not self.windows or not self.windows[i]]
+
+    @property
+    def window_layers(self) -> list[int]:
+        return [i for i in range(self.layers) if self.windows and self.windows[i]]
 
     @property
     def bytes_per_token(self) -> int:
         return self.layers * 2 * self.kv_heads * self.head_dim * self.dtype.itemsize
 
-    def blocks_for(self, budget_tokens: int, budget_bytes: int = 0) -> int:
-        """Usable blocks of a pool sized by tokens, or by bytes where those are given."""
+    def blocks_for(self, budget_tokens: int, budget_bytes: int = 0, rows: int = 1,
+                   step_tokens: int = 0) -> tuple[int, int]:
+        """Usable blocks of the main pool, sized by tokens, or by bytes where those are given (as
+        if every layer kept every token), and of the window pool: what `rows` rows' windows and a
+        step's `step_tokens` new tokens need, never more than the main pool's (0: no window)."""
+        size, window = self.block_size, self.window
         tokens = budget_bytes // self.bytes_per_token if budget_bytes else budget_tokens
-        return max(1, tokens // self.block_size)
+        main = max(1, tokens // size)
+        return main, min(main, rows * (-(-window // size) + 2) + -(-step_tokens // size) + 1) if window else 0
 
 
 class KVPool:
     """The tensors; kv_manager.py decides which blocks belong to whom."""
 
-    def __init__(self, shape: KVShape, blocks: int, device: torch.device):
+    def __init__(self, shape: KVShape, blocks: int, device: torch.device, window_blocks: int = 0):
+        """blocks: the main pool's usable blocks; window_blocks: the window pool's (where the
+        shape has window layers)."""
         self.shape = shape
         self.blocks = blocks + 1  # and the null block
-        size, heads, dim = shape.block_size, shape.kv_heads, shape.head_dim
+        self.window_blocks = window_blocks if shape.windows else 0
+        self.keys, self.values = self._make(len(shape.main_layers), self.blocks, device)
+        self.window_keys, self.window_values = self._make(len(shape.window_layers), self.window_blocks + 1, device)
+        main, window = shape.main_layers, shape.window_layers
+        self._at = {i: (False, main.index(i)) if i in main else (True, window.index(i)) for i in range(shape.layers)}
+        self.device = device
+
+    def _make(self, layers: int, blocks: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        size, heads, dim, dtype = self.shape.block_size, self.shape.kv_heads, self.shape.head_dim, self.shape.dtype
         # on CPU, empty: the OS commits pages as blocks are first written; on a GPU, zeros (a padded
         # read may meet a block's unwritten slots, masked, and must not meet NaN there)
         make = torch.zeros if device.type == "cuda" else torch.empty
-        self.keys = make((shape.layers, self.blocks, heads, dim, size), dtype=shape.dtype, device=device)
-        self.values = make((shape.layers, self.blocks, size, heads, dim), dtype=shape.dtype, device=device)
-        self.keys[:, NULL_BLOCK] = 0
-        self.values[:, NULL_BLOCK] = 0
-        self.device = device
+        keys = make((layers, blocks, heads, dim, size), dtype=dtype, device=device)
+        values = make((layers, blocks, size, heads, dim), dtype=dtype, device=device)
+        keys[:, NULL_BLOCK] = 0
+        values[:, NULL_BLOCK] = 0
+        return keys, values
+
+    def windowed(self, index: int) -> bool:
+        """Whether a layer keeps its keys in the window pool."""
+        return self._at[index][0]
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys [blocks, kv_heads, head_dim, block_size] and values [blocks, block_size, kv_heads,
-        head_dim] of one layer."""
-        return self.keys[index], self.values[index]
+        head_dim] of one layer (of the window pool for a window layer)."""
+        windowed, at = self._at[index]
+        return (self.window_keys[at], self.window_values[at]) if windowed else (self.keys[at], self.values[at])
 
-    def all_layers(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of every layer, [layers, ...] as `layer` gives one."""
-        return self.keys, self.values
+    def all_layers(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Keys and values of every layer, in order, as `layer` gives one."""
+        pairs = [self.layer(i) for i in range(self.shape.layers)]
+        return [k for k, _ in pairs], [v for _, v in pairs]
 
     def write(self, index: int, keys: torch.Tensor, values: torch.Tensor, blocks: torch.Tensor,
               offsets: torch.Tensor) -> None:
@@ -77,10 +118,12 @@ class KVPool:
         k.permute(0, 3, 1, 2)[blocks, offsets] = keys.to(k.dtype)
         v[blocks, offsets] = values.to(v.dtype)
 
-    def copy_block(self, source: int, target: int) -> None:
-        """Every layer's keys and values of one block into another (a forked answer's last block)."""
-        self.keys[:, target] = self.keys[:, source]
-        self.values[:, target] = self.values[:, source]
+    def copy_block(self, source: int, target: int, windowed: bool = False) -> None:
+        """Every main (or window) layer's keys and values of one block into another (a forked
+        answer's last block)."""
+        keys, values = (self.window_keys, self.window_values) if windowed else (self.keys, self.values)
+        keys[:, target] = keys[:, source]
+        values[:, target] = values[:, source]
 
     def gather(self, index: int, table: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One sequence's first `length` keys and values of a layer, in order: [kv_heads, length,

@@ -50,6 +50,10 @@ typedef struct {
     const int64_t *q_starts, *q_lens, *ctx_lens;  /* per sequence */
     const int32_t *tables;  /* [sequences, table_width] */
     int64_t tokens, sequences, table_width, block;
+    /* the same in the window pool, for the layers with a sliding window (NULL: they have none) */
+    const int64_t *window_slots;
+    const int32_t *window_tables;  /* [sequences, window_table_width] */
+    int64_t window_table_width;
 } LlamaStep;
 
 /* paged_attention.c: each sequence's queries over its own keys, through its block table; the
@@ -97,12 +101,12 @@ int bf16_matmul(const float *x, const uint16_t *packed, float *y, int64_t rows, 
                 int threads);  /* fp32 weights that are bf16 values, kept as bf16 */
 
 /* llama_layer.c: whole decoder layers, and the norms and activations the model's modules share with
- * them; the pool's keys and values in fp32 (kv_half 0) or fp16 (1), pool_stride in values; cos and
- * sin [tables][tokens][dim], a layer's `rope` picking its table */
+ * them; the pool's keys and values in fp32 (kv_half 0) or fp16 (1), one pool per layer for
+ * llama_layers; cos and sin [tables][tokens][dim], a layer's `rope` picking its table */
 int llama_layer(const LlamaLayer *layer, const LlamaStep *step, const float *cos, const float *sin,
                 int64_t tables, const float *in, float *out, void *k_pool, void *v_pool, int kv_half, int threads);
 int llama_layers(const LlamaLayer *layers, int64_t count, const LlamaStep *step, const float *cos, const float *sin,
-                 int64_t tables, const float *in, float *out, void *k_pools, void *v_pools, int64_t pool_stride,
+                 int64_t tables, const float *in, float *out, void *const *k_pools, void *const *v_pools,
                  int kv_half, int threads);
 void rms_norm_rows(const float *x, const float *weight, float *y, int64_t rows, int64_t n, float eps);
 void silu_rows(const float *x, float *y, int64_t rows, int64_t n, int64_t x_stride);

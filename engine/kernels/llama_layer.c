@@ -157,6 +157,10 @@ int llama_layer(const LlamaLayer *layer, const LlamaStep *step, const float *cos
     const int64_t n = step->tokens, hidden = layer->hidden, dim = layer->dim, heads = layer->heads;
     const int64_t qkv_width = outputs_of(layer->qkv, 3), inter = layer->inter, q_width = heads * dim;
     const int64_t kv_width = layer->kv_heads * dim;
+    const int windowed = layer->window && step->window_tables;  /* its keys in the window pool */
+    const int64_t *slots = windowed ? step->window_slots : step->slots;
+    const int32_t *blocks = windowed ? step->window_tables : step->tables;
+    const int64_t width = windowed ? step->window_table_width : step->table_width;
     if (n < 1 || dim % 2 || layer->rope < 0 || layer->rope >= tables || qkv_width != q_width + 2 * kv_width
         || outputs_of(layer->gate_up, 2) != 2 * inter || layer->o.outputs != hidden || layer->down.outputs != hidden)
         return -1;
@@ -180,17 +184,16 @@ int llama_layer(const LlamaLayer *layer, const LlamaStep *step, const float *cos
         if (layer->k_norm)
             rms_norm_rows(row + q_width, layer->k_norm, row + q_width, layer->kv_heads, dim, layer->eps_qk);
         for (int64_t h = 0; h < heads + layer->kv_heads; h++) rotate(row + h * dim, cos + t * dim, sin + t * dim, dim);
-        write_kv(row + q_width, row + q_width + kv_width, step->slots[t], k_pool, v_pool, kv_half,
+        write_kv(row + q_width, row + q_width + kv_width, slots[t], k_pool, v_pool, kv_half,
                  layer->kv_heads, dim, step->block);
     }
     status = kv_half ? paged_attention_f16(qkv, qkv_width, dim, k_pool, v_pool, attended, step->q_starts,
-                                           step->q_lens, step->ctx_lens, step->tables, step->table_width,
-                                           step->sequences, heads, layer->kv_heads, dim, step->block,
-                                           layer->window, layer->scale, layer->softcap, threads)
+                                           step->q_lens, step->ctx_lens, blocks, width, step->sequences, heads,
+                                           layer->kv_heads, dim, step->block, layer->window, layer->scale,
+                                           layer->softcap, threads)
                      : paged_attention(qkv, qkv_width, dim, k_pool, v_pool, attended, step->q_starts, step->q_lens,
-                                       step->ctx_lens, step->tables, step->table_width, step->sequences, heads,
-                                       layer->kv_heads, dim, step->block, layer->window, layer->scale,
-                                       layer->softcap, threads);
+                                       step->ctx_lens, blocks, width, step->sequences, heads, layer->kv_heads, dim,
+                                       step->block, layer->window, layer->scale, layer->softcap, threads);
     if (status || (status = weight_matmul(attended, &layer->o, sum, hidden, n, threads))) goto done;
     #pragma omp parallel for schedule(static) num_threads(threads) if (wide)
     for (int64_t t = 0; t < n; t++) {
@@ -220,24 +223,24 @@ done:
 }
 
 /* Every layer of a step, one after another: layer i reads layer i - 1's output and its own
- * keys and values pool_stride values apart (k_pools', v_pools'). One call per step instead of one
- * per layer: with one stream, Python's share of a step (calls, checks, views of the pool) was a
- * sixth of it. The same numbers as llama_layer layer by layer. Returns as llama_layer does. */
+ * keys and values, k_pools[i] and v_pools[i] (a model with sliding-window layers keeps theirs in a
+ * pool of their own). One call per step instead of one per layer: with one stream, Python's share
+ * of a step (calls, checks, views of the pool) was a sixth of it. The same numbers as llama_layer
+ * layer by layer. Returns as llama_layer does. */
 int llama_layers(const LlamaLayer *layers, int64_t count, const LlamaStep *step, const float *cos, const float *sin,
-                 int64_t tables, const float *in, float *out, void *k_pools, void *v_pools, int64_t pool_stride,
+                 int64_t tables, const float *in, float *out, void *const *k_pools, void *const *v_pools,
                  int kv_half, int threads) {
     if (count < 1) return -1;
     const int64_t size = step->tokens * layers[0].hidden;
     float *between = count > 1 ? malloc(size * sizeof(float)) : NULL;
     if (count > 1 && !between) return -2;
     int status = 0;
-    const int64_t stride = pool_stride * (kv_half ? 2 : 4);  /* bytes from one layer's pool to the next */
     for (int64_t i = 0; i < count && !status; i++) {  /* the last layer writes `out`; the others alternate */
         float *target = (count - 1 - i) % 2 == 0 ? out : between;
         const float *source = i == 0 ? in : (target == out ? between : out);
         if (layers[i].hidden != layers[0].hidden) status = -1;
-        else status = llama_layer(layers + i, step, cos, sin, tables, source, target,
-                                  (char *)k_pools + i * stride, (char *)v_pools + i * stride, kv_half, threads);
+        else status = llama_layer(layers + i, step, cos, sin, tables, source, target, k_pools[i], v_pools[i],
+                                  kv_half, threads);
     }
     free(between);
     return status;

@@ -252,12 +252,18 @@ def llama_layer_args(qkv: list[Weights], o: Weights, gate_up: list[Weights], dow
                       kin.softcap)
 
 
-def llama_step(slots: torch.Tensor, c_args: tuple[torch.Tensor, ...], block: int) -> Struct:
-    """A step for `llama_layer`: slots [tokens] int64 and paged_attention's c_args, which the
-    caller keeps alive for the step."""
+def llama_step(slots: torch.Tensor, c_args: tuple[torch.Tensor, ...], block: int,
+               window: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> Struct:
+    """A step for `llama_layer`: slots [tokens] int64 and paged_attention's c_args, and where the
+    model has sliding-window layers, their slots and tables in the window pool; the caller keeps
+    them alive for the step."""
     q_starts, q_lens, ctx_lens, tables = c_args
+    window_slots, window_tables = window if window is not None else (None, None)
     return LlamaStep(slots.data_ptr(), q_starts.data_ptr(), q_lens.data_ptr(), ctx_lens.data_ptr(),
-                     tables.data_ptr(), slots.shape[0], tables.shape[0], tables.shape[1], block)
+                     tables.data_ptr(), slots.shape[0], tables.shape[0], tables.shape[1], block,
+                     None if window_slots is None else window_slots.data_ptr(),
+                     None if window_tables is None else window_tables.data_ptr(),
+                     0 if window_tables is None else window_tables.shape[1])
 
 
 Rotary = tuple[torch.Tensor, torch.Tensor]  # cos and sin [1, tokens, head_dim]
@@ -268,7 +274,7 @@ def llama_layer(layer: Struct, step: Struct, rotary: Rotary, x: torch.Tensor, k_
     """One decoder layer of a step (llama_layer.c): x [1, tokens, hidden] fp32 in, the layer's
     output out; rotary: this layer's cos and sin; the pool fp32 or fp16 (KVPool's). None where the
     kernels do not take these tensors (the caller runs the layer otherwise)."""
-    return _layers(ctypes.byref(layer), 1, layer, step, [rotary] * (layer.rope + 1), x, k_pool, v_pool)
+    return _layers(ctypes.byref(layer), 1, layer, step, [rotary] * (layer.rope + 1), x, [k_pool], [v_pool])
 
 
 def llama_stack(layers: list[Struct]) -> Any:
@@ -277,32 +283,33 @@ def llama_stack(layers: list[Struct]) -> Any:
     return array(*layers)
 
 
-def llama_layers(stack: Any, step: Struct, tables: list[Rotary], x: torch.Tensor, k_pools: torch.Tensor,
-                 v_pools: torch.Tensor) -> Optional[torch.Tensor]:
+def llama_layers(stack: Any, step: Struct, tables: list[Rotary], x: torch.Tensor, k_pools: list[torch.Tensor],
+                 v_pools: list[torch.Tensor]) -> Optional[torch.Tensor]:
     """Every layer of `stack` for a step in one call, as `llama_layer` one after another; tables:
-    the step's rotary tables, each layer's `rope` naming its own; k_pools and v_pools: the pool's
-    keys and values of every layer (KVPool's). None where it does not run."""
-    if k_pools.shape[0] != len(stack) or v_pools.shape[0] != len(stack):
+    the step's rotary tables, each layer's `rope` naming its own; k_pools and v_pools: each layer's
+    keys and values (KVPool.all_layers). None where it does not run."""
+    if len(k_pools) != len(stack) or len(v_pools) != len(stack):
         return None
     return _layers(stack, len(stack), stack[0], step, tables, x, k_pools, v_pools)
 
 
 def _layers(layers: Any, count: int, first: Struct, step: Struct, tables: list[Rotary], x: torch.Tensor,
-            k_pool: torch.Tensor, v_pool: torch.Tensor) -> Optional[torch.Tensor]:
+            k_pools: list[torch.Tensor], v_pools: list[torch.Tensor]) -> Optional[torch.Tensor]:
     built = library()
     cos, sin = ((table[0] if len(tables) == 1 else torch.stack(table)).float().contiguous()
                 for table in zip(*tables, strict=True))
-    stride = k_pool.stride(0) if count > 1 else 0  # values from one layer's pool to the next
-    if (built is None or not _cpu_fp32(x) or not _kv_pool(k_pool, v_pool)
-            or not all(t.is_contiguous() for t in (x, k_pool, v_pool))
+    half = k_pools[0].dtype == torch.float16
+    if (built is None or not _cpu_fp32(x) or not x.is_contiguous()
+            or not all(_kv_pool(k, v) and k.is_contiguous() and v.is_contiguous() and (k.dtype == torch.float16) == half
+                       for k, v in zip(k_pools, v_pools, strict=True))
             or x.shape[-1] != first.hidden or x.numel() != step.tokens * first.hidden
-            or cos.shape[-2] != step.tokens or cos.shape[-1] != first.dim
-            or (count > 1 and v_pool.stride(0) != stride)):
+            or cos.shape[-2] != step.tokens or cos.shape[-1] != first.dim):
         return None
+    pointers: Any = ctypes.c_void_p * count
+    k_array, v_array = pointers(*(k.data_ptr() for k in k_pools)), pointers(*(v.data_ptr() for v in v_pools))
     out = torch.empty_like(x)
     status = built.llama_layers(layers, count, ctypes.byref(step), cos.data_ptr(), sin.data_ptr(), len(tables),
-                                x.data_ptr(), out.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), stride,
-                                int(k_pool.dtype == torch.float16), torch.get_num_threads())
+                                x.data_ptr(), out.data_ptr(), k_array, v_array, int(half), torch.get_num_threads())
     if status == -2:
         raise MemoryError("llama layer: out of memory")
     return out if status == 0 else None

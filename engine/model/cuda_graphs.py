@@ -65,7 +65,8 @@ class DecodeGraphs:
     def for_model(cls, loaded: LoadedModel, pool: KVPool, config: EngineConfig) -> Optional["DecodeGraphs"]:
         """Graphs where they apply: on CUDA, asked for, and a model without sliding windows."""
         text = loaded.model.config.get_text_config()
-        if not config.cuda_graphs or getattr(text, "sliding_window", None) or loaded.device.type != "cuda":
+        if (loaded.device.type != "cuda" or not config.cuda_graphs or getattr(text, "sliding_window", None)
+                or pool.shape.windows):
             return None
         return cls(loaded.model, pool, config.max_running, loaded.max_context)
 

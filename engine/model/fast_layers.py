@@ -173,6 +173,15 @@ def _window(attn: Any) -> int:
     return int(window or 0)
 
 
+def layer_windows(model: nn.Module) -> tuple[int, ...]:
+    """Each decoder layer's sliding window in keys (0: none), by its attention's layer_idx: the
+    window its forward passes to the paged attention (the KV pool keeps such layers apart)."""
+    attentions: list[Any] = [m.self_attn for m in model.modules() if hasattr(m, "self_attn") and hasattr(m, "mlp")]
+    found = {int(attn.layer_idx): _window(attn) for attn in attentions if getattr(attn, "layer_idx", None) is not None}
+    count = cast(Any, model).config.get_text_config().num_hidden_layers
+    return tuple(found.get(i, 0) for i in range(count))
+
+
 def outside(model: nn.Module) -> Optional[str]:
     """Why the model's first decoder layer does not run in llama_layer.c (None: it does, or the
     model has no decoder layers): what the log names once at load."""

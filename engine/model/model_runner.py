@@ -52,8 +52,12 @@ class ModelRunner:
 
     def _eager(self, work: list[Work], ids: list[int], positions: list[int], slots: list[int],
                tables: list[list[int]], keep_hidden: bool) -> StepResult:
+        windowed = self.kv.windows is not None
         step = PagedStep(self.kv.pool, torch.tensor(slots, device=self.device), [w.tokens for w in work],
-                         [w.start + w.tokens for w in work], tables)
+                         [w.start + w.tokens for w in work], tables,
+                         window_slots=torch.tensor([self.kv.window_slot(s) for s in slots], device=self.device)
+                         if windowed else None,
+                         window_tables=[self.kv.window_table(w.request) for w in work] if windowed else None)
         chosen = [start + i for w, start in zip(work, step.q_starts, strict=True) if w.samples
                   for i in range(w.count - 1, w.tokens)]  # a row's last token's logits, and each draft's
         keep = 0 if len(chosen) == len(ids) else torch.tensor(chosen or [0], device=self.device)
@@ -78,16 +82,19 @@ class ModelRunner:
     def probe(self) -> None:
         """One token through the model at start-up: every layer must go through the paged pool
         (a layer that kept its own cache would lose its keys between steps)."""
-        blocks = self.kv.blocks.allocate(1)
+        blocks = self.kv.lend(1)
         assert blocks, "the pool has at least one block"
-        step = PagedStep(self.kv.pool, torch.tensor([blocks[0] * self.kv.block_size], device=self.device), [1], [1],
-                         [blocks])
+        slot = blocks[0] * self.kv.block_size
+        window_slot = self.kv.window_slot(slot) if self.kv.windows else None
+        step = PagedStep(self.kv.pool, torch.tensor([slot], device=self.device), [1], [1], [blocks],
+                         window_slots=None if window_slot is None else torch.tensor([window_slot], device=self.device),
+                         window_tables=None if window_slot is None else [[window_slot // self.kv.block_size]])
         try:
             self.model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=self.device),
                        position_ids=torch.zeros((1, 1), dtype=torch.long, device=self.device),
                        attention_mask=NO_MASK, use_cache=False, paged=step)
         finally:
-            self.kv.blocks.release(blocks)
+            self.kv.take_back(blocks)
         layers = self.kv.pool.shape.layers
         if sorted(step.counted) != list(range(layers)):
             raise RuntimeError(f"this model's attention does not go through transformers' attention interface in "

@@ -53,6 +53,19 @@ class PagedStep:
     ctx_lens: list[int]  # per sequence: its keys once this step's are written
     tables: list[list[int]]  # per sequence: its block table
     counted: list[int] = field(default_factory=list)  # layers that ran (the loader's check)
+    # where the model has sliding-window layers: their slots and tables in the window pool (kv_pool.py)
+    window_slots: Optional[torch.Tensor] = None
+    window_tables: Optional[list[list[int]]] = None
+
+    @cached_property
+    def window_step(self) -> "PagedStep":
+        """This step as the window layers see it: the window pool's slots and tables."""
+        assert self.window_slots is not None and self.window_tables is not None, "a step of a model with windows"
+        return PagedStep(self.pool, self.window_slots, self.q_lens, self.ctx_lens, self.window_tables, self.counted)
+
+    def of_layer(self, layer: int) -> "PagedStep":
+        """This step, or its window_step for a layer whose keys are in the window pool."""
+        return self.window_step if self.pool.windowed(layer) else self
 
     @cached_property
     def q_starts(self) -> list[int]:
@@ -71,8 +84,10 @@ class PagedStep:
 
     @cached_property
     def native_step(self) -> native.Struct:
-        """This step for llama_layer.c (it points at `slots` and `c_args`, which live as long as this)."""
-        return native.llama_step(self.slots, self.c_args, self.pool.shape.block_size)
+        """This step for llama_layer.c (it points at `slots` and `c_args`, which live as long as this,
+        and at the window step's)."""
+        window = None if self.window_slots is None else (self.window_step.slots, self.window_step.c_args[3])
+        return native.llama_step(self.slots, self.c_args, self.pool.shape.block_size, window)
 
     @cached_property
     def where(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -143,10 +158,14 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
         raise ValueError("paged attention: attention sinks are not supported")
     cap = _softcap(kwargs)
     layer = int(module.layer_idx)  # type: ignore[arg-type]  # every attention layer has one
+    if isinstance(paged, PagedStep):
+        paged = paged.of_layer(layer)
     paged.pool.write(layer, key[0].transpose(0, 1), value[0].transpose(0, 1), *paged.where)
     k_pool, v_pool = paged.pool.layer(layer)
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
     window = sliding_window or 0
+    if paged.pool.windowed(layer) and not window:
+        raise ValueError(f"paged attention: layer {layer} keeps its keys in the window pool but passed no window")
     out: Optional[torch.Tensor]
     if isinstance(paged, DecodeStep):
         if window:

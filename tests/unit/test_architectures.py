@@ -188,3 +188,26 @@ async def test_every_block_kind_runs_in_the_whole_c_layers(models_dir, make_engi
     alone = [flat(await engines["whole"].complete(p, params)) for p in PROMPTS]
     together = await asyncio.gather(*(engines["whole"].complete(p, params) for p in PROMPTS))
     assert [flat(outs) for outs in together] == alone
+
+
+@pytest.mark.parametrize("name", ["gemma3_text", "mistral"])
+async def test_window_layers_keep_only_their_window(models_dir, make_engine, name):
+    """Gemma 3's local layers and Mistral's (a window of 8 keys here) keep their keys in a window
+    pool sized for the rows that may run, not for their lengths: two rows whose tables need 20
+    blocks run in a window pool of 12 (each row's window and the step's new tokens), preempted by
+    nothing, each answering as it does alone."""
+    path = shared_build(models_dir / f"arch-{name}", name, four_bit=True)
+    engine = make_engine(path, device="cpu", max_running=2, max_prefill_tokens=16)
+    kv = engine.core.kv
+    assert kv.windows is not None and kv.windows.total == 12 < kv.blocks.total
+    params = SamplingParams(max_tokens=120, temperature=0, ignore_eos=True, logprobs=True)
+
+    async def answer(prompt: str) -> tuple[list[int], list[float]]:
+        outs = await engine.complete(prompt, params)
+        return [t for o in outs for t in o.token_ids], [lp for o in outs for lp in o.logprobs]
+
+    alone = [await answer(p) for p in PROMPTS[:2]]
+    assert sum(-(-(len(engine.tokenizer(p).input_ids) + 120) // 16) for p in PROMPTS[:2]) >= 20
+    together = await asyncio.gather(*(answer(p) for p in PROMPTS[:2]))
+    assert list(together) == alone and all(len(tokens) == 120 for tokens, _ in alone)
+    assert engine.core.stats()["preemptions"] == 0 and not kv.windows.readers

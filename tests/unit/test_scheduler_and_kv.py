@@ -148,3 +148,59 @@ def test_the_contracts_block_keys_are_transformers_own():
     for parent in (None, 0, 2**64 - 1, 12345):
         for tokens in ([], [0], list(range(16)), [2**31 - 1, 7, 49151]):
             assert block_hash(parent, tokens) == compute_block_hash(parent, tokens)
+
+
+def window_manager(blocks: int, window_blocks: int, window: int = 6) -> KVCacheManager:
+    """Layer 0 keeps every key, layer 1 only its last `window` (its own pool of window_blocks)."""
+    shape = KVShape(layers=2, kv_heads=1, head_dim=2, dtype=torch.float32, block_size=B, windows=(0, window))
+    return KVCacheManager(KVPool(shape, blocks, torch.device("cpu"), window_blocks), caching=True)
+
+
+def advance(kv: KVCacheManager, row: Request, tokens: int) -> None:
+    """The row computes `tokens` more (answer tokens past its prompt), as a step would."""
+    assert kv.grow(row, tokens)
+    before = row.computed
+    row.computed += tokens
+    row.generated += [7] * max(0, row.computed - len(row.prompt_ids) - len(row.generated))
+    kv.computed(row, before)
+
+
+def test_a_window_layer_holds_only_the_blocks_its_window_reaches():
+    kv = window_manager(blocks=20, window_blocks=4)  # a window of 6 keys reaches 3 blocks of 4 at most
+    assert kv.pool.layer(0)[0].shape[0] == 21 and kv.pool.layer(1)[0].shape[0] == 5
+    row = request("a", 10, max_tokens=60)
+    assert kv.start(row, [], 10) == []
+    assert sorted(kv.windows.readers) == sorted(kv.table(row))  # a prompt's first chunk reads all it writes
+    advance(kv, row, 10)
+    assert kv.window_table(row)[0] == 0  # the next query (position 10) reads keys 5 to 10: blocks 1 and 2
+    assert set(kv.windows.readers) == set(kv.table(row)[1:])
+    while row.computed < 60:  # 15 table blocks; never more than 4 window blocks lent
+        assert kv.grow(row, 1)
+        slot = kv.slots(row, row.computed, 1)[0]
+        assert kv.window_slot(slot) // B == kv.window_table(row)[row.computed // B]
+        advance(kv, row, 1)
+        assert len(kv.windows.readers) <= 3 and kv.windows.num_used <= 4
+    table, window_table = kv.table(row), kv.window_table(row)
+    assert len(table) == 15 and window_table[:13] == [0] * 13 and 0 not in window_table[13:]
+    kv.free(row)
+    assert not kv.windows.readers and kv.blocks.num_used == 0
+
+
+def test_a_cached_prefix_is_used_as_far_as_its_window_layers_keys_remain():
+    kv = window_manager(blocks=40, window_blocks=4)
+    prompt = list(range(1, 25))  # 6 blocks, computed a block a step
+    first = request("a", prompt)
+    assert kv.start(first, [], 4) == []
+    for _ in range(6):
+        advance(kv, first, 4)
+    kv.free(first)  # its last window's blocks stay lent, idle: the prefix cache can use them
+    again = request("b", prompt)
+    prefix = kv.cached_prefix(again)  # 5 blocks (a token left to compute); the window reads blocks 3 and 4
+    assert len(prefix) == 5 and kv.windows.can_read(prefix[3:])
+    other = request("c", list(range(100, 116)))  # four new blocks take every window block
+    assert kv.start(other, [], 16) == []
+    assert not kv.windows.can_read(prefix[3:]) and kv.blocks.lookup(kv.keys(again)[4], prompt[16:20]) == prefix[4]
+    assert kv.cached_prefix(again) == []  # every window block is another row's: computed again
+    assert kv.start(again, [], 4) is None  # not even its first block's window block is free
+    kv.free(other)
+    assert kv.start(again, kv.cached_prefix(again), 4) == []
