@@ -6,10 +6,13 @@
   alone, and greedily as its fp32 run (transformers' own dequantization,
   fp32 weights and KV cache) does.
 """
+import dataclasses
+
 import pytest
 import torch
 
 from contract import EngineConfig, SamplingParams
+from engine.core.core import kv_pool_for
 from engine.model.loader import load_model
 from testing import golden
 
@@ -50,3 +53,24 @@ async def test_gemma_greedy_is_its_fp32_runs(gguf_model, make_engine):
     fp32 = {a["prompt"]: a["text"] for a in golden.expected(FP32)}
     blocks = {a["prompt"]: a["text"] for a in golden.expected(GEMMA)}
     assert blocks == fp32  # every prompt, all MAX_TOKENS tokens
+
+
+async def test_gemmas_local_layers_keep_only_their_window(gguf_model, make_engine):
+    """docs/operations.md's figures: Gemma 3's 15 local layers (a window of 512) keep their keys in
+    a window pool sized for max_running rows, so the KV cache takes 96 + 264 MB where every layer
+    in the main pool would take 576 MB, and 648 MB where it would take 2,304 MB at
+    max_batch_tokens 131072."""
+    engine = make_engine(gguf_model, device="cpu")
+    pool = engine.core.kv.pool
+    shape = pool.shape
+    assert len(shape.window_layers) == 15 and len(shape.main_layers) == 3 and shape.window == 512
+    assert (_mb(pool.keys, pool.values), _mb(pool.window_keys, pool.window_values)) == (96, 264)
+    assert (pool.blocks - 1) * shape.block_size * shape.bytes_per_token / 2**20 == 576
+    long = kv_pool_for(engine.core.loaded, dataclasses.replace(engine.core.config, max_batch_tokens=131072))
+    assert _mb(long.keys, long.values, long.window_keys, long.window_values) == 648
+    assert 131072 * shape.bytes_per_token / 2**20 == 2304
+
+
+def _mb(*tensors: torch.Tensor) -> int:
+    """Their bytes, in whole MiB (rounded)."""
+    return round(sum(t.numel() * t.element_size() for t in tensors) / 2**20)
