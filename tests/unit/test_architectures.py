@@ -210,4 +210,14 @@ async def test_window_layers_keep_only_their_window(models_dir, make_engine, nam
     assert sum(-(-(len(engine.tokenizer(p).input_ids) + 120) // 16) for p in PROMPTS[:2]) >= 20
     together = await asyncio.gather(*(answer(p) for p in PROMPTS[:2]))
     assert list(together) == alone and all(len(tokens) == 120 for tokens, _ in alone)
+    # n answers fork from the prompt, each copying its partly filled last block in both pools:
+    # answer i seeded s is what a request seeded s + i gives alone
+    sampled = dict(max_tokens=40, do_sample=True, temperature=1.5, ignore_eos=True)
+    assert len(engine.tokenizer(PROMPTS[1]).input_ids) % 16
+    answers: dict[int, list[int]] = {}
+    for out in await engine.complete(PROMPTS[1], SamplingParams(n=2, seed=7, **sampled)):
+        answers.setdefault(out.choice, []).extend(out.token_ids)
+    singles = [[t for o in await engine.complete(PROMPTS[1], SamplingParams(seed=7 + i, **sampled))
+                for t in o.token_ids] for i in range(2)]
+    assert [answers[0], answers[1]] == singles and singles[0] != singles[1]
     assert engine.core.stats()["preemptions"] == 0 and not kv.windows.readers
