@@ -74,3 +74,24 @@ async def test_gemmas_local_layers_keep_only_their_window(gguf_model, make_engin
 def _mb(*tensors: torch.Tensor) -> int:
     """Their bytes, in whole MiB (rounded)."""
     return round(sum(t.numel() * t.element_size() for t in tensors) / 2**20)
+
+
+async def test_gemma_past_its_window_gives_its_own_forwards_numbers(gguf_model, make_engine):
+    """A prompt longer than Gemma 3's window (512), prefilled in two chunks: its local layers read
+    the window pool, the blocks the window has passed given back. The answer's log probabilities
+    are the loaded model's own forward over the whole sequence (its local layers masked by
+    transformers' sliding-window mask, in PyTorch's SDPA) within float rounding: 3e-5 at most
+    here, where the window pool giving back two blocks too early moves them by 1e-2."""
+    engine = make_engine(gguf_model, device="cpu")
+    prompt = " ".join(f"Item {i} is on shelf {i % 7}." for i in range(80))
+    tokens = engine.tokenizer(prompt)["input_ids"]
+    assert 600 < len(tokens) < 1024
+    outs = await engine.complete(prompt, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, logprobs=True))
+    ids, logprobs = [t for o in outs for t in o.token_ids], [lp for o in outs for lp in o.logprobs]
+    kv = engine.core.kv
+    assert kv.windows is not None and not kv.windows.readers
+    with torch.inference_mode():
+        logits = engine.core.loaded.model(torch.tensor([tokens + ids])).logits[0, len(tokens) - 1:-1]
+    reference = torch.log_softmax(logits.double(), dim=-1)
+    assert ids == reference.argmax(dim=-1).tolist()
+    assert (reference[torch.arange(16), ids] - torch.tensor(logprobs, dtype=torch.float64)).abs().max() < 1e-3
