@@ -28,6 +28,7 @@ class ServerInfo:
     chat_template: bool  # whether the model has its own chat template
     kv_cache_tokens: int = 0  # the KV cache's pool, in tokens: every row's blocks and the prefix cache's
     kv_block_size: int = 0  # tokens per block of the pool (and per block of the prefix cache)
+    kv_window_tokens: int = 0  # the sliding-window layers' own pool, in tokens (0: the model has none)
     kv_cache_dtype: str = ""  # what the pool holds keys and values in (float32, float16, ...)
     prefix_caching: bool = False  # whether prompts reuse the cached blocks of prefixes already seen
     replicas: int = 1  # engine replicas behind the gateway

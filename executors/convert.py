@@ -83,10 +83,12 @@ def server_info(engine: EngineClient, name: str) -> ServerInfo:
     info, config = engine.info, engine.config
     limits: dict[str, Any] = {f.name: getattr(config, f.name) for f in fields(config) if f.name.startswith("max_")}
     limits.update(config.limits.as_dict())
+    stats = engine.stats()
     return ServerInfo(model_id=name, max_context=info.max_context, **limits,
                       device=info.device, dtype=info.dtype,
                       chat_template=bool(getattr(engine.tokenizer, "chat_template", None)),
-                      kv_cache_tokens=engine.stats()["kv_blocks"] * BLOCK_SIZE, kv_block_size=BLOCK_SIZE,
+                      kv_cache_tokens=stats["kv_blocks"] * BLOCK_SIZE, kv_block_size=BLOCK_SIZE,
+                      kv_window_tokens=stats.get("kv_window_blocks", 0) * BLOCK_SIZE,
                       kv_cache_dtype=info.kv_cache_dtype, prefix_caching=config.prefix_caching,
                       architecture=info.architecture, parameters=info.parameters, weight_bytes=info.weight_bytes,
                       chat_template_text=_text(getattr(engine.tokenizer, "chat_template", None)))

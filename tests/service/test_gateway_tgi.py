@@ -108,6 +108,7 @@ def test_info_and_health(flow, gpt2_model):
     assert info["kv_block_size"] == 16 and info["prefix_caching"] is True
     assert info["kv_cache_dtype"] == ("float32" if pick_device(None).type == "cpu" else info["model_dtype"])  # not int4
     assert 0 < info["kv_cache_tokens"] == info["max_batch_total_tokens"] and info["kv_cache_tokens"] % 16 == 0
+    assert info["kv_window_tokens"] == 0  # the default model has no sliding-window layers
     assert info["model_device_type"] == pick_device(None).type  # cuda where there is a GPU
     assert requests.get(f"http://127.0.0.1:{http_port}/health", timeout=30).status_code == 200
     # Jina's own health check (GET /) is still there, next to TGI's POST /

@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from contract import SamplingParams
 from engine.model.int4 import q8_0
+from executors.convert import server_info
 from testing.toy_models import ARCHITECTURES
 
 from ..conftest import shared_build
@@ -200,6 +201,7 @@ async def test_window_layers_keep_only_their_window(models_dir, make_engine, nam
     engine = make_engine(path, device="cpu", max_running=2, max_prefill_tokens=16)
     kv = engine.core.kv
     assert kv.windows is not None and kv.windows.total == 12 < kv.blocks.total
+    assert server_info(engine, name).kv_window_tokens == 12 * 16  # what /info reports
     params = SamplingParams(max_tokens=120, temperature=0, ignore_eos=True, logprobs=True)
 
     async def answer(prompt: str) -> tuple[list[int], list[float]]:
