@@ -99,9 +99,10 @@ class KVCacheManager:
         self.blocks.acquire(prefix)
         table = prefix + self._allocate(need)
         reserved = self._allocate(reserve)
-        if self.windows:
+        if self.windows:  # the prefix's window is there (cached_prefix); the new blocks' are counted above
+            assert not self.windows.missing(prefix[first:]), "a cached prefix's window is there"
             self.first_read[req.row_id] = first
-            assert self.windows.read(table[first:] + reserved), "counted above"
+            self._read(table[first:] + reserved)
         self.tables[req.row_id] = table
         return reserved
 
@@ -130,7 +131,7 @@ class KVCacheManager:
         self.block_keys[child.row_id] = list(self.keys(parent))
         if self.windows:  # the reserved block is read already (start)
             first = self.first_read[child.row_id] = self.first_read[parent.row_id]
-            assert self.windows.read(table[first:full]), "the parent reads them"
+            self._read(table[first:full])  # the parent reads them: none is missing
 
     def release(self, blocks: list[int]) -> None:
         """Blocks held outside any table (reserved for a fork) go back."""
@@ -148,8 +149,7 @@ class KVCacheManager:
         if need > self.blocks.num_free or (self.windows and need > self.windows.available([])):
             return False
         new = self._allocate(need)
-        if self.windows:
-            assert self.windows.read(new), "counted above"
+        self._read(new)
         table += new
         return True
 
@@ -199,8 +199,7 @@ class KVCacheManager:
         if count > self.blocks.num_free or (self.windows and count > self.windows.available([])):
             return None
         blocks = self._allocate(count)
-        if self.windows:
-            assert self.windows.read(blocks), "counted above"
+        self._read(blocks)
         return blocks
 
     def take_back(self, blocks: list[int]) -> None:
@@ -214,6 +213,12 @@ class KVCacheManager:
         if self.windows:
             self.windows.forget(blocks)
         return blocks
+
+    def _read(self, blocks: list[int]) -> None:
+        """A row (or `lend`) reads these blocks' window blocks from now on; the caller counted them."""
+        if self.windows:
+            read = self.windows.read(blocks)
+            assert read, "counted before"
 
     def reset(self) -> None:
         """Every row gone and the cache emptied (after the loop itself failed: trust nothing)."""
