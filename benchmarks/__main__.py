@@ -108,7 +108,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                    help="the structured-output benchmark instead (structured.py): JSON-schema vs unconstrained "
                         "tok/s (default C=16, 48 requests per arm and round), TTFT of cached and new schemas, "
                         "compile times of a schema corpus; on smollm2 unless --models names another")
-    p.add_argument("--rounds", type=int, default=3, help="--structured and --speculation-sweep: alternating rounds of both arms")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="--structured, --speculation-sweep and --gguf-record: alternating rounds of the arms (of the "
+                        "systems)")
     p.add_argument("--ttft-repeats", type=int, default=30, help="--structured: TTFT requests of each kind")
     p.add_argument("--prefix", action="store_true",
                    help="the prefix-caching benchmark instead (prefix_bench.py): a resent conversation and "

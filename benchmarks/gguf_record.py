@@ -6,7 +6,11 @@ Why: the service serves GGUF files from their own blocks (engine/model/gguf_nati
 llama.cpp serves can be served here as it is; this measures both on the very same file, the way
 cpu_record.py measures the default model (its Target and servers, reused here).
 
-Systems, one after another in one run, each a fresh server warmed by two untimed requests:
+Systems, one after another in one run, each a fresh server warmed by two untimed requests, and
+with `--rounds` N, N times over, in alternating order (this, the engine, llama.cpp, then back):
+llama.cpp's sixteen-stream figure moved by a quarter between single runs on a shared machine, so
+each round's ratio pairs two servers measured minutes apart, and the goal is judged on the
+median of the rounds' ratios:
 - `this`: `make serve`'s Flow with LLM_MODEL set to the GGUF file, its defaults;
 - `this-engine`: the same engine with no serving at all (AsyncEngine in this process, as
   cpu_record.py's): what the Flow, the gateway and HTTP cost beside it, on the same two cores
@@ -27,6 +31,7 @@ tensor, fp32 products and an fp32 KV cache.
 import argparse
 import asyncio
 import contextlib
+import statistics
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -111,25 +116,30 @@ async def fp32_answers(gguf: Path, prompts: list[str]) -> list[str]:
         engine.shutdown()
 
 
-async def measure_system(system: str, gguf: Path, args: argparse.Namespace, result: dict) -> None:
+def rounds_order(systems: list[str], rounds: int) -> list[tuple[str, int]]:
+    """(system, round) in the order they run: each round's systems, every other round reversed."""
+    return [(system, r) for r in range(rounds) for system in (systems if r % 2 == 0 else systems[::-1])]
+
+
+async def measure_system(system: str, round_: int, gguf: Path, args: argparse.Namespace, result: dict) -> None:
     t0 = time.perf_counter()
     async with serve(system, gguf, args.out / "logs") as (target, complete):
-        ready = {"ready_s": round(time.perf_counter() - t0, 2)}
+        ready = {"round": round_, "ready_s": round(time.perf_counter() - t0, 2)}
         for i, prompt in enumerate(("Warm-up: the first call", "Warm-up: and the second")):
             async for _ in target.plain(prompt, 4):
                 pass
             if i == 0:
                 ready["first_request_s"] = round(time.perf_counter() - t0, 2)
-        result["ready"][system] = ready
-        print(f"{system}: ready in {ready['ready_s']}s, first request answered at {ready['first_request_s']}s, "
-              f"quiet after {await settle():.1f}s more", flush=True)
+        result["ready"].setdefault(system, []).append(ready)
+        print(f"{system}, round {round_ + 1}: ready in {ready['ready_s']}s, first request answered at "
+              f"{ready['first_request_s']}s, quiet after {await settle():.1f}s more", flush=True)
         for c in args.concurrency:
-            prompts = make_prompts(256, args.seed, draw=f"closed {c}")
+            prompts = make_prompts(256, args.seed, draw=f"closed {c}")  # fresh servers: each round the same
             records, duration, cut = await closed_loop(target.plain, prompts, c, max(args.num_requests, c),
                                                        args.max_tokens, args.time_limit)
-            result["rows"].append(workload_row(system, "plain", c, records, duration, cut))
+            result["rows"].append(dict(workload_row(system, "plain", c, records, duration, cut), round=round_))
             await settle()
-        if complete is None:
+        if complete is None or round_ > 0:  # greedy: one round's completions are every round's
             return
         reference = result["fp32"]
         texts = [await complete(p) for p in agreement_prompts(args.seed)]
@@ -138,17 +148,37 @@ async def measure_system(system: str, gguf: Path, args: argparse.Namespace, resu
               flush=True)
 
 
+def tok_s(result: dict, system: str, c: int, round_: int = 0) -> Optional[float]:
+    """A system's tokens per second at C=c in one round (None where it failed or was cut short)."""
+    rows = [r for r in result["rows"] if r.get("round", 0) == round_]
+    return figure({"rows": rows}, system=system, workload="plain", concurrency=c)
+
+
+def ratio_line(result: dict, c: int, rounds: int) -> str:
+    """This / llama.cpp at C=c: one round's figures, or the median of the rounds' ratios."""
+    label, goal = f"C={c} plain, this / llama.cpp", SPEED_GOALS.get(c, 1.0)
+    if rounds == 1:
+        return goal_line(label, tok_s(result, "this", c), tok_s(result, "llama-cpp", c), goal)
+    pairs = [(tok_s(result, "this", c, r), tok_s(result, "llama-cpp", c, r)) for r in range(rounds)]
+    ratios = [a / b for a, b in pairs if a and b]
+    if len(ratios) < rounds:
+        return f"{label}: n/a (a round failed or was cut short)"
+    median = statistics.median(ratios)
+    each = ", ".join(f"{a:g} / {b:g} = {a / b:.2f}x" for a, b in pairs if a and b)
+    return (f"{label}: the median of {rounds} rounds' ratios is {median:.2f}x ({each}) (goal >= {goal:g}: "
+            f"{'met' if median >= goal else 'NOT met'})")
+
+
 def goals(result: dict) -> list[str]:
-    def tok_s(system: str, c: int) -> Optional[float]:
-        return figure(result, system=system, workload="plain", concurrency=c)
-    lines = [goal_line(f"C={c} plain, this / llama.cpp", tok_s("this", c), tok_s("llama-cpp", c),
-                       SPEED_GOALS.get(c, 1.0)) for c in result["settings"]["concurrency"]]
+    rounds = result["settings"].get("rounds", 1)
+    lines = [ratio_line(result, c, rounds) for c in result["settings"]["concurrency"]]
     for c in result["settings"]["concurrency"]:
-        served, alone, peer = tok_s("this", c), tok_s("this-engine", c), tok_s("llama-cpp", c)
-        if served and alone and peer:
-            lines.append(f"C={c}, the engine alone: {alone} tok/s, {alone / peer:.2f}x llama.cpp; the Flow made "
-                         f"{served / alone:.2f}x the engine alone's")
-    ready = result["ready"].get("this", {}).get("ready_s")
+        for r in range(rounds):
+            served, alone, peer = (tok_s(result, s, c, r) for s in ("this", "this-engine", "llama-cpp"))
+            if served and alone and peer:
+                lines.append(f"C={c}{f', round {r + 1}' if rounds > 1 else ''}, the engine alone: {alone} tok/s, "
+                             f"{alone / peer:.2f}x llama.cpp; the Flow made {served / alone:.2f}x the engine alone's")
+    ready = max((r["ready_s"] for r in result["ready"].get("this", [])), default=None)  # the slowest start
     met = "n/a" if ready is None else ("met" if ready <= READY_GOAL_S else "NOT met")
     agree = result.get("agreement", {})
     if "this" in agree and "llama-cpp" in agree:
@@ -159,16 +189,25 @@ def goals(result: dict) -> list[str]:
     return lines + [f"this ready within {READY_GOAL_S:g} s of its start: {ready} s ({met})"]
 
 
+def _by_round(result: dict) -> dict:
+    """The rows with each system named with its round, where there are several."""
+    if result["settings"].get("rounds", 1) == 1:
+        return result
+    return {"rows": [dict(r, system=f"{r['system']}, round {r.get('round', 0) + 1}") for r in result["rows"]]}
+
+
 def markdown(result: dict) -> str:
     s, m = result["settings"], result["machine"]
     lines = ["# One GGUF file, two servers: this service against llama.cpp", "",
              f"{result['date']}, git {result['git']}, `{result['command']}`", "",
              f"Machine: {m['cpu_count']} CPUs, torch {m['torch']}; load average at start {m['loadavg_at_start']}. "
              f"Model {s['model']} (both servers on this file), greedy. plain: OpenAI streaming completions, "
-             f"{s['max_tokens']} tokens per request (ignore_eos), {s['requests']} requests per level. Both servers "
-             f"with their defaults on 2 threads; llama.cpp with 16 slots.", "", *workload_table(result)]
-    lines += ["", "| system | start to ready (s) | start to first answered request (s) |", "|---|---|---|"]
-    lines += [f"| {name} | {r.get('ready_s')} | {r.get('first_request_s')} |" for name, r in result["ready"].items()]
+             f"{s['max_tokens']} tokens per request (ignore_eos), {s['requests']} requests per level, "
+             f"{s.get('rounds', 1)} round(s) in alternating order, each system a fresh server each round. Both "
+             f"servers with their defaults on 2 threads; llama.cpp with 16 slots.", "", *workload_table(_by_round(result))]
+    lines += ["", "| system | round | start to ready (s) | start to first answered request (s) |", "|---|---|---|---|"]
+    lines += [f"| {name} | {r['round'] + 1} | {r.get('ready_s')} | {r.get('first_request_s')} |"
+              for name, runs in result["ready"].items() for r in runs]
     lines += ["", "## Ratios and goals", ""] + [f"- {g}" for g in goals(result)]
     if result["notes"]:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in result["notes"]]
@@ -178,11 +217,13 @@ def markdown(result: dict) -> str:
 def main(args: argparse.Namespace, machine: dict, argv: Optional[list[str]] = None, gguf: Path = GEMMA) -> int:
     result = run_record(argv, machine, settings={
         "model": gguf.name, "systems": args.systems, "concurrency": args.concurrency,
-        "max_tokens": args.max_tokens, "requests": args.num_requests}, rows=[], ready={}, notes=[], agreement={})
+        "max_tokens": args.max_tokens, "requests": args.num_requests, "rounds": args.rounds}, rows=[], ready={},
+        notes=[], agreement={})
     started = time.perf_counter()
     result["fp32"] = asyncio.run(fp32_answers(gguf, agreement_prompts(args.seed)))
     print(f"fp32 run: {len(result['fp32'])} completions in {time.perf_counter() - started:.0f}s", flush=True)
-    measure = measure_each(args.systems, lambda system: measure_system(system, gguf, args, result), result["notes"])
+    order = {f"{system}, round {r + 1}": (system, r) for system, r in rounds_order(args.systems, args.rounds)}
+    measure = measure_each(list(order), lambda name: measure_system(*order[name], gguf, args, result), result["notes"])
     code, text = run_and_write(measure, result, args.out, markdown)
     print("\n" + text)
     print(f"wrote {args.out}/results.json, results.md in {result['settings']['wall_s']}s")

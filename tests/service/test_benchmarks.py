@@ -159,12 +159,39 @@ def test_the_gguf_records_goals_set_the_flow_beside_the_engine_alone():
     base = dict(workload="plain", requests=4, completed=4, ttft_p50_ms=5.0, tpot_p50_ms=1.0, itl_p50_ms=1.0)
     rows = [dict(base, system=system, concurrency=16, output_tok_s=tok_s)
             for system, tok_s in (("this", 200.0), ("this-engine", 250.0), ("llama-cpp", 100.0))]
-    lines = gguf_record.goals({"rows": rows, "settings": {"concurrency": [16]}, "ready": {"this": {"ready_s": 20.0}},
+    lines = gguf_record.goals({"rows": rows, "settings": {"concurrency": [16]},
+                               "ready": {"this": [{"round": 0, "ready_s": 20.0}]},
                                "agreement": {"this": 16, "llama-cpp": 10}})
     assert "200 / 100 tok/s = 2.00x (goal >= 2: met)" in lines[0]
     assert lines[1] == "C=16, the engine alone: 250.0 tok/s, 2.50x llama.cpp; the Flow made 0.80x the engine alone's"
     assert "this 16 of 16, llama.cpp 10 (at least as often: met)" in lines[2]
     assert lines[3].endswith("20.0 s (met)")
+
+
+def test_the_gguf_record_judges_its_rounds_by_the_median_ratio():
+    """Three alternating rounds: the goal on the median of the rounds' ratios, each round shown,
+    the start judged by the slowest; the order reverses every other round."""
+    from benchmarks import gguf_record
+    assert gguf_record.rounds_order(["a", "b", "c"], 3) == [
+        ("a", 0), ("b", 0), ("c", 0), ("c", 1), ("b", 1), ("a", 1), ("a", 2), ("b", 2), ("c", 2)]
+    base = dict(workload="plain", requests=4, completed=4, ttft_p50_ms=5.0, tpot_p50_ms=1.0, itl_p50_ms=1.0,
+                concurrency=16)
+    figures = {"this": (250.0, 260.0, 240.0), "llama-cpp": (100.0, 160.0, 125.0)}
+    rows = [dict(base, system=system, output_tok_s=tok, round=r) for system, tok_s in figures.items()
+            for r, tok in enumerate(tok_s)]
+    result = {"rows": rows, "settings": {"concurrency": [16], "rounds": 3, "model": "m", "max_tokens": 4,
+                                         "requests": 4},
+              "ready": {"this": [{"round": r, "ready_s": s, "first_request_s": s} for r, s in enumerate((21, 29, 31))]},
+              "agreement": {}, "date": "d", "git": "g", "command": "c", "notes": [],
+              "machine": {"cpu_count": 2, "torch": "x", "loadavg_at_start": [0, 0, 0]}}
+    lines = gguf_record.goals(result)
+    assert lines[0] == ("C=16 plain, this / llama.cpp: the median of 3 rounds' ratios is 1.92x (250 / 100 = 2.50x, "
+                        "260 / 160 = 1.62x, 240 / 125 = 1.92x) (goal >= 2: NOT met)")
+    assert lines[-1].endswith("31 s (NOT met)")
+    text = gguf_record.markdown(result)
+    assert "| this, round 2 | plain | 16 | 260.0 |" in text and "| this | 3 | 31 | 31 |" in text
+    rows[-1]["completed"] = 3  # llama.cpp's third round cut short: no median of two
+    assert gguf_record.goals(result)[0].endswith("n/a (a round failed or was cut short)")
 
 
 def test_each_mode_takes_its_own_systems_by_name(capsys):
