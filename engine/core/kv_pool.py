@@ -61,13 +61,27 @@ class KVShape:
 
     def blocks_for(self, budget_tokens: int, budget_bytes: int = 0, rows: int = 1,
                    step_tokens: int = 0) -> tuple[int, int]:
-        """Usable blocks of the main pool, sized by tokens, or by bytes where those are given (as
-        if every layer kept every token), and of the window pool: what `rows` rows' windows and a
-        step's `step_tokens` new tokens need, never more than the main pool's (0: no window)."""
+        """Usable blocks of the main pool and of the window pool (0: no layer has a window).
+
+        The window pool holds what `rows` rows' windows and a step's `step_tokens` new tokens
+        need, never more than the main pool. By tokens, the main pool holds `budget_tokens`. By
+        bytes, the main pool gets what the window pool leaves of `budget_bytes` (where every
+        layer has a window, the main pool stores nothing and `budget_tokens` sizes it)."""
         size, window = self.block_size, self.window
-        tokens = budget_bytes // self.bytes_per_token if budget_bytes else budget_tokens
-        main = max(1, tokens // size)
-        return main, min(main, rows * (-(-window // size) + 2) + -(-step_tokens // size) + 1) if window else 0
+        need = rows * (-(-window // size) + 2) + -(-step_tokens // size) + 1 if window else 0
+        if not budget_bytes:
+            main = max(1, budget_tokens // size)
+            return main, min(main, need)
+        layer_block = self.bytes_per_token // self.layers * size  # one layer's keys and values of a block
+        main_layers, window_layers = len(self.main_layers), len(self.window_layers)
+        if not main_layers:
+            main = max(1, budget_tokens // size)
+            return main, max(1, min(main, need, budget_bytes // (layer_block * window_layers)))
+        main = (budget_bytes - need * window_layers * layer_block) // (main_layers * layer_block)
+        if main < need:  # too small a budget for the window pool's own size: both alike
+            main = max(1, budget_bytes // (self.layers * layer_block))
+            return main, min(main, need)
+        return main, need
 
 
 class KVPool:

@@ -204,3 +204,20 @@ def test_a_cached_prefix_is_used_as_far_as_its_window_layers_keys_remain():
     assert kv.start(again, [], 4) is None  # not even its first block's window block is free
     kv.free(other)
     assert kv.start(again, kv.cached_prefix(again), 4) == []
+
+
+def test_a_budget_in_bytes_counts_what_each_pool_keeps():
+    """By bytes, the window pool takes what its rows need and the main pool the rest; by tokens,
+    the main pool holds the tokens asked for. A shape without windows is sized as always."""
+    plain = KVShape(layers=4, kv_heads=1, head_dim=8, dtype=torch.float16, block_size=B)  # 128 bytes a token
+    assert plain.blocks_for(64, 128 * 100) == (25, 0) and plain.blocks_for(64) == (16, 0)
+    shape = KVShape(layers=4, kv_heads=1, head_dim=8, dtype=torch.float16, block_size=B, windows=(0, 6, 6, 6))
+    layer_block = 32 * B  # one layer's keys and values of a block: 128 bytes
+    need = 2 * (2 + 2) + 2 + 1  # two rows' windows of 6 (2 blocks each, and 2 more), a step of 8 tokens, one more
+    assert shape.blocks_for(64, 0, rows=2, step_tokens=8) == (16, need)
+    main, window = shape.blocks_for(64, 100_000, rows=2, step_tokens=8)
+    assert window == need and main == (100_000 - 3 * need * layer_block) // layer_block
+    assert main * layer_block + window * 3 * layer_block <= 100_000 < (main + 1) * layer_block + window * 3 * layer_block
+    assert shape.blocks_for(64, 2_000, rows=2, step_tokens=8) == (3, 3)  # under the window pool's need: both alike
+    every = KVShape(layers=2, kv_heads=1, head_dim=8, dtype=torch.float16, block_size=B, windows=(6, 6))
+    assert every.blocks_for(64, 100_000, rows=2, step_tokens=8) == (16, need)  # the main pool stores nothing
