@@ -258,12 +258,9 @@ def llama_step(slots: torch.Tensor, c_args: tuple[torch.Tensor, ...], block: int
     model has sliding-window layers, their slots and tables in the window pool; the caller keeps
     them alive for the step."""
     q_starts, q_lens, ctx_lens, tables = c_args
-    window_slots, window_tables = window if window is not None else (None, None)
+    windowed = (window[0].data_ptr(), window[1].data_ptr(), window[1].shape[1]) if window else (None, None, 0)
     return LlamaStep(slots.data_ptr(), q_starts.data_ptr(), q_lens.data_ptr(), ctx_lens.data_ptr(),
-                     tables.data_ptr(), slots.shape[0], tables.shape[0], tables.shape[1], block,
-                     None if window_slots is None else window_slots.data_ptr(),
-                     None if window_tables is None else window_tables.data_ptr(),
-                     0 if window_tables is None else window_tables.shape[1])
+                     tables.data_ptr(), slots.shape[0], tables.shape[0], tables.shape[1], block, *windowed)
 
 
 Rotary = tuple[torch.Tensor, torch.Tensor]  # cos and sin [1, tokens, head_dim]

@@ -158,14 +158,14 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
         raise ValueError("paged attention: attention sinks are not supported")
     cap = _softcap(kwargs)
     layer = int(module.layer_idx)  # type: ignore[arg-type]  # every attention layer has one
+    window = sliding_window or 0
+    if paged.pool.windowed(layer) and not window:
+        raise ValueError(f"paged attention: layer {layer} keeps its keys in the window pool but passed no window")
     if isinstance(paged, PagedStep):
         paged = paged.of_layer(layer)
     paged.pool.write(layer, key[0].transpose(0, 1), value[0].transpose(0, 1), *paged.where)
     k_pool, v_pool = paged.pool.layer(layer)
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-    window = sliding_window or 0
-    if paged.pool.windowed(layer) and not window:
-        raise ValueError(f"paged attention: layer {layer} keeps its keys in the window pool but passed no window")
     out: Optional[torch.Tensor]
     if isinstance(paged, DecodeStep):
         if window:
