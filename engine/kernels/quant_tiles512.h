@@ -38,6 +38,7 @@ static inline __attribute__((always_inline)) __m512i dot_pairs(__m512i acc, __m5
 static inline __attribute__((always_inline)) void
 int4_sums512(const uint8_t *w, const int16_t *xq, int64_t stride, __m512i acc[], const int count) {
     const __m512i nibbles = _mm512_set1_epi32(0x000F000F);
+    fetch_ahead(w, PAIRS * CHANNELS);
     for (int r = 0; r < count; r++) acc[r] = _mm512_setzero_si512();
     for (int j = 0; j < PAIRS; j++) {
         __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w + j * CHANNELS)));
@@ -53,6 +54,7 @@ static inline __attribute__((always_inline)) void
 int8_sums512(const int8_t *w, const int16_t *xq, int64_t stride, int n, __m512i acc[], const int count) {
     const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
                                                 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    fetch_ahead(w, n * CHANNELS);
     for (int r = 0; r < count; r++) acc[r] = _mm512_setzero_si512();
     int j = 0;
     for (; 2 * j + 1 < n; j++) {
