@@ -303,7 +303,10 @@ static int product(const float *x, const Weight *w, float *y, int64_t y_stride, 
     {
         #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; r++) quantize_row(x, &q, r);
-        #pragma omp for schedule(dynamic, 4)
+        /* guided: each thread first takes a long run of groups (its prefetches stay its own, and
+         * threads seldom meet at the shared counter), then shorter ones, so they end together.
+         * Against (dynamic, 4), Gemma 3 270M's engine made 1.2x the tokens with one stream. */
+        #pragma omp for schedule(guided)
         for (int64_t group = 0; group < outputs / CHANNELS; group++)
             for (int64_t r0 = 0; r0 < rows; r0 += TILE) {
 #define INT4_TILE(N) int4_tile(&q, packed, w->scale, w->low, 0, y, y_stride, group, r0, N)
