@@ -156,16 +156,15 @@ static inline float softmax_row(float *scores, int64_t lo, int64_t hi, float cap
     return lane_sum(sum);
 }
 
-/* One query's G heads: softmax of each head's scores row (rows `stride` apart) over [lo, hi],
- * then each head's output = its weighted values, G heads' outputs adjacent (dim = CH vectors
- * each). The heads share each value's load; each output element is still one chain over the
- * keys in order. G and CH are literal sizes (a macro makes one function per shape), so the
- * sums stay in registers. */
-#define WEIGH_HEADS(G, CH)                                                                                  \
-    static void weigh_##G##_##CH(float *scores, int64_t stride, int64_t lo, int64_t hi, float cap, pages v,    \
-                                 float *out) {                                                               \
-        float total[G];                                                                                     \
-        for (int g = 0; g < G; g++) total[g] = softmax_row(scores + g * stride, lo, hi, cap);               \
+/* Heads [0, G) of one query, the dims [c0, c0 + CH LANES) of each (v.pool and out start at c0):
+ * each output element is its weights (scores, softmaxed) times its keys' values, summed over the
+ * keys in order, then divided by its head's total. The heads share each value's load. G and CH
+ * are literal sizes (a macro makes one function per shape), so the sums stay in registers; the
+ * chain of each element is the same in every shape, so how heads and dims are sliced changes no
+ * number. */
+#define WEIGH_SLICE(G, CH)                                                                                   \
+    static void weigh_##G##_##CH(const float *scores, int64_t stride, int64_t lo, int64_t hi,                \
+                                 const float *total, pages v, int64_t dim, float *out) {                     \
         vec acc[G][CH];                                                                                     \
         _Pragma("GCC unroll 16") for (int g = 0; g < G; g++)                                                \
             _Pragma("GCC unroll 16") for (int c = 0; c < CH; c++) acc[g][c] = (vec){0};                    \
@@ -184,43 +183,38 @@ static inline float softmax_row(float *scores, int64_t lo, int64_t hi, float cap
         _Pragma("GCC unroll 16") for (int g = 0; g < G; g++)                                                \
             _Pragma("GCC unroll 16") for (int c = 0; c < CH; c++) {                                        \
                 vec o = acc[g][c] / total[g];                                                               \
-                memcpy(out + (g * CH + c) * LANES, &o, sizeof o);                                           \
+                memcpy(out + g * dim + c * LANES, &o, sizeof o);                                            \
             }                                                                                               \
     }
-WEIGH_HEADS(1, 2)
-WEIGH_HEADS(1, 4)
-WEIGH_HEADS(2, 4)
-WEIGH_HEADS(3, 4)
-WEIGH_HEADS(4, 4)
-WEIGH_HEADS(1, 8)
-WEIGH_HEADS(2, 8)
-WEIGH_HEADS(3, 8)
-WEIGH_HEADS(1, 16)
+/* (heads, vectors) with their sums in flight in registers (AVX2's 16; AVX-512's 32) */
+#define SLICES(X) X(1, 1) X(1, 2) X(1, 4) X(1, 8) X(1, 16) X(2, 1) X(2, 2) X(2, 4) X(2, 8) \
+    X(3, 1) X(3, 2) X(3, 4) X(3, 8) X(4, 1) X(4, 2) X(4, 4) X(4, 8)
+SLICES(WEIGH_SLICE)
 
+#ifndef WIDE4
+#define WIDE4 8
+#endif
+/* One query's `group` heads: softmax of each head's scores row (rows `stride` apart) over [lo, hi],
+ * then each head's output (dim floats, the heads' outputs adjacent): up to 4 heads at a time,
+ * each through its dims in the widest slices that fit the registers. */
 static void weigh(float *scores, int64_t stride, int64_t lo, int64_t hi, float cap, pages v, int64_t group,
                   int64_t dim, float *out) {
-    switch (group * 32 + dim / LANES) {  /* the common shapes */
-        case 1 * 32 + 2: weigh_1_2(scores, stride, lo, hi, cap, v, out); return;
-        case 1 * 32 + 4: weigh_1_4(scores, stride, lo, hi, cap, v, out); return;
-        case 2 * 32 + 4: weigh_2_4(scores, stride, lo, hi, cap, v, out); return;
-        case 3 * 32 + 4: weigh_3_4(scores, stride, lo, hi, cap, v, out); return;
-        case 4 * 32 + 4: weigh_4_4(scores, stride, lo, hi, cap, v, out); return;
-        case 1 * 32 + 8: weigh_1_8(scores, stride, lo, hi, cap, v, out); return;
-        case 2 * 32 + 8: weigh_2_8(scores, stride, lo, hi, cap, v, out); return;
-        case 3 * 32 + 8: weigh_3_8(scores, stride, lo, hi, cap, v, out); return;
-        case 1 * 32 + 16: weigh_1_16(scores, stride, lo, hi, cap, v, out); return;
-    }
-    for (int64_t g = 0; g < group; g++) {  /* any other: a head and a vector of its dims at a time, the same sums */
-        float *row = scores + g * stride, total = softmax_row(row, lo, hi, cap);
-        for (int64_t c = 0; c < dim / LANES; c++) {
-            vec acc = {0};
-            for (int64_t j = lo; j <= hi; j++) {
-                vec x = load_kv(v.pool + ((int64_t)v.table[j / v.block] * v.block + j % v.block) * v.token
-                                + c * LANES);
-                acc += row[j] * x;
+    float total[group];
+    for (int64_t g = 0; g < group; g++) total[g] = softmax_row(scores + g * stride, lo, hi, cap);
+    for (int64_t g0 = 0; g0 < group; g0 += 4) {
+        int64_t heads = group - g0 < 4 ? group - g0 : 4, vectors = dim / LANES;
+        for (int64_t c0 = 0; c0 < vectors;) {
+            int64_t width = heads == 1 ? 16 : WIDE4;  /* the most vectors of these heads' slices */
+            while (width > vectors - c0) width /= 2;
+            pages slice = {v.pool + c0 * LANES, v.table, v.block, v.token};
+            const float *rows = scores + g0 * stride;
+            float *at = out + g0 * dim + c0 * LANES;
+            switch (heads * 32 + width) {
+#define CALL(G, CH) case G * 32 + CH: weigh_##G##_##CH(rows, stride, lo, hi, total + g0, slice, dim, at); break;
+                SLICES(CALL)
+#undef CALL
             }
-            acc /= total;
-            memcpy(out + g * dim + c * LANES, &acc, sizeof acc);
+            c0 += width;
         }
     }
 }
