@@ -14,7 +14,8 @@ heads, 3 kv heads of 64, 1,536 MLP, 49,152 outputs):
 - int4 matmul: one layer's four calls (q+k+v, o, gate+up, down) at 1, 16 and 512 rows;
 - int8 output layer (Q8_0) at 1 and 16 rows;
 - attention: a decode step of 16 sequences of 300 to 600 keys, and a 1,286-token prompt as the
-  engine runs it, in chunks of 512 tokens.
+  engine runs it, in chunks of 512 tokens; and a decode step and eight 70-token prompts in Gemma 3
+  270M's shape (4 heads sharing 1 kv head of 256).
 """
 import argparse
 import ctypes
@@ -37,6 +38,7 @@ from engine.kernels import build
 from .report import machine_info
 
 HIDDEN, HEADS, KV_HEADS, DIM, INTER, VOCAB, BLOCK = 576, 9, 3, 64, 1536, 49152, 16
+GEMMA_HEADS = (4, 1, 256)  # Gemma 3 270M's attention: heads, kv heads, head dim
 LAYER = [(HIDDEN, (HEADS + 2 * KV_HEADS) * DIM), (HIDDEN, HIDDEN), (HIDDEN, 2 * INTER), (INTER, HIDDEN)]
 Case = Callable[[ctypes.CDLL], list[torch.Tensor]]  # one library's outputs for the case's inputs
 
@@ -90,11 +92,14 @@ def int8_case(rows: int) -> Case:
     return run
 
 
-def attention_case(steps: list[list[tuple[int, int]]]) -> Case:
-    """Steps of sequences (new tokens, keys), each sequence's blocks at random places in one pool."""
+def attention_case(steps: list[list[tuple[int, int]]], shape: tuple[int, int, int] = (HEADS, KV_HEADS, DIM)) -> Case:
+    """Steps of sequences (new tokens, keys), each sequence's blocks at random places in one pool;
+    `shape`: heads, kv heads, head dim."""
+    heads, kv_heads, dim = shape
     g = torch.Generator().manual_seed(len(steps))
     blocks = sum(-(-ctx // BLOCK) for step in steps for _, ctx in step)
-    k_pool, v_pool = torch.randn(blocks, KV_HEADS, DIM, BLOCK, generator=g), torch.randn(blocks, BLOCK, KV_HEADS, DIM, generator=g)
+    k_pool = torch.randn(blocks, kv_heads, dim, BLOCK, generator=g)
+    v_pool = torch.randn(blocks, BLOCK, kv_heads, dim, generator=g)
     order, calls = torch.randperm(blocks, generator=g).to(torch.int32), []
     for step in steps:
         width = max(-(-ctx // BLOCK) for _, ctx in step)
@@ -103,7 +108,7 @@ def attention_case(steps: list[list[tuple[int, int]]]) -> Case:
             tables[s, :-(-ctx // BLOCK)], order = order[:-(-ctx // BLOCK)], order[-(-ctx // BLOCK):]
         q_lens = torch.tensor([q for q, _ in step])
         starts = torch.cumsum(q_lens, 0) - q_lens
-        calls.append((torch.randn(int(q_lens.sum()), HEADS * DIM, generator=g), starts, q_lens,
+        calls.append((torch.randn(int(q_lens.sum()), heads * dim, generator=g), starts, q_lens,
                       torch.tensor([ctx for _, ctx in step]), tables))
 
     def run(lib: ctypes.CDLL) -> list[torch.Tensor]:
@@ -111,11 +116,11 @@ def attention_case(steps: list[list[tuple[int, int]]]) -> Case:
         # a side's kernels from before the scores' cap (softcap) take one argument fewer
         capped = (0.0,) if len(lib.paged_attention.argtypes) == 20 else ()
         for q, starts, q_lens, ctx, tables in calls:
-            outs.append(torch.empty(q.shape[0], HEADS, DIM))
-            assert lib.paged_attention(q.data_ptr(), HEADS * DIM, DIM, k_pool.data_ptr(), v_pool.data_ptr(),
+            outs.append(torch.empty(q.shape[0], heads, dim))
+            assert lib.paged_attention(q.data_ptr(), heads * dim, dim, k_pool.data_ptr(), v_pool.data_ptr(),
                                        outs[-1].data_ptr(), starts.data_ptr(), q_lens.data_ptr(), ctx.data_ptr(),
-                                       tables.data_ptr(), tables.shape[1], tables.shape[0], HEADS, KV_HEADS, DIM,
-                                       BLOCK, 0, DIM ** -0.5, *capped, torch.get_num_threads()) == 0
+                                       tables.data_ptr(), tables.shape[1], tables.shape[0], heads, kv_heads, dim,
+                                       BLOCK, 0, dim ** -0.5, *capped, torch.get_num_threads()) == 0
         return outs
     return run
 
@@ -127,6 +132,10 @@ CASES: dict[str, Callable[[], Case]] = {  # each makes its inputs when it runs
         partial(attention_case, [[(1, 300 + 20 * i) for i in range(16)]]),
     "attention, a 1,286-token prompt in chunks of 512":
         partial(attention_case, [[(512, 512)], [(512, 1024)], [(262, 1286)]]),
+    "attention, Gemma's shape, decode step of 16 sequences (100 to 400 keys)":
+        partial(attention_case, [[(1, 100 + 20 * i) for i in range(16)]], GEMMA_HEADS),
+    "attention, Gemma's shape, eight 70-token prompts":
+        partial(attention_case, [[(70, 70)] * 8], GEMMA_HEADS),
 }
 
 

@@ -186,14 +186,12 @@ static inline float softmax_row(float *scores, int64_t lo, int64_t hi, float cap
                 memcpy(out + g * dim + c * LANES, &o, sizeof o);                                            \
             }                                                                                               \
     }
-/* (heads, vectors) with their sums in flight in registers (AVX2's 16; AVX-512's 32) */
+/* (heads, vectors): up to 32 sums in flight, AVX-512's registers (AVX2's 16 spill a few, and
+ * measured no slower than slices of 16 sums) */
 #define SLICES(X) X(1, 1) X(1, 2) X(1, 4) X(1, 8) X(1, 16) X(2, 1) X(2, 2) X(2, 4) X(2, 8) \
     X(3, 1) X(3, 2) X(3, 4) X(3, 8) X(4, 1) X(4, 2) X(4, 4) X(4, 8)
 SLICES(WEIGH_SLICE)
 
-#ifndef WIDE4
-#define WIDE4 8
-#endif
 /* One query's `group` heads: softmax of each head's scores row (rows `stride` apart) over [lo, hi],
  * then each head's output (dim floats, the heads' outputs adjacent): up to 4 heads at a time,
  * each through its dims in the widest slices that fit the registers. */
@@ -204,7 +202,7 @@ static void weigh(float *scores, int64_t stride, int64_t lo, int64_t hi, float c
     for (int64_t g0 = 0; g0 < group; g0 += 4) {
         int64_t heads = group - g0 < 4 ? group - g0 : 4, vectors = dim / LANES;
         for (int64_t c0 = 0; c0 < vectors;) {
-            int64_t width = heads == 1 ? 16 : WIDE4;  /* the most vectors of these heads' slices */
+            int64_t width = heads == 1 ? 16 : 8;  /* the most vectors of these heads' slices */
             while (width > vectors - c0) width /= 2;
             pages slice = {v.pool + c0 * LANES, v.table, v.block, v.token};
             const float *rows = scores + g0 * stride;
