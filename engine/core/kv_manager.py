@@ -146,10 +146,9 @@ class KVCacheManager:
         need = self._blocks_for(req.computed + tokens) - len(table)
         if need <= 0:
             return True
-        if need > self.blocks.num_free or (self.windows and need > self.windows.available([])):
+        new = self._take(need)
+        if new is None:
             return False
-        new = self._allocate(need)
-        self._read(new)
         table += new
         return True
 
@@ -196,11 +195,7 @@ class KVCacheManager:
     def lend(self, count: int) -> Optional[list[int]]:
         """Blocks held outside any row (the start-up probe's), window blocks and all; None when
         the pool lacks them. `take_back` takes them back."""
-        if count > self.blocks.num_free or (self.windows and count > self.windows.available([])):
-            return None
-        blocks = self._allocate(count)
-        self._read(blocks)
-        return blocks
+        return self._take(count)
 
     def take_back(self, blocks: list[int]) -> None:
         """Blocks that `lend` gave."""
@@ -212,6 +207,15 @@ class KVCacheManager:
         assert len(blocks) == count, "counted before"
         if self.windows:
             self.windows.forget(blocks)
+        return blocks
+
+    def _take(self, count: int) -> Optional[list[int]]:
+        """`count` new blocks, read (window blocks and all) from now on; None where either pool
+        lacks room for them (nothing is evicted for them)."""
+        if count > self.blocks.num_free or (self.windows and count > self.windows.available([])):
+            return None
+        blocks = self._allocate(count)
+        self._read(blocks)
         return blocks
 
     def _read(self, blocks: list[int]) -> None:
