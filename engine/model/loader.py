@@ -13,7 +13,7 @@ from contract import EngineConfig
 
 from ..kernels.native import kv_half_ready
 from ..kernels.table import report as kernel_report
-from . import gguf_native
+from . import gguf_native, huge_pages
 from .fast_layers import install as lean_layers
 from .fast_layers import outside
 from .fp32 import install as fp32_layers
@@ -145,6 +145,8 @@ def load_model(config: EngineConfig) -> LoadedModel:
     kv_dtype = pick_kv_dtype(config.kv_cache_dtype, model.dtype, int4)
     use_paged_attention(model, kv_dtype)
     lean_layers(model)
+    if device.type == "cpu":
+        huge_pages.collapse(model)
     if int4 and (why := outside(model)):
         log.info("decoder layers: transformers' modules around the C products, not llama_layer.c: %s", why)
     log.info("kernels: %s", "; ".join(kernel_report("int4" if int4 else "fp32", device.type)))
