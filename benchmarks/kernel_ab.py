@@ -12,7 +12,8 @@ Every output is checked bit for bit against the other commit's, and the calls al
 median of `--repeats` each. Cases, on the default model's shapes (SmolLM2-135M: hidden 576, 9
 heads, 3 kv heads of 64, 1,536 MLP, 49,152 outputs):
 - int4 matmul: one layer's four calls (q+k+v, o, gate+up, down) at 1, 16 and 512 rows;
-- int8 output layer (Q8_0) at 1 and 16 rows;
+- int8 output layer (Q8_0) at 1 and 16 rows, Gemma 3 270M's gate and up (Q5_0, int8's form) at 1,
+  16 and 512 rows, and its output layer at 16 rows;
 - attention: a decode step of 16 sequences of 300 to 600 keys, and a 1,286-token prompt as the
   engine runs it, in chunks of 512 tokens; and a decode step and eight 70-token prompts in Gemma 3
   270M's shape (4 heads sharing 1 kv head of 256).
@@ -39,6 +40,8 @@ from .report import machine_info
 
 HIDDEN, HEADS, KV_HEADS, DIM, INTER, VOCAB, BLOCK = 576, 9, 3, 64, 1536, 49152, 16
 GEMMA_HEADS = (4, 1, 256)  # Gemma 3 270M's attention: heads, kv heads, head dim
+GEMMA_GATE_UP = (640, 2 * 2048)  # Gemma 3 270M's gate and up (Q5_0 in its Q4_K_M file): inputs, outputs
+GEMMA_OUTPUT = (640, 262144)  # and its output layer (Q8_0)
 LAYER = [(HIDDEN, (HEADS + 2 * KV_HEADS) * DIM), (HIDDEN, HIDDEN), (HIDDEN, 2 * INTER), (INTER, HIDDEN)]
 Case = Callable[[ctypes.CDLL], list[torch.Tensor]]  # one library's outputs for the case's inputs
 
@@ -76,17 +79,17 @@ def int4_case(rows: int) -> Case:
     return run
 
 
-def int8_case(rows: int) -> Case:
+def int8_case(rows: int, width: int = HIDDEN, outputs: int = VOCAB) -> Case:
     g = torch.Generator().manual_seed(rows)
-    packed = torch.randint(-127, 128, (VOCAB // 16, HIDDEN, 16), dtype=torch.int8, generator=g)
+    packed = torch.randint(-127, 128, (outputs // 16, width, 16), dtype=torch.int8, generator=g)
     # Q8_0's fp16 scale per block of 32 inputs (a base before the Q8_0 output layer took one fp32
     # scale per output: its int8 case is not comparable)
-    scale = (torch.rand(VOCAB // 16, HIDDEN // 32, 16, generator=g) / 100).half()
-    x = torch.randn(rows, HIDDEN, generator=g)
+    scale = (torch.rand(outputs // 16, width // 32, 16, generator=g) / 100).half()
+    x = torch.randn(rows, width, generator=g)
 
     def run(lib: ctypes.CDLL) -> list[torch.Tensor]:
-        y = torch.empty(rows, VOCAB)
-        assert lib.int8_matmul(x.data_ptr(), packed.data_ptr(), scale.data_ptr(), y.data_ptr(), rows, HIDDEN, VOCAB,
+        y = torch.empty(rows, outputs)
+        assert lib.int8_matmul(x.data_ptr(), packed.data_ptr(), scale.data_ptr(), y.data_ptr(), rows, width, outputs,
                                torch.get_num_threads()) == 0
         return [y]
     return run
@@ -128,6 +131,9 @@ def attention_case(steps: list[list[tuple[int, int]]], shape: tuple[int, int, in
 CASES: dict[str, Callable[[], Case]] = {  # each makes its inputs when it runs
     **{f"int4, a layer's 4 matmuls, {rows} rows": partial(int4_case, rows) for rows in (1, 16, 512)},
     **{f"int8 output layer, {rows} rows": partial(int8_case, rows) for rows in (1, 16)},
+    **{f"int8 (Q5_0's form), Gemma's gate and up, {rows} rows": partial(int8_case, rows, *GEMMA_GATE_UP)
+       for rows in (1, 16, 512)},
+    "int8 output layer, Gemma's shape, 16 rows": partial(int8_case, 16, *GEMMA_OUTPUT),
     "attention, decode step of 16 sequences (300 to 600 keys)":
         partial(attention_case, [[(1, 300 + 20 * i) for i in range(16)]]),
     "attention, a 1,286-token prompt in chunks of 512":

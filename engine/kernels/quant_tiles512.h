@@ -6,7 +6,8 @@
  * weights, so one `vpdpwssd` (or `vpmaddwd` and an add) takes a row's 32 products, with x's pair
  * broadcast from memory. A block's integer sums stay in registers, and its scales are applied
  * there, 16 lanes an instruction: the AVX2 tiles store the sums and reload them as two halves.
- * Eight rows share each unpacking of the weights (32 registers; AVX2 has 16).
+ * Eight rows share each unpacking of the weights (32 registers; AVX2 has 16), sixteen where an
+ * int8 weight is large enough to stream from memory (quant_matmul.c's STREAMED).
  *
  * Every sum is exact (|w| <= 128, |x| <= 32767, 32 products: under 2^31), and each lane's fp32
  * sequence is the one of quant_matmul.c's f8 tiles: convert, times dx, times d, plus the total
@@ -17,6 +18,7 @@
 
 #define PATH 3
 #define TILE 8  /* rows that share one unpacking of a block's weights */
+#define WIDE_TILE 16  /* rows a large int8 weight's tiles take (quant_matmul.c's STREAMED) */
 
 /* acc + (w . x) per 32-bit lane: two int16 products, for a pair of inputs `x` broadcast. VNNI's
  * in assembly, with x broadcast by the instruction's own load: GCC 12 copies the accumulator
@@ -111,8 +113,8 @@ static inline __attribute__((always_inline)) void
 int8_tile(const Rows *x, const int8_t *packed, const uint16_t *scale, float *y, int64_t y_stride, int64_t group,
           int64_t r0, const int count) {
     const int64_t blocks = x->blocks, stride = blocks * QBLOCK;
-    __m512 total[TILE];
-    __m512i sums[TILE];
+    __m512 total[WIDE_TILE];
+    __m512i sums[WIDE_TILE];
     for (int r = 0; r < count; r++) total[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < blocks; b++) {
         int n = x->width - b * QBLOCK < QBLOCK ? (int)(x->width - b * QBLOCK) : QBLOCK;

@@ -81,6 +81,35 @@ def test_int4_and_int8_matmuls(paths, rows):
         same_on_every_path(paths, int8)
 
 
+@pytest.mark.parametrize("rows", [16, 25])  # 16 rows a tile, then 8 and 1
+def test_a_streamed_int8_weight_takes_wide_tiles_with_the_same_bits(paths, rows):
+    """int8 weights of 8M values or more (quant_matmul.c's STREAMED: an output layer's) take 16 rows
+    a tile on AVX-512; a last block that is not whole, on every path."""
+    g = torch.Generator().manual_seed(rows)
+    width, outputs = 520, 16144  # 8,394,880 values
+    weights = torch.randint(-128, 128, (outputs // 16, width, 16), dtype=torch.int8, generator=g)
+    scales = (torch.rand(outputs // 16, -(-width // 32), 16, generator=g) * 0.01).half()
+    x = activations(rows, width)
+
+    def int8(library):
+        y = torch.empty(rows, outputs)
+        assert library.int8_matmul(x.data_ptr(), weights.data_ptr(), scales.data_ptr(), y.data_ptr(), rows, width,
+                                   outputs, 2) == 0
+        return [y]
+    native = same_on_every_path(paths, int8)[0]
+    alone = torch.cat([_rows_alone(paths["native"], x, weights, scales, r) for r in range(0, rows, 9)])
+    assert torch.equal(native[::9], alone)  # a row's outputs whatever tile it shares
+
+
+def _rows_alone(library: ctypes.CDLL, x: torch.Tensor, weights: torch.Tensor, scales: torch.Tensor,
+                row: int) -> torch.Tensor:
+    outputs, width = weights.shape[0] * 16, x.shape[1]
+    y = torch.empty(1, outputs)
+    assert library.int8_matmul(x[row:row + 1].contiguous().data_ptr(), weights.data_ptr(), scales.data_ptr(),
+                               y.data_ptr(), 1, width, outputs, 2) == 0
+    return y
+
+
 @pytest.mark.parametrize("cap", [0.0, 2.0], ids=["plain", "softcapped"])
 @pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (4, 2, 16), (2, 1, 80)])
 def test_attention_over_fp32_and_fp16_pools(paths, heads, kv_heads, dim, cap):
