@@ -12,7 +12,9 @@ architecture), once per file: they are kept as a config.json and tokenizer files
 restart reads them in a second. They are derived metadata, not weights: nothing else is written.
 """
 import contextlib
+import copy
 import hashlib
+import logging
 import os
 import struct
 from collections.abc import Iterator
@@ -23,6 +25,8 @@ from typing import Any, BinaryIO, Optional
 import gguf
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+log = logging.getLogger(__name__)
 
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
@@ -128,6 +132,8 @@ def config_and_tokenizer(path: Path) -> tuple[Any, Any]:
     cached = metadata_cache(path)
     if cached is not None and (cached / "config.json").exists():
         return AutoConfig.from_pretrained(cached), AutoTokenizer.from_pretrained(cached)
+    log.info("%s: reading its config and tokenizer from the file, once (kept under %s)", path.name,
+             cached.parent if cached is not None else "no cache folder")
     with _one_reading(path):
         config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
@@ -158,16 +164,30 @@ class _PlainReader(gguf.GGUFReader):
 
 @contextlib.contextmanager
 def _one_reading(path: Path) -> Iterator[None]:
-    """transformers opens the file once for the config and once for the tokenizer: both get one
-    reading, by the faster reader."""
+    """transformers reads the file's metadata once for the config and once for the tokenizer:
+    both get one reading, by the faster reader, and one parse of its fields (each caller gets a
+    copy of the parse, which it may change). Gemma 3 270M's took 13.9 to 14.4 s instead of 15.2 to
+    15.7 on a 2-core AVX2 machine."""
+    from transformers import modeling_gguf_pytorch_utils as utils
+
     reader = _PlainReader(path)
-    original = gguf.GGUFReader
+    original, original_load = gguf.GGUFReader, utils.load_gguf_checkpoint
+    parsed: dict[str, Any] = {}
 
     def reader_for(file: Any, *args: Any, **kwargs: Any) -> gguf.GGUFReader:
         return reader if Path(file).resolve() == path.resolve() else original(file, *args, **kwargs)
 
+    def load_once(file: Any, return_tensors: bool = False, **kwargs: Any) -> dict:
+        if return_tensors or kwargs or Path(file).resolve() != path.resolve():
+            return original_load(file, return_tensors=return_tensors, **kwargs)
+        if "fields" not in parsed:
+            parsed["fields"] = original_load(file, return_tensors=False)
+        return copy.deepcopy(parsed["fields"])
+
     gguf.GGUFReader = reader_for  # type: ignore[misc,assignment]
+    utils.load_gguf_checkpoint = load_once  # type: ignore[assignment]
     try:
         yield
     finally:
         gguf.GGUFReader = original  # type: ignore[misc]
+        utils.load_gguf_checkpoint = original_load
