@@ -135,6 +135,10 @@ int8_sums(const int8_t *w, const int16_t *xq, int64_t stride, int n, int32_t sum
     __m256i acc[TILE][2];
     for (int r = 0; r < count; r++) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
     int j = 0;
+    /* unrolled four times (GCC left it rolled, its accumulators moved between registers each
+     * pass): on a Zen 2 machine Gemma 3 270M's output layer at 16 rows took 45.4 ms, not 48.1,
+     * and its engine's sixteen-stream decode went 1.06x as fast */
+    #pragma GCC unroll 4
     for (; 2 * j + 1 < n; j++) {
         __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 2 * j * CHANNELS)));
         __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + (2 * j + 1) * CHANNELS)));
