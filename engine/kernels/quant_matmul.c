@@ -166,6 +166,7 @@ int8_sums(const int8_t *w, const int16_t *xq, int64_t stride, int n, int32_t sum
 #define PATH 1
 #define TILE 4
 #define WIDE_TILE TILE
+#define INT4_ROWS TILE
 
 static inline void int4_sums(const uint8_t *w, const int16_t *xq, int64_t stride, int32_t sums[][CHANNELS],
                              const int count) {
@@ -275,10 +276,6 @@ int8s_tile(const Rows *x, const int8_t *packed, const float *scale, const float 
 
 #endif  /* AVX-512 */
 
-#ifndef INT4_ROWS
-#define INT4_ROWS TILE
-#endif
-
 int int4_matmul_ready(void) { return PATH; }
 
 int int8_matmul_ready(void) { return PATH; }
@@ -310,7 +307,8 @@ int int8_matmul_ready(void) { return PATH; }
  * stay with weights the caches hold (its gate and up at 512 rows: 0.93x with 16). */
 #define STREAMED (8 << 20)
 
-/* the rows of a weight's next tile, `left` rows from the end: `most`, else TILE, else what is left */
+/* the rows of a weight's next tile, `left` rows from the end: `most` (WIDE_TILE, INT4_ROWS or TILE)
+ * while that many are left, then TILE where `most` is wider, then what is left */
 static inline int64_t tile_rows(int64_t left, int64_t most) {
     return left >= most ? most : left >= TILE ? TILE : left;
 }
