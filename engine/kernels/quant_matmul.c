@@ -132,6 +132,13 @@ int4_sums(const uint8_t *w, const int16_t *xq, int64_t stride, int32_t sums[][CH
         }
 }
 
+/* int8 sums leave pmaddwd's lanes as they are: channels 0-3 and 8-11 in the first 8, 4-7 and 12-15
+ * in the second. The tiles bring each block's scales to that order (one shuffle for all the rows)
+ * and their totals back once at the end, instead of each row's sums every block: the same
+ * operations on each channel's values, so the same bits. On a Zen 2 machine Gemma 3 270M's
+ * output layer at 16 rows went 1.025x as fast, its gate and up 1.02x to 1.04x. */
+#define SPLIT_LANES 1
+
 /* int8: one block's integer sums w . qx (n inputs, from input `first`) for 16 channels and `count` rows */
 static inline __attribute__((always_inline)) void
 int8_sums(const int8_t *w, const int16_t *xq, int64_t stride, int n, int32_t sums[][CHANNELS], const int count) {
@@ -155,15 +162,17 @@ int8_sums(const int8_t *w, const int16_t *xq, int64_t stride, int n, int32_t sum
             acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(b, x));
         }
     }
-    for (int r = 0; r < count; r++) {
-        _mm256_storeu_si256((__m256i *)sums[r], _mm256_permute2x128_si256(acc[r][0], acc[r][1], 0x20));
-        _mm256_storeu_si256((__m256i *)(sums[r] + 8), _mm256_permute2x128_si256(acc[r][0], acc[r][1], 0x31));
+    for (int r = 0; r < count; r++) {  /* in the accumulators' order (SPLIT_LANES) */
+        _mm256_storeu_si256((__m256i *)sums[r], acc[r][0]);
+        _mm256_storeu_si256((__m256i *)(sums[r] + 8), acc[r][1]);
         for (int i = 2 * j; i < n; i++)  /* an odd block's last input */
-            for (int c = 0; c < CHANNELS; c++) sums[r][c] += (int32_t)w[i * CHANNELS + c] * xq[r * stride + i];
+            for (int c = 0; c < CHANNELS; c++)
+                sums[r][(c & 3) | (c & 4) << 1 | (c & 8) >> 1] += (int32_t)w[i * CHANNELS + c] * xq[r * stride + i];
     }
 }
 #else
 #define PATH 1
+#define SPLIT_LANES 0  /* int8 sums in channel order */
 #define TILE 4
 #define WIDE_TILE TILE
 #define INT4_ROWS TILE
@@ -197,6 +206,18 @@ static inline __attribute__((always_inline)) f8 scales8(const void *p, int64_t a
     return wide ? load8((const float *)p + at) : half8((const uint16_t *)p + at);
 }
 
+/* 16 channels' values as two f8 (a: channels 0-7, b: 8-15) brought to the int8 sums' order, or
+ * (the same shuffle) from that order back: where SPLIT_LANES, (0-3, 8-11) and (4-7, 12-15) */
+static inline void split_lanes(f8 *a, f8 *b) {
+#if SPLIT_LANES
+    f8 first = __builtin_shufflevector(*a, *b, 0, 1, 2, 3, 8, 9, 10, 11);
+    *b = __builtin_shufflevector(*a, *b, 4, 5, 6, 7, 12, 13, 14, 15);
+    *a = first;
+#else
+    (void)a, (void)b;
+#endif
+}
+
 /* Outputs [group * 16, +16) for rows [r0, r0 + count). */
 static inline __attribute__((always_inline)) void
 int4_tile(const Rows *x, const uint8_t *packed, const void *scale, const void *low, const int wide, float *y,
@@ -223,6 +244,15 @@ int4_tile(const Rows *x, const uint8_t *packed, const void *scale, const void *l
         for (int h = 0; h < 2; h++) store8(y + (r0 + r) * y_stride + group * CHANNELS + 8 * h, total[r][h]);
 }
 
+/* an int8 tile's totals, from the sums' order, into y */
+static inline __attribute__((always_inline)) void
+store_tile(float *y, int64_t y_stride, int64_t group, int64_t r0, f8 total[][2], const int count) {
+    for (int r = 0; r < count; r++) {
+        split_lanes(&total[r][0], &total[r][1]);
+        for (int h = 0; h < 2; h++) store8(y + (r0 + r) * y_stride + group * CHANNELS + 8 * h, total[r][h]);
+    }
+}
+
 static inline __attribute__((always_inline)) void
 int8_tile(const Rows *x, const int8_t *packed, const uint16_t *scale, float *y, int64_t y_stride, int64_t group,
           int64_t r0, const int count) {
@@ -234,17 +264,16 @@ int8_tile(const Rows *x, const int8_t *packed, const uint16_t *scale, float *y, 
         int n = x->width - b * QBLOCK < QBLOCK ? (int)(x->width - b * QBLOCK) : QBLOCK;
         int8_sums(packed + (group * x->width + b * QBLOCK) * CHANNELS, x->steps + r0 * stride + b * QBLOCK, stride,
                   n, sums, count);
-        for (int h = 0; h < 2; h++) {
-            f8 d = half8(scale + (group * blocks + b) * CHANNELS + 8 * h);
+        f8 d[2] = {half8(scale + (group * blocks + b) * CHANNELS), half8(scale + (group * blocks + b) * CHANNELS + 8)};
+        split_lanes(&d[0], &d[1]);
+        for (int h = 0; h < 2; h++)
             for (int r = 0; r < count; r++) {
                 i8 s;
                 memcpy(&s, sums[r] + 8 * h, sizeof s);
-                total[r][h] = total[r][h] + (__builtin_convertvector(s, f8) * x->dx[(r0 + r) * blocks + b]) * d;
+                total[r][h] = total[r][h] + (__builtin_convertvector(s, f8) * x->dx[(r0 + r) * blocks + b]) * d[h];
             }
-        }
     }
-    for (int r = 0; r < count; r++)
-        for (int h = 0; h < 2; h++) store8(y + (r0 + r) * y_stride + group * CHANNELS + 8 * h, total[r][h]);
+    store_tile(y, y_stride, group, r0, total, count);
 }
 
 /* int8s: steps times an fp32 scale per sub-block of SUB inputs, plus an fp32 low (or none) per
@@ -259,19 +288,20 @@ int8s_tile(const Rows *x, const int8_t *packed, const float *scale, const float 
     for (int64_t s = 0; s < subs; s++) {
         int8_sums(packed + (group * x->width + s * SUB) * CHANNELS, x->steps + r0 * stride + s * SUB, stride, SUB,
                   sums, count);
-        for (int h = 0; h < 2; h++) {
-            const int64_t at = (group * subs + s) * CHANNELS + 8 * h;
-            f8 d = load8(scale + at), m = low ? load8(low + at) : splat8(0.0f);
+        const int64_t at = (group * subs + s) * CHANNELS;
+        f8 d[2] = {load8(scale + at), load8(scale + at + 8)};
+        f8 m[2] = {low ? load8(low + at) : splat8(0.0f), low ? load8(low + at + 8) : splat8(0.0f)};
+        split_lanes(&d[0], &d[1]);
+        split_lanes(&m[0], &m[1]);
+        for (int h = 0; h < 2; h++)
             for (int r = 0; r < count; r++) {
                 i8 n;
                 memcpy(&n, sums[r] + 8 * h, sizeof n);
-                total[r][h] = total[r][h] + (__builtin_convertvector(n, f8) * x->dx[(r0 + r) * blocks + s / 2]) * d;
-                if (low) total[r][h] = total[r][h] + x->dsum16[(r0 + r) * subs + s] * m;
+                total[r][h] = total[r][h] + (__builtin_convertvector(n, f8) * x->dx[(r0 + r) * blocks + s / 2]) * d[h];
+                if (low) total[r][h] = total[r][h] + x->dsum16[(r0 + r) * subs + s] * m[h];
             }
-        }
     }
-    for (int r = 0; r < count; r++)
-        for (int h = 0; h < 2; h++) store8(y + (r0 + r) * y_stride + group * CHANNELS + 8 * h, total[r][h]);
+    store_tile(y, y_stride, group, r0, total, count);
 }
 
 #endif  /* AVX-512 */
