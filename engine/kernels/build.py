@@ -216,3 +216,18 @@ def _cpu_identity() -> str:
         return platform.processor() + platform.machine()
     wanted = ("model name", "flags", "Features", "CPU part")
     return "\n".join(dict.fromkeys(line for line in lines if line.split(":")[0].strip() in wanted))
+
+
+def main() -> int:
+    """`python -m engine.kernels.build`: the kernels built into the cache now (make model and make
+    gemma), so that the service's first start loads them instead of compiling them (4.5 s on a
+    2-core machine)."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    built = library()
+    if built is None:
+        print(f"C kernels not built: {why_unbuilt()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
