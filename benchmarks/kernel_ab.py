@@ -2,6 +2,7 @@
 
     python -m benchmarks.kernel_ab --base ca2a07e [--head HEAD] [--repeats 15] [--out DIR]
     python -m benchmarks.kernel_ab --base HEAD --base-flags=-mno-avx512f --head-flags=-mno-avx512bf16
+    python -m benchmarks.kernel_ab --base ca2a07e --case "Gemma's shape" [--case ...]
 
 Each commit's engine/kernels sources (`git show`) are compiled as the engine compiles them
 (build.py's flags) into a library of their own; both are loaded here and called on the same inputs,
@@ -9,7 +10,8 @@ bound from today's kernels.h (so the functions timed must keep their signatures 
 `--base-flags` and `--head-flags` go after build.py's flags: one commit built for two narrower
 CPUs (above: the AVX2 versions against the AVX512-VNNI ones, as a CPU without BF16 builds them).
 Every output is checked bit for bit against the other commit's, and the calls alternate, the
-median of `--repeats` each. Cases, on the default model's shapes (SmolLM2-135M: hidden 576, 9
+median of `--repeats` each. `--case` runs only the cases whose names contain one of its texts
+(the Gemma output layer's inputs alone take seconds to make). Cases, on the default model's shapes (SmolLM2-135M: hidden 576, 9
 heads, 3 kv heads of 64, 1,536 MLP, 49,152 outputs):
 - int4 matmul: one layer's four calls (q+k+v, o, gate+up, down) at 1, 16 and 512 rows;
 - int8 output layer (Q8_0) at 1 and 16 rows, Gemma 3 270M's gate and up (Q5_0, int8's form) at 1,
@@ -151,9 +153,10 @@ def timed(run: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
-def compare(libs: dict[str, ctypes.CDLL], repeats: int) -> list[dict[str, Any]]:
+def compare(libs: dict[str, ctypes.CDLL], repeats: int, names: list[str]) -> list[dict[str, Any]]:
     rows = []
-    for name, make in CASES.items():
+    for name in names:
+        make = CASES[name]
         case = make()
         outputs = {rev: case(lib) for rev, lib in libs.items()}
         same = all(torch.equal(a, b) for a, b in zip(*outputs.values(), strict=True))
@@ -188,14 +191,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--head-flags", default="", help="compiler flags after build.py's, for --head")
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--out", type=Path, default=None, help="also write results.json and results.md here")
+    p.add_argument("--case", action="append", default=[], metavar="TEXT",
+                   help="only the cases whose names contain TEXT (repeatable; default: every case)")
     args = p.parse_args(argv)
+    names = [name for name in CASES if not args.case or any(text in name for text in args.case)]
+    if not names:
+        p.error(f"--case: no case's name contains {' or '.join(map(repr, args.case))}; the cases: {', '.join(CASES)}")
     revs = {name: subprocess.run(["git", "-C", str(build.HERE), "rev-parse", "--short", rev], capture_output=True,
                                  text=True, check=True).stdout.strip() for name, rev in (("base", args.base),
                                                                                          ("head", args.head))}
     flags = {"base": tuple(shlex.split(args.base_flags)), "head": tuple(shlex.split(args.head_flags))}
     with tempfile.TemporaryDirectory(prefix="kernel-ab-") as tmp:
         libs = {name: compile_rev(rev, Path(tmp) / name, flags[name]) for name, rev in revs.items()}
-        rows = compare(libs, args.repeats)
+        rows = compare(libs, args.repeats, names)
     labels = {name: " ".join((rev, *flags[name])) for name, rev in revs.items()}  # the table's columns
     result = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "revs": labels, "repeats": args.repeats,
               "command": "python -m benchmarks.kernel_ab " + " ".join(argv if argv is not None else sys.argv[1:]),

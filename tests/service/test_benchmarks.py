@@ -234,8 +234,21 @@ def test_kernel_ab_hands_each_sides_flags_to_its_build(tmp_path):
     from engine.kernels import build, native
     if native.library() is None:
         pytest.skip("no C compiler on this machine")
+    one = ["--case", "int8 output layer, 1 rows"]
     with pytest.raises(build.Unbuilt, match="no-such-flag"):
-        kernel_ab.main(["--base", "HEAD", "--head-flags=-fno-such-flag", "--repeats", "1"])
-    assert kernel_ab.main(["--base", "HEAD", "--base-flags=-DKERNEL_AB_SIDE", "--repeats", "1", "--out", str(tmp_path)]) == 0
-    header = (tmp_path / "results.md").read_text().split("| case | ")[1].splitlines()[0]
+        kernel_ab.main(["--base", "HEAD", "--head-flags=-fno-such-flag", "--repeats", "1", *one])
+    assert kernel_ab.main(["--base", "HEAD", "--base-flags=-DKERNEL_AB_SIDE", "--repeats", "1", "--out", str(tmp_path),
+                           *one]) == 0
+    text = (tmp_path / "results.md").read_text()
+    header = text.split("| case | ")[1].splitlines()[0]
     assert " -DKERNEL_AB_SIDE (us) |" in header and header.count("KERNEL_AB_SIDE") == 1
+    assert [line.split(" | ")[0] for line in text.splitlines() if line.startswith("| int")] == ["| int8 output layer, 1 rows"]
+
+
+def test_kernel_abs_case_filter_names_the_cases_when_none_matches(capsys):
+    import pytest
+
+    from benchmarks import kernel_ab
+    with pytest.raises(SystemExit):
+        kernel_ab.main(["--base", "HEAD", "--case", "no such case"])
+    assert "--case: no case's name contains 'no such case'" in capsys.readouterr().err
