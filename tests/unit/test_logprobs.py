@@ -100,3 +100,21 @@ def test_greedy_rows_in_c_pick_torchs_token_and_the_log_softmax():
     logits[7, 9] = float("nan")
     assert native.greedy(logits) is None
     assert greedy_choices(logits)[7].token_id == 9  # torch.argmax: a NaN is the largest
+
+
+@pytest.mark.parametrize("vocab", [1, 7, 8, 9, 61, 4_099])
+def test_greedy_rows_in_c_pick_the_first_of_many_equal_maxima(vocab):
+    """Ties everywhere (small integers), across the vectors' lanes and their tail, and -0.0 beside
+    0.0 (equal, so the first wins): torch.argmax's pick in every row."""
+    from engine.kernels import native
+    g = torch.Generator().manual_seed(vocab)
+    logits = torch.randint(-3, 4, (12, vocab), generator=g).float()
+    logits[1, ::2] = float("-inf") if vocab > 1 else 0.0  # (a row of -inf alone is left to PyTorch)
+    logits[2] = -0.0
+    logits[2, vocab // 2:] = 0.0
+    logits[3] = -5.0
+    logits[3, -1] = 2.0  # the largest in the tail alone
+    chosen = native.greedy(logits)
+    if chosen is None:
+        pytest.skip("greedy.c does not run here (no compiler)")
+    assert chosen[0] == torch.argmax(logits, dim=-1).tolist()
