@@ -18,7 +18,8 @@ heads, 3 kv heads of 64, 1,536 MLP, 49,152 outputs):
   16 and 512 rows, and its output layer at 16 rows;
 - attention: a decode step of 16 sequences of 300 to 600 keys, and a 1,286-token prompt as the
   engine runs it, in chunks of 512 tokens; and a decode step and eight 70-token prompts in Gemma 3
-  270M's shape (4 heads sharing 1 kv head of 256).
+  270M's shape (4 heads sharing 1 kv head of 256);
+- greedy rows (each row's token and log probability) over Gemma 3 270M's 262,144 logits, 1 and 16 rows.
 """
 import argparse
 import ctypes
@@ -130,6 +131,18 @@ def attention_case(steps: list[list[tuple[int, int]]], shape: tuple[int, int, in
     return run
 
 
+def greedy_case(rows: int, vocab: int) -> Case:
+    """greedy.c's rows: each row's first largest logit and its log probability."""
+    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(rows)) * 3
+
+    def run(lib: ctypes.CDLL) -> list[torch.Tensor]:
+        tokens, logprobs = torch.empty(rows, dtype=torch.int64), torch.empty(rows)
+        assert lib.greedy_rows(logits.data_ptr(), rows, vocab, tokens.data_ptr(), logprobs.data_ptr(),
+                               torch.get_num_threads()) == 0
+        return [tokens, logprobs]
+    return run
+
+
 CASES: dict[str, Callable[[], Case]] = {  # each makes its inputs when it runs
     **{f"int4, a layer's 4 matmuls, {rows} rows": partial(int4_case, rows) for rows in (1, 16, 512)},
     **{f"int8 output layer, {rows} rows": partial(int8_case, rows) for rows in (1, 16)},
@@ -144,6 +157,8 @@ CASES: dict[str, Callable[[], Case]] = {  # each makes its inputs when it runs
         partial(attention_case, [[(1, 100 + 20 * i) for i in range(16)]], GEMMA_HEADS),
     "attention, Gemma's shape, eight 70-token prompts":
         partial(attention_case, [[(70, 70)] * 8], GEMMA_HEADS),
+    **{f"greedy rows, Gemma's 262,144 logits, {rows} rows": partial(greedy_case, rows, GEMMA_OUTPUT[1])
+       for rows in (1, 16)},
 }
 
 
