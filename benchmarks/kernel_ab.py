@@ -11,8 +11,8 @@ bound from today's kernels.h (so the functions timed must keep their signatures 
 CPUs (above: the AVX2 versions against the AVX512-VNNI ones, as a CPU without BF16 builds them).
 Every output is checked bit for bit against the other commit's, and the calls alternate, the
 median of `--repeats` each. `--case` runs only the cases whose names contain one of its texts
-(the Gemma output layer's inputs alone take seconds to make). Cases, on the default model's shapes (SmolLM2-135M: hidden 576, 9
-heads, 3 kv heads of 64, 1,536 MLP, 49,152 outputs):
+(the Gemma output layer's inputs alone take seconds to make). Cases, on the default model's
+shapes (SmolLM2-135M: hidden 576, 9 heads, 3 kv heads of 64, 1,536 MLP, 49,152 outputs):
 - int4 matmul: one layer's four calls (q+k+v, o, gate+up, down) at 1, 16 and 512 rows;
 - int8 output layer (Q8_0) at 1 and 16 rows, Gemma 3 270M's gate and up (Q5_0, int8's form) at 1,
   16 and 512 rows, and its output layer at 16 rows;
