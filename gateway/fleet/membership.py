@@ -9,9 +9,8 @@ import socket
 from typing import Any
 from urllib.parse import urlsplit
 
-from jina.serve.runtimes.gateway.streamer import GatewayStreamer
-
 from gateway.config import config
+from gateway.fleet.channels import streamer as new_streamer
 from gateway.fleet.replicas import Replica
 
 log = logging.getLogger(__name__)
@@ -24,7 +23,7 @@ class Membership:
         self._numbers = itertools.count()
 
     def replica(self, address: str) -> Replica:
-        streamer = GatewayStreamer(self.graph, {self.deployment: [address]}, retries=0, logger=self.logger)
+        streamer = new_streamer(self.graph, {self.deployment: [address]}, retries=0, logger=self.logger)
         return Replica(next(self._numbers), address, streamer)
 
     def initial(self) -> list[Replica]:
