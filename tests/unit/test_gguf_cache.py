@@ -1,0 +1,37 @@
+"""A GGUF file's config and tokenizer are kept once per metadata, wherever the file lies: copies
+of one file (each test run extracts its own) share one cache entry instead of adding one each."""
+import shutil
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+from engine.model.gguf_file import metadata_cache
+
+
+def write(path: Path, name: str, tokens: list[str], weights: np.ndarray) -> Path:
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_name(name)
+    writer.add_token_list(tokens)
+    writer.add_tensor("blk.0.ffn_down.weight", weights)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_copies_share_an_entry_and_other_metadata_gets_its_own(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    weights = np.ones((4, 8), dtype=np.float32)
+    for folder in ("copy", "weights", "vocabulary"):
+        (tmp_path / folder).mkdir()
+    first = write(tmp_path / "model.gguf", "tiny", ["a", "b", "c"], weights)
+    copied = Path(shutil.copy(first, tmp_path / "copy" / "model.gguf"))
+    other_weights = write(tmp_path / "weights" / "model.gguf", "tiny", ["a", "b", "c"], weights * 2)
+    other_vocabulary = write(tmp_path / "vocabulary" / "model.gguf", "tiny", ["a", "b", "d"], weights)
+    entry = metadata_cache(first)
+    assert entry is not None and entry.parent == tmp_path / "cache" / "llm-stream" / "gguf"
+    assert metadata_cache(copied) == entry
+    assert metadata_cache(other_weights) == entry  # its tensors make no other config or tokenizer
+    assert metadata_cache(other_vocabulary) != entry
