@@ -9,7 +9,8 @@ and maps each tensor's bytes from the file.
 The config and tokenizer come from transformers' own GGUF converters (they know each
 architecture), once per file: they are kept as a config.json and tokenizer files under
 `~/.cache/llm-stream/gguf/`, keyed by a hash of the file's metadata (what they are made from), so
-a restart reads them in a second, and copies of one file (a test's, say) share one entry. They are derived metadata, not weights: nothing else is written.
+a restart reads them in a second, and copies of one file (a test's, say) share one entry. They
+are derived metadata, not weights: nothing else is written.
 """
 import contextlib
 import copy

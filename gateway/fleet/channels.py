@@ -3,8 +3,8 @@
 gRPC backs a failed connection off exponentially (1 s, 1.6 s, 2.6 s, ... up to 120 s), and a
 new channel to the same address shares the old one's subchannel, backoff and all. While an
 executor loads its model (seconds to minutes) the gateway's every try fails, so without a bound
-the gateway would first reach a ready executor up to several seconds after it was ready: in a
-Gemma start, 4 to 7 s of a 20 to 27 s start. The same wait follows a replica that restarts. On a
+the gateway would first reach a ready executor up to several seconds after it was ready: in
+Gemma's starts, 2 to 7 s of 19 to 27 s. The same wait follows a replica that restarts. On a
 local or cluster network a try is cheap, so tries come every second at most. The options a Flow
 gives its gateway (`grpc_channel_options`) win over these."""
 import asyncio
