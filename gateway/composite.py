@@ -26,8 +26,7 @@ from gateway.edge.backend import Backend
 from gateway.edge.grpc_edge import StatusGRPCGateway
 from gateway.edge.http_guard import DEBUG_PATHS, ApiKey, BodyLimit, cors_origins, debug_enabled, install_unrouted
 from gateway.fleet import routing
-from gateway.fleet.channels import channel_options, listening
-from gateway.fleet.replicas import deployments
+from gateway.fleet.channels import channel_options
 from gateway.protocols.anthropic_routes import anthropic_router
 from gateway.protocols.embedding_routes import embedding_router
 from gateway.protocols.jina_sse import jina_sse_router
@@ -124,11 +123,6 @@ def _bound_reconnects(runtime_args: Any) -> None:
 
 class LLMGateway(CompositeBaseServer, BaseGateway):
     """`gateway: uses: gateway/gateway.yml, protocol: [grpc, http]`: one server per protocol."""
-
-    async def setup_server(self) -> None:
-        """Once the executors listen: then Jina's servers learn their endpoints at the first ask."""
-        await listening(deployments(getattr(self.runtime_args, "deployments_addresses", "{}")), self.is_cancel)
-        await super().setup_server()
 
     def __init__(self, **kwargs: Any):
         die_with_parent()  # a Flow stopped during its start must not leave it behind

@@ -9,7 +9,7 @@ import grpc
 from jina.serve.networking.utils import get_grpc_channel
 
 from gateway.composite import _bound_reconnects
-from gateway.fleet.channels import RECONNECT_OPTIONS, channel_options, listening
+from gateway.fleet.channels import RECONNECT_OPTIONS, channel_options
 from gateway.fleet.membership import Membership
 from testing.procs import free_port
 
@@ -44,8 +44,8 @@ async def test_an_executor_that_listens_late_is_reached_within_a_second():
             await channel.close()
         for server in servers:
             await server.stop(None)
-    # gRPC's own backoff reached it 2.5 to 4 s late here; within the bound it takes under 0.1 s
-    assert LATE_S <= reached < LATE_S + 1.2, f"reached {reached - LATE_S:.2f} s after it listened"
+    # gRPC's own backoff reached it 2.3 to 4 s late here; the bound is a second, 20% jitter aside
+    assert LATE_S <= reached < LATE_S + 1.6, f"reached {reached - LATE_S:.2f} s after it listened"
 
 
 def test_the_flows_own_options_win_and_every_server_gets_the_bound():
@@ -61,22 +61,3 @@ def test_the_routers_replicas_reconnect_within_the_bound():
     replica = Membership("llm", {}, ["127.0.0.1:1"]).initial()[0]
     assert replica.streamer._connection_pool.channel_options == RECONNECT_OPTIONS
 
-
-async def test_the_gateway_asks_for_endpoints_once_an_executor_listens():
-    """One replica of each deployment listening is enough; a cancelled start stops the wait."""
-    port, elsewhere = free_port(), free_port()
-    servers = []
-
-    async def listen() -> None:
-        servers.append(await asyncio.start_server(lambda reader, writer: writer.close(), "127.0.0.1", port))
-    later = asyncio.get_running_loop().call_later(0.5, lambda: asyncio.ensure_future(listen()))
-    try:
-        await asyncio.wait_for(listening({"llm": [f"grpc://127.0.0.1:{elsewhere}", f"127.0.0.1:{port}"], "none": []}), 10)
-        assert servers, "it returned before anything listened"
-    finally:
-        later.cancel()
-        for server in servers:
-            server.close()
-    cancelled = asyncio.Event()
-    cancelled.set()
-    await asyncio.wait_for(listening({"llm": [f"127.0.0.1:{elsewhere}"]}, cancelled), 1)
