@@ -26,7 +26,7 @@ from gateway.edge.backend import Backend
 from gateway.edge.grpc_edge import StatusGRPCGateway
 from gateway.edge.http_guard import DEBUG_PATHS, ApiKey, BodyLimit, cors_origins, debug_enabled, install_unrouted
 from gateway.fleet import routing
-from gateway.fleet.channels import channel_options
+from gateway.fleet.channels import bound_reconnects
 from gateway.protocols.anthropic_routes import anthropic_router
 from gateway.protocols.embedding_routes import embedding_router
 from gateway.protocols.jina_sse import jina_sse_router
@@ -112,21 +112,12 @@ class WaitingForExecutor(logging.Filter):
         return True
 
 
-def _bound_reconnects(runtime_args: Any) -> None:
-    """Every channel the gateway's servers open to the executors reconnects within a second
-    (gateway/fleet/channels.py); the servers' arguments are copied from these."""
-    if isinstance(runtime_args, dict):
-        runtime_args["grpc_channel_options"] = channel_options(runtime_args.get("grpc_channel_options"))
-    elif runtime_args is not None:
-        runtime_args.grpc_channel_options = channel_options(getattr(runtime_args, "grpc_channel_options", None))
-
-
 class LLMGateway(CompositeBaseServer, BaseGateway):
     """`gateway: uses: gateway/gateway.yml, protocol: [grpc, http]`: one server per protocol."""
 
     def __init__(self, **kwargs: Any):
         die_with_parent()  # a Flow stopped during its start must not leave it behind
-        _bound_reconnects(kwargs.get("runtime_args"))
+        bound_reconnects(kwargs.get("runtime_args"))  # the servers' arguments are copied from these
         super().__init__(**kwargs)
         self.logger.logger.addFilter(WaitingForExecutor())
         classes = {"grpc": StatusGRPCGateway, "http": LLMHTTPGateway}

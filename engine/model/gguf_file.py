@@ -52,12 +52,7 @@ class Header:
 
 def read(path: Path) -> Header:
     with open(path, "rb") as f:
-        if f.read(4) != b"GGUF":
-            raise ValueError(f"{path}: not a GGUF file")
-        version, count, fields = struct.unpack("<IQQ", f.read(20))
-        if version < 2:
-            raise ValueError(f"{path}: GGUF version {version} is too old")
-        metadata = {_string(f): _value(f, _kind(f)) for _ in range(fields)}
+        count, metadata = _fields(f, path)
         infos = [_tensor_info(f) for _ in range(count)]
         alignment = int(metadata.get("general.alignment", 32))
         start = -(-f.tell() // alignment) * alignment
@@ -76,6 +71,17 @@ def read(path: Path) -> Header:
             shape = (rows, row_bytes)
         tensors.append(Tensor(name, qtype, dims[0], raw.reshape(shape)))
     return Header(metadata, tensors)
+
+
+def _fields(f: BinaryIO, path: Path) -> tuple[int, dict[str, Any]]:
+    """(the tensors' count, the scalar and string fields), from the file's start; `f` is left where
+    the tensors' descriptions begin."""
+    if f.read(4) != b"GGUF":
+        raise ValueError(f"{path}: not a GGUF file")
+    version, count, fields = struct.unpack("<IQQ", f.read(20))
+    if version < 2:
+        raise ValueError(f"{path}: GGUF version {version} is too old")
+    return count, {_string(f): _value(f, _kind(f)) for _ in range(fields)}
 
 
 def _kind(f: BinaryIO) -> int:
@@ -128,11 +134,7 @@ def _metadata_hash(path: Path) -> str:
     """SHA-256 of the header's key-value fields, the vocabulary's arrays included (0.1 s for
     Gemma 3's 6.5 MB of them): the file's tensors do not change its config or tokenizer."""
     with open(path, "rb") as f:
-        f.seek(4 + 4 + 8)
-        (fields,) = struct.unpack("<Q", f.read(8))
-        for _ in range(fields):
-            _string(f)
-            _value(f, _kind(f))
+        _fields(f, path)
         end = f.tell()
         f.seek(0)
         return hashlib.sha256(f.read(end)).hexdigest()

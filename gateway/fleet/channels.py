@@ -25,3 +25,11 @@ def streamer(graph: dict, addresses: dict[str, list[str]], **kwargs: Any) -> Gat
     """A Jina streamer to these executors whose channels reconnect within the bound."""
     return GatewayStreamer(graph, addresses, grpc_channel_options=channel_options(), **kwargs)
 
+
+def bound_reconnects(runtime_args: Any) -> None:
+    """The bound in a gateway's runtime arguments (a dict or a namespace), for the channels that
+    Jina's own streamers open."""
+    if isinstance(runtime_args, dict):
+        runtime_args["grpc_channel_options"] = channel_options(runtime_args.get("grpc_channel_options"))
+    elif runtime_args is not None:
+        runtime_args.grpc_channel_options = channel_options(getattr(runtime_args, "grpc_channel_options", None))

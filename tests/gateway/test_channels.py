@@ -8,8 +8,7 @@ from types import SimpleNamespace
 import grpc
 from jina.serve.networking.utils import get_grpc_channel
 
-from gateway.composite import _bound_reconnects
-from gateway.fleet.channels import RECONNECT_OPTIONS, channel_options
+from gateway.fleet.channels import RECONNECT_OPTIONS, bound_reconnects, channel_options
 from gateway.fleet.membership import Membership
 from testing.procs import free_port
 
@@ -50,14 +49,13 @@ async def test_an_executor_that_listens_late_is_reached_within_a_second():
 
 def test_the_flows_own_options_win_and_every_server_gets_the_bound():
     given = {"runtime_args": {"grpc_channel_options": {"grpc.max_reconnect_backoff_ms": 5000}}}
-    _bound_reconnects(given["runtime_args"])
+    bound_reconnects(given["runtime_args"])
     assert given["runtime_args"]["grpc_channel_options"] == {**RECONNECT_OPTIONS, "grpc.max_reconnect_backoff_ms": 5000}
     namespace = SimpleNamespace()
-    _bound_reconnects(namespace)
+    bound_reconnects(namespace)
     assert namespace.grpc_channel_options == RECONNECT_OPTIONS
 
 
 def test_the_routers_replicas_reconnect_within_the_bound():
     replica = Membership("llm", {}, ["127.0.0.1:1"]).initial()[0]
     assert replica.streamer._connection_pool.channel_options == RECONNECT_OPTIONS
-
