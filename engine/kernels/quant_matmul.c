@@ -139,7 +139,7 @@ int4_sums(const uint8_t *w, const int16_t *xq, int64_t stride, int32_t sums[][CH
  * output layer at 16 rows went 1.025x as fast, its gate and up 1.02x to 1.04x. */
 #define SPLIT_LANES 1
 
-/* int8: one block's integer sums w . qx (n inputs, from input `first`) for 16 channels and `count` rows */
+/* int8: one block's integer sums w . qx (its first n inputs) for 16 channels and `count` rows */
 static inline __attribute__((always_inline)) void
 int8_sums(const int8_t *w, const int16_t *xq, int64_t stride, int n, int32_t sums[][CHANNELS], const int count) {
     fetch_ahead(w, n * CHANNELS);
@@ -253,26 +253,36 @@ store_tile(float *y, int64_t y_stride, int64_t group, int64_t r0, f8 total[][2],
     }
 }
 
+/* one block b of an int8 tile: n of its inputs (QBLOCK, but fewer in a partial last block) */
+static inline __attribute__((always_inline)) void
+int8_block(const Rows *x, const int8_t *packed, const uint16_t *scale, int64_t group, int64_t r0, int64_t b,
+           const int n, f8 total[][2], const int count) {
+    const int64_t blocks = x->blocks, stride = blocks * QBLOCK;
+    int32_t sums[WIDE_TILE][CHANNELS];
+    int8_sums(packed + (group * x->width + b * QBLOCK) * CHANNELS, x->steps + r0 * stride + b * QBLOCK, stride, n,
+              sums, count);
+    f8 d[2] = {half8(scale + (group * blocks + b) * CHANNELS), half8(scale + (group * blocks + b) * CHANNELS + 8)};
+    split_lanes(&d[0], &d[1]);
+    for (int h = 0; h < 2; h++)
+        for (int r = 0; r < count; r++) {
+            i8 s;
+            memcpy(&s, sums[r] + 8 * h, sizeof s);
+            total[r][h] = total[r][h] + (__builtin_convertvector(s, f8) * x->dx[(r0 + r) * blocks + b]) * d[h];
+        }
+}
+
+/* The whole blocks first, their count of inputs a constant, then a partial last block if there is
+ * one. With the count known, the compiler leaves out the sums' code for an odd last input, which
+ * it had interleaved with every block's: on a Zen 2 machine Gemma 3 270M's output layer at 16 rows
+ * went 1.26x as fast, its gate and up (Q5_0's form) 1.27x at 16 rows and 1.29x at 512. */
 static inline __attribute__((always_inline)) void
 int8_tile(const Rows *x, const int8_t *packed, const uint16_t *scale, float *y, int64_t y_stride, int64_t group,
           int64_t r0, const int count) {
-    const int64_t blocks = x->blocks, stride = blocks * QBLOCK;
+    const int64_t whole = x->width / QBLOCK;
     f8 total[WIDE_TILE][2];
-    int32_t sums[WIDE_TILE][CHANNELS];
     for (int r = 0; r < count; r++) total[r][0] = total[r][1] = splat8(0.0f);
-    for (int64_t b = 0; b < blocks; b++) {
-        int n = x->width - b * QBLOCK < QBLOCK ? (int)(x->width - b * QBLOCK) : QBLOCK;
-        int8_sums(packed + (group * x->width + b * QBLOCK) * CHANNELS, x->steps + r0 * stride + b * QBLOCK, stride,
-                  n, sums, count);
-        f8 d[2] = {half8(scale + (group * blocks + b) * CHANNELS), half8(scale + (group * blocks + b) * CHANNELS + 8)};
-        split_lanes(&d[0], &d[1]);
-        for (int h = 0; h < 2; h++)
-            for (int r = 0; r < count; r++) {
-                i8 s;
-                memcpy(&s, sums[r] + 8 * h, sizeof s);
-                total[r][h] = total[r][h] + (__builtin_convertvector(s, f8) * x->dx[(r0 + r) * blocks + b]) * d[h];
-            }
-    }
+    for (int64_t b = 0; b < whole; b++) int8_block(x, packed, scale, group, r0, b, QBLOCK, total, count);
+    if (whole < x->blocks) int8_block(x, packed, scale, group, r0, whole, (int)(x->width % QBLOCK), total, count);
     store_tile(y, y_stride, group, r0, total, count);
 }
 

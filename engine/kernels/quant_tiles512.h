@@ -109,22 +109,27 @@ int4_tile(const Rows *x, const uint8_t *packed, const void *scale, const void *l
     store_tile(total, y, y_stride, group, r0, count);
 }
 
-/* quant_matmul.c's int8_tile */
+/* quant_matmul.c's int8_block: block b's first n inputs */
+static inline __attribute__((always_inline)) void
+int8_block(const Rows *x, const int8_t *packed, const uint16_t *scale, int64_t group, int64_t r0, int64_t b,
+           const int n, __m512 total[], const int count) {
+    const int64_t blocks = x->blocks, stride = blocks * QBLOCK;
+    __m512i sums[WIDE_TILE];
+    int8_sums512(packed + (group * x->width + b * QBLOCK) * CHANNELS, x->steps + r0 * stride + b * QBLOCK, stride, n,
+                 sums, count);
+    __m512 d = scales16(scale, (group * blocks + b) * CHANNELS, 0);
+    for (int r = 0; r < count; r++) total[r] = _mm512_add_ps(total[r], scaled(sums[r], x->dx[(r0 + r) * blocks + b], d));
+}
+
+/* quant_matmul.c's int8_tile: the whole blocks with a constant count of inputs, then a partial one */
 static inline __attribute__((always_inline)) void
 int8_tile(const Rows *x, const int8_t *packed, const uint16_t *scale, float *y, int64_t y_stride, int64_t group,
           int64_t r0, const int count) {
-    const int64_t blocks = x->blocks, stride = blocks * QBLOCK;
+    const int64_t whole = x->width / QBLOCK;
     __m512 total[WIDE_TILE];
-    __m512i sums[WIDE_TILE];
     for (int r = 0; r < count; r++) total[r] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < blocks; b++) {
-        int n = x->width - b * QBLOCK < QBLOCK ? (int)(x->width - b * QBLOCK) : QBLOCK;
-        int8_sums512(packed + (group * x->width + b * QBLOCK) * CHANNELS, x->steps + r0 * stride + b * QBLOCK, stride,
-                     n, sums, count);
-        __m512 d = scales16(scale, (group * blocks + b) * CHANNELS, 0);
-        for (int r = 0; r < count; r++)
-            total[r] = _mm512_add_ps(total[r], scaled(sums[r], x->dx[(r0 + r) * blocks + b], d));
-    }
+    for (int64_t b = 0; b < whole; b++) int8_block(x, packed, scale, group, r0, b, QBLOCK, total, count);
+    if (whole < x->blocks) int8_block(x, packed, scale, group, r0, whole, (int)(x->width % QBLOCK), total, count);
     store_tile(total, y, y_stride, group, r0, count);
 }
 
