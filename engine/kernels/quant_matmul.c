@@ -95,41 +95,36 @@ static inline __attribute__((always_inline)) void fetch_ahead(const void *w, int
 #define PATH 2
 #define TILE 3  /* rows that share one unpacking of a block's weights */
 #define WIDE_TILE TILE
-/* int4 tiles take two rows: a row's four accumulators and the four unpacked weight registers fill
- * AVX2's sixteen at two rows; at three, the loop kept 23 values on the stack each pass. Two rows
- * made a layer's int4 products 1.09x as fast at 16 rows and 1.11x at 512 on a Zen 2 machine. */
-#define INT4_ROWS 2
-
-/* int4: one block's integer sums q . qx for 16 channels and `count` rows. A 32-byte load holds
- * input pairs 2k and 2k + 1 for the 16 channels; its nibbles, as 16-bit (first, second) steps,
- * give per 128-bit lane one pair's four channels, which pmaddwd multiplies with that pair's two
- * steps of x. */
+/* int4: one block's integer sums q . qx for 16 channels and `count` rows, in the int8 sums' lane
+ * order (SPLIT_LANES below). A pair's 16 bytes, widened to 16 bits, give the pair's first input's
+ * steps (the low nibbles) and its second's (the high ones); interleaved, as int8_sums interleaves
+ * two inputs' steps, pmaddwd multiplies them with the pair's two steps of x. A row needs two
+ * accumulators, not the four that held each lane's pair apart before, so three rows share a
+ * tile without the stack: on a Zen 2 machine a layer's int4 products went 1.20x as fast at one
+ * row, 1.36x at 16 and 1.38x at 512, the same integers. */
 static inline __attribute__((always_inline)) void
 int4_sums(const uint8_t *w, const int16_t *xq, int64_t stride, int32_t sums[][CHANNELS], const int count) {
     fetch_ahead(w, PAIRS * CHANNELS);
-    const __m256i nibble = _mm256_set1_epi8(0x0F), zero = _mm256_setzero_si256();
-    const __m256i spread = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
-    __m256i acc[TILE][4];
-    for (int r = 0; r < count; r++)
-        for (int j = 0; j < 4; j++) acc[r][j] = zero;
-    for (int k = 0; k < PAIRS / 2; k++) {
-        __m256i bytes = _mm256_loadu_si256((const __m256i *)(w + k * 2 * CHANNELS));
-        __m256i first = _mm256_and_si256(bytes, nibble), second = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
-        __m256i low = _mm256_unpacklo_epi8(first, second), high = _mm256_unpackhi_epi8(first, second);
-        __m256i q[4] = {_mm256_unpacklo_epi8(low, zero), _mm256_unpackhi_epi8(low, zero),
-                        _mm256_unpacklo_epi8(high, zero), _mm256_unpackhi_epi8(high, zero)};
+    const __m256i nibble = _mm256_set1_epi16(0x0F);
+    __m256i acc[TILE][2];
+    for (int r = 0; r < count; r++) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    #pragma GCC unroll 4
+    for (int j = 0; j < PAIRS; j++) {
+        __m256i steps = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(w + j * CHANNELS)));
+        __m256i w0 = _mm256_and_si256(steps, nibble), w1 = _mm256_srli_epi16(steps, 4);
+        __m256i a = _mm256_unpacklo_epi16(w0, w1), b = _mm256_unpackhi_epi16(w0, w1);  /* c0-3|c8-11, c4-7|c12-15 */
         for (int r = 0; r < count; r++) {
-            __m256i x = _mm256_permutevar8x32_epi32(
-                _mm256_castsi128_si256(_mm_loadl_epi64((const __m128i *)(xq + r * stride + 4 * k))), spread);
-            for (int j = 0; j < 4; j++) acc[r][j] = _mm256_add_epi32(acc[r][j], _mm256_madd_epi16(q[j], x));
+            int32_t pair;
+            memcpy(&pair, xq + r * stride + 2 * j, sizeof pair);
+            __m256i x = _mm256_set1_epi32(pair);
+            acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(a, x));
+            acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(b, x));
         }
     }
-    for (int r = 0; r < count; r++)  /* lanes: even pairs | odd pairs, channels 4j..4j+3 */
-        for (int h = 0; h < 2; h++) {
-            __m256i even = _mm256_permute2x128_si256(acc[r][2 * h], acc[r][2 * h + 1], 0x20);
-            __m256i odd = _mm256_permute2x128_si256(acc[r][2 * h], acc[r][2 * h + 1], 0x31);
-            _mm256_storeu_si256((__m256i *)(sums[r] + 8 * h), _mm256_add_epi32(even, odd));
-        }
+    for (int r = 0; r < count; r++) {
+        _mm256_storeu_si256((__m256i *)sums[r], acc[r][0]);
+        _mm256_storeu_si256((__m256i *)(sums[r] + 8), acc[r][1]);
+    }
 }
 
 /* int8 sums leave pmaddwd's lanes as they are: channels 0-3 and 8-11 in the first 8, 4-7 and 12-15
@@ -175,7 +170,6 @@ int8_sums(const int8_t *w, const int16_t *xq, int64_t stride, int n, int32_t sum
 #define SPLIT_LANES 0  /* int8 sums in channel order */
 #define TILE 4
 #define WIDE_TILE TILE
-#define INT4_ROWS TILE
 
 static inline void int4_sums(const uint8_t *w, const int16_t *xq, int64_t stride, int32_t sums[][CHANNELS],
                              const int count) {
@@ -218,6 +212,16 @@ static inline void split_lanes(f8 *a, f8 *b) {
 #endif
 }
 
+/* a tile's totals, from the sums' order, into y */
+static inline __attribute__((always_inline)) void
+store_tile(float *y, int64_t y_stride, int64_t group, int64_t r0, f8 total[][2], const int count) {
+    for (int r = 0; r < count; r++) {
+        split_lanes(&total[r][0], &total[r][1]);
+        for (int h = 0; h < 2; h++) store8(y + (r0 + r) * y_stride + group * CHANNELS + 8 * h, total[r][h]);
+    }
+}
+
+/* one block b of an int8 tile: n of its inputs (QBLOCK, but fewer in a partial last block) */
 /* Outputs [group * 16, +16) for rows [r0, r0 + count). */
 static inline __attribute__((always_inline)) void
 int4_tile(const Rows *x, const uint8_t *packed, const void *scale, const void *low, const int wide, float *y,
@@ -229,31 +233,22 @@ int4_tile(const Rows *x, const uint8_t *packed, const void *scale, const void *l
     for (int64_t b = 0; b < blocks; b++) {
         const int64_t at = (group * blocks + b) * CHANNELS;
         int4_sums(packed + at * PAIRS, x->steps + r0 * stride + b * QBLOCK, stride, sums, count);
-        for (int h = 0; h < 2; h++) {
-            f8 d = scales8(scale, at + 8 * h, wide), m = scales8(low, at + 8 * h, wide);
+        f8 d[2] = {scales8(scale, at, wide), scales8(scale, at + 8, wide)};
+        f8 m[2] = {scales8(low, at, wide), scales8(low, at + 8, wide)};
+        split_lanes(&d[0], &d[1]);
+        split_lanes(&m[0], &m[1]);
+        for (int h = 0; h < 2; h++)
             for (int r = 0; r < count; r++) {
                 i8 n;
                 memcpy(&n, sums[r] + 8 * h, sizeof n);
                 const int64_t xb = (r0 + r) * blocks + b;
                 f8 dot = __builtin_convertvector(n, f8) * x->dx[xb];
-                total[r][h] = (total[r][h] + dot * d) + x->dsum[xb] * m;
+                total[r][h] = (total[r][h] + dot * d[h]) + x->dsum[xb] * m[h];
             }
-        }
     }
-    for (int r = 0; r < count; r++)
-        for (int h = 0; h < 2; h++) store8(y + (r0 + r) * y_stride + group * CHANNELS + 8 * h, total[r][h]);
+    store_tile(y, y_stride, group, r0, total, count);
 }
 
-/* an int8 tile's totals, from the sums' order, into y */
-static inline __attribute__((always_inline)) void
-store_tile(float *y, int64_t y_stride, int64_t group, int64_t r0, f8 total[][2], const int count) {
-    for (int r = 0; r < count; r++) {
-        split_lanes(&total[r][0], &total[r][1]);
-        for (int h = 0; h < 2; h++) store8(y + (r0 + r) * y_stride + group * CHANNELS + 8 * h, total[r][h]);
-    }
-}
-
-/* one block b of an int8 tile: n of its inputs (QBLOCK, but fewer in a partial last block) */
 static inline __attribute__((always_inline)) void
 int8_block(const Rows *x, const int8_t *packed, const uint16_t *scale, int64_t group, int64_t r0, int64_t b,
            const int n, f8 total[][2], const int count) {
@@ -347,7 +342,7 @@ int int8_matmul_ready(void) { return PATH; }
  * stay with weights the caches hold (its gate and up at 512 rows: 0.93x with 16). */
 #define STREAMED (8 << 20)
 
-/* the rows of a weight's next tile, `left` rows from the end: `most` (WIDE_TILE, INT4_ROWS or TILE)
+/* the rows of a weight's next tile, `left` rows from the end: `most` (WIDE_TILE or TILE)
  * while that many are left, then TILE where `most` is wider, then what is left */
 static inline int64_t tile_rows(int64_t left, int64_t most) {
     return left >= most ? most : left >= TILE ? TILE : left;
@@ -366,9 +361,7 @@ static int product(const float *x, const Weight *w, float *y, int64_t y_stride, 
         rows_free(&q);
         return -2;
     }
-    const int int4 = w->kind == WEIGHT_INT4 || w->kind == WEIGHT_INT4_F32;
-    const int64_t most = w->kind == WEIGHT_INT8 && width * outputs >= STREAMED ? WIDE_TILE
-                       : int4 ? INT4_ROWS : TILE;  /* a tile's rows */
+    const int64_t most = w->kind == WEIGHT_INT8 && width * outputs >= STREAMED ? WIDE_TILE : TILE;  /* a tile's rows */
     int parallel = threads > 1 && rows * width * outputs > parallel_from;  /* below, starting threads costs more */
     #pragma omp parallel num_threads(threads) if (parallel)
     {

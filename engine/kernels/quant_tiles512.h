@@ -19,7 +19,6 @@
 #define PATH 3
 #define TILE 8  /* rows that share one unpacking of a block's weights */
 #define WIDE_TILE 16  /* rows a large int8 weight's tiles take (quant_matmul.c's STREAMED) */
-#define INT4_ROWS TILE  /* rows an int4 weight's tiles take */
 
 /* acc + (w . x) per 32-bit lane: two int16 products, for a pair of inputs `x` broadcast. VNNI's
  * in assembly, with x broadcast by the instruction's own load: GCC 12 copies the accumulator
