@@ -101,7 +101,7 @@ static inline __attribute__((always_inline)) void fetch_ahead(const void *w, int
  * two inputs' steps, pmaddwd multiplies them with the pair's two steps of x. A row needs two
  * accumulators, not the four that held each lane's pair apart before, so three rows share a
  * tile without the stack: on a Zen 2 machine a layer's int4 products went 1.20x as fast at one
- * row, 1.36x at 16 and 1.38x at 512, the same integers. */
+ * row, 1.36x at 16 and 1.40x at 512, the same integers. */
 static inline __attribute__((always_inline)) void
 int4_sums(const uint8_t *w, const int16_t *xq, int64_t stride, int32_t sums[][CHANNELS], const int count) {
     fetch_ahead(w, PAIRS * CHANNELS);
@@ -221,7 +221,6 @@ store_tile(float *y, int64_t y_stride, int64_t group, int64_t r0, f8 total[][2],
     }
 }
 
-/* one block b of an int8 tile: n of its inputs (QBLOCK, but fewer in a partial last block) */
 /* Outputs [group * 16, +16) for rows [r0, r0 + count). */
 static inline __attribute__((always_inline)) void
 int4_tile(const Rows *x, const uint8_t *packed, const void *scale, const void *low, const int wide, float *y,
@@ -249,6 +248,7 @@ int4_tile(const Rows *x, const uint8_t *packed, const void *scale, const void *l
     store_tile(y, y_stride, group, r0, total, count);
 }
 
+/* one block b of an int8 tile: n of its inputs (QBLOCK, but fewer in a partial last block) */
 static inline __attribute__((always_inline)) void
 int8_block(const Rows *x, const int8_t *packed, const uint16_t *scale, int64_t group, int64_t r0, int64_t b,
            const int n, f8 total[][2], const int count) {
@@ -269,7 +269,7 @@ int8_block(const Rows *x, const int8_t *packed, const uint16_t *scale, int64_t g
 /* The whole blocks first, their count of inputs a constant, then a partial last block if there is
  * one. With the count known, the compiler leaves out the sums' code for an odd last input, which
  * it had interleaved with every block's: on a Zen 2 machine Gemma 3 270M's output layer at 16 rows
- * went 1.26x as fast, its gate and up (Q5_0's form) 1.27x at 16 rows and 1.29x at 512. */
+ * went 1.27x as fast, its gate and up (Q5_0's form) 1.26x at 16 rows and 1.29x at 512. */
 static inline __attribute__((always_inline)) void
 int8_tile(const Rows *x, const int8_t *packed, const uint16_t *scale, float *y, int64_t y_stride, int64_t group,
           int64_t r0, const int count) {
