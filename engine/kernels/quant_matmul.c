@@ -95,6 +95,20 @@ static inline __attribute__((always_inline)) void fetch_ahead(const void *w, int
 #define PATH 2
 #define TILE 3  /* rows that share one unpacking of a block's weights */
 #define WIDE_TILE TILE
+/* acc[r] += the products of one input pair's interleaved weights (a: channels 0-3 | 8-11, b: 4-7 |
+ * 12-15, each channel's two steps side by side) with row r's steps 2j and 2j + 1 of x, for `count`
+ * rows: int4_sums' and int8_sums' inner loop */
+static inline __attribute__((always_inline)) void
+pair_products(__m256i a, __m256i b, const int16_t *xq, int64_t stride, int j, __m256i acc[][2], const int count) {
+    for (int r = 0; r < count; r++) {
+        int32_t pair;
+        memcpy(&pair, xq + r * stride + 2 * j, sizeof pair);
+        __m256i x = _mm256_set1_epi32(pair);
+        acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(a, x));
+        acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(b, x));
+    }
+}
+
 /* int4: one block's integer sums q . qx for 16 channels and `count` rows, in the int8 sums' lane
  * order (SPLIT_LANES below). A pair's 16 bytes, widened to 16 bits, give the pair's first input's
  * steps (the low nibbles) and its second's (the high ones); interleaved, as int8_sums interleaves
@@ -113,13 +127,7 @@ int4_sums(const uint8_t *w, const int16_t *xq, int64_t stride, int32_t sums[][CH
         __m256i steps = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(w + j * CHANNELS)));
         __m256i w0 = _mm256_and_si256(steps, nibble), w1 = _mm256_srli_epi16(steps, 4);
         __m256i a = _mm256_unpacklo_epi16(w0, w1), b = _mm256_unpackhi_epi16(w0, w1);  /* c0-3|c8-11, c4-7|c12-15 */
-        for (int r = 0; r < count; r++) {
-            int32_t pair;
-            memcpy(&pair, xq + r * stride + 2 * j, sizeof pair);
-            __m256i x = _mm256_set1_epi32(pair);
-            acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(a, x));
-            acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(b, x));
-        }
+        pair_products(a, b, xq, stride, j, acc, count);
     }
     for (int r = 0; r < count; r++) {
         _mm256_storeu_si256((__m256i *)sums[r], acc[r][0]);
@@ -149,13 +157,7 @@ int8_sums(const int8_t *w, const int16_t *xq, int64_t stride, int n, int32_t sum
         __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 2 * j * CHANNELS)));
         __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + (2 * j + 1) * CHANNELS)));
         __m256i a = _mm256_unpacklo_epi16(w0, w1), b = _mm256_unpackhi_epi16(w0, w1);  /* c0-3|c8-11, c4-7|c12-15 */
-        for (int r = 0; r < count; r++) {
-            int32_t pair;
-            memcpy(&pair, xq + r * stride + 2 * j, sizeof pair);
-            __m256i x = _mm256_set1_epi32(pair);
-            acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(a, x));
-            acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(b, x));
-        }
+        pair_products(a, b, xq, stride, j, acc, count);
     }
     for (int r = 0; r < count; r++) {  /* in the accumulators' order (SPLIT_LANES) */
         _mm256_storeu_si256((__m256i *)sums[r], acc[r][0]);
