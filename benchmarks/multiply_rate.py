@@ -1,0 +1,83 @@
+"""python -m benchmarks.multiply_rate [--out DIR]: how many integer products one core multiplies a
+second, in AVX2's two forms of a quantized dot product, from registers (no memory):
+
+- int16: `vpmaddwd` (16 products of int16 pairs, summed in pairs to int32), then `vpaddd` into an
+  accumulator: the form of this service's int16 activations (quant_matmul.c);
+- int8: `vpmaddubsw` (32 products of u8 and s8, summed in pairs to int16), `vpmaddwd` by ones to
+  int32, then `vpaddd`: the form llama.cpp's AVX2 kernels give int8 activations;
+- int8, two `vpmaddubsw` summed in int16 before the widening: faster where the values are small
+  enough not to overflow int16, which int8 products of full range do not promise.
+
+Four independent accumulators each, so that the rate is the units' and not a chain's latency.
+These are the bounds that the products' loops are measured against (docs/performance.md). AVX2
+machines only (the instructions are AVX2's); the C source is compiled with the system's `cc -O2`.
+"""
+import argparse
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from .report import machine_info
+
+SOURCE = r"""
+#include <stdio.h>
+#include <time.h>
+static double now(void) { struct timespec a; clock_gettime(CLOCK_MONOTONIC, &a); return a.tv_sec + a.tv_nsec * 1e-9; }
+#define LOOP(BODY, ...) do { long it = n; double t = now(); \
+    __asm__ volatile("vpcmpeqw %%ymm15,%%ymm15,%%ymm15\n vpabsb %%ymm15,%%ymm14\n vpabsw %%ymm15,%%ymm13\n" \
+                     "1:\n" BODY "dec %0\n jnz 1b\n" : "+r"(it) :: __VA_ARGS__, "ymm13", "ymm14", "ymm15", "cc"); \
+    seconds = now() - t; } while (0)
+int main(void) {
+    long n = 200000000; double seconds;
+    LOOP("vpmaddwd %%ymm15,%%ymm15,%%ymm4\n vpaddd %%ymm4,%%ymm0,%%ymm0\n"
+         "vpmaddwd %%ymm15,%%ymm15,%%ymm5\n vpaddd %%ymm5,%%ymm1,%%ymm1\n"
+         "vpmaddwd %%ymm15,%%ymm15,%%ymm6\n vpaddd %%ymm6,%%ymm2,%%ymm2\n"
+         "vpmaddwd %%ymm15,%%ymm15,%%ymm7\n vpaddd %%ymm7,%%ymm3,%%ymm3\n",
+         "ymm0", "ymm1", "ymm2", "ymm3", "ymm4", "ymm5", "ymm6", "ymm7");
+    printf("int16\t%.2f\n", 4.0 * 16 * n / seconds / 1e9);
+    LOOP("vpmaddubsw %%ymm14,%%ymm14,%%ymm4\n vpmaddwd %%ymm13,%%ymm4,%%ymm4\n vpaddd %%ymm4,%%ymm0,%%ymm0\n"
+         "vpmaddubsw %%ymm14,%%ymm14,%%ymm5\n vpmaddwd %%ymm13,%%ymm5,%%ymm5\n vpaddd %%ymm5,%%ymm1,%%ymm1\n"
+         "vpmaddubsw %%ymm14,%%ymm14,%%ymm6\n vpmaddwd %%ymm13,%%ymm6,%%ymm6\n vpaddd %%ymm6,%%ymm2,%%ymm2\n"
+         "vpmaddubsw %%ymm14,%%ymm14,%%ymm7\n vpmaddwd %%ymm13,%%ymm7,%%ymm7\n vpaddd %%ymm7,%%ymm3,%%ymm3\n",
+         "ymm0", "ymm1", "ymm2", "ymm3", "ymm4", "ymm5", "ymm6", "ymm7");
+    printf("int8\t%.2f\n", 4.0 * 32 * n / seconds / 1e9);
+    LOOP("vpmaddubsw %%ymm14,%%ymm14,%%ymm4\n vpmaddubsw %%ymm14,%%ymm14,%%ymm8\n vpaddw %%ymm8,%%ymm4,%%ymm4\n"
+         "vpmaddwd %%ymm13,%%ymm4,%%ymm4\n vpaddd %%ymm4,%%ymm0,%%ymm0\n"
+         "vpmaddubsw %%ymm14,%%ymm14,%%ymm5\n vpmaddubsw %%ymm14,%%ymm14,%%ymm9\n vpaddw %%ymm9,%%ymm5,%%ymm5\n"
+         "vpmaddwd %%ymm13,%%ymm5,%%ymm5\n vpaddd %%ymm5,%%ymm1,%%ymm1\n",
+         "ymm0", "ymm1", "ymm4", "ymm5", "ymm8", "ymm9");
+    printf("int8, two vpmaddubsw summed\t%.2f\n", 2.0 * 64 * n / seconds / 1e9);
+    return 0;
+}
+"""
+
+
+def measure() -> list[tuple[str, float]]:
+    """(form, billions of products a second on one core), each form's loop run once."""
+    with tempfile.TemporaryDirectory() as folder:
+        source, binary = Path(folder) / "rate.c", Path(folder) / "rate"
+        source.write_text(SOURCE)
+        subprocess.run(["cc", "-O2", "-mavx2", str(source), "-o", str(binary)], check=True)
+        lines = subprocess.run([str(binary)], capture_output=True, text=True, check=True).stdout.splitlines()
+    return [(form, float(rate)) for form, rate in (line.split("\t") for line in lines)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/multiply-rate"))
+    args = parser.parse_args()
+    info = machine_info()
+    rows = measure()
+    text = "\n".join([
+        "# Integer products a second, one core, AVX2's two forms", "",
+        f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')}, git {info['git']}, `python -m benchmarks.multiply_rate`", "",
+        "| form | billion products a second |", "| --- | --- |",
+        *(f"| {form} | {rate:.1f} |" for form, rate in rows), ""])
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
