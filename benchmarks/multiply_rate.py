@@ -28,25 +28,23 @@ static double now(void) { struct timespec a; clock_gettime(CLOCK_MONOTONIC, &a);
     __asm__ volatile("vpcmpeqw %%ymm15,%%ymm15,%%ymm15\n vpabsb %%ymm15,%%ymm14\n vpabsw %%ymm15,%%ymm13\n" \
                      "1:\n" BODY "dec %0\n jnz 1b\n" : "+r"(it) :: __VA_ARGS__, "ymm13", "ymm14", "ymm15", "cc"); \
     seconds = now() - t; } while (0)
+/* one accumulator's chain: int16's product and sum; int8's products, widening and sum; and int8's
+ * with two products summed in int16 first (T, U: scratch registers; A: the accumulator) */
+#define INT16(A, T) "vpmaddwd %%ymm15,%%ymm15,%%ymm" T "\n vpaddd %%ymm" T ",%%ymm" A ",%%ymm" A "\n"
+#define INT8(A, T) "vpmaddubsw %%ymm14,%%ymm14,%%ymm" T "\n vpmaddwd %%ymm13,%%ymm" T ",%%ymm" T "\n" \
+    "vpaddd %%ymm" T ",%%ymm" A ",%%ymm" A "\n"
+#define INT8_PAIR(A, T, U) "vpmaddubsw %%ymm14,%%ymm14,%%ymm" T "\n vpmaddubsw %%ymm14,%%ymm14,%%ymm" U "\n" \
+    "vpaddw %%ymm" U ",%%ymm" T ",%%ymm" T "\n vpmaddwd %%ymm13,%%ymm" T ",%%ymm" T "\n" \
+    "vpaddd %%ymm" T ",%%ymm" A ",%%ymm" A "\n"
 int main(void) {
     long n = 200000000; double seconds;
-    LOOP("vpmaddwd %%ymm15,%%ymm15,%%ymm4\n vpaddd %%ymm4,%%ymm0,%%ymm0\n"
-         "vpmaddwd %%ymm15,%%ymm15,%%ymm5\n vpaddd %%ymm5,%%ymm1,%%ymm1\n"
-         "vpmaddwd %%ymm15,%%ymm15,%%ymm6\n vpaddd %%ymm6,%%ymm2,%%ymm2\n"
-         "vpmaddwd %%ymm15,%%ymm15,%%ymm7\n vpaddd %%ymm7,%%ymm3,%%ymm3\n",
+    LOOP(INT16("0", "4") INT16("1", "5") INT16("2", "6") INT16("3", "7"),
          "ymm0", "ymm1", "ymm2", "ymm3", "ymm4", "ymm5", "ymm6", "ymm7");
     printf("int16\t%.2f\n", 4.0 * 16 * n / seconds / 1e9);
-    LOOP("vpmaddubsw %%ymm14,%%ymm14,%%ymm4\n vpmaddwd %%ymm13,%%ymm4,%%ymm4\n vpaddd %%ymm4,%%ymm0,%%ymm0\n"
-         "vpmaddubsw %%ymm14,%%ymm14,%%ymm5\n vpmaddwd %%ymm13,%%ymm5,%%ymm5\n vpaddd %%ymm5,%%ymm1,%%ymm1\n"
-         "vpmaddubsw %%ymm14,%%ymm14,%%ymm6\n vpmaddwd %%ymm13,%%ymm6,%%ymm6\n vpaddd %%ymm6,%%ymm2,%%ymm2\n"
-         "vpmaddubsw %%ymm14,%%ymm14,%%ymm7\n vpmaddwd %%ymm13,%%ymm7,%%ymm7\n vpaddd %%ymm7,%%ymm3,%%ymm3\n",
+    LOOP(INT8("0", "4") INT8("1", "5") INT8("2", "6") INT8("3", "7"),
          "ymm0", "ymm1", "ymm2", "ymm3", "ymm4", "ymm5", "ymm6", "ymm7");
     printf("int8\t%.2f\n", 4.0 * 32 * n / seconds / 1e9);
-    LOOP("vpmaddubsw %%ymm14,%%ymm14,%%ymm4\n vpmaddubsw %%ymm14,%%ymm14,%%ymm8\n vpaddw %%ymm8,%%ymm4,%%ymm4\n"
-         "vpmaddwd %%ymm13,%%ymm4,%%ymm4\n vpaddd %%ymm4,%%ymm0,%%ymm0\n"
-         "vpmaddubsw %%ymm14,%%ymm14,%%ymm5\n vpmaddubsw %%ymm14,%%ymm14,%%ymm9\n vpaddw %%ymm9,%%ymm5,%%ymm5\n"
-         "vpmaddwd %%ymm13,%%ymm5,%%ymm5\n vpaddd %%ymm5,%%ymm1,%%ymm1\n",
-         "ymm0", "ymm1", "ymm4", "ymm5", "ymm8", "ymm9");
+    LOOP(INT8_PAIR("0", "4", "8") INT8_PAIR("1", "5", "9"), "ymm0", "ymm1", "ymm4", "ymm5", "ymm8", "ymm9");
     printf("int8, two vpmaddubsw summed\t%.2f\n", 2.0 * 64 * n / seconds / 1e9);
     return 0;
 }
