@@ -49,11 +49,13 @@ class Tensor:
 class Header:
     metadata: dict[str, Any]  # the scalar and string fields (arrays are skipped)
     tensors: list[Tensor]
+    metadata_end: int  # where the key-value fields end: the bytes metadata_cache hashes
 
 
 def read(path: Path) -> Header:
     with open(path, "rb") as f:
         count, metadata = _fields(f, path)
+        metadata_end = f.tell()
         infos = [_tensor_info(f) for _ in range(count)]
         alignment = int(metadata.get("general.alignment", 32))
         start = -(-f.tell() // alignment) * alignment
@@ -71,7 +73,7 @@ def read(path: Path) -> Header:
         else:
             shape = (rows, row_bytes)
         tensors.append(Tensor(name, qtype, dims[0], raw.reshape(shape)))
-    return Header(metadata, tensors)
+    return Header(metadata, tensors, metadata_end)
 
 
 def _fields(f: BinaryIO, path: Path) -> tuple[int, dict[str, Any]]:
@@ -123,29 +125,33 @@ def _tensor_info(f: BinaryIO) -> tuple[str, list[int], int, int]:
     return name, shape, kind, offset
 
 
-def metadata_cache(path: Path) -> Optional[Path]:
-    """Where this file's config and tokenizer are kept (None: no writable cache folder)."""
+def metadata_cache(path: Path, metadata_end: Optional[int] = None) -> Optional[Path]:
+    """Where this file's config and tokenizer are kept (None: no writable cache folder);
+    `metadata_end`: Header.metadata_end, where the caller has read the header already."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
     if base.startswith("~"):
         return None
-    return Path(base) / "llm-stream" / "gguf" / f"{path.stem}-{_metadata_hash(path)[:24]}"
+    return Path(base) / "llm-stream" / "gguf" / f"{path.stem}-{_metadata_hash(path, metadata_end)[:24]}"
 
 
-def _metadata_hash(path: Path) -> str:
-    """SHA-256 of the header's key-value fields, the vocabulary's arrays included (0.1 s for
-    Gemma 3's 6.5 MB of them): the file's tensors do not change its config or tokenizer."""
+def _metadata_hash(path: Path, end: Optional[int] = None) -> str:
+    """SHA-256 of the header's key-value fields, the vocabulary's arrays included: the file's
+    tensors do not change its config or tokenizer. Finding where they end walks the vocabulary's
+    strings one by one (0.36 s for Gemma 3's), so a caller that has read the header gives `end`."""
     with open(path, "rb") as f:
-        _fields(f, path)
-        end = f.tell()
-        f.seek(0)
+        if end is None:
+            _fields(f, path)
+            end = f.tell()
+            f.seek(0)
         return hashlib.sha256(f.read(end)).hexdigest()
 
 
-def config_and_tokenizer(path: Path) -> tuple[Any, Any]:
-    """transformers' config and tokenizer for the file, from the cache when they are there."""
+def config_and_tokenizer(path: Path, metadata_end: Optional[int] = None) -> tuple[Any, Any]:
+    """transformers' config and tokenizer for the file, from the cache when they are there
+    (`metadata_end`: as metadata_cache takes it)."""
     from transformers import AutoConfig, AutoTokenizer  # transformers is slow to import: only here
 
-    cached = metadata_cache(path)
+    cached = metadata_cache(path, metadata_end)
     if cached is not None and (cached / "config.json").exists():
         return AutoConfig.from_pretrained(cached), saved_tokenizer(cached)
     log.info("%s: reading its config and tokenizer from the file, once (kept under %s)", path.name,

@@ -41,7 +41,7 @@ def load(folder: str, name: str) -> tuple[Any, Any, int]:
     """(tokenizer, model, its weights' count) with the file's quantized Linear weights kept as blocks."""
     path = Path(folder) / name
     header = gguf_file.read(path)
-    config, tokenizer = gguf_file.config_and_tokenizer(path)
+    config, tokenizer = gguf_file.config_and_tokenizer(path, header.metadata_end)
     with no_init_weights():
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     _fill(model, header, config)

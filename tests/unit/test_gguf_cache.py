@@ -6,7 +6,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from engine.model.gguf_file import metadata_cache
+from engine.model.gguf_file import metadata_cache, read
 
 
 def write(path: Path, name: str, tokens: list[str], weights: np.ndarray) -> Path:
@@ -35,3 +35,11 @@ def test_copies_share_an_entry_and_other_metadata_gets_its_own(tmp_path, monkeyp
     assert metadata_cache(copied) == entry
     assert metadata_cache(other_weights) == entry  # its tensors make no other config or tokenizer
     assert metadata_cache(other_vocabulary) != entry
+
+
+def test_a_read_header_gives_the_same_entry_without_a_second_walk(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    path = write(tmp_path / "model.gguf", "tiny", ["a", "b", "c"], np.ones((4, 8), dtype=np.float32))
+    header = read(path)
+    assert metadata_cache(path, header.metadata_end) == metadata_cache(path)
+    assert metadata_cache(path, header.metadata_end - 1) != metadata_cache(path)  # the bytes it hashes
