@@ -137,7 +137,8 @@ def metadata_cache(path: Path, metadata_end: Optional[int] = None) -> Optional[P
 def _metadata_hash(path: Path, end: Optional[int] = None) -> str:
     """SHA-256 of the header's key-value fields, the vocabulary's arrays included: the file's
     tensors do not change its config or tokenizer. Finding where they end walks the vocabulary's
-    strings one by one (0.36 s for Gemma 3's), so a caller that has read the header gives `end`."""
+    strings one by one (0.11 s for Gemma 3's, against 0.005 s for the hash of the bytes), so a
+    caller that has read the header gives `end`."""
     with open(path, "rb") as f:
         if end is None:
             _fields(f, path)
