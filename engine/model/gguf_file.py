@@ -189,7 +189,7 @@ def saved_tokenizer(folder: Path) -> Any:
     transformers' classes for the GGUF architectures (GemmaTokenizer, LlamaTokenizer,
     Qwen2Tokenizer) differ from their base, TokenizersBackend, only in an __init__ that builds the
     pipeline from a vocabulary and merges: AutoTokenizer parses the 33 MB JSON of Gemma 3's
-    262,144 tokens in Python to rebuild the pipeline that the file already holds, 3.3 s against
+    262,144 tokens in Python to rebuild the pipeline that the file already holds, 2.6 s against
     1.2 on a 2-core machine, and the rebuilt object also pickled to twice the size (the engine
     process sends it to the executor's). The tokens, ids, texts and chat template are the same
     (tests/real_model/test_saved_tokenizer.py)."""
