@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from benchmarks.load import make_prompts
 from engine.model.gguf_file import config_and_tokenizer, metadata_cache, saved_tokenizer
+from testing.toy_models import corpus
 
-TEXTS = make_prompts(200, seed=11) + [
+TEXTS = corpus(200, seed=11) + [
     "", " ", "  two spaces", "tabs\tand\nnew\n\nlines\r\n", "日本語のテキスト", "émoji 🎉🚀 and ZWJ 👩‍👩‍👧",
     "<|im_start|>user\nhi<|im_end|>\n", "<start_of_turn>user\nhi<end_of_turn>\n<bos><eos><pad>",
     "def f(x):\n    return x ** 2  # code", "1234567890 3.14159 -0.5e-10", "a" * 300, "\u00a0\u2028\u200b",
