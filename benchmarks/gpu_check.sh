@@ -3,11 +3,11 @@
 # CUDA (make test-gpu), decode steps from CUDA graphs against eager ones (python -m
 # benchmarks.cuda_graphs), and the served benchmark. Each part under its own time limit; output
 # under $OUT. The machine's image has CUDA torch for Python 3.12: the service's other packages
-# travel as cp312 wheels in ./.whl (docs/benchmarks/2026-11-gpu/cudnn/repro/wheels.sh makes them).
+# travel as cp312 wheels in ./.whl (docs/benchmarks/archive/2026-11-gpu/cudnn/repro/wheels.sh makes them).
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
-. docs/benchmarks/2026-11-gpu/cudnn/repro/setup.sh
+. docs/benchmarks/archive/2026-11-gpu/cudnn/repro/setup.sh
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c 'import sys, torch, transformers; print(sys.version.split()[0], torch.__version__, transformers.__version__)'
   date -u; } | tee "$OUT/gpu.txt"  # no commit: the machine's copy may carry older git metadata

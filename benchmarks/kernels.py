@@ -2,7 +2,7 @@
 
     python -m benchmarks.kernels [--out benchmarks/results/kernels] [--repeats 3]
 
-(A published run: docs/benchmarks/2026-11-kernels/by-kernel/results.md.)
+(A published run: docs/benchmarks/archive/2026-11-kernels/by-kernel/results.md.)
 
 int4 matmul: `quant_matmul.c` against `_weight_int4pack_mm_for_cpu`, on SmolLM2-135M's layer
 shapes at 1, 16 and 512 rows. int8 matmul (the output layer): `quant_matmul.c` against

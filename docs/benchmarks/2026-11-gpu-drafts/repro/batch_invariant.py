@@ -7,7 +7,7 @@ made 1.02x to 1.26x the tokens (../README.md). Kept here so that the figures can
 
 cuBLAS picks a kernel by a product's shape, and its kernels sum in different orders: on an H100 one
 row of a Linear gave other bits when 2 or 40 rows shared the call (fp32 at almost every row count,
-bf16 in GPT-2's output layer; docs/benchmarks/2026-11-gpu-graphs/matmul-probe.txt). PyTorch's row
+bf16 in GPT-2's output layer; docs/benchmarks/archive/2026-11-gpu-graphs/matmul-probe.txt). PyTorch's row
 reductions (an RMSNorm's mean) size their thread blocks by the number of rows too, so the norms
 were tiled as well (the probe then found them invariant on the H100 without tiles). So batched == alone, cached == uncached and speculative == plain failed on a GPU.
 

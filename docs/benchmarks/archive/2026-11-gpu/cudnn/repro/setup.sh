@@ -4,4 +4,4 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD
 BIN=$(dirname "$(python3 -c 'import sys;print(sys.executable)')")
 [ -x "$BIN/jina" ] || cp /tmp/site/bin/jina "$BIN/jina"
-PY=python3 bash docs/benchmarks/2026-11-gpu/cudnn/repro/patch312.sh /tmp/site >/tmp/patch.log 2>&1 || { cat /tmp/patch.log; exit 1; }
+PY=python3 bash docs/benchmarks/archive/2026-11-gpu/cudnn/repro/patch312.sh /tmp/site >/tmp/patch.log 2>&1 || { cat /tmp/patch.log; exit 1; }
