@@ -1,4 +1,10 @@
-"""A Flow that serves several models: `LLM_MODELS=a,b make serve`.
+"""The Flow that `make serve` runs: flows/llm.yml with the variables that change its shape applied.
+
+Jina reads a Flow file's `${{ ENV.X }}` with no default, so flows/llm.yml holds literal defaults (ports
+12345 and 12346, one replica), and `jina flow --uses flows/llm.yml` runs as typed with no variable
+set; LLM_GRPC_PORT, LLM_HTTP_PORT and LLM_REPLICAS override them in the copy written here.
+
+Several models: `LLM_MODELS=a,b make serve`.
 
 The generating deployment (`llm` in flows/llm.yml) is written once per model, each with its
 model under `with:`: `llm` serves the first (the one a request that names none gets), `llm_2`,
@@ -14,6 +20,8 @@ from typing import Any, Optional
 import yaml
 
 GENERATING = "llm"
+PORTS = ("LLM_GRPC_PORT", "LLM_HTTP_PORT")  # the gateway's ports, in the order of its protocols
+REPLICAS = "LLM_REPLICAS"  # each generating deployment's
 
 
 def models_from_env(environ: Optional[dict] = None) -> list[str]:
@@ -43,10 +51,38 @@ def with_models(flow: dict[str, Any], models: list[str]) -> dict[str, Any]:
     return {**flow, "executors": executors[:at] + copies + executors[at + 1:]}
 
 
-def write_flow(flow_file: str, models: list[str], out: Path) -> str:
-    """The Flow file to run: `flow_file` itself for no models, else a copy with one deployment each."""
-    if not models:
-        return flow_file
+def _whole_number(environ: dict, name: str, low: int, high: int) -> Optional[int]:
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or not low <= int(raw) <= high:
+        raise ValueError(f"{name} must be a whole number from {low} to {high}, got {raw!r}")
+    return int(raw)
+
+
+def with_environment(flow: dict[str, Any], environ: dict) -> dict[str, Any]:
+    """`flow` with LLM_GRPC_PORT, LLM_HTTP_PORT and LLM_REPLICAS where they are set."""
+    flow = copy.deepcopy(flow)
+    ports = flow["gateway"]["port"]
+    for at, name in enumerate(PORTS):
+        port = _whole_number(environ, name, 1, 65535)
+        if port is not None:
+            ports[at] = port
+    replicas = _whole_number(environ, REPLICAS, 1, 64)
+    if replicas is not None:
+        for executor in flow["executors"]:
+            if "replicas" in executor:  # the generating deployments (the embedder runs once)
+                executor["replicas"] = replicas
+    return flow
+
+
+def write_flow(flow_file: str, models: list[str], out: Path, environ: Optional[dict] = None) -> str:
+    """The Flow file to run: `flow_file` itself when no variable changes it, else a copy (written to
+    `out`) with the environment's ports and replicas and one deployment per model."""
+    environ = environ if environ is not None else dict(os.environ)
     flow = yaml.safe_load(Path(flow_file).read_text())
-    out.write_text(yaml.safe_dump(with_models(flow, models), sort_keys=False))
+    changed = with_environment(with_models(flow, models) if models else flow, environ)
+    if changed == flow:
+        return flow_file
+    out.write_text(yaml.safe_dump(changed, sort_keys=False))
     return str(out)

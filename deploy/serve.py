@@ -10,8 +10,8 @@ Jina says "Flow is aborted" and then waits forever for its gateway, which waits 
 that failed. A supervisor or a container runtime learns of the failure from the exit status.
 The Flow's output passes through this process, which watches it for that line.
 
-Several models: LLM_MODELS=a,b runs the Flow with one generating deployment per model
-(flow_models.py).
+The variables that change the Flow's shape (LLM_GRPC_PORT, LLM_HTTP_PORT, LLM_REPLICAS, and
+LLM_MODELS=a,b for one generating deployment per model) are applied to a copy of it (flow_models.py).
 
     python deploy/serve.py flows/llm.yml [--grace SECONDS]
 """
@@ -40,13 +40,12 @@ def main() -> int:
     parser.add_argument("--grace", type=float, default=float(os.environ.get("LLM_STOP_GRACE_S", "20")))
     args = parser.parse_args()
     jina = str(Path(sys.executable).parent / "jina")
-    try:
-        models = models_from_env()
-    except ValueError as exc:
-        print(f"serve: {exc}", file=sys.stderr)
-        return 2
-    with tempfile.TemporaryDirectory(prefix="llm-flow-") as scratch:  # the Flow for LLM_MODELS, if set
-        flow_file = write_flow(args.flow, models, Path(scratch) / "flow.yml")
+    with tempfile.TemporaryDirectory(prefix="llm-flow-") as scratch:  # the Flow the variables make, if any
+        try:
+            flow_file = write_flow(args.flow, models_from_env(), Path(scratch) / "flow.yml")
+        except ValueError as exc:
+            print(f"serve: {exc}", file=sys.stderr)
+            return 2
         return run(jina, flow_file, args.grace)
 
 

@@ -8,6 +8,7 @@ import json
 import os
 import uuid
 from dataclasses import MISSING, fields, replace
+from pathlib import Path
 from typing import Any, AsyncGenerator, Optional, Union  # noqa: UP035 - Jina needs typing's (see stream)
 
 from docarray import DocList
@@ -24,6 +25,20 @@ from schemas import ModelOutputDocument, PromptDocument
 
 die_with_parent()  # as soon as Jina loads this module in the process it forked: its start may take a while
 
+DEFAULT_MODEL = "models/SmolLM2-135M-Instruct"  # where `make model` puts the default model
+
+
+def model_source(model: str = "") -> str:
+    """The model to serve: `with:`'s, else LLM_MODEL's, else the default model where `make model` put
+    it (paths are the Flow's working directory's, the repository root for `make serve`)."""
+    source = model or os.environ.get("LLM_MODEL", "")
+    if source:
+        return source
+    if (Path(DEFAULT_MODEL) / "config.json").exists():
+        return DEFAULT_MODEL
+    raise ValueError(f"LLM_MODEL is not set, and the default model is not in {Path(DEFAULT_MODEL).absolute()}: "
+                     "`make model` makes it there, or set LLM_MODEL to a local folder, a .gguf file or a hub id")
+
 
 class LLMExecutor(Executor):
     """`with:` / `uses_with:` take `model_name` and any EngineConfig field (model, device,
@@ -34,11 +49,8 @@ class LLMExecutor(Executor):
         options = {**EngineConfig.from_env(os.environ),
                    **{f.name: kwargs.pop(f.name) for f in fields(EngineConfig) if f.name in kwargs}}
         super().__init__(**kwargs)
-        options["model"] = options.get("model") or os.environ.get("LLM_MODEL", "")
+        options["model"] = model_source(options.get("model", ""))
         options.setdefault("torch_threads", share_of_cores())
-        if not options["model"]:
-            raise ValueError("no model given: set LLM_MODEL to a local folder, a .gguf file or a hub id, "
-                             "or pass `model` under `with:` in jina.yml (`make model` builds the default)")
         config = EngineConfig(**options)
         self.model_name = model_name or os.environ.get("LLM_MODEL_NAME") or served_name(options["model"])
         self.model = ModelLifecycle(lambda: EngineProcess(config) if config.core_process else in_process(config),

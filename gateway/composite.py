@@ -132,3 +132,13 @@ class LLMGateway(CompositeBaseServer, BaseGateway):
             routing.install(server)  # every request to the executor's replicas through one router
             self.servers.append(server)
         self.gateways = self.servers  # Jina's CompositeServer exposes both names
+
+    async def setup_server(self) -> None:
+        """Each server waits at its start for the executors' endpoints, retrying until its cancel
+        event is set. Jina's runtime hands its own event (the one its SIGTERM and SIGINT handlers set)
+        to this composite only after building it, so the servers built in __init__ would keep theirs,
+        never set: a Flow stopped or aborted before its executors answered (a model that cannot load,
+        Ctrl-C during the load) would wait for this gateway forever."""
+        for server in self.servers:
+            server.is_cancel = self.is_cancel
+        await super().setup_server()

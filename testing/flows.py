@@ -17,24 +17,22 @@ def start_flow(model: str, tmp_path: Path, executor: dict | None = None, env: di
     embedding executor runs only with `embeddings` (a process less to start for the others).
     `models`: several, as LLM_MODELS has `make serve` run them (`model` is then unused)."""
     flow_file = "flows/llm.yml"
-    if limits or executor or not embeddings or models:
+    if limits or executor or not embeddings:
         import yaml
-
-        from deploy.flow_models import with_models
         flow = yaml.safe_load((ROOT / flow_file).read_text())
         flow["executors"][0].setdefault("uses_with", {}).update(limits)
         flow["executors"][0].update(executor or {})
         if not embeddings:
             flow["executors"] = [e for e in flow["executors"] if e["name"] != "embedder"]
-        if models:
-            flow = with_models(flow, models)
-        flow_file = str(tmp_path / "flow.yml")
+        flow_file = str(tmp_path / "flow_variant.yml")
         Path(flow_file).write_text(yaml.safe_dump(flow, sort_keys=False))
     grpc_port, http_port = free_port(), free_port()
     # the models stay loaded (LLM_KEEP_ALIVE -1): a Flow shared by the whole run serves tests minutes
     # apart; a test that unloads a model asks for it (a request's keep_alive)
     env = {"LLM_REPLICAS": "1", "LLM_KEEP_ALIVE": "-1", **os.environ, "LLM_MODEL": model, "LLM_GRPC_PORT": str(grpc_port),
            "LLM_HTTP_PORT": str(http_port), "JINA_LOG_LEVEL": "INFO", **(env or {})}
+    from deploy.flow_models import write_flow  # the ports and replicas as `make serve` applies them
+    flow_file = write_flow(str(ROOT / flow_file), models or [], tmp_path / "flow.yml", env)
     jina = str(Path(sys.executable).parent / "jina")
     server = ServerProcess([jina, "flow", "--uses", flow_file], tmp_path / "flow.log", env)
     try:

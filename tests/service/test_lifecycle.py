@@ -19,7 +19,11 @@ def start(model: str, tmp: Path, bare: bool) -> tuple[subprocess.Popen, str, int
     env = {**os.environ, "LLM_MODEL": model, "LLM_REPLICAS": "2", "LLM_GRPC_PORT": str(free_port()),
            "LLM_HTTP_PORT": str(http_port), "LLM_TEST_MARK": mark}
     jina = str(Path(sys.executable).parent / "jina")
-    cmd = [jina, "flow", "--uses", "flows/llm.yml"] if bare else [sys.executable, "deploy/serve.py", "flows/llm.yml"]
+    if bare:  # the ports and replicas written into the Flow file, as `make serve` writes them
+        from deploy.flow_models import write_flow
+        cmd = [jina, "flow", "--uses", write_flow(str(ROOT / "flows/llm.yml"), [], tmp / "flow.yml", env)]
+    else:
+        cmd = [sys.executable, "deploy/serve.py", "flows/llm.yml"]
     log = open(tmp / f"{mark}.log", "wb")
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True), mark, http_port

@@ -1,0 +1,44 @@
+"""flows/llm.yml runs as typed (no `${{ ENV.X }}` that an unset variable would leave unparsed), and the
+Flow that `make serve` runs applies LLM_GRPC_PORT, LLM_HTTP_PORT, LLM_REPLICAS and LLM_MODELS to a copy."""
+import pytest
+import yaml
+
+from deploy.flow_models import write_flow
+from tests.conftest import ROOT
+
+FLOW = str(ROOT / "flows" / "llm.yml")
+
+
+def read(path: str) -> dict:
+    return yaml.safe_load(open(path).read())
+
+
+def test_the_flow_file_needs_no_variable():
+    text = open(FLOW).read()
+    assert "${{" not in "".join(line.split("#")[0] for line in text.splitlines())
+    flow = read(FLOW)
+    assert flow["gateway"]["port"] == [12345, 12346]
+    assert next(e for e in flow["executors"] if e["name"] == "llm")["replicas"] == 1
+    assert "${{" not in open(ROOT / "jina.yml").read().split("jtype")[1]  # the model: LLM_MODEL, else the default
+
+
+def test_no_variable_runs_the_file_itself(tmp_path):
+    assert write_flow(FLOW, [], tmp_path / "flow.yml", {}) == FLOW
+    assert write_flow(FLOW, [], tmp_path / "flow.yml", {"LLM_GRPC_PORT": "12345", "LLM_REPLICAS": "1"}) == FLOW
+
+
+def test_variables_override_the_ports_and_replicas(tmp_path):
+    written = write_flow(FLOW, ["a", "b"], tmp_path / "flow.yml",
+                         {"LLM_GRPC_PORT": "50051", "LLM_HTTP_PORT": "8080", "LLM_REPLICAS": "2"})
+    flow = read(written)
+    assert flow["gateway"]["port"] == [50051, 8080]
+    generating = {e["name"]: e for e in flow["executors"] if e["name"] != "embedder"}
+    assert {name: (e["replicas"], e["uses_with"]["model"]) for name, e in generating.items()} == {
+        "llm": (2, "a"), "llm_2": (2, "b")}
+    assert "replicas" not in next(e for e in flow["executors"] if e["name"] == "embedder")
+
+
+@pytest.mark.parametrize("name,value", [("LLM_HTTP_PORT", "80a"), ("LLM_GRPC_PORT", "70000"), ("LLM_REPLICAS", "0")])
+def test_a_bad_value_is_refused_naming_its_variable(tmp_path, name, value):
+    with pytest.raises(ValueError, match=name):
+        write_flow(FLOW, [], tmp_path / "flow.yml", {name: value})
