@@ -23,6 +23,7 @@ class Prepared:
     params: SamplingParams
     seed: Optional[int]  # drawn when sampling without one, so that it is reported
     generated: list[int] = field(default_factory=list)  # a resumed request's tokens so far
+    turn_markers: tuple[str, ...] = ()  # stop sequences of the chat format besides params.stop (chat.py)
 
 
 @dataclass

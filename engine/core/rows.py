@@ -54,7 +54,8 @@ class RowFactory:
         matcher = self.grammars.matcher(params)
         spec = tool_spec(params)
         pipeline = OutputPipeline(self.vocab, params, prepared.prompt_ids, matcher, tools=spec is not None,
-                                  tools_auto=spec is not None and spec.choice == "auto")
+                                  tools_auto=spec is not None and spec.choice == "auto",
+                                  turn_markers=prepared.turn_markers)
         pipeline.replay(prepared.generated)
         speculative = 0 if matcher is not None else self._speculative(params)  # masks: one position at a time
         drafter = PromptLookup(self.config.speculative_ngram_min, self.config.speculative_ngram_max) \

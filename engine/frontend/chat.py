@@ -15,6 +15,15 @@ Plain format (tokenizers without a chat template)::
 
 one line per message ("Role: content"), the role capitalised, then "Assistant:" so the
 model continues as the assistant.
+
+A model without a template is a base model, which knows no end of turn: after a good first
+answer it writes the conversation on ("User: ... Assistant: ..."), to max_tokens. Its chat
+answers therefore end at the plain format's next turn marker (`turn_markers`: a newline, or
+two, then "User:", "System:" or "Assistant:"), a stop sequence the engine applies beside the
+request's own: never streamed, and the answer ends as a template model's end-of-turn token
+ends it (finish reason eos_token: OpenAI's and Ollama's "stop", Anthropic's "end_turn"), so
+`ignore_eos` goes past it too. Stopping beats refusing such models on the chat routes: base
+models answer the first turn well, and chat pages and Ollama's users point chat at any model.
 """
 import bisect
 import json
@@ -31,6 +40,8 @@ from ..policies.tools import ToolSpec, openai_tools, render_messages
 
 ROLES = ("system", "user", "assistant", "tool")
 Message = dict[str, Any]  # role, content; an assistant's tool_calls, a tool's tool_call_id
+# the roles the plain format writes: a tool's result is a user turn there (render_messages)
+PLAIN_ROLES = ("system", "user", "assistant")
 
 
 def parse_messages(raw: str | list[Any], limits: RequestLimits = DEFAULT_LIMITS) -> list[Message]:
@@ -84,9 +95,26 @@ def _call(call: Any, i: int) -> dict[str, Any]:
     return {"name": function["name"], "arguments": arguments}  # type: ignore[index]
 
 
+def _label(role: str) -> str:
+    """A turn's start in the plain format, without its content: "User:"."""
+    return f"{role.capitalize()}:"
+
+
 def plain_format(messages: list[Message]) -> str:
-    lines = [f"{m['role'].capitalize()}: {m['content']}" for m in messages]
-    return "\n".join(lines + ["Assistant:"])
+    lines = [f"{_label(m['role'])} {m['content']}" for m in messages]
+    return "\n".join(lines + [_label("assistant")])
+
+
+# the next turn's start, after one newline or two: "\n\nUser:" too, so that the answer keeps no
+# trailing newline of its own when the model leaves a blank line between turns
+TURN_MARKERS = tuple(f"{newlines}{_label(role)}" for newlines in ("\n\n", "\n") for role in PLAIN_ROLES)
+
+
+def turn_markers(tokenizer: PreTrainedTokenizerBase) -> tuple[str, ...]:
+    """The stop sequences that end a chat answer besides the request's own: the plain format's
+    turn markers where the model has no template (see the module docstring); none where it has
+    one, whose end-of-turn token ends the answer."""
+    return () if getattr(tokenizer, "chat_template", None) else TURN_MARKERS
 
 
 def _template(tokenizer: PreTrainedTokenizerBase, messages: list[Message],

@@ -14,7 +14,7 @@ from contract import EngineConfig, SamplingParams, ValidationError, check
 from ..messages import Prepared
 from ..policies.structured import GrammarCompiler
 from ..policies.tools import ToolSpec, tool_spec
-from .chat import render_chat_ids
+from .chat import render_chat_ids, turn_markers
 
 
 class Preparer:
@@ -30,7 +30,8 @@ class Preparer:
         each and cheapest first; raises ValidationError naming the field before any work. Where
         the decode loop runs in this process, its grammar compiles here, off the event loop, into
         the loop's cache; an engine process compiles its own (and refuses before any token).
-        A resumed answer (`resume_tokens`) goes on from the tokens it had."""
+        A resumed answer (`resume_tokens`) goes on from the tokens it had. Chat messages in the
+        plain format end at its next turn marker (chat.py's `turn_markers`)."""
         params.validate(self.config.max_tokens_limit, self.config.limits)
         spec = tool_spec(params)
         ids = self._chat_ids(messages, params, spec) if messages else self._prompt_ids(prompt)
@@ -38,7 +39,8 @@ class Preparer:
         generated = self._resumed(params.resume_tokens, params)
         if self.grammars is not None:
             self.grammars.matcher(params)
-        return Prepared(ids, params, params.resolved_seed(), generated)
+        markers = turn_markers(self.tokenizer) if messages else ()
+        return Prepared(ids, params, params.resolved_seed(), generated, markers)
 
     def _resumed(self, resume: Sequence[int], params: SamplingParams) -> list[int]:
         tokens = list(resume or [])

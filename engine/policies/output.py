@@ -74,11 +74,13 @@ def finish_reason(stop_hit: bool, eos: bool, length: bool, grammar_done: bool,
 
 class OutputPipeline:
     def __init__(self, vocab: Vocabulary, params: SamplingParams, prompt_ids: list[int], matcher: Any = None,
-                 tools: bool = False, tools_auto: bool = False):
+                 tools: bool = False, tools_auto: bool = False, turn_markers: tuple[str, ...] = ()):
+        """`turn_markers`: the chat format's, which end the answer as its end-of-turn token would
+        (so `ignore_eos` goes past them too)."""
         self.vocab, self.params, self.matcher = vocab, params, matcher
         self.constraint = params.constraint()[0] if matcher is not None else None  # type: ignore[index]
         self.detokenizer = IncrementalDetokenizer(vocab.tokenizer, vocab.byte_ids)
-        self.stops = StopSequenceFilter(params.stop)
+        self.stops = StopSequenceFilter(params.stop, () if params.ignore_eos else turn_markers)
         self.tools = ToolCallParser(auto=tools_auto, call_id=self._call_id) if tools else None
         self.reasoning = ReasoningParser(vocab.reasoning, prompt_ids, params.reasoning_budget)
         self._prompt_digest = hashlib.blake2b(repr(prompt_ids).encode(), digest_size=16).digest()
@@ -141,7 +143,8 @@ class OutputPipeline:
             if ending or stop_hit:
                 text += self.tools.finish()
         called = self.tools is not None and self.tools.called
-        return text, calls, finish_reason(stop_hit, eos, length, grammar_done, called), ""
+        turn_end = stop_hit and self.stops.turn_ended  # the chat format's next turn: its end of turn
+        return text, calls, finish_reason(stop_hit and not turn_end, eos or turn_end, length, grammar_done, called), ""
 
     def _grammar(self, token_id: int) -> bool:
         """Advance the grammar; whether it is complete. A token it refuses ends this row alone,

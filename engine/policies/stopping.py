@@ -1,5 +1,11 @@
 """When a generation stops (TGI's StoppingCriteria): a pure check per token, and the
-stop-sequence filter that keeps any part of a stop sequence from being streamed."""
+stop-sequence filter that keeps any part of a stop sequence from being streamed.
+
+The filter takes the request's stop sequences and the chat format's turn markers (a base
+model's next "User:", engine/frontend/chat.py) in one list, so that both are held back and
+cut alike; it tells which ended the text, as the finish reasons differ: a request's stop is
+reported by name, a turn marker ends the answer as an end-of-turn token would."""
+from collections.abc import Sequence
 from typing import Optional
 
 from contract import FinishReason, SamplingParams
@@ -19,11 +25,14 @@ def stop_reason(token: int, generated: int, params: SamplingParams,
 class StopSequenceFilter:
     """Holds back text that could still become a stop sequence, so none is streamed in part."""
 
-    def __init__(self, stops: list[str]):
-        self._stops = [s for s in stops if s]
+    def __init__(self, stops: list[str], turn_markers: Sequence[str] = ()):
+        own = [s for s in stops if s]
+        self._own = frozenset(own)
+        self._stops = own + [m for m in turn_markers if m and m not in self._own]  # the request's first
         self._text = ""
         self._emitted = 0
-        self.hit: str | None = None  # the stop sequence that ended the text, once one did
+        self.hit: str | None = None  # the request's stop sequence that ended the text, once one did
+        self.turn_ended = False  # whether a turn marker ended it instead
 
     def add(self, delta: str) -> tuple[str, bool]:
         """Return (text safe to emit, whether a stop sequence was hit)."""
@@ -33,7 +42,11 @@ class StopSequenceFilter:
         self._text += delta
         hit = self._first_stop(old_len)
         if hit is not None:
-            self.hit = next(s for s in self._stops if self._text.startswith(s, hit))
+            stop = next(s for s in self._stops if self._text.startswith(s, hit))
+            if stop in self._own:
+                self.hit = stop
+            else:
+                self.turn_ended = True
             out = self._text[self._emitted:hit]
             self._text = self._text[:hit]
             self._emitted = hit

@@ -4,12 +4,18 @@
 - Gemma 3 270M's Q4_K_M (Q4_K, Q5_0, Q6_K and Q8_0 tensors, sliding-window layers, a 262k
   vocabulary) answers as the golden file holds, each prompt batched with the others as it does
   alone, and greedily as its fp32 run (transformers' own dequantization,
-  fp32 weights and KV cache) does.
+  fp32 weights and KV cache) does;
+- Gemma, a base model with no chat template, answers chat on every chat route and stops at the
+  plain format's next turn (engine/frontend/chat.py) rather than writing the conversation on.
 """
+import asyncio
 import dataclasses
+import json
 
 import pytest
+import requests
 import torch
+import websockets
 
 from contract import EngineConfig, SamplingParams
 from engine.core.core import kv_pool_for
@@ -95,3 +101,47 @@ async def test_gemma_past_its_window_gives_its_own_forwards_numbers(gguf_model, 
     reference = torch.log_softmax(logits.double(), dim=-1)
     assert ids == reference.argmax(dim=-1).tolist()
     assert (reference[torch.arange(16), ids] - torch.tensor(logprobs, dtype=torch.float64)).abs().max() < 1e-3
+
+
+@pytest.fixture(scope="module")
+def gemma_flow(gguf_model, tmp_path_factory):
+    """A Flow serving Gemma from its GGUF file: its HTTP address."""
+    from testing.flows import start_flow
+    server, _, http_port = start_flow(gguf_model, tmp_path_factory.mktemp("gemma_flow"))
+    yield f"127.0.0.1:{http_port}"
+    server.stop()
+
+
+def test_gemma_chat_stops_at_the_next_turn_on_every_chat_route(gemma_flow):
+    """Without its turn markers as stops, Gemma answers "The capital of France is Paris." and then
+    writes "User: ... Assistant: ..." turns up to max_tokens."""
+    question, url = "What is the capital of France?", f"http://{gemma_flow}"
+    messages = [{"role": "user", "content": question}]
+
+    def post(path: str, body: dict) -> dict:
+        response = requests.post(url + path, json=body, timeout=300)
+        assert response.status_code == 200, response.text
+        return response.json()
+    model = requests.get(url + "/v1/models", timeout=60).json()["data"][0]["id"]
+    openai = post("/v1/chat/completions", {"messages": messages, "max_tokens": 64, "temperature": 0})
+    choice = openai["choices"][0]
+    answer = choice["message"]["content"]
+    assert choice["finish_reason"] == "stop" and "Paris" in answer and "User:" not in answer, answer
+    assert openai["usage"]["completion_tokens"] < 64 and not answer.endswith("\n")
+    anthropic = post("/v1/messages", {"messages": messages, "max_tokens": 64, "temperature": 0})
+    assert (anthropic["content"][0]["text"], anthropic["stop_reason"], anthropic["stop_sequence"]) == \
+        (answer, "end_turn", None)
+    ollama = post("/api/chat", {"model": model, "messages": messages, "stream": False,
+                                "options": {"temperature": 0, "num_predict": 64}})
+    assert (ollama["message"]["content"], ollama["done_reason"]) == (answer, "stop")
+    responses = post("/v1/responses", {"input": question, "max_output_tokens": 64, "temperature": 0})
+    assert (responses["output"][-1]["content"][0]["text"], responses["status"]) == (answer, "completed")
+
+    async def over_websocket() -> tuple[str, str]:
+        text = ""
+        async with websockets.connect(f"ws://{gemma_flow}/chat") as ws:
+            await ws.send(json.dumps({"prompt": question, "max_tokens": 64}))
+            while (event := json.loads(await ws.recv()))["type"] == "token":
+                text += event["text"]
+        return text, event["finish_reason"]
+    assert asyncio.run(over_websocket()) == (answer, "eos_token")
