@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCUMENTS = ("README.md", "docs/api.md", "docs/operations.md", "docs/performance.md", "docs/cpu-weights.md",
+DOCUMENTS = ("README.md", "docs/clients.md", "docs/api.md", "docs/models.md", "docs/configuration.md",
+             "docs/operations.md", "docs/performance.md", "docs/cpu-weights.md", "docs/how-it-works.md",
              "deploy/README.md", "benchmarks/README.md")
 _REGION = re.compile(r"<!-- example: (?P<name>[\w-]+) -->\n?(?P<body>.*?)<!-- /example -->", re.S)
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```\n?", re.S | re.M)

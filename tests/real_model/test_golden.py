@@ -2,11 +2,12 @@
 each token with its log probability and top-5 alternatives, bit for bit as the golden file holds
 them, on every kernel path this CPU builds; and the README's greedy example is the golden
 answer to its question."""
+import json
 import re
 
 import pytest
 
-from testing import golden
+from testing import doc_examples, golden
 
 README = golden.ROOT / "README.md"
 
@@ -19,10 +20,13 @@ async def test_the_default_model_answers_as_the_golden_file_on_every_path(path, 
 
 
 def test_the_readmes_greedy_answer_is_the_golden_one():
-    """The README's greedy example (its question, the first golden one) begins the golden answer,
-    which stops there: the answer every CPU gives."""
-    shown = re.search(r"<!-- example: readme-greedy-answer -->\"(.*?)\"<!-- /example -->", README.read_text())
-    assert shown is not None, "README.md lost its readme-greedy-answer example"
+    """The README's first request (its question, the first golden one) is greedy, and the answer
+    its example shows is the golden answer, which stops there: the answer every CPU gives."""
+    text = README.read_text()
+    body = json.loads(re.search(r"-d '(\{.*?\})'", text.split("README-CURL-BODY")[1]).group(1))
+    assert body["temperature"] == 0 and body["messages"] == [{"role": "user", "content": golden.QUESTIONS[0]}]
+    shown = doc_examples.examples()["readme-chat-completion"]
+    assert shown.document == "README.md", "README.md lost its readme-chat-completion example"
+    [choice] = json.loads(shown.content())["choices"]
     [first] = [a for a in golden.expected("SmolLM2-135M-Instruct") if a["prompt"] == golden.QUESTIONS[0]]
-    assert golden.QUESTIONS[0] in README.read_text()
-    assert first["text"] == shown.group(1)
+    assert choice["message"]["content"] == first["text"] and choice["finish_reason"] == "stop"

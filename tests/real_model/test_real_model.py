@@ -15,6 +15,7 @@ import websockets
 from client import generate, stream
 from contract import EngineConfig
 from engine.model.loader import load_model
+from testing import golden
 from tests.conftest import ROOT
 from tests.gateway_helpers import sse_data
 
@@ -139,16 +140,18 @@ async def test_multi_turn_websocket_chat_goes_through_the_template(real_flow, re
     assert second == ref.answer(conversation)
 
 
-def test_readme_chat_completion_without_temperature(real_flow):
-    """The README's first curl: no temperature, so it samples; it must answer, in English."""
+def test_readme_chat_completion_is_greedy_and_golden(real_flow):
+    """The README's first curl, its body as written: greedy, so the service answers what the
+    golden file holds for its question, the answer every CPU gives."""
     _, http_port = real_flow
     readme = (ROOT / "README.md").read_text()
     body = json.loads(re.search(r"-d '(\{.*?\})'", readme.split("README-CURL-BODY")[1]).group(1))
-    assert "temperature" not in body and "seed" not in body
+    assert body["temperature"] == 0 and "seed" not in body
     r = requests.post(f"http://127.0.0.1:{http_port}/v1/chat/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text
-    answer = r.json()["choices"][0]["message"]["content"]
-    assert answer.strip() and sum(c.isascii() for c in answer) / len(answer) > 0.9, answer
+    [question] = [m["content"] for m in body["messages"]]
+    [first] = [a for a in golden.expected("SmolLM2-135M-Instruct") if a["prompt"] == question]
+    assert r.json()["choices"][0]["message"]["content"] == first["text"]
     assert r.json()["model"] == "SmolLM2-135M-Instruct"
 
 

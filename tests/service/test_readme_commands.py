@@ -1,5 +1,6 @@
-"""Every shell line of the README's code blocks runs here as a user would type it: `make serve` in
-each form the README shows and the curls against what it started. Where a line names a placeholder
+"""Every shell line of the README's code blocks, and of docs/models.md's, runs here as a user would
+type it: `make serve` in each form they show and the curls against what it started (a line both
+show runs once). Where a line names a placeholder
 (`/path/to/local/model`) a real model of that kind stands in, and the ports it names (12345, 12346,
 50051, 8080) become free ones. The tiny models' services run without the embedding executor
 (`LLM_EMBEDDING_MODEL=`), which only the quick start and the two-model start show. Each service is
@@ -23,17 +24,26 @@ import pytest
 
 from testing.procs import ROOT, free_port, service_processes
 
-README_LINES = [line for block in re.findall(r"^```bash\n(.*?)^```", (ROOT / "README.md").read_text(), flags=re.S | re.M)
-                for line in block.splitlines() if line.strip()]
-# the test targets: the suite itself (`.ci/run` runs `make test`), its fast tiers, the soak and the
-# GPU tier. `make -n` resolves each here: it still exists and runs pytest.
+DOCUMENTS = ("README.md", "docs/models.md")
+
+
+def shell_lines(document: str) -> list[str]:
+    return [line for block in re.findall(r"^```bash\n(.*?)^```", (ROOT / document).read_text(), flags=re.S | re.M)
+            for line in block.splitlines() if line.strip()]
+
+
+README_LINES = sorted({line for document in DOCUMENTS for line in shell_lines(document)})
+# the test targets: the suite itself (`.ci/run` runs `make test`), and the ones docs/DEVELOPING.md
+# lists (its fast tiers, lint, the soak and the GPU tier). `make -n` resolves each here: it still
+# exists and runs pytest (lint: ruff).
 MAKE_TARGETS = [line for line in README_LINES if re.match(r"make (test|test-fast|soak|test-gpu) ", line)]
+DEVELOPING_TARGETS = [line for line in shell_lines("docs/DEVELOPING.md") if line.startswith("make ")]
 
 
 def readme_line(start: str) -> str:
-    """The README's one shell line that starts so (its comment included)."""
+    """The documents' one shell line that starts so (its comment included)."""
     found = [line for line in README_LINES if line.startswith(start)]
-    assert len(found) == 1, f"the README has {len(found)} shell lines starting {start!r}"
+    assert len(found) == 1, f"README.md and docs/models.md have {len(found)} shell lines starting {start!r}"
     return found[0]
 
 
@@ -46,7 +56,8 @@ class Service:
     model: str = ""
 
 
-QUICK_START = Service(readme_line("make serve "), then=(readme_line("curl http://localhost:12346/v1/chat/completions"),))
+QUICK_START = Service(readme_line("make serve "), then=(readme_line("curl http://localhost:12346/v1/chat/completions"),
+                                                         readme_line("curl -N http://localhost:12346/v1/chat/completions")))
 TWO_MODELS = Service(readme_line("LLM_MODELS="), then=(readme_line("curl localhost:12346/v1/models"),))
 OTHER_MODELS = [
     Service(readme_line("LLM_MODEL=/path/to/local/model make serve"), model="gpt2_model"),
@@ -57,17 +68,19 @@ OTHER_MODELS = [
 ]
 
 
-def test_every_shell_line_of_the_readme_is_run_here():
+def test_every_shell_line_of_the_documents_is_run_here():
+    assert shell_lines("README.md") and shell_lines("docs/models.md")
     covered = [s.line for s in (QUICK_START, TWO_MODELS, *OTHER_MODELS)] + [t for s in (QUICK_START, TWO_MODELS) for t in s.then]
     covered += MAKE_TARGETS
-    assert sorted(covered) == sorted(README_LINES)
+    assert sorted(covered) == README_LINES
 
 
-@pytest.mark.parametrize("line", MAKE_TARGETS)
+@pytest.mark.parametrize("line", sorted(set(MAKE_TARGETS + DEVELOPING_TARGETS)))
 def test_the_test_targets_resolve(line):
-    dry = subprocess.run(["make", "-n", line.split()[1]], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    target = line.split()[1]
+    dry = subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert dry.returncode == 0, dry.stderr
-    assert "pytest" in dry.stdout
+    assert ("ruff check" if target == "lint" else "pytest") in dry.stdout
 
 
 class Started:
@@ -152,7 +165,11 @@ def test_the_quick_start_serves_and_its_curl_answers(real_model, tmp_path):
         assert ids == ["SmolLM2-135M-Instruct", "all-MiniLM-L6-v2"]
         answer = json.loads(started.shell(QUICK_START.then[0]))
         assert answer["model"] == "SmolLM2-135M-Instruct"
-        assert answer["choices"][0]["message"]["content"].strip() and answer["usage"]["completion_tokens"] > 0
+        text = answer["choices"][0]["message"]["content"]
+        assert text.strip() and answer["usage"]["completion_tokens"] > 0
+        events = [line.removeprefix("data: ") for line in started.shell(QUICK_START.then[1]).splitlines() if line]
+        assert events[-1] == "[DONE]"  # the same answer, streamed: one delta at a time
+        assert "".join(json.loads(e)["choices"][0]["delta"].get("content") or "" for e in events[:-1]) == text
     run(QUICK_START, "", tmp_path, check)
 
 

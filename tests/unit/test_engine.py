@@ -221,13 +221,13 @@ async def test_model_never_runs_on_the_event_loop(engines):
     assert threads and threading.get_ident() not in threads
 
 
-def test_readme_documents_every_engine_option_with_its_default():
-    """EngineConfig declares the options; the README's Configuration table must keep up: every
-    field with its default, and no row for an option that is gone."""
+def test_the_configuration_page_documents_every_engine_option_with_its_default():
+    """EngineConfig declares the options; docs/configuration.md's options table must keep up:
+    every field with its default, and no row for an option that is gone."""
     from dataclasses import MISSING, fields
 
     from contract import EngineConfig
-    section = (ROOT / "README.md").read_text().split("## Configuration")[1].split("\n## ")[0]
+    section = (ROOT / "docs" / "configuration.md").read_text()
     lines = section.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("| option |"))
     table = []  # the options table only (the environment variables' table follows it)
@@ -239,11 +239,11 @@ def test_readme_documents_every_engine_option_with_its_default():
     options = {f.name: f for f in fields(EngineConfig)}
     for key in rows:
         for name in key.split(","):  # model_name: the executor's own, beside EngineConfig's
-            assert name.strip() in options or name.strip() == "model_name", f"README: {name.strip()} is no option"
+            assert name.strip() in options or name.strip() == "model_name", f"configuration.md: {name.strip()} is no option"
     documented = {name.strip() for key in rows for name in key.split(",")}
     checked = 0
     for f in options.values():
-        assert f.name in documented, f"README: {f.name} is not in the Configuration table"
+        assert f.name in documented, f"docs/configuration.md: {f.name} is not in the options table"
         default = next(v for k, v in rows.items() if f.name in [n.strip() for n in k.split(",")])
         if f.default is MISSING:  # model ($LLM_MODEL) and limits (the environment's): no literal
             continue
