@@ -114,12 +114,12 @@ class SamplingParams:
             "with the seed it was sampled with (the gateway moves a stream off a lost replica this way)")
 
     def validate(self, max_tokens_limit: int, limits: RequestLimits = DEFAULT_LIMITS) -> "SamplingParams":
+        tokens = self.max_tokens
+        if isinstance(tokens, int) and not isinstance(tokens, bool):  # the range that applies, before its floor (0)
+            check(1 <= tokens <= max_tokens_limit or (tokens == 0 and self.prompt_logprobs is True), "max_tokens",
+                  f"must be between 1 and {max_tokens_limit}, got {tokens}")  # 0 only scores a prompt
         for f in request_fields():
             self._check(f)
-        check(self.max_tokens <= max_tokens_limit, "max_tokens",
-              f"must be between 1 and {max_tokens_limit}, got {self.max_tokens}")
-        check(self.max_tokens > 0 or self.prompt_logprobs, "max_tokens",
-              "0 only scores a prompt: it needs prompt_logprobs (echo with logprobs)")
         limits.check_stop(self.stop)
         check(all(isinstance(s, str) and s for s in self.stop), "stop",
               "stop sequences must be non-empty strings")
@@ -170,9 +170,9 @@ class SamplingParams:
         else:
             check(isinstance(value, kind) and (kind is bool or not isinstance(value, bool)), f.name,
                   f"must be {_KIND_NAMES[kind]}, got {value!r}")
-        for bound, (holds, words) in _BOUNDS.items():
-            if bound in f.metadata:
-                check(holds(value, f.metadata[bound]), f.name, f"must be {words} {f.metadata[bound]}, got {value}")
+        bounds = [(bound, f.metadata[bound]) for bound in _BOUNDS if bound in f.metadata]
+        check(all(_BOUNDS[bound][0](value, limit) for bound, limit in bounds), f.name,
+              f"must be {_range(bounds)}, got {value}")
 
     @property
     def greedy(self) -> bool:
@@ -190,6 +190,13 @@ _KIND_NAMES = {int: "an integer", bool: "true or false", str: "a string"}
 _ITEM_NAMES = {str: "strings", int: "integers"}
 _BOUNDS: dict[str, tuple[Callable[[Any, Any], bool], str]] = {
     "ge": (operator.ge, ">="), "gt": (operator.gt, ">"), "le": (operator.le, "<="), "lt": (operator.lt, "<")}
+
+
+def _range(bounds: list[tuple[str, Any]]) -> str:
+    """A field's bounds, all of them, as its error states them: `between 1 and 16`, `> 0 and <= 1`, `>= 0`."""
+    if [bound for bound, _ in bounds] == ["ge", "le"]:
+        return f"between {bounds[0][1]} and {bounds[1][1]}"
+    return " and ".join(f"{_BOUNDS[bound][1]} {limit}" for bound, limit in bounds)
 
 
 def request_fields() -> list[Field]:

@@ -7,6 +7,8 @@ PromptDocument's fields, as derived from the schema:
     document) are INVALID_ARGUMENT naming the field; so are values the document refuses;
   - /stream streams; a unary endpoint called as a stream is INVALID_ARGUMENT, an unknown or
     missing one UNIMPLEMENTED;
+  - the unary /generate (process_single_data, and JinaRPC/Call's requests) has each of its
+    documents checked so, the call ended INVALID_ARGUMENT at the first that is wrong;
   - a refusal before the first token is a status (INVALID_ARGUMENT, RESOURCE_EXHAUSTED); a
     failure after it, an error document; every response echoes the request's request_id.
 Standard services: grpc.health.v1 answers SERVING for the server as a whole (Kubernetes'
@@ -19,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import grpc
+from docarray.proto import DocListProto
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 from jina.proto import jina_pb2
@@ -136,6 +140,46 @@ def refusal(request: Any, streaming: dict[str, bool]) -> Optional[tuple[grpc.Sta
     return (grpc.StatusCode.INVALID_ARGUMENT, message) if message else None
 
 
+def data_refusal(proto: Any) -> Optional[tuple[grpc.StatusCode, str]]:
+    """Why a DataRequest for the unary /generate is refused before it reaches the executor, if it
+    is: its prompt documents, each as stream_doc's (the executor's DocArray would drop an unknown
+    field, and run a typo with the default)."""
+    if proto.header.exec_endpoint != "/generate":
+        return None
+    content = proto.data
+    try:
+        docs = (content.docs if content.WhichOneof("documents") != "docs_bytes"
+                else DocListProto.FromString(content.docs_bytes)).docs
+    except DecodeError:
+        return None  # DocArray's other encodings: the executor reads (or refuses) them
+    for document in docs:
+        message = oversized(document) or wrong_field(document)
+        if message:
+            return grpc.StatusCode.INVALID_ARGUMENT, message
+    return None
+
+
+def checked_data(process_single_data: Callable[..., Any], stream: Callable[..., AsyncIterator]
+                 ) -> tuple[Callable[..., Any], Callable[..., AsyncIterator]]:
+    """process_single_data and JinaRPC/Call (`stream`), their /generate requests checked first."""
+    async def process_single_data_at_the_edge(request: Any, context: Any) -> Any:
+        refused = data_refusal(request.proto_with_data)
+        if refused is not None:
+            await context.abort(*refused)
+        return await process_single_data(request, context)
+
+    async def stream_at_the_edge(request_iterator: Any, context: Any, *args: Any, **kwargs: Any) -> AsyncIterator:
+        async def checked() -> AsyncIterator:
+            async for request in request_iterator:
+                refused = data_refusal(request.proto_with_data)
+                if refused is not None:
+                    await context.abort(*refused)
+                yield request
+        async for response in stream(checked(), context, *args, **kwargs):
+            yield response
+    return process_single_data_at_the_edge, stream_at_the_edge
+
+
 def error_status(response: Any) -> Optional[tuple[grpc.StatusCode, str]]:
     """(code, message) when this streamed response is an error document of a mapped kind."""
     fields = response.proto.document.data
@@ -199,6 +243,7 @@ class StatusGRPCGateway(GRPCGateway):
     async def setup_server(self) -> None:
         handler = self._request_handler
         handler.stream_doc = checked_at_the_edge(handler.stream_doc, lambda: _streaming(handler))  # the servicer grpc registers
+        handler.process_single_data, handler.Call = checked_data(handler.process_single_data, handler.Call)
         handler._status = no_status  # Jina's answers with the environment and internal addresses
         # a message past the body limit is refused by gRPC itself (RESOURCE_EXHAUSTED)
         self.grpc_server_options: Optional[dict[str, Any]] = {

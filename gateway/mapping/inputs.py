@@ -107,16 +107,6 @@ def prompt_document(**fields: Any) -> PromptDocument:
         raise bad_request(exc) from None
 
 
-def refuse_unsupported(model: BaseModel, unsupported: dict[str, tuple]) -> None:
-    """Never ignore a field that would change the answer: one this server does not serve is
-    refused naming it, unless it holds a neutral value (null, or one of `unsupported[name]`)."""
-    extra = model.model_extra or {}
-    for name, neutral in unsupported.items():
-        value = extra.get(name)
-        if value is not None and not any(value == n and type(value) is type(n) for n in neutral):
-            raise BadRequest(f"{name}: not supported by this server", name)
-
-
 def option_fields(exclude: Collection[str] = ()) -> dict[str, Any]:
     """The engine's request fields as optional, strictly typed request-model fields (null:
     the engine's default), for `pydantic.create_model`."""

@@ -7,7 +7,8 @@ then `event: end`. Jina's own route builds the document from a model it derives 
 the executor's JSON schema, which cannot carry a seed past int32; this one uses
 PromptDocument itself. A request refused before its first token gets its status code
 (422 validation, 429 overloaded), with the error document as the one event, so that
-curl sees the status and Jina's client still reads the error.
+curl sees the status and Jina's client still reads the error. A field that PromptDocument does
+not have (a typo: `max_token`) is refused so too, naming it, as the gRPC port refuses it.
 """
 import json
 from collections.abc import AsyncIterator
@@ -18,12 +19,14 @@ from fastapi.responses import Response, StreamingResponse
 
 from contract import ServerInfo
 from contract.transport import HTTP_STATUS
+from gateway.mapping.api_fields import ApiFields, served
 from gateway.mapping.inputs import BadRequest, parse_json, prompt_document
 from gateway.mapping.protocol import SSE_HEADERS, Parsed, Protocol, Upstream, kind, serve
-from schemas import ModelOutputDocument
+from schemas import ModelOutputDocument, PromptDocument
 
 LIST_FIELDS = ("stop",)  # in a query string: repeated, or one JSON list
 END = "event: end\r\n\r\n"
+FIELDS = ApiFields("PromptDocument", served(*PromptDocument.model_fields))  # the document is the request
 
 
 def update(out: ModelOutputDocument) -> str:
@@ -51,7 +54,9 @@ async def _fields(request: Request) -> dict[str, Any]:
 
 class JinaSSE(Protocol):
     async def parse(self, request: Request, backend: Upstream) -> Parsed:
-        return Parsed(prompt_document(**await _fields(request)), stream=True)
+        fields = await _fields(request)
+        FIELDS.check_names(fields)
+        return Parsed(prompt_document(**fields), stream=True)
 
     def refusal(self, error: ModelOutputDocument) -> Response:
         async def body() -> AsyncIterator[str]:

@@ -159,6 +159,7 @@ def _penalty(o: Options) -> dict[str, Any]:
 def _max_tokens(num_predict: Optional[int], info: ServerInfo) -> int:
     if num_predict is None or num_predict in (-1, -2):
         return min(info.max_tokens_limit, info.max_context // 2)
-    if num_predict < 0:
-        raise BadRequest(f"num_predict: must be -1, -2 or at least 0, got {num_predict}", "num_predict")
+    if num_predict < 1:  # 0 too: the engine's 0 scores a prompt, which Ollama's routes cannot report
+        raise BadRequest(f"num_predict: must be -1, -2 or between 1 and {info.max_tokens_limit}, got {num_predict}",
+                         "num_predict")
     return num_predict

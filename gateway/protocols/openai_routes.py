@@ -4,7 +4,11 @@ Sampling follows OpenAI's defaults: temperature absent means 1.0 *with sampling*
 temperature 0 is greedy. Every other request field of the engine is accepted under its
 own name as an extension (as vLLM accepts top_k or repetition_penalty). Chat messages
 travel to the executor as JSON and the engine renders them. `model` picks among the served
-models (none: the first); a name none of them has is refused with 404.
+models (none: the first); a name none of them has is refused with 404. Each route's fields are
+declared once (CHAT_FIELDS, COMPLETIONS_FIELDS, which docs/api.md's tables follow): what names who
+asks is accepted and does nothing, what would change the answer and is not served is refused
+unless neutral, and a field neither declares (a typo: `temprature`) is refused with 400 naming it,
+as OpenAI's own API refuses an unrecognized argument.
 """
 import uuid
 from collections.abc import AsyncIterator
@@ -19,15 +23,16 @@ from contract import ErrorKind, ServerInfo
 from contract.limits import REASONING_EFFORT_BUDGETS
 from contract.transport import OPENAI_ERROR_TYPE, OPENAI_STATUS
 from gateway.edge.backend import CollectedAnswer, now
+from gateway.mapping.api_fields import ApiFields, no_effect, refused, served
 from gateway.mapping.inputs import (
     BadRequest,
     Bool,
     Int,
     Stop,
+    Text,
     option_fields,
     parse_body,
     prompt_document,
-    refuse_unsupported,
     set_options,
 )
 from gateway.mapping.logprobs import chat_logprobs, completion_logprobs
@@ -42,23 +47,46 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 # logprobs: a number on completions, true or false on chat; prompt_logprobs: completions' echo
 # with logprobs (vLLM's own prompt_logprobs, a number, is refused unless 0)
 SPELLED_BY_OPENAI = ("max_tokens", "stop", "do_sample", "tools", "tool_choice", "logprobs", "prompt_logprobs")
-# fields that change the answer and that this server does not serve: refused unless neutral
-UNSUPPORTED: dict[str, tuple] = {"tools": ([],), "tool_choice": ("none", "auto"), "functions": ([],), "function_call": ("none", "auto"),
-               "logit_bias": ({},), "best_of": (1,), "suffix": ("",), "prediction": (),
-               "modalities": (["text"],), "audio": (), "prompt_logprobs": (0, False)}
+EXTENSIONS = tuple(option_fields(exclude=SPELLED_BY_OPENAI))  # the engine's other fields, under their own names
+# what both routes take: OpenAI's fields (the openai SDK's), vLLM's structured output, and what they refuse
+_SHARED = (
+    *served("model", "max_tokens", "stop", "stream", "stream_options", "n", "temperature", "top_p", "seed",
+            "presence_penalty", "frequency_penalty", "logprobs", "response_format", "structured_outputs",
+            "guided_json", "guided_regex", "guided_choice", "guided_grammar"),
+    *no_effect("user", "metadata", "store", "service_tier"),
+    refused("logit_bias", {}), refused("do_sample", True, instead="temperature 0 decodes greedily"))
+CHAT_FIELDS = ApiFields("OpenAI's chat completions", (
+    *_SHARED,
+    *served("messages", "max_completion_tokens", "tools", "tool_choice", "parallel_tool_calls", "top_logprobs",
+            "reasoning_effort"),
+    *no_effect("safety_identifier", "prompt_cache_key", "prompt_cache_retention", "prompt_cache_options"),
+    refused("functions", []), refused("function_call", "none", "auto"), refused("audio"),
+    refused("modalities", ["text"]), refused("prediction"), refused("verbosity", "medium"),
+    refused("web_search_options"), refused("moderation"), refused("prompt_logprobs", 0, False)), EXTENSIONS)
+COMPLETIONS_FIELDS = ApiFields("OpenAI's completions", (
+    *_SHARED, *served("prompt", "echo"),
+    refused("best_of", 1), refused("suffix", ""), refused("tools", []), refused("tool_choice", "none", "auto"),
+    refused("prompt_logprobs", 0, False, instead="echo with logprobs scores the prompt")), EXTENSIONS)
 
 
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt option is refused, naming it
     include_usage: Optional[bool] = False
+    include_obfuscation: Bool = None  # no effect: chunks carry no obfuscation padding
 
 
 class _OpenAIRequest(OpenAIStructured):
-    model_config = ConfigDict(extra="allow")  # unknown fields are let through, but see UNSUPPORTED
+    model_config = ConfigDict(extra="allow")  # the rest arrive as extras: the route's ApiFields refuse them
     model: Optional[str] = None
     max_tokens: Int = None
     stop: Stop = None
     stream: Bool = False
     stream_options: Optional[StreamOptions] = None
+    # accepted, with no effect on the answer: who asks, and whether the answer is kept (it never is here)
+    user: Text = None
+    metadata: Optional[dict[str, Any]] = None
+    store: Bool = None
+    service_tier: Text = None
 
 
 # temperature, top_p, seed (OpenAI's names too) and the engine's other request fields
@@ -78,6 +106,11 @@ class ChatRequest(_Common):  # type: ignore[misc, valid-type]
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[Union[str, dict[str, Any]]] = None
     logprobs: Bool = None
+    # no effect: who asks, and the prompt cache's hints (the prefix cache is automatic)
+    safety_identifier: Text = None
+    prompt_cache_key: Text = None
+    prompt_cache_retention: Text = None
+    prompt_cache_options: Optional[dict[str, Any]] = None
 
 
 @dataclass
@@ -101,7 +134,6 @@ def error_body(message: str, error_kind: ErrorKind, param: Optional[str]) -> dic
 def to_fields(req: Any, max_tokens: int) -> tuple[dict, dict[str, str]]:
     """(the document's fields, the names the request used for them where they differ).
     OpenAI always samples at its temperature (default 1); temperature 0 means greedy."""
-    refuse_unsupported(req, UNSUPPORTED)
     stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
     constraint, sent_as = openai_constraint(req)
     tools = tool_fields(getattr(req, "tools", None), getattr(req, "tool_choice", None))
@@ -232,6 +264,7 @@ class OpenAI(Protocol):
 class OpenAICompletions(OpenAI):
     async def parse(self, request: Request, backend: Upstream) -> Parsed:
         req = await parse_body(request, CompletionRequest)
+        COMPLETIONS_FIELDS.check(req)
         prompt, ids = _prompt(req.prompt)
         max_tokens = req.max_tokens if req.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
         if ids and req.echo:
@@ -269,6 +302,7 @@ class OpenAIChat(OpenAI):
 
     async def parse(self, request: Request, backend: Upstream) -> Parsed:
         req = await parse_body(request, ChatRequest)
+        CHAT_FIELDS.check(req)
         context = OpenAIContext(req, "chatcmpl-" + uuid.uuid4().hex)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         if max_tokens is None:  # OpenAI: up to the context (the named model's); here half of it, within the limit

@@ -5,8 +5,11 @@ huggingface_hub's InferenceClient calls), GET /info, GET /health.
 Errors: {"error": ..., "error_type": ...} with 422 (validation), 429 (overloaded),
 500 (generation); in a stream, the same object as the last event. `parameters` takes
 TGI's names (DJL Serving's too) and every other request field of the engine under its
-own name.
+own name. The fields are declared once (REQUEST_FIELDS, PARAMETERS, which docs/api.md's tables
+follow): one that neither declares, at the top or in `parameters`, is refused with 422 naming
+it, and so is one that TGI serves under another name (`max_tokens`: TGI's `max_new_tokens`).
 """
+import re
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -17,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, create_model
 from contract import MAX_CHOICES, ServerInfo
 from contract.transport import HTTP_STATUS
 from gateway.edge.backend import CollectedAnswer
+from gateway.mapping.api_fields import ApiFields, refused, served
 from gateway.mapping.inputs import (
     BadRequest,
     Bool,
@@ -25,7 +29,6 @@ from gateway.mapping.inputs import (
     option_fields,
     parse_body,
     prompt_document,
-    refuse_unsupported,
     sampling_options,
     set_options,
 )
@@ -37,15 +40,27 @@ from schemas import ModelOutputDocument
 DEFAULT_MAX_NEW_TOKENS = 20  # TGI's documented default
 # TGI's: max_new_tokens, stop as a string or a list, grammar, top_n_tokens, best_of, decoder_input_details
 SPELLED_BY_TGI = ("max_tokens", "stop", "grammar", "top_logprobs", "n", "prompt_logprobs")
-# fields that change the answer and that this server does not serve: refused unless neutral
-UNSUPPORTED = {"watermark": (False,), "truncate": (), "adapter_id": ()}
-SPELLED_OTHERWISE = {"n": (1,), "prompt_logprobs": (False,)}  # the engine's names, refused under them here
 TGI_FIELD_NAMES = {"prompt": "inputs", "max_tokens": "max_new_tokens", "top_logprobs": "top_n_tokens",  # ours -> TGI's
                    "n": "best_of", "prompt_logprobs": "decoder_input_details"}
+# the engine's names for what TGI names otherwise: refused under them here (unless neutral), pointing at TGI's
+_ENGINE_NAMES = re.compile(r"\b(max_tokens|top_logprobs|prompt_logprobs)\b")  # those no English word hides
+SPELLED_OTHERWISE = {"max_tokens": (), "top_logprobs": (0,), "n": (1,), "prompt_logprobs": (False,)}
+REQUEST_FIELDS = ApiFields("TGI's request", (
+    *served("inputs", "parameters", "stream"),
+    refused("add_special_tokens", True)))  # a prompt is always tokenized with the model's special tokens
+PARAMETERS = ApiFields("TGI's parameters", (
+    *served("max_new_tokens", "stop", "details", "return_full_text", "best_of", "decoder_input_details",
+            "top_n_tokens", "grammar", "do_sample", "temperature", "top_k", "top_p", "typical_p",
+            "repetition_penalty", "frequency_penalty", "seed"),
+    refused("watermark", False), refused("truncate"), refused("adapter_id"),
+    *(refused(name, *neutral, instead=f"TGI's name for it is {TGI_FIELD_NAMES[name]}")
+      for name, neutral in SPELLED_OTHERWISE.items())),
+    tuple(option_fields(exclude=SPELLED_BY_TGI)))  # the engine's other fields, under their own names
 
 
 class _TGIParameters(BaseModel):
-    """Null options are the defaults, as TGI clients send many; see UNSUPPORTED."""
+    """Null options are the defaults, as TGI clients send many; the rest arrive as extras, which
+    PARAMETERS refuses unless it declares them (and they are neutral)."""
 
     model_config = ConfigDict(extra="allow")
     max_new_tokens: Int = None
@@ -67,19 +82,24 @@ else:
 
 
 class TGIRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")  # the rest arrive as extras: REQUEST_FIELDS refuses them
     inputs: str
     parameters: TGIParameters = TGIParameters()
-    stream: bool = False
+    stream: Bool = None  # POST /'s choice; the other routes' own, or refused
+
+
+def check_fields(req: TGIRequest) -> None:
+    """Refuse a field neither declaration names, or a refused one that is not neutral. The error
+    names the field as it was sent (no param: the refusal would rename `n` to TGI's `best_of`)."""
+    try:
+        REQUEST_FIELDS.check(req)
+        PARAMETERS.check(req.parameters)
+    except BadRequest as exc:
+        raise BadRequest(str(exc)) from None
 
 
 def to_fields(p: TGIParameters) -> dict:
     """TGI samples when asked to, or when any warper is set (like TGI's NextTokenChooser)."""
-    refuse_unsupported(p, UNSUPPORTED)
-    try:
-        refuse_unsupported(p, SPELLED_OTHERWISE)
-    except BadRequest as exc:  # param left out: the message names the field as it was sent
-        raise BadRequest(f"{exc}; TGI's name for it is {TGI_FIELD_NAMES[exc.param or '']}") from None
     stop = [p.stop] if isinstance(p.stop, str) else (p.stop or [])
     return {**set_options(p, exclude=SPELLED_BY_TGI), **tgi_constraint(p.grammar),
             "do_sample": bool(p.do_sample) or bool(sampling_options(p)),
@@ -143,27 +163,35 @@ class TGI(Protocol):
 
     async def parse(self, request: Request, backend: Upstream) -> Parsed:
         req = await parse_body(request, TGIRequest)
-        stream = req.stream if self.stream is None else self.stream
+        check_fields(req)
+        if self.stream is not None and req.stream is not None and req.stream != self.stream:
+            raise BadRequest(f"stream: {request.url.path} {'streams' if self.stream else 'answers whole'}; "
+                             f"POST / takes `stream`", "stream")
+        stream = bool(req.stream) if self.stream is None else self.stream
         p = req.parameters
-        if stream and p.best_of not in (None, 1):
-            raise BadRequest("best_of: != 1 is not supported when streaming tokens", "best_of")
+        several = p.best_of is not None and p.best_of > 1  # below 1: the engine's bound on n, under TGI's name
+        if stream and several:
+            raise BadRequest("best_of: > 1 is not supported when streaming tokens", "best_of")
         if stream and p.decoder_input_details:
             raise BadRequest("decoder_input_details: == true is not supported when streaming tokens",
                              "decoder_input_details")
         fields = to_fields(p)
-        if p.best_of not in (None, 1) and not fields["do_sample"]:
+        if several and not fields["do_sample"]:
             raise BadRequest("best_of: you must use sampling when `best_of` is > 1", "best_of")
-        if p.best_of not in (None, 1) and p.seed is not None:
+        if several and p.seed is not None:
             raise BadRequest("seed: must not be set when `best_of` > 1", "seed")
         doc = prompt_document(prompt=req.inputs, **fields)
         sent_as = {name: "grammar" for name in tgi_constraint(p.grammar)}
         return Parsed(doc, stream, req, sent_as)
 
     def refusal(self, error: ModelOutputDocument) -> Response:
-        """Errors name the field as TGI's clients know it (inputs, max_new_tokens)."""
+        """Errors name the field as TGI's clients know it (inputs, max_new_tokens), and so do the
+        words after it (`(0 only scores a prompt, with decoder_input_details)`)."""
         message = error.error or ""
         if error.error_field in TGI_FIELD_NAMES:
             message = TGI_FIELD_NAMES[error.error_field] + message.removeprefix(error.error_field)
+        if error.error_field:  # a field's refusal, in the engine's words (the gateway's own use TGI's names)
+            message = _ENGINE_NAMES.sub(lambda m: TGI_FIELD_NAMES[m.group(0)], message)
         return JSONResponse({"error": message, "error_type": error.error_type}, status_code=HTTP_STATUS[kind(error)])
 
     async def events(self, parsed: Parsed, docs: AsyncIterator[ModelOutputDocument],

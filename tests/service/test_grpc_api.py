@@ -15,7 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2
 from jina.proto import jina_pb2_grpc
 from jina.proto.docarray_v2.pb import jina_pb2 as installed_jina_pb2
-from jina.types.request.data import SingleDocumentRequest
+from jina.types.request.data import DataRequest, SingleDocumentRequest
 
 from client import StreamError, stream
 from tests.conftest import ROOT
@@ -100,6 +100,35 @@ def integer(n: int) -> NodeProto:
 async def test_mistyped_and_unknown_fields_are_invalid_argument_naming_them(flow, fields, field):
     code, (details,) = await call(flow[0], request(fields))
     assert code == "INVALID_ARGUMENT" and details.startswith(f"{field}:"), details
+
+
+def data_request(fields: dict) -> DataRequest:
+    """A unary /generate request of one prompt document."""
+    proto = installed_jina_pb2.DataRequestProto()
+    proto.header.exec_endpoint = "/generate"
+    document = proto.data.docs.docs.add()
+    for name, node in fields.items():
+        document.data[name].CopyFrom(node)
+    return DataRequest(proto)
+
+
+async def test_the_unary_generate_refuses_an_unknown_field_naming_it(flow):
+    """process_single_data and JinaRPC/Call (Jina's Client.post), as stream_doc: the executor's
+    DocArray would drop the field and run the typo with the default."""
+    typo, ok = {"prompt": text("hi"), "max_token": integer(3)}, {"prompt": text("hi"), "max_tokens": integer(3)}
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{flow[0]}") as channel:
+        unary = jina_pb2_grpc.JinaSingleDataRequestRPCStub(channel).process_single_data
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await unary(data_request(typo))
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert refused.value.details().startswith("max_token:"), refused.value.details()
+        assert (await unary(data_request(ok))).header.status.code == 0
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            [r async for r in jina_pb2_grpc.JinaRPCStub(channel).Call(iter([data_request(typo)]))]
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert refused.value.details().startswith("max_token:"), refused.value.details()
+        answers = [r async for r in jina_pb2_grpc.JinaRPCStub(channel).Call(iter([data_request(ok)]))]
+        assert len(answers) == 1 and answers[0].header.status.code == 0
 
 
 async def test_endpoints_parameters_and_request_ids(flow):

@@ -1,7 +1,9 @@
 """docs/api.md documents every request field: the table after `<!-- REQUEST-FIELDS -->` has one
 row per field of PromptDocument's request, named in backticks in its first column; the tables
-after `<!-- ANTHROPIC-FIELDS -->` and `<!-- RESPONSES-FIELDS -->` have one row per field of those
-APIs, with what it does here (served, no effect, refused) as the routes declare it."""
+after `<!-- ANTHROPIC-FIELDS -->`, `<!-- OPENAI-CHAT-FIELDS -->`, `<!-- TGI-PARAMETERS -->` and the
+like have one row per field of those APIs, with what it does here (served, no effect, refused) as
+the routes declare it (the engine's request fields that an API also takes under their own names are
+the first table's)."""
 import re
 from pathlib import Path
 
@@ -9,7 +11,14 @@ import pytest
 
 from contract import request_fields
 from gateway.mapping.api_fields import ApiFields, Handling
-from gateway.protocols import anthropic_routes, embedding_routes, ollama_options, responses_routes
+from gateway.protocols import (
+    anthropic_routes,
+    embedding_routes,
+    ollama_options,
+    openai_routes,
+    responses_routes,
+    tgi_routes,
+)
 
 API_DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 MARKER = "<!-- REQUEST-FIELDS -->"
@@ -57,7 +66,11 @@ def test_every_example_output_in_the_documents_is_produced_by_a_test():
     assert sorted(doc_examples.examples()) == sorted(PRODUCERS)
 
 
-@pytest.mark.parametrize("marker,declared", [("<!-- ANTHROPIC-FIELDS -->", anthropic_routes.FIELDS),
+@pytest.mark.parametrize("marker,declared", [("<!-- OPENAI-CHAT-FIELDS -->", openai_routes.CHAT_FIELDS),
+                                             ("<!-- OPENAI-COMPLETIONS-FIELDS -->", openai_routes.COMPLETIONS_FIELDS),
+                                             ("<!-- TGI-FIELDS -->", tgi_routes.REQUEST_FIELDS),
+                                             ("<!-- TGI-PARAMETERS -->", tgi_routes.PARAMETERS),
+                                             ("<!-- ANTHROPIC-FIELDS -->", anthropic_routes.FIELDS),
                                              ("<!-- RESPONSES-FIELDS -->", responses_routes.FIELDS),
                                              ("<!-- OLLAMA-CHAT-FIELDS -->", ollama_options.CHAT_FIELDS),
                                              ("<!-- OLLAMA-GENERATE-FIELDS -->", ollama_options.GENERATE_FIELDS),
@@ -74,6 +87,10 @@ def test_api_docs_give_each_foreign_apis_fields_as_the_route_declares_them(marke
 
 
 @pytest.mark.parametrize("declared,request_model", [
+    (openai_routes.CHAT_FIELDS, openai_routes.ChatRequest),
+    (openai_routes.COMPLETIONS_FIELDS, openai_routes.CompletionRequest),
+    (tgi_routes.REQUEST_FIELDS, tgi_routes.TGIRequest),
+    (tgi_routes.PARAMETERS, tgi_routes.TGIParameters),
     (anthropic_routes.FIELDS, anthropic_routes.MessagesRequest),
     (responses_routes.FIELDS, responses_routes.ResponsesRequest),
     (ollama_options.CHAT_FIELDS, ollama_options.ChatRequest),
