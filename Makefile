@@ -40,11 +40,11 @@ $(CLIENTS_VENV)/.installed: tests/clients/requirements.txt tests/clients/constra
 	$(CLIENTS_VENV)/bin/uv pip install --python $(CLIENTS_VENV)/bin/python --compile-bytecode -r tests/clients/requirements.txt -c tests/clients/constraints.txt
 	touch $@
 
-# lm-evaluation-harness, for `python -m benchmarks.lm_eval_compare` (its pins are its own)
+# lm-evaluation-harness, for `python -m benchmarks lm-eval` (its pins are its own)
 EVAL_VENV := .venv-eval
-$(EVAL_VENV)/.installed: benchmarks/lm_eval_task/requirements.txt
+$(EVAL_VENV)/.installed: benchmarks/quality/lm_eval_task/requirements.txt
 	test -x $(EVAL_VENV)/bin/python || $(PYTHON) -m venv $(EVAL_VENV)
-	$(EVAL_VENV)/bin/python -m pip install -q --disable-pip-version-check -r benchmarks/lm_eval_task/requirements.txt
+	$(EVAL_VENV)/bin/python -m pip install -q --disable-pip-version-check -r benchmarks/quality/lm_eval_task/requirements.txt
 	touch $@
 
 eval-venv: $(EVAL_VENV)/.installed
@@ -131,7 +131,7 @@ test-fast: setup
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 tests/unit tests/gateway
 
 # on a machine with CUDA (where torch sees it, the engine's tests run there): the tests marked gpu and
-# the engine's own; GPU_PY is that machine's Python, with the service's packages (benchmarks/gpu_check.sh)
+# the engine's own; GPU_PY is that machine's Python, with the service's packages (benchmarks/gpu/gpu_check.sh)
 GPU_PY ?= $(PY)
 GPU_TESTS := tests/unit/test_cuda_graphs.py tests/unit/test_batching.py tests/unit/test_engine.py \
 	tests/unit/test_speculation.py tests/unit/test_prefix_cache.py tests/unit/test_logprobs.py
@@ -159,7 +159,7 @@ bench-quick: setup
 	$(PY) -m benchmarks --quick
 
 bench-engine: setup
-	$(PY) -m benchmarks.engine_bench
+	$(PY) -m benchmarks engine
 
 clean:
 	rm -rf $(VENV) $(CLIENTS_VENV) models

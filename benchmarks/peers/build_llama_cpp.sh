@@ -3,7 +3,7 @@
 # llama-cpp-python 0.3.36 vendors (a pinned source from PyPI, sha256-checked), into
 # benchmarks/.llama.cpp/, with its shared libraries where that package's Python bindings look for
 # them (src/llama_cpp/lib). About 10 minutes on 2 cores. `python -m benchmarks` uses the server as
-# the `llama-cpp` system, llama-quantize to make its Q4_0 GGUF, and `python -m benchmarks.quality`
+# the `llama-cpp` system, llama-quantize to make its Q4_0 GGUF, and `python -m benchmarks quality`
 # the bindings to read llama.cpp's logits.
 set -euo pipefail
 cd "$(dirname "$0")/../.."

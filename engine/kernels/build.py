@@ -118,7 +118,7 @@ def find_compiler() -> str:
 
 def bind(library: ctypes.CDLL, missing_ok: bool = False, path: Path = HEADER) -> ctypes.CDLL:
     """A header's signatures on the library's functions (those it has, where `missing_ok`:
-    another commit's kernels, bound from that commit's header: benchmarks/kernel_ab.py)."""
+    another commit's kernels, bound from that commit's header: benchmarks/kernels/kernel_ab.py)."""
     for name, (result, params) in (FUNCTIONS if path == HEADER else header(path)[1]).items():
         function = getattr(library, name, None) if missing_ok else getattr(library, name)
         if function is not None:

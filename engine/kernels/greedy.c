@@ -27,7 +27,7 @@ int greedy_ready(void) { return 1; }
  * maxima: each lane keeps its first, then the smallest of the lanes that hold the largest);
  * NaN where the row holds a NaN. Found in the same pass: with a scan for the place afterwards,
  * sixteen rows of Gemma 3 270M's 262,144 logits took 3.29 ms on a 2-core Zen 2 machine, 2.79
- * without (one row: 0.43 and 0.30 ms; benchmarks/kernel_ab.py), the same tokens and log
+ * without (one row: 0.43 and 0.30 ms; benchmarks/kernels/kernel_ab.py), the same tokens and log
  * probabilities. */
 static float row_max(const float *x, int64_t vocab, int64_t *first) {
     int64_t whole = vocab / 8 * 8;

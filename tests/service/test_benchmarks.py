@@ -4,9 +4,9 @@ import asyncio
 import json
 import sys
 
-from benchmarks.load import closed_loop, make_prompts, poisson
-from benchmarks.metrics import RequestRecord, Total, summarize
-from benchmarks.report import markdown, plot, ratios
+from benchmarks.harness.load import closed_loop, make_prompts, poisson
+from benchmarks.harness.metrics import RequestRecord, Total, summarize
+from benchmarks.harness.report import markdown, plot, ratios
 from testing.procs import ServerProcess, settle
 
 
@@ -113,7 +113,7 @@ async def test_settle_waits_for_a_busy_server_to_go_quiet(tmp_path):
 
 
 def test_the_kernel_benchmark_compares_each_c_kernel_with_pytorchs(tmp_path):
-    from benchmarks import kernels
+    from benchmarks.kernels import against_torch as kernels
     from engine.kernels import native
     if not native.int4_ready():
         import pytest
@@ -127,7 +127,7 @@ def test_the_kernel_benchmark_compares_each_c_kernel_with_pytorchs(tmp_path):
 
 
 def test_the_cpu_records_goals_and_the_speculation_sweeps_ratios():
-    from benchmarks import cpu_record, spec_sweep
+    from benchmarks.records import cpu_record, speculation_sweep
     base = dict(workload="plain", requests=4, completed=4, ttft_p50_ms=5.0, tpot_p50_ms=1.0, itl_p50_ms=1.0)
     rows = [dict(base, system="this", concurrency=1, output_tok_s=120.0),
             dict(base, system="llama-cpp-q4_0", concurrency=1, output_tok_s=100.0),
@@ -149,13 +149,13 @@ def test_the_cpu_records_goals_and_the_speculation_sweeps_ratios():
               "notes": [],
               "date": "d", "git": "g", "command": "c",
               "machine": {"cpu_count": 2, "device": "cpu", "torch": "x", "loadavg_at_start": [0, 0, 0]}}
-    assert ("m", "greedy", 1, 100.0, 95.0) in spec_sweep.ratios(result)  # each arm's mean of its rounds
-    assert ("m", "sampled", 1, None, None) in spec_sweep.ratios(result)
-    assert "| m | greedy | 1 | 100.0 | 95.0 | 0.95x |" in spec_sweep.markdown(result)
+    assert ("m", "greedy", 1, 100.0, 95.0) in speculation_sweep.ratios(result)  # each arm's mean of its rounds
+    assert ("m", "sampled", 1, None, None) in speculation_sweep.ratios(result)
+    assert "| m | greedy | 1 | 100.0 | 95.0 | 0.95x |" in speculation_sweep.markdown(result)
 
 
 def test_the_gguf_records_goals_set_the_flow_beside_the_engine_alone():
-    from benchmarks import gguf_record
+    from benchmarks.records import gguf_record
     base = dict(workload="plain", requests=4, completed=4, ttft_p50_ms=5.0, tpot_p50_ms=1.0, itl_p50_ms=1.0)
     rows = [dict(base, system=system, concurrency=16, output_tok_s=tok_s)
             for system, tok_s in (("this", 200.0), ("this-engine", 250.0), ("llama-cpp", 100.0))]
@@ -171,7 +171,7 @@ def test_the_gguf_records_goals_set_the_flow_beside_the_engine_alone():
 def test_the_gguf_record_judges_its_rounds_by_the_median_ratio():
     """Three alternating rounds: the goal on the median of the rounds' ratios, each round shown,
     the start judged by the slowest; the order reverses every other round."""
-    from benchmarks import gguf_record
+    from benchmarks.records import gguf_record
     assert gguf_record.rounds_order(["a", "b", "c"], 3) == [
         ("a", 0), ("b", 0), ("c", 0), ("c", 1), ("b", 1), ("a", 1), ("a", 2), ("b", 2), ("c", 2)]
     base = dict(workload="plain", requests=4, completed=4, ttft_p50_ms=5.0, tpot_p50_ms=1.0, itl_p50_ms=1.0,
@@ -197,7 +197,7 @@ def test_the_gguf_record_judges_its_rounds_by_the_median_ratio():
 def test_each_mode_takes_its_own_systems_by_name(capsys):
     import pytest
 
-    from benchmarks.__main__ import parse_args
+    from benchmarks.records.serving import parse_args
     assert parse_args(["--cpu-record", "--systems", "this-engine,llama-cpp-q4_0"]).systems == [
         "this-engine", "llama-cpp-q4_0"]
     assert "this-engine" in parse_args(["--cpu-record"]).systems  # the record's default: all of its own
@@ -208,13 +208,36 @@ def test_each_mode_takes_its_own_systems_by_name(capsys):
         assert "unknown" in capsys.readouterr().err
 
 
+def test_one_command_runs_every_benchmark(capsys, monkeypatch):
+    """`python -m benchmarks SUBCOMMAND`: each subcommand reaches its module, whose options name it;
+    options without a subcommand, and a record mode's subcommand, reach the serving benchmark."""
+    import pytest
+
+    from benchmarks import __main__ as cli
+    from benchmarks.records import serving
+    for name, sub in cli.SUBCOMMANDS.items():
+        if sub.mode:
+            continue
+        with pytest.raises(SystemExit) as exited:
+            cli.main([name, "--help"])
+        assert exited.value.code == 0 and capsys.readouterr().out.startswith(f"usage: python -m benchmarks {name} ")
+    seen: list[list[str]] = []
+    monkeypatch.setattr(serving, "main", lambda argv: seen.append(argv) or 0)
+    assert cli.main(["--quick"]) == cli.main(["cpu-record", "--rounds", "2"]) == cli.main([]) == 0
+    assert seen == [["--quick"], ["--cpu-record", "--rounds", "2"], []]
+    assert serving.parse_args(seen[1]).cpu_record
+    assert cli.main(["no-such-benchmark"]) == 2 and "unknown subcommand 'no-such-benchmark'" in capsys.readouterr().err
+    assert cli.main(["reproduce", "docs/benchmarks/2026-11-peers"]) == 2  # a record without reproduce.py
+    assert "2026-11-peers/reproduce.py: no such file" in capsys.readouterr().err
+
+
 def test_kernel_ab_builds_two_commits_kernels_and_compares_every_case(tmp_path):
     """The kernel A/B tool end to end on one commit against itself: sources from git, two
     libraries loaded side by side, every case run and compared (a kernel whose output varied
     between calls would show here as not bit for bit equal)."""
     import pytest
 
-    from benchmarks import kernel_ab
+    from benchmarks.kernels import kernel_ab
     from engine.kernels import native
     if native.library() is None:
         pytest.skip("no C compiler on this machine")
@@ -230,7 +253,7 @@ def test_kernel_ab_hands_each_sides_flags_to_its_build(tmp_path):
     naming it), and the table's columns name the flags of each side."""
     import pytest
 
-    from benchmarks import kernel_ab
+    from benchmarks.kernels import kernel_ab
     from engine.kernels import build, native
     if native.library() is None:
         pytest.skip("no C compiler on this machine")
@@ -248,7 +271,7 @@ def test_kernel_ab_hands_each_sides_flags_to_its_build(tmp_path):
 def test_kernel_abs_case_filter_names_the_cases_when_none_matches(capsys):
     import pytest
 
-    from benchmarks import kernel_ab
+    from benchmarks.kernels import kernel_ab
     with pytest.raises(SystemExit):
         kernel_ab.main(["--base", "HEAD", "--case", "no such case"])
     assert "--case: no case's name contains 'no such case'" in capsys.readouterr().err

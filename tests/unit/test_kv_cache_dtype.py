@@ -99,7 +99,7 @@ async def test_auto_is_fp16_for_int4_weights_and_the_models_dtype_otherwise(four
 
 
 async def test_a_direct_forward_rounds_its_keys_as_the_engine_does(four_bit_llama, make_engine):  # noqa: F811
-    """What `python -m benchmarks.quality` scores (the loaded model's forward and generate) is what
+    """What `python -m benchmarks quality` scores (the loaded model's forward and generate) is what
     the engine computes with an fp16 cache, bit for bit: greedy tokens and their log probabilities."""
     engine = make_engine(four_bit_llama, kv_cache_dtype="fp16", max_prefill_tokens=16)
     prompt = "the quick brown fox jumps over a lazy dog while streams of tokens flow"
