@@ -1,8 +1,11 @@
 """The browser chat page (GET /chat-ui) and what it loads: its script, the pinned libraries it
 renders markdown with (gateway/static/vendor, see its VERSIONS), and what its settings panel
 offers: the generating models, and the request fields, read from the request contract so that
-the page never names a default or a bound of its own. Everything comes from this service:
-nothing is fetched from elsewhere, so the page works offline and behind a firewall."""
+the page never names a default or a bound of its own. The bounds a server sets at run time (each
+model's max_tokens_limit, the stop list's LLM_MAX_STOP_* limits) come from each model's ServerInfo,
+so the page checks a setting as it is typed against the same numbers the server enforces.
+Everything comes from this service: nothing is fetched from elsewhere, so the page works offline
+and behind a firewall."""
 from dataclasses import MISSING, Field
 from importlib import resources
 from typing import Any
@@ -10,7 +13,7 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
-from contract import field_type, request_fields
+from contract import ServerInfo, field_type, request_fields
 from gateway.mapping.protocol import Upstream
 
 # the request fields the settings panel shows, in this order: every one that shapes the sampling
@@ -36,6 +39,14 @@ def _described(f: Field) -> dict[str, Any]:
             "help": f.metadata["help"], **bounds}
 
 
+def model_bounds(info: ServerInfo) -> dict[str, dict[str, int]]:
+    """What one model's server allows beyond the declared bounds, as SamplingParams.validate and
+    RequestLimits.check_stop check it: max_tokens from 1 (0 only scores a prompt, which a chat
+    turn never asks) to its max_tokens_limit, and the stop list's length and each line's."""
+    return {"max_tokens": {"ge": 1, "le": info.max_tokens_limit},
+            "stop": {"max_items": info.max_stop_sequences, "max_chars": info.max_stop_chars}}
+
+
 def page_router(backend: Upstream) -> APIRouter:
     router = APIRouter(tags=["Chat"])
     static = resources.files("gateway").joinpath("static")
@@ -47,10 +58,12 @@ def page_router(backend: Upstream) -> APIRouter:
     async def chat_ui() -> HTMLResponse:
         return HTMLResponse(page)
 
-    @router.get("/chat-ui/settings", summary="The models and request fields the chat page's settings offer")
+    @router.get("/chat-ui/settings", summary="The models and request fields the chat page's settings offer, "
+                                             "with each model's own bounds")
     async def chat_settings() -> JSONResponse:
-        models = [info.model_id for info in await backend.models()]
-        return JSONResponse({"models": models, "fields": fields})
+        infos = await backend.models()
+        return JSONResponse({"models": [info.model_id for info in infos], "fields": fields,
+                             "bounds": {info.model_id: model_bounds(info) for info in infos}})
 
     for name, text in assets.items():
         suffix = name[name.rindex("."):]

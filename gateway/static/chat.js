@@ -3,7 +3,11 @@
 // an edit or a regeneration adds a sibling, and the arrows beside a message move between them.
 // Each answer is asked over the WebSocket at /chat with its branch's messages (a "history"
 // message, then the prompt), so the server holds no state the page depends on; a socket that
-// drops mid-answer reconnects and resumes it from the last event received.
+// drops mid-answer reconnects and resumes it from the last event received. The conversation shown
+// is named in the URL (#/c/<id>), so a reload or a link opens it; a page without one opens an empty
+// new chat. New chat, or another conversation, while an answer streams stops that answer first.
+// Settings are checked as they are typed against the bounds the server sends (/chat-ui/settings):
+// an invalid one is marked with its bound, is not saved, and holds back questions until it is fixed.
 // Model output is markdown rendered by marked with its HTML escaped (never parsed), then
 // sanitized by DOMPurify: nothing the model writes becomes markup, a script or a request.
 
@@ -17,7 +21,10 @@ const SETTINGS_KEY = "llm-stream-chat-settings", THEME_KEY = "llm-stream-chat-th
 const MAX_MESSAGES = 199;  // the socket takes 200 at most; the system prompt is one
 
 let conversations = [], current = null, socket = null, fields = [];
-let answer = null;  // the answer being streamed: {conv, node, el, tokens, started, lastId}
+let answer = null;  // the answer being streamed: {conv, node, el, tokens, started, lastId, stopping}
+let bounds = {};  // each model's own bounds of some fields (max_tokens' limit, the stop list's), by model id
+let kept = {};  // each field's last valid text, the one saved
+let notKept = null;  // {conv, id}: the new chat opened for a URL naming a conversation this browser lacks
 
 // ----- storage: one IndexedDB store of conversations -----
 let database = null;
@@ -40,6 +47,7 @@ function persist(conv) {
   conv.updated = Date.now();
   if (!conversations.includes(conv)) conversations.unshift(conv);
   renderList();
+  if (conv === current) showInUrl(false);  // its first message gives it an address
   return store("readwrite", (s) => s.put(conv));
 }
 
@@ -156,15 +164,29 @@ function messageElement(conv, node) {
   if (node.role === "user") {
     tools.append(button("Edit", "edit", () => startEdit(conv, node, el)));
   } else {
-    tools.append(button("Regenerate", "regenerate", () => { if (!answer) ask(conv, conv.nodes[node.parent]); }),
+    tools.append(button("Regenerate", "regenerate", () => { if (ready()) ask(conv, conv.nodes[node.parent]); }),
                  button("Copy", "copy", (e) => copyText(node.content, e.target)), span("meta", ""));
   }
   el.append(content, tools);
   fill(el, node);
   return el;
 }
+function emptyState() {  // a conversation without messages: what to do, rather than a blank pane
+  const box = document.createElement("div"), line = (text) => {
+    const p = document.createElement("p");
+    p.textContent = text;
+    return p;
+  };
+  box.id = "empty";
+  box.append(line(`Ask ${$("setting-model").value || "the model"} something.`),
+             line("Enter sends, Shift+Enter starts a new line."), line("Conversations stay in this browser."));
+  box.firstChild.className = "ask";
+  if (notKept && notKept.conv === current) box.prepend(line(`No conversation "${notKept.id}" is kept in this browser.`));
+  return box;
+}
 function renderLog() {
-  log.replaceChildren(...(current && current.leaf ? chain(current, current.leaf).map((n) => messageElement(current, n)) : []));
+  log.replaceChildren(...(current && current.leaf ? chain(current, current.leaf).map((n) => messageElement(current, n))
+                                                   : [emptyState()]));
   log.scrollTop = log.scrollHeight;
   if (answer && answer.conv === current) answer.el = log.querySelector(`[data-id="${answer.node.id}"]`);
 }
@@ -173,7 +195,7 @@ function startEdit(conv, node, el) {
   const box = document.createElement("textarea");
   box.className = "edit-box"; box.value = node.content;
   const save = button("Save & send", "save-edit", () => {
-    if (box.value.trim()) ask(conv, addNode(conv, node.parent, "user", box.value));
+    if (box.value.trim() && ready()) ask(conv, addNode(conv, node.parent, "user", box.value));
   });
   el.querySelector(".content").replaceChildren(box);
   el.querySelector(".tools").replaceChildren(save, button("Cancel", "cancel-edit", renderLog));
@@ -198,66 +220,149 @@ function renderList() {
         if (answer || !confirm(`Delete "${conv.title}"?`)) return;
         conversations = conversations.filter((c) => c !== conv);
         await store("readwrite", (s) => s.delete(conv.id));
-        if (conv === current) openConversation(newConversation()); else renderList();
+        if (conv === current) openConversation(newConversation(), false); else renderList();
       }));
     li.querySelector(".rename").setAttribute("aria-label", "rename");
     li.querySelector(".delete").setAttribute("aria-label", "delete");
     return li;
   }));
 }
-function openConversation(conv) {
-  if (answer) return;
+// ----- the URL names the conversation shown: #/c/<id> -----
+function routedId() {
+  const found = /^#\/c\/(.+)$/.exec(location.hash);
+  return found ? decodeURIComponent(found[1]) : null;
+}
+function showInUrl(push) {  // a conversation not yet saved (no message) has no address
+  const saved = conversations.includes(current);
+  const url = saved ? `#/c/${encodeURIComponent(current.id)}` : location.pathname + location.search;
+  if ((saved ? current.id : null) === routedId()) return;
+  if (push) history.pushState(null, "", url); else history.replaceState(null, "", url);
+}
+function openConversation(conv, push = true) {
+  if (conv === current) return;
+  stopAnswer();  // the answer goes on being recorded in its own conversation until its end
   current = conv;
   document.body.classList.remove("menu-open");
-  renderLog(); renderList();
+  renderLog(); renderList(); showInUrl(push);
+}
+function openRouted() {  // the conversation the URL names, else a new one (which says so, if one was named)
+  const id = routedId(), found = conversations.find((c) => c.id === id);
+  const conv = found || newConversation();
+  notKept = id && !found ? { conv, id } : null;
+  openConversation(conv, false);
 }
 
-// ----- settings: the request fields the contract declares (/chat-ui/settings), saved -----
+// ----- settings: the request fields the contract declares (/chat-ui/settings), checked, saved -----
 function savedSettings() {
   try { return JSON.parse(localStorage.getItem(SETTINGS_KEY)) || {}; } catch { return {}; }
 }
-function saveSettings() {
+// a JSON integer past a double's exact ones (the seed's bound, 2**64 - 1) read exactly, from its
+// source text, where the browser passes it (JSON.parse's context argument)
+const exactIntegers = (key, value, context) => (typeof value === "number" && !Number.isSafeInteger(value)
+  && context && /^-?\d+$/.test(context.source) ? BigInt(context.source) : value);
+function limitsOf(f) {  // the declared bounds, narrowed by the chosen model's server
+  return { ...f, ...((bounds[$("setting-model").value] || {})[f.name] || {}) };
+}
+const lines = (raw) => raw.split("\n").filter((s) => s);
+const big = (x) => (typeof x === "bigint" ? x : BigInt(x));
+function problem(f, text) {  // what is wrong with a setting's text, as the server would say it; "" when nothing
+  const raw = text.trim(), b = limitsOf(f);
+  if (!raw) return "";  // blank: the server's default
+  if (f.type === "list") {
+    if (b.max_items !== undefined && lines(raw).length > b.max_items) {
+      return `at most ${b.max_items} lines (one sequence a line)`;
+    }
+    if (b.max_chars !== undefined && lines(raw).some((s) => s.length > b.max_chars)) {
+      return `at most ${b.max_chars} characters a line`;
+    }
+    return "";
+  }
+  if (f.type === "int" && !/^-?\d+$/.test(raw)) return "must be a whole number";
+  if (f.type === "float" && !Number.isFinite(Number(raw))) return "must be a number";
+  // integers exactly (a seed goes to 2**64 - 1, past a double's integers), floats as numbers
+  const value = f.type === "int" ? BigInt(raw) : Number(raw);
+  const bound = (x) => (f.type === "int" ? big(x) : Number(x));
+  if (b.ge !== undefined && value < bound(b.ge)) return `must be at least ${b.ge}`;
+  if (b.gt !== undefined && value <= bound(b.gt)) return `must be more than ${b.gt}`;
+  if (b.le !== undefined && value > bound(b.le)) return `must be at most ${b.le}`;
+  if (b.lt !== undefined && value >= bound(b.lt)) return `must be less than ${b.lt}`;
+  return "";
+}
+function checkSetting(f) {  // marks the field: its problem beside it, with the bound; true when it is valid
+  const input = $(`setting-${f.name}`), why = problem(f, input.value);
+  input.setAttribute("aria-invalid", String(Boolean(why)));
+  input.setCustomValidity(why);
+  $(`problem-${f.name}`).textContent = why && `${f.name}: ${why}`;
+  return !why;
+}
+function invalidSetting() {  // the first field whose text the server would refuse
+  return fields.find((f) => !checkSetting(f));
+}
+function saveSettings() {  // an invalid field keeps its last valid text in storage
   const saved = { system: $("system-prompt").value, model: $("setting-model").value };
-  for (const f of fields) saved[f.name] = $(`setting-${f.name}`).value;
+  for (const f of fields) {
+    if (checkSetting(f)) kept[f.name] = $(`setting-${f.name}`).value;
+    if (kept[f.name] !== undefined) saved[f.name] = kept[f.name];
+  }
   localStorage.setItem(SETTINGS_KEY, JSON.stringify(saved));
-  $("model").textContent = saved.model ? `· ${saved.model}` : "";
+  $("model").textContent = saved.model;
+}
+function settingInput(f, text) {
+  const label = document.createElement("label"), input = document.createElement(f.type === "list" ? "textarea" : "input");
+  const why = span("problem", "");
+  label.title = f.help; label.append(f.name, input, why);
+  input.id = `setting-${f.name}`; why.id = `problem-${f.name}`;
+  if (f.type === "list") input.placeholder = "one per line";
+  else {
+    input.type = "text";  // checked here, as typed: a number input would hide what was typed wrong
+    input.inputMode = f.type === "int" ? "numeric" : "decimal";
+    input.placeholder = f.default === null ? "none" : String(f.default);
+  }
+  input.value = text;
+  return label;
 }
 function buildSettings(info) {
   const saved = savedSettings();
-  fields = info.fields;
-  $("fields").replaceChildren(...fields.map((f) => {
-    const label = document.createElement("label"), input = document.createElement(f.type === "list" ? "textarea" : "input");
-    label.title = f.help; label.append(f.name, input);
-    input.id = `setting-${f.name}`;
-    if (f.type === "list") input.placeholder = "one per line";
-    else {
-      input.type = "number";
-      input.step = f.type === "int" ? "1" : "any";
-      if (f.ge !== undefined) input.min = f.ge;
-      if (f.le !== undefined) input.max = f.le;
-      input.placeholder = f.default === null ? "none" : String(f.default);
-    }
-    input.value = saved[f.name] ?? PAGE_DEFAULTS[f.name] ?? "";
-    return label;
-  }));
+  fields = info.fields; bounds = info.bounds || {};
   const select = $("setting-model");
   select.replaceChildren(...info.models.map((id) => new Option(id, id)));
   select.value = query.get("model") || saved.model || info.models[0];
   if (!select.value) select.value = info.models[0];
+  $("fields").replaceChildren(...fields.map((f) => {
+    const start = PAGE_DEFAULTS[f.name] ?? "";  // where the page starts, unless the server allows less
+    return settingInput(f, saved[f.name] ?? (problem(f, start) ? "" : start));
+  }));
+  // a saved text the server would refuse (bounds change) stays in view, marked, and leaves storage
+  kept = Object.fromEntries(fields.filter((f) => checkSetting(f)).map((f) => [f.name, $(`setting-${f.name}`).value]));
   $("system-prompt").value = saved.system || "";
   saveSettings();
+  if (!current.leaf) renderLog();  // the empty state names the model
 }
 function requestFields() {
   const request = { model: $("setting-model").value || undefined };
   for (const f of fields) {
     const raw = $(`setting-${f.name}`).value.trim();
     if (!raw) continue;  // the server's default
-    request[f.name] = f.type === "list" ? raw.split("\n").filter((s) => s) : Number(raw);
+    request[f.name] = f.type === "list" ? lines(raw) : f.type === "int" ? BigInt(raw) : Number(raw);
   }
   if (request.temperature > 0) request.do_sample = true;  // 0: greedy
   return request;
 }
-function history(conv, upTo) {
+function messageText(request) {  // JSON, with integers written exactly (JSON.stringify refuses BigInt)
+  const exact = Object.entries(request).filter(([, v]) => typeof v === "bigint");
+  const text = JSON.stringify(Object.fromEntries(Object.entries(request).filter(([, v]) => typeof v !== "bigint")));
+  return exact.length ? text.slice(0, -1) + exact.map(([k, v]) => `,${JSON.stringify(k)}:${v}`).join("") + "}" : text;
+}
+function ready() {  // whether a question can go now; if a setting is invalid, says which and shows it
+  if (!socket || socket.readyState !== WebSocket.OPEN || answer) return false;
+  const bad = invalidSetting();
+  if (!bad) return true;
+  statusLine.textContent = `not sent: ${$(`problem-${bad.name}`).textContent} (Settings)`;
+  showSettings(true);
+  $(`setting-${bad.name}`).focus();
+  return false;
+}
+function branchMessages(conv, upTo) {
   const messages = chain(conv, upTo).filter((n) => n.role === "user" || !n.error)
     .map((n) => ({ role: n.role, content: n.content })).slice(-MAX_MESSAGES);
   const system = $("system-prompt").value.trim();
@@ -270,16 +375,21 @@ function setBusy(busy) {
   $("stop").disabled = !busy;
   document.body.dataset.state = busy ? "generating" : "idle";
 }
-function ask(conv, user) {
-  if (!socket || socket.readyState !== WebSocket.OPEN) return;
+function ask(conv, user) {  // callers check ready() before they add the question
   if (conv.title === "New chat") conv.title = user.content.trim().split("\n")[0].slice(0, 48);
   const node = addNode(conv, user.id, "assistant", "");
-  answer = { conv, node, el: null, tokens: 0, started: 0, lastId: null };
-  socket.send(JSON.stringify({ type: "history", messages: history(conv, user.parent) }));
-  socket.send(JSON.stringify({ prompt: user.content, ...requestFields() }));
+  answer = { conv, node, el: null, tokens: 0, started: 0, lastId: null, stopping: false };
+  socket.send(JSON.stringify({ type: "history", messages: branchMessages(conv, user.parent) }));
+  socket.send(messageText({ prompt: user.content, ...requestFields() }));
   setBusy(true);
   renderLog();
   persist(conv);
+}
+function stopAnswer() {  // as Stop does: the answer ends "cancelled" when its end event comes
+  if (!answer || answer.stopping) return;
+  answer.stopping = true;
+  if (socket && socket.readyState === WebSocket.OPEN) socket.send(JSON.stringify({ type: "stop" }));
+  else onEnd({ finish_reason: "cancelled", generated_tokens: answer.tokens });  // no socket: ends here, not resumed
 }
 function rate(a) {
   const seconds = (performance.now() - a.started) / 1000;
@@ -352,32 +462,33 @@ function applyTheme(theme) {
   $("hl-dark").disabled = theme !== "dark";
   $("hl-light").disabled = theme === "dark";
 }
+function showSettings(shown) {
+  $("settings").hidden = !shown;
+  $("settings-toggle").setAttribute("aria-expanded", String(shown));
+}
 function wire() {
   $("form").addEventListener("submit", (event) => {
     event.preventDefault();
     const text = promptInput.value;
-    if (!text.trim() || answer || !socket || socket.readyState !== WebSocket.OPEN) return;
+    if (!text.trim() || !ready()) return;
     promptInput.value = "";
     ask(current, addNode(current, current.leaf, "user", text));
   });
   promptInput.addEventListener("keydown", (event) => {
     if (event.key === "Enter" && !event.shiftKey && !event.isComposing) { event.preventDefault(); $("form").requestSubmit(); }
   });
-  $("stop").addEventListener("click", () => {
-    if (socket && socket.readyState === WebSocket.OPEN) socket.send(JSON.stringify({ type: "stop" }));
-  });
+  $("stop").addEventListener("click", stopAnswer);
   $("new-chat").addEventListener("click", () => openConversation(newConversation()));
   $("search").addEventListener("input", renderList);
   $("menu").addEventListener("click", () => document.body.classList.toggle("menu-open"));
-  $("settings-toggle").addEventListener("click", () => {
-    const panel = $("settings");
-    panel.hidden = !panel.hidden;
-    $("settings-toggle").setAttribute("aria-expanded", String(!panel.hidden));
-  });
+  $("settings-toggle").addEventListener("click", () => showSettings($("settings").hidden));
   $("settings").addEventListener("input", saveSettings);
   $("settings").addEventListener("change", saveSettings);
   $("reset-settings").addEventListener("click", () => {
-    for (const f of fields) $(`setting-${f.name}`).value = PAGE_DEFAULTS[f.name] ?? "";
+    for (const f of fields) {
+      const start = PAGE_DEFAULTS[f.name] ?? "";
+      $(`setting-${f.name}`).value = problem(f, start) ? "" : start;
+    }
     $("system-prompt").value = "";
     saveSettings();
   });
@@ -417,9 +528,10 @@ async function start() {
   wire();
   database = await openDatabase();
   conversations = (await store("readonly", (s) => s.getAll())).sort((a, b) => b.updated - a.updated);
-  openConversation(newConversation());
+  openRouted();
+  addEventListener("hashchange", openRouted);  // the back button, or a link to another conversation
   fetch("/chat-ui/settings", apiKey ? { headers: { Authorization: `Bearer ${apiKey}` } } : {})
-    .then((r) => r.json()).then(buildSettings).catch(() => {});
+    .then((r) => r.text()).then((text) => buildSettings(JSON.parse(text, exactIntegers))).catch(() => {});
   connect();
 }
 start();

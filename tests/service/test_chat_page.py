@@ -1,8 +1,10 @@
 """The browser chat page (/chat-ui) in headless Chromium, on the real model, driven as a user
-drives it: an answer streams and stops, and survives its socket dropping, a reload finds the
-conversation (IndexedDB), an edit and a regeneration make branches, a code block is copied, the
-system prompt reaches the model, and the layout fits from a phone to a wide screen. Model output cannot become markup. Every
-state is kept as a screenshot under $LLM_TEST_ARTIFACTS (test-artifacts/ by default)."""
+drives it: an answer streams and stops, and survives its socket dropping; settings are checked
+against the server's bounds as they are typed; New chat and another conversation stop an answer
+that streams; a reload reopens the conversation its URL names (IndexedDB); an edit and a
+regeneration make branches, a code block is copied, the system prompt reaches the model, and the
+layout fits from a phone to a wide screen with no label cut. Model output cannot become markup.
+Every state is kept as a screenshot under $LLM_TEST_ARTIFACTS (test-artifacts/ by default)."""
 import os
 from pathlib import Path
 
@@ -19,6 +21,24 @@ HOSTILE = ('<img src=x onerror="window.pwned=1"> **bold** and *em* and `<b>code<
            '1. [three](https://example.com)\n\n```python\n<i>raw</i> = 1\n```\n\n'
            '| a | b |\n|---|---|\n| 1 | 2 |\n\n> quoted\n\n2 * 3 * 4 ![pic](https://example.com/x.png)')
 IDLE = 120000  # ms: an answer of the real model, on a loaded machine
+LONG_STORY = "Write a long story about a dragon who learns to bake bread."
+# what the page sends on its socket, kept in window.sent
+RECORD_SENT = "() => { window.sent = []; const send = socket.send.bind(socket); socket.send = (m) => { sent.push(m); send(m); }; }"
+# which of the header's title, the prompt's placeholder and the model dropdown's name are cut
+CUT_LABELS = """() => {
+    const cut = [], ruler = document.createElement("canvas").getContext("2d");
+    const room = (el) => { const s = getComputedStyle(el);
+        return el.clientWidth - parseFloat(s.paddingLeft) - parseFloat(s.paddingRight); };
+    const needs = (el, text) => { ruler.font = getComputedStyle(el).font; return ruler.measureText(text).width; };
+    for (const el of [document.querySelector("header h1"), ...document.querySelectorAll("header h1 span")]) {
+        if (getComputedStyle(el).display !== "inline" && el.scrollWidth > el.clientWidth) cut.push(el.textContent);
+    }
+    const prompt = document.getElementById("prompt");
+    if (needs(prompt, prompt.placeholder) > room(prompt)) cut.push(prompt.placeholder);
+    const select = document.getElementById("setting-model"), name = select.selectedOptions[0].text;
+    if (needs(select, name) > room(select) - 24) cut.push(name);  // 24 px: the dropdown's arrow
+    return cut;
+}"""
 
 
 def shot(page, name: str) -> None:
@@ -39,6 +59,26 @@ def send(page, text: str) -> None:
     page.fill("#prompt", text)
     page.press("#prompt", "Enter")
     expect(page.locator("body")).to_have_attribute("data-state", "idle", timeout=IDLE)
+
+
+def start_long_answer(page, text: str) -> str:
+    """Ask for a long answer and wait for its first words; the id of its conversation."""
+    from playwright.sync_api import expect
+    set_fields(page, temperature=0, max_tokens=600)
+    page.fill("#prompt", text)
+    page.press("#prompt", "Enter")
+    expect(page.locator("body")).to_have_attribute("data-state", "generating")
+    page.wait_for_function("() => (document.querySelector('.message.assistant:last-child')?.dataset.text || '')"
+                           ".length > 10", timeout=IDLE)
+    return page.evaluate("current.id")
+
+
+def shown(page) -> list[str]:
+    return [page.locator(".message").nth(i).text_content() for i in range(page.locator(".message").count())]
+
+
+def settings_of(http_port: int) -> dict:
+    return requests.get(f"http://127.0.0.1:{http_port}/chat-ui/settings", timeout=60).json()
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +120,7 @@ def test_an_answer_streams_and_stops(page, real_flow):
     expect(page.locator("#model")).to_contain_text("SmolLM2-135M-Instruct")
     shot(page, "answered")
     set_fields(page, max_tokens=600)
-    page.fill("#prompt", "Write a long story about a dragon who learns to bake bread.")
+    page.fill("#prompt", LONG_STORY)
     page.press("#prompt", "Enter")
     expect(page.locator("body")).to_have_attribute("data-state", "generating")
     page.wait_for_function("() => (document.querySelector('.message.assistant:last-child')?.dataset.text || '')"
@@ -114,15 +154,134 @@ def test_an_answer_whose_socket_drops_goes_on(page, real_flow):
 
 
 @needs_chromium
-def test_a_reload_finds_the_conversation(page):
+def test_settings_are_checked_against_the_servers_bounds(page, real_flow):
+    """Out of range as typed: marked, with the server's bound, not saved, and no question goes
+    while it stays so; a bad setting saved before is shown marked and is not sent either."""
     from playwright.sync_api import expect
-    page.locator(".conversation .open", has_text="List three fruits.").click()
-    before = [page.locator(".message").nth(i).text_content() for i in range(page.locator(".message").count())]
+    http_port = real_flow[1]
+    served = settings_of(http_port)
+    limit = served["bounds"][served["models"][0]]["max_tokens"]["le"]
+    refused = requests.post(f"http://127.0.0.1:{http_port}/v1/chat/completions", timeout=60, json={
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": limit + 1})
+    assert refused.status_code == 400 and "max_tokens" in refused.text  # the server's own bound
+    page.click("#new-chat")
+    set_fields(page, max_tokens=40)
+    page.click("#settings-toggle")
+    cases = {"max_tokens": (str(limit + 1), f"at most {limit}"), "top_p": ("0", "more than 0"),
+             "seed": (str(2**64), f"at most {2**64 - 1}"), "temperature": ("warm", "must be a number"),
+             "top_k": ("1.5", "a whole number"), "stop": ("\n".join("x" * 17), "at most 16 lines")}
+    for name, (text, why) in cases.items():
+        page.fill(f"#setting-{name}", text)
+        expect(page.locator(f"#setting-{name}")).to_have_attribute("aria-invalid", "true")
+        expect(page.locator(f"#problem-{name}")).to_contain_text(why)
+        if name == "max_tokens":
+            shot(page, "settings-invalid")
+        saved = page.evaluate("JSON.parse(localStorage.getItem('llm-stream-chat-settings'))")
+        assert saved.get(name, "") != text  # not saved: the last valid text stays
+        page.fill(f"#setting-{name}", "")
+    page.fill("#setting-seed", str(2**64 - 1))  # the top of the range, exactly
+    expect(page.locator("#setting-seed")).to_have_attribute("aria-invalid", "false")
+    page.fill("#setting-max_tokens", str(limit + 1))
+    page.click("#settings-toggle")
+    page.evaluate(RECORD_SENT)
+    page.fill("#prompt", "Name a colour.")
+    page.press("#prompt", "Enter")
+    expect(page.locator("#status")).to_contain_text(f"not sent: max_tokens: must be at most {limit}")
+    expect(page.locator("#settings")).to_be_visible()  # opened at the field to fix
+    assert page.evaluate("sent") == [] and page.locator(".message").count() == 0
+    assert page.input_value("#prompt") == "Name a colour."  # kept, for when it is fixed
+    page.fill("#setting-max_tokens", "4")
+    page.click("#settings-toggle")
+    set_fields(page, temperature=1)
+    send(page, "Name a colour.")
+    question = [m for m in page.evaluate("sent") if '"prompt"' in m][-1]
+    assert f'"seed":{2**64 - 1}' in question and '"max_tokens":4' in question  # integers sent exactly
+    assert page.locator(".message.assistant").last.get_attribute("data-finish") in ("length", "eos_token")
+    set_fields(page, temperature=0, seed="")
+    # saved when the page did not check, or before the server's bounds changed
+    page.evaluate(f"""() => localStorage.setItem('llm-stream-chat-settings', JSON.stringify(
+        {{...JSON.parse(localStorage.getItem('llm-stream-chat-settings')), max_tokens: '{limit * 5}'}}))""")
     page.reload()
     expect(page.locator("#status")).to_have_text("connected", timeout=15000)
-    expect(page.locator(".message")).to_have_count(0)  # a reload opens a new chat...
-    page.locator(".conversation .open", has_text="List three fruits.").click()  # ...beside the kept ones
-    assert [page.locator(".message").nth(i).text_content() for i in range(page.locator(".message").count())] == before
+    expect(page.locator("#setting-max_tokens")).to_have_attribute("aria-invalid", "true")
+    assert page.input_value("#setting-max_tokens") == str(limit * 5)  # shown, marked...
+    assert "max_tokens" not in page.evaluate("JSON.parse(localStorage.getItem('llm-stream-chat-settings'))")
+    page.evaluate(RECORD_SENT)
+    count = page.locator(".message").count()
+    page.fill("#prompt", "Name a colour.")
+    page.press("#prompt", "Enter")
+    expect(page.locator("#status")).to_contain_text("not sent: max_tokens")  # ...and never sent
+    assert page.evaluate("sent") == [] and page.locator(".message").count() == count
+    page.fill("#setting-max_tokens", "40")
+    page.click("#settings-toggle")
+    page.fill("#prompt", "")
+
+
+@needs_chromium
+def test_new_chat_and_another_conversation_stop_the_answer(page):
+    """While an answer streams, New chat, or a click on another conversation, stops it as Stop
+    does (it is kept, cancelled), then shows what was asked for."""
+    from playwright.sync_api import expect
+    page.click("#new-chat")
+    story = start_long_answer(page, "Write a long story about a lighthouse keeper and a storm.")
+    page.evaluate(RECORD_SENT)
+    page.click("#new-chat")
+    expect(page.locator("body")).to_have_attribute("data-state", "idle", timeout=30000)
+    assert '{"type":"stop"}' in page.evaluate("sent")
+    expect(page.locator("#empty")).to_be_visible()  # the new chat, empty
+    assert page.locator(".message").count() == 0 and "#/c/" not in page.url
+    page.locator(f".conversation[data-id='{story}'] .open").click()
+    assert page.url.endswith(f"#/c/{story}")
+    expect(page.locator(".message.assistant").last).to_have_attribute("data-finish", "cancelled")
+    other_id = page.locator(f".conversation:not([data-id='{story}'])").first.get_attribute("data-id")
+    start_long_answer(page, "Now tell it again, at greater length.")
+    page.locator(f".conversation[data-id='{other_id}'] .open").click()
+    expect(page.locator("body")).to_have_attribute("data-state", "idle", timeout=30000)
+    assert page.url.endswith(f"#/c/{other_id}")
+    expect(page.locator(f".conversation[data-id='{other_id}']")).to_have_attribute("aria-current", "true")
+    page.locator(f".conversation[data-id='{story}'] .open").click()
+    expect(page.locator(".message.assistant")).to_have_count(2)
+    expect(page.locator(".message.assistant").last).to_have_attribute("data-finish", "cancelled")
+    set_fields(page, max_tokens=40)
+
+
+@needs_chromium
+def test_a_reload_finds_the_conversation(page, real_flow):
+    """The URL names the conversation shown (#/c/<id>): a reload shows it again; a page without
+    one, or with one this browser does not keep, opens an empty new chat."""
+    from playwright.sync_api import expect
+    page.locator(".conversation .open", has_text="List three fruits.").click()
+    conv = page.locator(".conversation[aria-current='true']").get_attribute("data-id")
+    assert page.url.endswith(f"#/c/{conv}")
+    before = shown(page)
+    page.reload()
+    expect(page.locator("#status")).to_have_text("connected", timeout=15000)
+    expect(page.locator(".message")).to_have_count(len(before))  # without a click
+    assert shown(page) == before
+    expect(page.locator(f".conversation[data-id='{conv}']")).to_have_attribute("aria-current", "true")
+    shot(page, "reopened")
+    page.go_back()  # the conversation opened before it, as the back button goes
+    expect(page.locator(f".conversation[data-id='{conv}']")).to_have_attribute("aria-current", "false")
+    page.go_forward()
+    expect(page.locator(f".conversation[data-id='{conv}']")).to_have_attribute("aria-current", "true")
+    base = f"http://127.0.0.1:{real_flow[1]}/chat-ui"
+    page.goto(base)  # no conversation named
+    expect(page.locator("#status")).to_have_text("connected", timeout=15000)
+    empty, note = page.locator("#empty"), 'No conversation "no-such-conversation" is kept in this browser.'
+    expect(empty).to_contain_text("Ask SmolLM2-135M-Instruct something.", timeout=15000)
+    assert page.locator(".message").count() == 0
+    shot(page, "empty")
+    page.goto(f"{base}#/c/no-such-conversation")  # a link to one this browser lacks, within the page...
+    expect(empty).to_contain_text(note)
+    assert page.url == base and page.locator(".message").count() == 0  # the address names no conversation
+    page.goto("about:blank")
+    page.goto(f"{base}#/c/no-such-conversation")  # ...and loaded anew
+    expect(page.locator("#status")).to_have_text("connected", timeout=15000)
+    expect(empty).to_contain_text(note)
+    assert page.locator(".message").count() == 0
+    shot(page, "not-kept")
+    page.locator(f".conversation[data-id='{conv}'] .open").click()
+    assert shown(page) == before
     page.fill("#search", "dragon")
     expect(page.locator(".conversation")).to_have_count(1)
     page.fill("#search", "no such words anywhere")
@@ -205,7 +364,30 @@ def test_the_system_prompt_reaches_the_model(page, real_flow):
 
 
 @needs_chromium
-@pytest.mark.parametrize("width,height", [(360, 740), (1280, 800), (1920, 1080)])
+def test_the_page_loads_without_a_failed_request(page):
+    """Its icon is inline: no request for /favicon.ico, nor any other that fails."""
+    failed: list[str] = []
+
+    def answered(response) -> None:
+        if response.status >= 400:
+            failed.append(f"{response.status} {response.url}")
+
+    def unanswered(request) -> None:
+        failed.append(f"failed {request.url}")
+    page.on("response", answered)
+    page.on("requestfailed", unanswered)
+    try:
+        page.reload()
+        page.wait_for_selector("#setting-max_tokens", state="attached")
+    finally:
+        page.remove_listener("response", answered)
+        page.remove_listener("requestfailed", unanswered)
+    assert page.locator("link[rel=icon]").get_attribute("href").startswith("data:image/svg+xml,")
+    assert failed == []
+
+
+@needs_chromium
+@pytest.mark.parametrize("width,height", [(360, 740), (390, 844), (1280, 800), (1920, 1080)])
 def test_the_layout_fits_narrow_and_wide(page, width, height):
     from playwright.sync_api import expect
     page.set_viewport_size({"width": width, "height": height})
@@ -219,6 +401,12 @@ def test_the_layout_fits_narrow_and_wide(page, width, height):
     assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
     boxes = [page.locator(s).bounding_box() for s in ("#prompt", "#send", "#stop")]
     assert max(b["y"] for b in boxes) - min(b["y"] for b in boxes) < boxes[0]["height"]  # the form: one line
+    page.wait_for_selector("#setting-max_tokens", state="attached")  # the model's name, in the header
+    page.click("#settings-toggle")
+    assert page.evaluate(CUT_LABELS) == []
+    shot(page, f"settings-{width}")
+    page.click("#settings-toggle")
+    shot(page, f"chat-{width}")
     sidebar = page.locator("#sidebar")
     if width <= 720:
         assert not sidebar.is_visible()
