@@ -167,7 +167,8 @@ def test_the_quick_start_serves_and_its_curl_answers(real_model, tmp_path):
         assert answer["model"] == "SmolLM2-135M-Instruct"
         text = answer["choices"][0]["message"]["content"]
         assert text.strip() and answer["usage"]["completion_tokens"] > 0
-        events = [line.removeprefix("data: ") for line in started.shell(QUICK_START.then[1]).splitlines() if line]
+        streamed = started.shell(QUICK_START.then[1]).splitlines()
+        events = [line.removeprefix("data: ") for line in streamed if line.startswith("data: ")]  # (beside `id:`)
         assert events[-1] == "[DONE]"  # the same answer, streamed: one delta at a time
         assert "".join(json.loads(e)["choices"][0]["delta"].get("content") or "" for e in events[:-1]) == text
     run(QUICK_START, "", tmp_path, check)
