@@ -30,6 +30,8 @@ BLOCKS = [(document, block) for document in DOCUMENTS for block in python_blocks
 def test_the_documents_have_python_blocks():
     found = {document: len(python_blocks(document)) for document in DOCUMENTS}
     assert found["README.md"] >= 1 and found["docs/clients.md"] >= 5, found
+    pages = ["README.md", *(str(page.relative_to(ROOT)) for page in sorted((ROOT / "docs").glob("*.md")))]
+    assert [page for page in pages if python_blocks(page)] == [page for page in pages if page in DOCUMENTS]
 
 
 def interpreter(code: str) -> str:
