@@ -21,21 +21,28 @@ CA=/etc/ssl/certs/ca-certificates.crt
 EXECUTOR_PORT=23456 GRPC_PORT=23345 HTTP_PORT=23346
 
 bash deploy/build_images.sh "$TAG"
+# podman logs errors for the systemd timers of the images' HEALTHCHECKs, which this machine lacks (they are
+# run by hand below) on every container start: a command's output is shown only when it fails
+quiet() { local out; out=$("$@" 2>&1) || { echo "$out" >&2; return 1; }; }
 
 cleanup() { "${PODMAN[@]}" rm -f llm-stream-executor llm-stream-gateway >/dev/null 2>&1 || true; }
 trap cleanup EXIT
 cleanup
-"${PODMAN[@]}" run -d --name llm-stream-executor "${RUN[@]}" -e LLM_HEALTH_PORT=$EXECUTOR_PORT \
+quiet "${PODMAN[@]}" run -d --name llm-stream-executor "${RUN[@]}" -e LLM_HEALTH_PORT=$EXECUTOR_PORT \
   -v "$PWD/models:/models:ro" "localhost/llm-stream-executor:$TAG" --port $EXECUTOR_PORT --host 127.0.0.1 >/dev/null
-"${PODMAN[@]}" run -d --name llm-stream-gateway "${RUN[@]}" -e LLM_HEALTH_URL=http://127.0.0.1:$HTTP_PORT/ \
+quiet "${PODMAN[@]}" run -d --name llm-stream-gateway "${RUN[@]}" -e LLM_HEALTH_URL=http://127.0.0.1:$HTTP_PORT/ \
   "localhost/llm-stream-gateway:$TAG" \
   --port $GRPC_PORT $HTTP_PORT --protocol grpc http \
   --graph-description '{"llm": ["end-gateway"], "start-gateway": ["llm"]}' \
-  --deployments-addresses "{\"llm\": [\"grpc://127.0.0.1:$EXECUTOR_PORT\"]}" >/dev/null
+  --deployments-addresses "{\"llm\": [\"grpc://127.0.0.1:$EXECUTOR_PORT\"]}"
 .venv/bin/python deploy/compare.py --containers $GRPC_PORT $HTTP_PORT \
   || { "${PODMAN[@]}" logs --tail 40 llm-stream-executor; "${PODMAN[@]}" logs --tail 40 llm-stream-gateway; exit 1; }
 for name in llm-stream-executor llm-stream-gateway; do  # the images' HEALTHCHECKs, and who runs them
-  "${PODMAN[@]}" healthcheck run "$name" >/dev/null || { echo "$name: HEALTHCHECK failed"; exit 1; }
+  # unhealthy after 3 failures in a row, as a runtime decides (HEALTHCHECK's --retries default)
+  for try in 1 2 3; do
+    if out=$("${PODMAN[@]}" healthcheck run "$name" 2>&1); then break; fi
+    ((try < 3)) || { echo "$out" >&2; echo "$name: HEALTHCHECK failed 3 times in a row"; exit 1; }
+  done
   echo "$name: healthy, running as uid $("${PODMAN[@]}" exec "$name" id -u)"
 done
 cleanup
