@@ -6,7 +6,7 @@ need a composite of our own: gRPC is Jina's GRPCGateway (stream_doc, unary
 docs...) plus our routes: Jina's SSE wire format on GET /stream (gateway/protocols/jina_sse.py
 replaces Jina's route), OpenAI, TGI and WebSocket chat. Route collision: TGI's POST
 /generate wins on HTTP, so Jina's unary POST /generate route is removed from the
-HTTP app (it stays on gRPC).
+HTTP app (it stays on gRPC). What of Jina's internals this needs, gateway/edge/jina_patches.py does.
 """
 import logging
 import warnings
@@ -21,7 +21,7 @@ from jina.serve.runtimes.servers.composite import CompositeBaseServer
 
 from contract.lifecycle import die_with_parent
 from gateway.config import config
-from gateway.edge import jina_call_ends
+from gateway.edge import jina_patches
 from gateway.edge.backend import Backend
 from gateway.edge.grpc_edge import StatusGRPCGateway
 from gateway.edge.http_guard import DEBUG_PATHS, ApiKey, BodyLimit, cors_origins, debug_enabled, install_unrouted
@@ -41,12 +41,7 @@ from gateway.protocols.ws_chat import chat_router
 # Jina builds its HTTP models with pydantic v1-style configs: one warning per model, at start
 warnings.filterwarnings("ignore", message="Valid config keys have changed in V2", category=UserWarning)
 
-# Jina HTTP routes that our protocols replace, and /status, which tells anyone the
-# environment and internal addresses (TGI's /health says what a caller needs): (path, method)
-REPLACED_JINA_ROUTES = {("/generate", "POST"), ("/stream", "GET"), ("/status", "GET"), ("/stats", "GET"),
-                        ("/tokenize", "POST"), ("/detokenize", "POST")}
-
-jina_call_ends.install()  # the executor's generation ends with the request that asked for it
+jina_patches.install_call_ends()  # the executor's generation ends with the request that asked for it
 
 
 die_with_parent()  # as soon as Jina loads this module in the process it forked: its start may take a while
@@ -59,8 +54,7 @@ class LLMHTTPGateway(HTTPGateway):
     def app(self) -> FastAPI:
         app: FastAPI = super().app  # a new app each time; setup_server calls this once
         debug = debug_enabled()
-        app.router.routes = [r for r in app.router.routes
-                             if not _replaced(r) and (debug or getattr(r, "path", None) not in DEBUG_PATHS)]
+        jina_patches.strip_jina_routes(app, also=lambda r: not debug and getattr(r, "path", None) in DEBUG_PATHS)
         app.add_middleware(BodyLimit)
         app.add_middleware(ApiKey)
         install_unrouted(app)
@@ -87,11 +81,6 @@ class LLMHTTPGateway(HTTPGateway):
                          f"{base}/v1/messages · Ollama {base}/api · TGI {base}/generate_stream · "
                          f"Jina SSE {base}/stream · WebSocket ws://localhost:{self.port}/chat · "
                          f"chat page {base}/chat-ui")
-
-
-def _replaced(route: Any) -> bool:
-    methods = getattr(route, "methods", None) or set()
-    return any(getattr(route, "path", None) == p and m in methods for p, m in REPLACED_JINA_ROUTES)
 
 
 class WaitingForExecutor(logging.Filter):
@@ -122,7 +111,7 @@ class LLMGateway(CompositeBaseServer, BaseGateway):
         self.logger.logger.addFilter(WaitingForExecutor())
         classes = {"grpc": StatusGRPCGateway, "http": LLMHTTPGateway}
         self.servers: list[BaseServer] = []
-        for server_kwargs in self._server_kwargs:
+        for server_kwargs in jina_patches.server_kwargs(self):
             if config().host:  # the address both ports bind to (default: all)
                 server_kwargs["runtime_args"]["host"] = config().host
             protocol = str(server_kwargs["runtime_args"]["protocol"]).lower().split(".")[-1]
@@ -134,11 +123,8 @@ class LLMGateway(CompositeBaseServer, BaseGateway):
         self.gateways = self.servers  # Jina's CompositeServer exposes both names
 
     async def setup_server(self) -> None:
-        """Each server waits at its start for the executors' endpoints, retrying until its cancel
-        event is set. Jina's runtime hands its own event (the one its SIGTERM and SIGINT handlers set)
-        to this composite only after building it, so the servers built in __init__ would keep theirs,
-        never set: a Flow stopped or aborted before its executors answered (a model that cannot load,
-        Ctrl-C during the load) would wait for this gateway forever."""
-        for server in self.servers:
-            server.is_cancel = self.is_cancel
+        """The servers wait on the runtime's cancel event, which it handed this composite after
+        building it (jina_patches.hand_cancel_event): a Flow stopped before its executors answered
+        stops this gateway too."""
+        jina_patches.hand_cancel_event(self)
         await super().setup_server()

@@ -30,6 +30,7 @@ from jina.serve.runtimes.gateway.grpc import GRPCGateway
 from pydantic import ValidationError
 
 from contract.transport import GRPC_STATUS, error_kind
+from gateway.edge import jina_patches
 from gateway.edge.http_guard import api_key, key_matches
 from gateway.mapping.inputs import LIMITS, LimitError, bad_request
 from schemas import PromptDocument, Seed
@@ -241,10 +242,8 @@ class StatusGRPCGateway(GRPCGateway):
     """Jina's gRPC gateway, with the edge above."""
 
     async def setup_server(self) -> None:
-        handler = self._request_handler
-        handler.stream_doc = checked_at_the_edge(handler.stream_doc, lambda: _streaming(handler))  # the servicer grpc registers
-        handler.process_single_data, handler.Call = checked_data(handler.process_single_data, handler.Call)
-        handler._status = no_status  # Jina's answers with the environment and internal addresses
+        # the servicer grpc registers, checked at the edge; Jina's _status, which tells the environment, gone
+        jina_patches.wrap_grpc_servicer(self, checked_at_the_edge, checked_data)
         # a message past the body limit is refused by gRPC itself (RESOURCE_EXHAUSTED)
         self.grpc_server_options: Optional[dict[str, Any]] = {
             **(self.grpc_server_options or {}), "grpc.max_receive_message_length": LIMITS.max_body_bytes}
@@ -254,11 +253,6 @@ class StatusGRPCGateway(GRPCGateway):
         await super().setup_server()
         await self.health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
         self.server.add_generic_rpc_handlers([_reflection_v1()])
-
-
-def _streaming(handler: Any) -> dict[str, bool]:
-    models = getattr(handler.streamer, "_endpoints_models_map", None) or {}
-    return {e: bool(m.get("is_generator")) for e, m in models.items() if not e.startswith("_jina")}
 
 
 def _reflection_v1() -> grpc.GenericRpcHandler:
@@ -271,7 +265,3 @@ def _reflection_v1() -> grpc.GenericRpcHandler:
         servicer.ServerReflectionInfo, request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
         response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString)})
 
-
-async def no_status(empty: Any, context: Any) -> jina_pb2.JinaInfoProto:
-    """JinaInfoRPC/_status, as much as a health check says: it answers."""
-    return jina_pb2.JinaInfoProto()

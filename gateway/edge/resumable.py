@@ -51,7 +51,7 @@ class ResumableDocs:
     the documents handed on so far.
 
     Each call to the executor is made and read by a pump task of its own, which lives as long as
-    the call: the gateway ends a call when the task that made it ends (jina_call_ends.py), and
+    the call: the gateway ends a call when the task that made it ends (jina_patches.py), and
     a stream moved off a lost replica opens its new call from inside that reading. Cutting
     cancels the pump, which ends the call; documents it had read but not handed on are dropped,
     and made again on the resume."""

@@ -35,6 +35,7 @@ from jina.types.request.data import DataRequest, SingleDocumentRequest
 from contract import ModelNotServedError
 from contract.endpoints import DEPLOYMENT_OF, MODELS
 from contract.limits import draw_seed as new_seed
+from gateway.edge import jina_patches
 from gateway.fleet.channels import streamer as new_streamer
 from gateway.fleet.fleet import Fleet
 from gateway.fleet.models import ModelFleets
@@ -315,5 +316,4 @@ def install(server: Any) -> None:
     others = {name: new_streamer(one_node_graph(name), {name: addresses}, logger=server.logger)
               for name, addresses in deployments(getattr(server.runtime_args, "deployments_addresses", "{}")).items()
               if name not in generating}
-    routed = RoutingStreamer(server._request_handler.streamer, ModelFleets(fleets), others)
-    server._request_handler.streamer = server.streamer = routed
+    jina_patches.replace_streamer(server, lambda inner: RoutingStreamer(inner, ModelFleets(fleets), others))
