@@ -1,7 +1,6 @@
 """Async helper over Jina's `Client.stream_doc`: tokens as they arrive, errors as exceptions."""
 import contextlib
 import json
-import os
 import warnings
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Optional
@@ -18,7 +17,7 @@ from jina.excepts import BadServerFlow  # noqa: E402
 from jina.proto.jina_pb2_grpc import JinaSingleDocumentRequestRPCStub  # noqa: E402
 from jina.types.request.data import SingleDocumentRequest  # noqa: E402
 
-from contract import ErrorKind  # noqa: E402
+from contract import ErrorKind, settings  # noqa: E402
 from schemas import ModelOutputDocument, PromptDocument, named_error
 
 
@@ -34,12 +33,8 @@ class StreamError(RuntimeError):
 def default_port(protocol: str = "grpc") -> int:
     """The port `make serve` listens on for `protocol` ("grpc", else HTTP): the variable the
     server reads ($LLM_GRPC_PORT, $LLM_HTTP_PORT), else its default (12345, 12346)."""
-    name, fallback = ("LLM_GRPC_PORT", 12345) if protocol == "grpc" else ("LLM_HTTP_PORT", 12346)
-    value = os.environ.get(name, "")
-    try:
-        return int(value) if value else fallback
-    except ValueError:
-        raise ValueError(f"{name}={value!r} is not a port number") from None
+    port: int = settings.read("LLM_GRPC_PORT" if protocol == "grpc" else "LLM_HTTP_PORT")
+    return port
 
 
 def make_client(host: str = "localhost", port: Optional[int] = None, protocol: str = "grpc") -> Any:
@@ -72,7 +67,7 @@ async def stream(prompt: str, *, host: str = "localhost", port: Optional[int] = 
     if channel is not None and (client is not None or protocol != "grpc"):
         raise ValueError("channel: a gRPC channel from connect(), for protocol='grpc' without a client")
     doc = _document(prompt, sampling)
-    key = api_key if api_key is not None else os.environ.get("LLM_API_KEY", "")
+    key = api_key if api_key is not None else settings.read("LLM_API_KEY")
     port = port or default_port(protocol)
     if client is None and protocol == "grpc":
         docs = _grpc_stream(doc, channel, host, port, key)

@@ -6,13 +6,14 @@ read the same values, so a deployment overrides them with environment variables 
 process sees: LLM_MAX_BODY_BYTES, LLM_MAX_PROMPT_CHARS, LLM_MAX_MESSAGES,
 LLM_MAX_STOP_SEQUENCES, LLM_MAX_STOP_CHARS, LLM_MAX_GRAMMAR_BYTES, LLM_MAX_GRAMMAR_COMPILE_MS.
 The gateway's store of streams kept for a reconnect has its bounds here too (ResumeLimits).
+Each bound's default, meaning and parsing are its variable's, declared in contract/settings.py.
 """
-import os
 import random
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Optional, TypeVar
 
+from . import settings
 from .errors import check
 
 SEED_MAX = 2**64 - 1  # TGI's u64 range; torch.Generator.manual_seed takes all of it
@@ -33,23 +34,18 @@ def draw_seed() -> int:
 L = TypeVar("L", bound="EnvLimits")
 
 
+def limit(name: str) -> int:
+    """A bound's default: its variable's (LLM_<NAME>), declared in contract/settings.py."""
+    return int(settings.default("LLM_" + name.upper()))
+
+
 class EnvLimits:
-    """Integer bounds, each overridden by LLM_<NAME> in the environment."""
+    """Integer bounds, each overridden by LLM_<NAME> in the environment (contract/settings.py)."""
 
     @classmethod
     def from_env(cls: type[L], env: Optional[Mapping[str, str]] = None) -> L:
-        source: Mapping[str, str] = os.environ if env is None else env
-        values = {}
-        for f in fields(cls):  # type: ignore[arg-type]
-            name = "LLM_" + f.name.upper()
-            if source.get(name):
-                try:
-                    values[f.name] = int(source[name])
-                except ValueError:
-                    raise ValueError(f"{name}: expected an integer, got {source[name]!r}") from None
-                if values[f.name] < 1:
-                    raise ValueError(f"{name}: must be >= 1, got {values[f.name]}")
-        return cls(**values)
+        return cls(**{f.name: settings.read("LLM_" + f.name.upper(), env)
+                      for f in fields(cls)})  # type: ignore[arg-type]
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)  # type: ignore[call-overload]
@@ -60,20 +56,20 @@ class ResumeLimits(EnvLimits):
     """Streams kept for a reconnect with Last-Event-ID (gateway/edge/resumable.py): how many, the
     bytes of their events in all, and the seconds one is kept after its reader left or it ended."""
 
-    resume_streams: int = 256
-    resume_bytes: int = 64 * 1024 * 1024
-    resume_seconds: int = 300
+    resume_streams: int = limit("resume_streams")
+    resume_bytes: int = limit("resume_bytes")
+    resume_seconds: int = limit("resume_seconds")
 
 
 @dataclass(frozen=True)
 class RequestLimits(EnvLimits):
-    max_body_bytes: int = 2 * 1024 * 1024  # an HTTP body or a WebSocket message (TGI's 2 MB)
-    max_prompt_chars: int = 200_000  # a prompt, or all chat messages' contents together
-    max_messages: int = 512  # chat messages in one request
-    max_stop_sequences: int = 16
-    max_stop_chars: int = 256  # characters of one stop sequence
-    max_grammar_bytes: int = 64 * 1024  # a JSON schema, regex, choice list or grammar, as UTF-8
-    max_grammar_compile_ms: int = 200  # the compiler's work bound (llguidance's lexer fuel, ~50k/ms)
+    max_body_bytes: int = limit("max_body_bytes")
+    max_prompt_chars: int = limit("max_prompt_chars")
+    max_messages: int = limit("max_messages")
+    max_stop_sequences: int = limit("max_stop_sequences")
+    max_stop_chars: int = limit("max_stop_chars")
+    max_grammar_bytes: int = limit("max_grammar_bytes")
+    max_grammar_compile_ms: int = limit("max_grammar_compile_ms")
 
     def check_prompt(self, prompt: Any) -> None:
         """Before tokenizing: a prompt past the limit is refused without being read."""

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import Field, dataclass, field, fields
 from typing import Any, Optional
 
+from . import settings
 from .errors import EngineDeadError, OverloadedError, ValidationError, check
 from .keep_alive import keep_alive_seconds
 from .limits import DEFAULT_LIMITS, MAX_CHOICES, MAX_SPECULATIVE_TOKENS, MAX_TOP_LOGPROBS, SEED_MAX, RequestLimits
@@ -234,9 +235,10 @@ def field_type_annotation(f: Field) -> Any:
 KV_CACHE_DTYPES = ("auto", "fp32", "fp16")  # EngineConfig.kv_cache_dtype's choices
 
 
-def engine_option(default: Any, env: str) -> Any:
-    """An operator's option that an environment variable may also set (`with:` wins)."""
-    return field(default=default, metadata={"env": env})
+def engine_option(env: str) -> Any:
+    """An operator's option that an environment variable may also set (`with:` wins); its
+    default is the variable's, declared once in contract/settings.py."""
+    return field(default=settings.default(env), metadata={"env": env})
 
 
 @dataclass
@@ -246,39 +248,39 @@ class EngineConfig:
     model: str
     device: Optional[str] = None  # None: cuda when available, else cpu
     # auto: bf16 on GPU when supported; on CPU int4 for 4-bit weights, else fp32
-    dtype: str = engine_option("auto", "LLM_DTYPE")
+    dtype: str = engine_option("LLM_DTYPE")
     trust_remote_code: bool = False
     max_tokens_limit: int = 1024  # upper bound of a request's max_tokens
     max_running: int = 32  # requests decoded together in one batch
     max_waiting: int = 128  # requests queued behind them; beyond: overloaded
     # the KV cache, in tokens: every row's blocks, and the prefix cache's; or in bytes (0: by tokens)
-    max_batch_tokens: int = engine_option(32768, "LLM_MAX_BATCH_TOKENS")
-    kv_cache_bytes: int = engine_option(0, "LLM_KV_CACHE_BYTES")
+    max_batch_tokens: int = engine_option("LLM_MAX_BATCH_TOKENS")
+    kv_cache_bytes: int = engine_option("LLM_KV_CACHE_BYTES")
     # what the KV cache holds keys and values in (KV_CACHE_DTYPES); auto: fp16 for int4 weights (loader.pick_kv_dtype)
-    kv_cache_dtype: str = engine_option("auto", "LLM_KV_CACHE_DTYPE")
+    kv_cache_dtype: str = engine_option("LLM_KV_CACHE_DTYPE")
     max_prefill_tokens: int = 512  # prompt tokens prefilled per step (chunked beyond)
     # on a GPU, decode steps replayed from captured CUDA graphs (cuda_graphs.py); no effect on CPU
-    cuda_graphs: bool = engine_option(True, "LLM_CUDA_GRAPHS")
+    cuda_graphs: bool = engine_option("LLM_CUDA_GRAPHS")
     eos_token_ids: Optional[list[int]] = None  # None: from the model's generation config
     torch_threads: Optional[int] = None
     stream_interval: int = 1  # tokens per streamed document, unless a request sets its own
     stream_interval_ms: int = 0  # and at least this long between a stream's documents (0: off)
     core_process: bool = True  # the decode loop in its own process (False: a thread of the executor)
-    prefix_caching: bool = engine_option(True, "LLM_PREFIX_CACHING")  # reuse the KV of prompts already seen
+    prefix_caching: bool = engine_option("LLM_PREFIX_CACHING")  # reuse the KV of prompts already seen
     # prompt-lookup speculative decoding (speculation.py): drafts per step for greedy requests that do not
     # say (0: off; python -m benchmarks --speculation-sweep: sampled ones lose by it, so they speculate
     # only when they ask), from the longest earlier n-gram of ngram_max down to ngram_min tokens, while at
     # most max_rows rows run
-    speculative_tokens: int = engine_option(8, "LLM_SPECULATIVE_TOKENS")
+    speculative_tokens: int = engine_option("LLM_SPECULATIVE_TOKENS")
     speculative_ngram_min: int = 1
     speculative_ngram_max: int = 4
     speculative_max_rows: int = 4
     # how long the model stays loaded after its last request (contract/keep_alive.py: "5m", seconds,
     # negative: for good); a request's keep_alive sets its own
-    keep_alive: str = engine_option("5m", "LLM_KEEP_ALIVE")
+    keep_alive: str = engine_option("LLM_KEEP_ALIVE")
     # a reasoning model's think markers (engine/policies/reasoning.py): auto (the chat template's <think> and
     # </think>, where it names them), off, or OPEN,CLOSE
-    reasoning: str = engine_option("auto", "LLM_REASONING")
+    reasoning: str = engine_option("LLM_REASONING")
     limits: RequestLimits = field(default_factory=RequestLimits.from_env)  # request sizes
 
     def validate(self) -> "EngineConfig":
@@ -302,20 +304,8 @@ class EngineConfig:
         return self
 
     @staticmethod
-    def from_env(environ: Mapping[str, str]) -> dict[str, Any]:
+    def from_env(environ: Optional[Mapping[str, str]] = None) -> dict[str, Any]:
         """The options that environment variables set (LLM_DTYPE, LLM_MAX_BATCH_TOKENS, ...), read
-        as their fields' types: a boolean is off for 0, false or off."""
-        options: dict[str, Any] = {}
-        for f in fields(EngineConfig):
-            name = f.metadata.get("env")
-            raw = environ.get(name, "").strip() if name else ""
-            if not raw:
-                continue
-            if isinstance(f.default, bool):
-                options[f.name] = raw.lower() not in ("0", "false", "off")
-            elif isinstance(f.default, int):
-                check(raw.isdigit(), f.name, f"${name} must be a whole number, got {raw!r}")
-                options[f.name] = int(raw)
-            else:
-                options[f.name] = raw
-        return options
+        by contract/settings.py's rule; only those set, so that an unset one leaves the default."""
+        return {f.name: settings.read(f.metadata["env"], environ) for f in fields(EngineConfig)
+                if "env" in f.metadata and settings.is_set(f.metadata["env"], environ)}

@@ -8,7 +8,6 @@ off (each request is then refused, saying so), absent means the bundled all-Mini
 `make model` fetched it.
 """
 import json
-import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional
@@ -18,7 +17,7 @@ from docarray import DocList
 from docarray.typing import NdArray
 from jina import Executor, dynamic_batching, requests
 
-from contract import ErrorKind
+from contract import ErrorKind, settings
 from contract.endpoints import EMBED, EMBED_INFO
 from contract.lifecycle import die_with_parent
 from engine import Embedder
@@ -33,8 +32,8 @@ def embedding_source(model: str = "") -> str:
     """The model to serve: `with:`'s, LLM_EMBEDDING_MODEL's (empty: none), or the bundled one if present."""
     if model:
         return model
-    if "LLM_EMBEDDING_MODEL" in os.environ:
-        return os.environ["LLM_EMBEDDING_MODEL"]
+    if settings.is_set("LLM_EMBEDDING_MODEL"):  # blank: none
+        return settings.read("LLM_EMBEDDING_MODEL")
     return DEFAULT_MODEL if (Path(DEFAULT_MODEL) / "config.json").exists() else ""
 
 

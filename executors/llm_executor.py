@@ -14,7 +14,7 @@ from typing import Any, AsyncGenerator, Optional, Union  # noqa: UP035 - Jina ne
 from docarray import DocList
 from jina import Executor, requests
 
-from contract import EngineConfig, SamplingParams, served_id
+from contract import EngineConfig, SamplingParams, served_id, settings
 from contract.endpoints import KEEP_ALIVE
 from contract.keep_alive import keep_alive_seconds
 from contract.lifecycle import die_with_parent
@@ -31,7 +31,7 @@ DEFAULT_MODEL = "models/SmolLM2-135M-Instruct"  # where `make model` puts the de
 def model_source(model: str = "") -> str:
     """The model to serve: `with:`'s, else LLM_MODEL's, else the default model where `make model` put
     it (paths are the Flow's working directory's, the repository root for `make serve`)."""
-    source = model or os.environ.get("LLM_MODEL", "")
+    source = model or settings.read("LLM_MODEL") or ""
     if source:
         return source
     if (Path(DEFAULT_MODEL) / "config.json").exists():
@@ -46,18 +46,18 @@ class LLMExecutor(Executor):
 
     def __init__(self, model_name: str = "", **kwargs: Any):
         die_with_parent()  # a Flow stopped while this loads must not leave it behind
-        options = {**EngineConfig.from_env(os.environ),
+        options = {**EngineConfig.from_env(),
                    **{f.name: kwargs.pop(f.name) for f in fields(EngineConfig) if f.name in kwargs}}
         super().__init__(**kwargs)
         options["model"] = model_source(options.get("model", ""))
         options.setdefault("torch_threads", share_of_cores())
         config = EngineConfig(**options)
-        self.model_name = model_name or os.environ.get("LLM_MODEL_NAME") or served_name(options["model"])
+        self.model_name = model_name or settings.read("LLM_MODEL_NAME") or served_name(options["model"])
         self.model = ModelLifecycle(lambda: EngineProcess(config) if config.core_process else in_process(config),
                                     keep_alive_seconds(config.keep_alive) or 0.0, self._loaded)
         self.metrics = Metrics(self.model_name, self.stats_now)
-        if os.environ.get("LLM_METRICS_PORT"):  # a scraper reaches each executor (pod) directly
-            self.metrics.serve(int(os.environ["LLM_METRICS_PORT"]))
+        if (metrics_port := settings.read("LLM_METRICS_PORT")) is not None:  # a scraper reaches each pod directly
+            self.metrics.serve(metrics_port)
         engine = self.model.load_now()  # at start: a model that cannot load stops the service
         info = engine.info
         where = "its own process" if config.core_process else "a thread"
@@ -193,7 +193,7 @@ class LLMExecutor(Executor):
 def share_of_cores() -> Optional[int]:
     """torch's threads for one of LLM_REPLICAS replicas on this machine (a Flow's replicas share
     it): its share of the cores; None for one replica (the engine's own choice)."""
-    replicas = int(os.environ.get("LLM_REPLICAS") or 1)
+    replicas = settings.read("LLM_REPLICAS")
     return max(1, len(os.sched_getaffinity(0)) // replicas) if replicas > 1 else None
 
 

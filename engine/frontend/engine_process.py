@@ -40,7 +40,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Optional
 
-from contract import EngineConfig, EngineDeadError, OverloadedError
+from contract import EngineConfig, EngineDeadError, OverloadedError, settings
 
 from ..messages import AbortRequest, AddRequest, Command, LoadFailed, Prepared, Ready, Shutdown, StepOutputs, replay
 from ..observer import EngineObserver
@@ -52,7 +52,7 @@ from .streams import RequestStream, run_on
 log = logging.getLogger(__name__)
 _ROOT = str(Path(__file__).resolve().parents[2])  # holds the `executors` package
 MAX_MESSAGES_PER_READ = 64  # steps delivered per loop turn at most, so that the readers' turn comes
-STALL_S = float(os.environ.get("LLM_ENGINE_STALL_S", "60"))  # in flight, and silent this long: a stall
+STALL_S: float = settings.read("LLM_ENGINE_STALL_S")  # in flight, and silent this long: a stall
 
 
 class EngineProcess(EngineClient):

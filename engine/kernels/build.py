@@ -32,6 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Optional
 
+from contract import settings
+
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
@@ -49,7 +51,7 @@ _CONSTANT = re.compile(r"^#define (?P<name>[A-Z][A-Z0-9_]*) (?P<value>-?\d+)\b",
 
 def flags() -> tuple[str, ...]:
     """FLAGS, then the operator's `$LLM_KERNEL_FLAGS`."""
-    return FLAGS + tuple(shlex.split(os.environ.get("LLM_KERNEL_FLAGS", "")))
+    return FLAGS + tuple(shlex.split(settings.read("LLM_KERNEL_FLAGS")))
 
 
 class Unbuilt(OSError):
@@ -185,7 +187,7 @@ def _run(command: list[str]) -> None:
 
 def _cache_path(compiler: str, extra: tuple[str, ...] = ()) -> Optional[Path]:
     """Where this build is kept, or None where the cache folder cannot be written."""
-    root = os.environ.get("LLM_KERNEL_CACHE") or os.path.join(
+    root = settings.read("LLM_KERNEL_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "llm-stream", "kernels")
     folder = Path(root)
     if root.startswith("~"):  # no home folder to expand "~" into: nowhere to keep it
