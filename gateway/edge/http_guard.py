@@ -48,9 +48,9 @@ def origin_allowed(origin: Optional[str], host: Optional[str]) -> bool:
     return bool(host) and urlsplit(origin).netloc == host
 
 
-# GET: what probes, scrapers and browsers need (the chat page and its script; not its settings,
+# GET: what probes, scrapers and browsers need (the chat page and its scripts; not its settings,
 # which name the models: the page sends its key for those)
-OPEN_PATHS = {"/", "/health", "/metrics", "/chat-ui", "/chat-ui/chat.js"}
+OPEN_PATHS = {"/", "/health", "/metrics", "/chat-ui", "/chat-ui/chat.js", "/chat-ui/chat-settings.js"}
 OPEN_PREFIX = "/chat-ui/vendor/"  # GET: the chat page's libraries
 
 

@@ -1,4 +1,4 @@
-"""The browser chat page (GET /chat-ui) and what it loads: its script, the pinned libraries it
+"""The browser chat page (GET /chat-ui) and what it loads: its scripts, the pinned libraries it
 renders markdown with (gateway/static/vendor, see its VERSIONS), and what its settings panel
 offers: the generating models, and the request fields, read from the request contract so that
 the page never names a default or a bound of its own. The bounds a server sets at run time (each
@@ -20,7 +20,7 @@ from gateway.mapping.protocol import Upstream
 SETTINGS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "typical_p", "repetition_penalty",
             "presence_penalty", "frequency_penalty", "seed", "stop", "reasoning_budget")
 MEDIA = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
-ASSETS = ("chat.js", "vendor/marked.umd.js", "vendor/purify.min.js", "vendor/highlight.min.js",
+ASSETS = ("chat.js", "chat-settings.js", "vendor/marked.umd.js", "vendor/purify.min.js", "vendor/highlight.min.js",
           "vendor/github.min.css", "vendor/github-dark.min.css")
 
 

@@ -6,8 +6,8 @@
 // drops mid-answer reconnects and resumes it from the last event received. The conversation shown
 // is named in the URL (#/c/<id>), so a reload or a link opens it; a page without one opens an empty
 // new chat. New chat, or another conversation, while an answer streams stops that answer first.
-// Settings are checked as they are typed against the bounds the server sends (/chat-ui/settings):
-// an invalid one is marked with its bound, is not saved, and holds back questions until it is fixed.
+// Settings (chat-settings.js) are checked as typed against the server's bounds; an invalid one
+// holds back questions until it is fixed.
 // Model output is markdown rendered by marked with its HTML escaped (never parsed), then
 // sanitized by DOMPurify: nothing the model writes becomes markup, a script or a request.
 
@@ -15,15 +15,11 @@ const $ = (id) => document.getElementById(id);
 const log = $("log"), statusLine = $("status"), promptInput = $("prompt");
 const query = new URLSearchParams(location.search);
 const apiKey = query.get("api_key");  // with LLM_API_KEY set on the server: /chat-ui?api_key=KEY
-// where the page starts, before the user changes anything: small models stay on track this way
-const PAGE_DEFAULTS = { temperature: "0.2", top_p: "0.9", max_tokens: "256" };
-const SETTINGS_KEY = "llm-stream-chat-settings", THEME_KEY = "llm-stream-chat-theme";
+const THEME_KEY = "llm-stream-chat-theme";
 const MAX_MESSAGES = 199;  // the socket takes 200 at most; the system prompt is one
 
-let conversations = [], current = null, socket = null, fields = [];
+let conversations = [], current = null, socket = null;
 let answer = null;  // the answer being streamed: {conv, node, el, tokens, started, lastId, stopping}
-let bounds = {};  // each model's own bounds of some fields (max_tokens' limit, the stop list's), by model id
-let kept = {};  // each field's last valid text, the one saved
 let notKept = null;  // {conv, id}: the new chat opened for a URL naming a conversation this browser lacks
 
 // ----- storage: one IndexedDB store of conversations -----
@@ -178,7 +174,7 @@ function emptyState() {  // a conversation without messages: what to do, rather 
     return p;
   };
   box.id = "empty";
-  box.append(line(`Ask ${$("setting-model").value || "the model"} something.`),
+  box.append(line(`Ask ${chatSettings.model() || "the model"} something.`),
              line("Enter sends, Shift+Enter starts a new line."), line("Conversations stay in this browser."));
   box.firstChild.className = "ask";
   if (notKept && notKept.conv === current) box.prepend(line(`No conversation "${notKept.id}" is kept in this browser.`));
@@ -252,112 +248,12 @@ function openRouted() {  // the conversation the URL names, else a new one (whic
   openConversation(conv, false);
 }
 
-// ----- settings: the request fields the contract declares (/chat-ui/settings), checked, saved -----
-function savedSettings() {
-  try { return JSON.parse(localStorage.getItem(SETTINGS_KEY)) || {}; } catch { return {}; }
-}
-// a JSON integer past a double's exact ones (the seed's bound, 2**64 - 1) read exactly, from its
-// source text, where the browser passes it (JSON.parse's context argument)
-const exactIntegers = (key, value, context) => (typeof value === "number" && !Number.isSafeInteger(value)
-  && context && /^-?\d+$/.test(context.source) ? BigInt(context.source) : value);
-function limitsOf(f) {  // the declared bounds, narrowed by the chosen model's server
-  return { ...f, ...((bounds[$("setting-model").value] || {})[f.name] || {}) };
-}
-const lines = (raw) => raw.split("\n").filter((s) => s);
-const big = (x) => (typeof x === "bigint" ? x : BigInt(x));
-function problem(f, text) {  // what is wrong with a setting's text, as the server would say it; "" when nothing
-  const raw = text.trim(), b = limitsOf(f);
-  if (!raw) return "";  // blank: the server's default
-  if (f.type === "list") {
-    if (b.max_items !== undefined && lines(raw).length > b.max_items) {
-      return `at most ${b.max_items} lines (one sequence a line)`;
-    }
-    if (b.max_chars !== undefined && lines(raw).some((s) => s.length > b.max_chars)) {
-      return `at most ${b.max_chars} characters a line`;
-    }
-    return "";
-  }
-  if (f.type === "int" && !/^-?\d+$/.test(raw)) return "must be a whole number";
-  if (f.type === "float" && !Number.isFinite(Number(raw))) return "must be a number";
-  // integers exactly (a seed goes to 2**64 - 1, past a double's integers), floats as numbers
-  const value = f.type === "int" ? BigInt(raw) : Number(raw);
-  const bound = (x) => (f.type === "int" ? big(x) : Number(x));
-  if (b.ge !== undefined && value < bound(b.ge)) return `must be at least ${b.ge}`;
-  if (b.gt !== undefined && value <= bound(b.gt)) return `must be more than ${b.gt}`;
-  if (b.le !== undefined && value > bound(b.le)) return `must be at most ${b.le}`;
-  if (b.lt !== undefined && value >= bound(b.lt)) return `must be less than ${b.lt}`;
-  return "";
-}
-function checkSetting(f) {  // marks the field: its problem beside it, with the bound; true when it is valid
-  const input = $(`setting-${f.name}`), why = problem(f, input.value);
-  input.setAttribute("aria-invalid", String(Boolean(why)));
-  input.setCustomValidity(why);
-  $(`problem-${f.name}`).textContent = why && `${f.name}: ${why}`;
-  return !why;
-}
-function invalidSetting() {  // the first field whose text the server would refuse
-  return fields.find((f) => !checkSetting(f));
-}
-function saveSettings() {  // an invalid field keeps its last valid text in storage
-  const saved = { system: $("system-prompt").value, model: $("setting-model").value };
-  for (const f of fields) {
-    if (checkSetting(f)) kept[f.name] = $(`setting-${f.name}`).value;
-    if (kept[f.name] !== undefined) saved[f.name] = kept[f.name];
-  }
-  localStorage.setItem(SETTINGS_KEY, JSON.stringify(saved));
-  $("model").textContent = saved.model;
-}
-function settingInput(f, text) {
-  const label = document.createElement("label"), input = document.createElement(f.type === "list" ? "textarea" : "input");
-  const why = span("problem", "");
-  label.title = f.help; label.append(f.name, input, why);
-  input.id = `setting-${f.name}`; why.id = `problem-${f.name}`;
-  if (f.type === "list") input.placeholder = "one per line";
-  else {
-    input.type = "text";  // checked here, as typed: a number input would hide what was typed wrong
-    input.inputMode = f.type === "int" ? "numeric" : "decimal";
-    input.placeholder = f.default === null ? "none" : String(f.default);
-  }
-  input.value = text;
-  return label;
-}
-function buildSettings(info) {
-  const saved = savedSettings();
-  fields = info.fields; bounds = info.bounds || {};
-  const select = $("setting-model");
-  select.replaceChildren(...info.models.map((id) => new Option(id, id)));
-  select.value = query.get("model") || saved.model || info.models[0];
-  if (!select.value) select.value = info.models[0];
-  $("fields").replaceChildren(...fields.map((f) => {
-    const start = PAGE_DEFAULTS[f.name] ?? "";  // where the page starts, unless the server allows less
-    return settingInput(f, saved[f.name] ?? (problem(f, start) ? "" : start));
-  }));
-  // a saved text the server would refuse (bounds change) stays in view, marked, and leaves storage
-  kept = Object.fromEntries(fields.filter((f) => checkSetting(f)).map((f) => [f.name, $(`setting-${f.name}`).value]));
-  $("system-prompt").value = saved.system || "";
-  saveSettings();
-  if (!current.leaf) renderLog();  // the empty state names the model
-}
-function requestFields() {
-  const request = { model: $("setting-model").value || undefined };
-  for (const f of fields) {
-    const raw = $(`setting-${f.name}`).value.trim();
-    if (!raw) continue;  // the server's default
-    request[f.name] = f.type === "list" ? lines(raw) : f.type === "int" ? BigInt(raw) : Number(raw);
-  }
-  if (request.temperature > 0) request.do_sample = true;  // 0: greedy
-  return request;
-}
-function messageText(request) {  // JSON, with integers written exactly (JSON.stringify refuses BigInt)
-  const exact = Object.entries(request).filter(([, v]) => typeof v === "bigint");
-  const text = JSON.stringify(Object.fromEntries(Object.entries(request).filter(([, v]) => typeof v !== "bigint")));
-  return exact.length ? text.slice(0, -1) + exact.map(([k, v]) => `,${JSON.stringify(k)}:${v}`).join("") + "}" : text;
-}
+// ----- a question: whether it can go now, and its branch's messages -----
 function ready() {  // whether a question can go now; if a setting is invalid, says which and shows it
   if (!socket || socket.readyState !== WebSocket.OPEN || answer) return false;
-  const bad = invalidSetting();
+  const bad = chatSettings.invalid();
   if (!bad) return true;
-  statusLine.textContent = `not sent: ${$(`problem-${bad.name}`).textContent} (Settings)`;
+  statusLine.textContent = `not sent: ${bad.text} (Settings)`;
   showSettings(true);
   $(`setting-${bad.name}`).focus();
   return false;
@@ -365,7 +261,7 @@ function ready() {  // whether a question can go now; if a setting is invalid, s
 function branchMessages(conv, upTo) {
   const messages = chain(conv, upTo).filter((n) => n.role === "user" || !n.error)
     .map((n) => ({ role: n.role, content: n.content })).slice(-MAX_MESSAGES);
-  const system = $("system-prompt").value.trim();
+  const system = chatSettings.system();
   return system ? [{ role: "system", content: system }, ...messages] : messages;
 }
 
@@ -380,7 +276,7 @@ function ask(conv, user) {  // callers check ready() before they add the questio
   const node = addNode(conv, user.id, "assistant", "");
   answer = { conv, node, el: null, tokens: 0, started: 0, lastId: null, stopping: false };
   socket.send(JSON.stringify({ type: "history", messages: branchMessages(conv, user.parent) }));
-  socket.send(messageText({ prompt: user.content, ...requestFields() }));
+  socket.send(chatSettings.question(user.content));
   setBusy(true);
   renderLog();
   persist(conv);
@@ -482,16 +378,7 @@ function wire() {
   $("search").addEventListener("input", renderList);
   $("menu").addEventListener("click", () => document.body.classList.toggle("menu-open"));
   $("settings-toggle").addEventListener("click", () => showSettings($("settings").hidden));
-  $("settings").addEventListener("input", saveSettings);
-  $("settings").addEventListener("change", saveSettings);
-  $("reset-settings").addEventListener("click", () => {
-    for (const f of fields) {
-      const start = PAGE_DEFAULTS[f.name] ?? "";
-      $(`setting-${f.name}`).value = problem(f, start) ? "" : start;
-    }
-    $("system-prompt").value = "";
-    saveSettings();
-  });
+  chatSettings.wire();
   $("theme").addEventListener("click", () => {
     const theme = document.documentElement.dataset.theme === "dark" ? "light" : "dark";
     localStorage.setItem(THEME_KEY, theme);
@@ -530,8 +417,8 @@ async function start() {
   conversations = (await store("readonly", (s) => s.getAll())).sort((a, b) => b.updated - a.updated);
   openRouted();
   addEventListener("hashchange", openRouted);  // the back button, or a link to another conversation
-  fetch("/chat-ui/settings", apiKey ? { headers: { Authorization: `Bearer ${apiKey}` } } : {})
-    .then((r) => r.text()).then((text) => buildSettings(JSON.parse(text, exactIntegers))).catch(() => {});
+  chatSettings.load(apiKey, query.get("model")).then(() => { if (!current.leaf) renderLog(); })  // it names the model
+    .catch(() => {});
   connect();
 }
 start();

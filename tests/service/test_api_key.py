@@ -55,7 +55,8 @@ def test_http_routes_need_the_key(keyed_flow, method, path, body, shape):
 
 def test_health_metrics_and_the_page_stay_open(keyed_flow):
     base = f"http://127.0.0.1:{keyed_flow[1]}"
-    for path in ("/health", "/metrics", "/chat-ui", "/", "/chat-ui/chat.js", "/chat-ui/vendor/purify.min.js"):
+    for path in ("/health", "/metrics", "/chat-ui", "/", "/chat-ui/chat.js", "/chat-ui/chat-settings.js",
+                 "/chat-ui/vendor/purify.min.js"):
         assert requests.get(f"{base}{path}", timeout=60).status_code == 200, path
     # the page's settings name the models: the page sends its key for them
     assert requests.get(f"{base}/chat-ui/settings", timeout=60).status_code == 401

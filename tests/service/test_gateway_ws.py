@@ -121,7 +121,7 @@ def test_chat_page_is_served(flow):
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
     assert 'id="stop"' in r.text
     loaded = re.findall(r'(?:src|href)="(/chat-ui/[^"]+)"', r.text)
-    assert len(loaded) == 6 and not re.search(r'(?:src|href)="(?:https?:)?//', r.text)  # nothing from elsewhere
+    assert len(loaded) == 7 and not re.search(r'(?:src|href)="(?:https?:)?//', r.text)  # nothing from elsewhere
     for path in loaded:
         asset = requests.get(base + path, timeout=30)
         assert asset.status_code == 200 and asset.headers["content-type"].startswith(("text/javascript", "text/css"))
