@@ -11,6 +11,7 @@ import time
 import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 import requests
 
@@ -36,9 +37,17 @@ def leftovers(mark: str, within: float) -> list[str]:
     deadline = time.monotonic() + within
     while (left := service_processes(mark)) and time.monotonic() < deadline:
         time.sleep(0.25)
+    described = [describe(process) for process in left]
     for process in left:
         process.kill()
-    return [" ".join(process.cmdline())[:80] for process in left]
+    return described
+
+
+def describe(process: psutil.Process) -> str:
+    try:
+        return f"{process.pid} {process.status()} {' '.join(process.cmdline())[:80]}"
+    except psutil.Error as exc:
+        return f"{process.pid} {type(exc).__name__}"
 
 
 def busy(port: int) -> bool:
