@@ -78,7 +78,17 @@ def test_a_dropped_stream_goes_on_from_its_last_event_id(slow_flow, path):
     assert [e["id"] for e in joined] == [f"{stream_id}/{i}" for i in range(len(joined))]
     assert text_of(path, joined) == text_of(path, whole) and len(text_of(path, whole)) > 20
     assert usage(joined) == usage(whole)
-    assert [e.get("event") for e in joined] == [e.get("event") for e in whole]
+    assert kinds(joined) == kinds(whole)
+
+
+def kinds(evs: list[dict]) -> list:
+    """The events' kinds in order, a run of one kind counted once: a reader that falls behind gets
+    several tokens in one event (the same text, fewer deltas), so the runs' lengths vary with the load."""
+    out: list = []
+    for e in evs:
+        if not out or out[-1] != e.get("event"):
+            out.append(e.get("event"))
+    return out
 
 
 def test_an_unknown_or_foreign_last_event_id_is_refused_naming_the_header(slow_flow):
