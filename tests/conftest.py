@@ -27,6 +27,21 @@ def _pin_torch_vectors() -> None:
 
 _pin_torch_vectors()
 
+
+def _jina_ports_apart() -> None:
+    """The ports Jina picks for a Flow's executors (its random_port, JINA_RANDOM_PORT_MIN/MAX), above
+    the kernel's ephemeral range, where free_port() and every client socket get theirs, and apart for
+    each pytest-xdist worker: a Flow picks its executors' ports when it starts and binds them only
+    once their models load, and another worker's Flow or socket could take one in between."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
+    span = (65535 - 61000) // max(workers, 1)
+    os.environ.setdefault("JINA_RANDOM_PORT_MIN", str(61000 + worker * span))
+    os.environ.setdefault("JINA_RANDOM_PORT_MAX", str(61000 + (worker + 1) * span - 1))
+
+
+_jina_ports_apart()
+
 from testing.procs import free_port  # noqa: E402, F401 - the tests' import of it
 
 TIERS = ("unit", "gateway", "service", "real_model")
