@@ -122,7 +122,7 @@ _DECLARED = (
     Setting("LLM_ENGINE_STALL_S", float, 60.0, "seconds a busy engine process may stay silent before it counts "
             "as stalled and is replaced", (EXECUTOR,), low=0.001),
     Setting("LLM_REPLICAS", int, 1, "engine replicas behind the gateway, each with its share of the cores "
-            "(`make serve` and `deploy/serve.py`)", (SERVE, EXECUTOR), low=1),
+            "(`make serve` and `deploy/serve.py`)", (SERVE, EXECUTOR), low=1, high=64),
     Setting("LLM_METRICS_PORT", int, None, "each executor serves its own `/metrics` on this port (for a scraper "
             "that reads pods)", (EXECUTOR,), low=1, high=65535),
     Setting("LLM_KERNEL_CACHE", str, None, "where the C kernels, compiled for this CPU at the first start, are "

@@ -19,6 +19,8 @@ from typing import Any, Optional
 
 import yaml
 
+from contract import settings
+
 GENERATING = "llm"
 PORTS = ("LLM_GRPC_PORT", "LLM_HTTP_PORT")  # the gateway's ports, in the order of its protocols
 REPLICAS = "LLM_REPLICAS"  # each generating deployment's
@@ -51,25 +53,15 @@ def with_models(flow: dict[str, Any], models: list[str]) -> dict[str, Any]:
     return {**flow, "executors": executors[:at] + copies + executors[at + 1:]}
 
 
-def _whole_number(environ: dict, name: str, low: int, high: int) -> Optional[int]:
-    raw = environ.get(name, "").strip()
-    if not raw:
-        return None
-    if not raw.isdigit() or not low <= int(raw) <= high:
-        raise ValueError(f"{name} must be a whole number from {low} to {high}, got {raw!r}")
-    return int(raw)
-
-
 def with_environment(flow: dict[str, Any], environ: dict) -> dict[str, Any]:
     """`flow` with LLM_GRPC_PORT, LLM_HTTP_PORT and LLM_REPLICAS where they are set."""
     flow = copy.deepcopy(flow)
     ports = flow["gateway"]["port"]
-    for at, name in enumerate(PORTS):
-        port = _whole_number(environ, name, 1, 65535)
-        if port is not None:
-            ports[at] = port
-    replicas = _whole_number(environ, REPLICAS, 1, 64)
-    if replicas is not None:
+    for at, name in enumerate(PORTS):  # parsed and bounded as their declarations say (contract/settings.py)
+        if settings.is_set(name, environ):
+            ports[at] = settings.read(name, environ)
+    if settings.is_set(REPLICAS, environ):
+        replicas = settings.read(REPLICAS, environ)
         for executor in flow["executors"]:
             if "replicas" in executor:  # the generating deployments (the embedder runs once)
                 executor["replicas"] = replicas
