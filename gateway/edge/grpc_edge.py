@@ -32,6 +32,7 @@ from pydantic import ValidationError
 from contract.transport import GRPC_STATUS, error_kind
 from gateway.edge import jina_patches
 from gateway.edge.http_guard import api_key, key_matches
+from gateway.fleet.channels import PING_POLICY
 from gateway.mapping.inputs import LIMITS, LimitError, bad_request
 from schemas import PromptDocument, Seed
 
@@ -244,9 +245,10 @@ class StatusGRPCGateway(GRPCGateway):
     async def setup_server(self) -> None:
         # the servicer grpc registers, checked at the edge; Jina's _status, which tells the environment, gone
         jina_patches.wrap_grpc_servicer(self, checked_at_the_edge, checked_data)
-        # a message past the body limit is refused by gRPC itself (RESOURCE_EXHAUSTED)
+        # a message past the body limit is refused by gRPC itself (RESOURCE_EXHAUSTED); Jina clients'
+        # keepalive pings are allowed (gateway/fleet/channels.py)
         self.grpc_server_options: Optional[dict[str, Any]] = {
-            **(self.grpc_server_options or {}), "grpc.max_receive_message_length": LIMITS.max_body_bytes}
+            **PING_POLICY, **(self.grpc_server_options or {}), "grpc.max_receive_message_length": LIMITS.max_body_bytes}
         if api_key():
             self.grpc_tracing_server_interceptors: Optional[list[Any]] = [
                 *(self.grpc_tracing_server_interceptors or []), ApiKeyInterceptor(api_key())]

@@ -8,12 +8,22 @@ Gemma's starts, 2 to 7 s of 19 to 27 s. The same wait follows a replica that res
 local or cluster network a try is cheap, so tries come every second at most (not faster: a try
 to a port that nothing listens on can connect to itself, holding the port the executor is about
 to bind, and more tries make that likelier). The options a Flow gives its gateway
-(`grpc_channel_options`) win over these."""
+(`grpc_channel_options`) win over these.
+
+Jina's channels ping every 10 s, calls or none (`get_default_grpc_options`), and its servers meant
+to allow that, but set the options under `grpc.http1.` names that gRPC does not read. So a server
+keeps gRPC's defaults: a ping on a connection without calls is a strike, and after two it sends
+GOAWAY "too_many_pings". An executor idle for 30 s thus dropped the gateway's connection, and a
+call that met the GOAWAY failed with "Too many pings". `PING_POLICY` is what Jina meant, under the
+names gRPC reads: the executors' servers (flows/llm.yml's `grpc_server_options`) and the gateway's
+own take it."""
 from typing import Any, Optional
 
 from jina.serve.runtimes.gateway.streamer import GatewayStreamer
 
 RECONNECT_OPTIONS = {"grpc.max_reconnect_backoff_ms": 1000}
+# a server's side: a client's keepalive pings allowed without calls, up to one every 5 s
+PING_POLICY = {"grpc.keepalive_permit_without_calls": 1, "grpc.http2.min_ping_interval_without_data_ms": 5000}
 
 
 def channel_options(given: Optional[dict[str, Any]] = None) -> dict[str, Any]:

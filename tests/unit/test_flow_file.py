@@ -42,3 +42,15 @@ def test_variables_override_the_ports_and_replicas(tmp_path):
 def test_a_bad_value_is_refused_naming_its_variable(tmp_path, name, value):
     with pytest.raises(ValueError, match=name):
         write_flow(FLOW, [], tmp_path / "flow.yml", {name: value})
+
+
+def test_every_executor_allows_the_gateways_keepalive_pings(tmp_path):
+    """gRPC's server defaults drop an idle connection whose client pings every 10 s, as Jina's
+    channels do, with GOAWAY "too_many_pings" (gateway/fleet/channels.py): each executor's server
+    takes PING_POLICY, in the Flow as typed, in the copy with several models and in the export's."""
+    from gateway.fleet.channels import PING_POLICY
+    several = write_flow(FLOW, ["models/a", "models/b"], tmp_path / "flow.yml", {})
+    for path in (FLOW, several, str(ROOT / "deploy" / "flow.yml")):
+        executors = read(path)["executors"]
+        assert executors and all(e.get("grpc_server_options") == PING_POLICY for e in executors), path
+    assert all(name.startswith(("grpc.keepalive_", "grpc.http2.")) for name in PING_POLICY)  # names gRPC reads
