@@ -11,6 +11,7 @@ import urllib.request
 from pathlib import Path
 from typing import Optional
 
+from gateway.fleet.channels import PING_POLICY
 from testing.procs import ServerProcess, free_port
 
 GRAPH = json.dumps({"start-gateway": ["llm"], "llm": ["end-gateway"]})
@@ -46,7 +47,8 @@ class LocalFleet:
         """Replica i, on its own port (again, after a kill or a stop)."""
         self.starts[i] += 1
         jina = str(Path(sys.executable).parent / "jina")
-        cmd = [jina, "executor", "--uses", "jina.yml", "--port", str(self.ports[i]), "--host", "127.0.0.1"]
+        cmd = [jina, "executor", "--uses", "jina.yml", "--port", str(self.ports[i]), "--host", "127.0.0.1",
+               "--grpc-server-options", json.dumps(PING_POLICY)]  # as the Flow's executors (flows/llm.yml)
         self.executors[i] = ServerProcess(cmd, self.tmp / f"executor-{i}-{self.starts[i]}.log", self.env)
         if wait:
             self.wait_executor(i)
