@@ -120,10 +120,15 @@ serve: setup $(if $(filter $(DEFAULT_MODEL),$(LLM_MODEL)),model)
 	$(PY) deploy/serve.py flows/llm.yml
 
 # the real-model tier needs the default model; LLM_TEST_MODEL points the tests at it. The unit and
-# gateway tiers run as test-fast does (two workers), the servers' tiers one test at a time
+# gateway tiers run as test-fast does (two workers). The servers' tiers run in two workers too, a file
+# each at a time (a file's servers are its own): one at a time they kept two cores half idle, as a
+# test waits on its servers' start, its sleeps and its clients' imports. OpenMP's threads yield
+# instead of spinning while they wait, as the two workers' servers share the cores.
+SERVERS_TIERS := tests/service tests/real_model
 test: setup lint model gemma $(CLIENTS_VENV)/.installed
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 tests/unit tests/gateway
-	LLM_TEST_MODEL=$(DEFAULT_MODEL) LLM_TEST_GGUF=$(GEMMA_MODEL) LLM_CLIENTS_PYTHON=$(CLIENTS_VENV)/bin/python $(PY) -m pytest -q tests/service tests/real_model
+	LLM_TEST_MODEL=$(DEFAULT_MODEL) LLM_TEST_GGUF=$(GEMMA_MODEL) LLM_CLIENTS_PYTHON=$(CLIENTS_VENV)/bin/python \
+		OMP_WAIT_POLICY=passive $(PY) -m pytest -q -n 2 --dist loadfile $(SERVERS_TIERS)
 
 # the unit and gateway tiers: no server, no real model; two pytest-xdist workers of one torch
 # thread each (two threads each would spin against each other on two cores)
