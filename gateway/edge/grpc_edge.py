@@ -33,7 +33,8 @@ from contract.transport import GRPC_STATUS, error_kind
 from gateway.edge import jina_patches
 from gateway.edge.http_guard import api_key, key_matches
 from gateway.fleet.channels import PING_POLICY
-from gateway.mapping.inputs import LIMITS, LimitError, bad_request
+from gateway.mapping.api_fields import PROMPT_DOCUMENT_FIELDS
+from gateway.mapping.inputs import LIMITS, BadRequest, LimitError, bad_request
 from schemas import PromptDocument, Seed
 
 # the NodeProto kinds each Python type accepts; subclasses first (Seed is an int, bool too)
@@ -81,10 +82,13 @@ PROMPT_FIELD_KINDS = {name: _field_kinds(info.annotation) for name, info in Prom
 
 
 def wrong_field(document: Any) -> Optional[str]:
-    """The first field a caller got wrong, as a message naming it; None when all are right."""
+    """The first field a caller got wrong, as a message naming it; None when all are right. A
+    field the document does not have is refused as every HTTP route refuses it."""
+    try:
+        PROMPT_DOCUMENT_FIELDS.check_names(document.data.keys())
+    except BadRequest as exc:
+        return str(exc)
     for name, node in document.data.items():
-        if name not in PROMPT_FIELD_KINDS:
-            return f"{name}: unknown field; PromptDocument has {', '.join(sorted(PROMPT_FIELD_KINDS))}"
         expected = PROMPT_FIELD_KINDS[name]
         kind = node.WhichOneof("content")
         if kind is None:

@@ -29,6 +29,7 @@ from typing import Any, Optional
 from contract import kind_of
 from contract.limits import ResumeLimits, draw_seed
 from gateway.edge.backend import Ends, close_quietly, error_doc
+from gateway.mapping.policies import Handed, sampled
 from schemas import ModelOutputDocument, PromptDocument, Seed
 
 Opener = Callable[[PromptDocument], Awaitable[tuple[ModelOutputDocument, AsyncIterator[ModelOutputDocument]]]]
@@ -42,8 +43,9 @@ def sse_labelled(event_id: str, frame: str) -> str:
 
 def with_seed(doc: PromptDocument) -> PromptDocument:
     """A sampled request without a seed gets one, so that it can go on from its tokens."""
-    sampled = doc.do_sample and doc.temperature != 0
-    return doc.model_copy(update={"seed": Seed(draw_seed())}) if sampled and doc.seed is None else doc
+    if doc.seed is None and sampled(doc.do_sample, doc.temperature):
+        return doc.model_copy(update={"seed": Seed(draw_seed())})
+    return doc
 
 
 class ResumableDocs:
@@ -62,10 +64,18 @@ class ResumableDocs:
         self._queue: asyncio.Queue[Optional[ModelOutputDocument]] = asyncio.Queue(maxsize=1)  # None: the call ended
         self._pump: Optional[asyncio.Task] = None
         self._live = asyncio.Event()
-        self.tokens: list[int] = []
-        self.text = ""  # handed on: what a resumed run's generated_text goes on from
-        self._prefix = ""
+        self.handed = Handed(doc.resume_tokens or ())  # what a resumed run goes on from
         self.over = False
+
+    @property
+    def tokens(self) -> list[int]:
+        """The tokens handed on by this stream."""
+        return self.handed.tokens
+
+    @property
+    def text(self) -> str:
+        """The text handed on by this stream."""
+        return self.handed.text
 
     async def start(self) -> ModelOutputDocument:
         """Open the call; its first document (which stays the first handed on)."""
@@ -102,13 +112,12 @@ class ResumableDocs:
         if out is None:
             self.over = True
             raise StopAsyncIteration
-        return self._handed(out)
+        return self._hand_on(out)
 
-    def _handed(self, out: ModelOutputDocument) -> ModelOutputDocument:
-        if self._prefix and out.generated_text:
-            out = out.model_copy(update={"generated_text": self._prefix + out.generated_text})
-        self.tokens += list(out.token_ids)
-        self.text += out.text
+    def _hand_on(self, out: ModelOutputDocument) -> ModelOutputDocument:
+        if self.handed.prefix:
+            out = out.model_copy(update={"generated_text": self.handed.generated_text(out.generated_text)})
+        self.handed.sent(list(out.token_ids), out.text)
         self.over = self._ends.last(out)
         return out
 
@@ -132,8 +141,7 @@ class ResumableDocs:
             await self._queue.put(error_doc("the stream was cut, and an answer of several (n) cannot go on "
                                             "from its tokens"))
             return
-        self._prefix = self.text
-        self._pump_from(self._doc.model_copy(update={"resume_tokens": list(self.tokens)}))
+        self._pump_from(self._doc.model_copy(update={"resume_tokens": self.handed.resume_tokens()}))
 
     async def close(self) -> None:
         """The call ended, whatever it was doing."""

@@ -40,6 +40,7 @@ from gateway.fleet.channels import streamer as new_streamer
 from gateway.fleet.fleet import Fleet
 from gateway.fleet.models import ModelFleets
 from gateway.fleet.replicas import deployments, one_node_graph
+from gateway.mapping.policies import Handed, sampled
 from schemas import ModelOutputDocument
 from schemas.wire import fill
 
@@ -53,9 +54,7 @@ class Migration:
         data = request.proto.document.data
         self.request = request
         self.n = data["n"].integer if "n" in data and data["n"].WhichOneof("content") else 1
-        self.tokens: list[int] = list(_ints(data["resume_tokens"])) if "resume_tokens" in data else []
-        self.text = ""  # the text sent on since this request (not what a resumed request was given)
-        self.moved = 0
+        self.handed = Handed(_ints(data["resume_tokens"]) if "resume_tokens" in data else ())
         self.documents = 0  # sent on to the client
 
     @property
@@ -69,27 +68,22 @@ class Migration:
     def sent(self, out: Any) -> None:
         """A document on its way to the client: its tokens and text are the client's now."""
         self.documents += 1
-        if "token_ids" in out:
-            self.tokens += _ints(out["token_ids"])
-        if "text" in out:
-            self.text += out["text"].text
+        self.handed.sent(_ints(out["token_ids"]) if "token_ids" in out else [],
+                         out["text"].text if "text" in out else "")
 
     def patch(self, out: Any) -> None:
         """A resumed stream's `generated_text` starts where the lost replica's left off."""
-        if self.moved and "generated_text" in out:
-            out["generated_text"].text = self.prefix + out["generated_text"].text
+        if self.handed.prefix and "generated_text" in out:
+            out["generated_text"].text = self.handed.generated_text(out["generated_text"].text)
 
     def resumed(self) -> SingleDocumentRequest:
         """The request once more, going on from the tokens sent so far."""
-        self.prefix, self.moved = self.text, self.moved + 1
         request = SingleDocumentRequest()
         request.proto.CopyFrom(self.request.proto)
         node = request.proto.document.data["resume_tokens"]
         node.Clear()
-        fill(node, list(self.tokens))
+        fill(node, self.handed.resume_tokens())
         return request
-
-    prefix = ""
 
 
 def _ints(node: Any) -> list[int]:
@@ -100,9 +94,10 @@ def draw_seed(request: SingleDocumentRequest) -> None:
     """A sampled request without a seed gets one here, where a move to another replica needs it
     (the engine reports it as it reports a seed it drew)."""
     data = request.proto.document.data
-    sampled = "do_sample" in data and data["do_sample"].boolean and not (
-        "temperature" in data and data["temperature"].WhichOneof("content") and _number(data["temperature"]) == 0)
-    if sampled and ("seed" not in data or data["seed"].WhichOneof("content") is None):
+    temperature = _number(data["temperature"]) if "temperature" in data and data["temperature"].WhichOneof(
+        "content") else None
+    if sampled("do_sample" in data and data["do_sample"].boolean, temperature) and (
+            "seed" not in data or data["seed"].WhichOneof("content") is None):
         data["seed"].text = str(new_seed())
 
 
@@ -177,7 +172,7 @@ class RoutingStreamer:
         if not migration.movable or not others:
             raise exc
         log.warning("replica %d broke a stream after %d tokens (%s): it goes on on another replica",
-                    replica.index, len(migration.tokens), exc)
+                    replica.index, len(migration.handed.tokens), exc)
         fleet.migrations += 1
         return migration.resumed()
 

@@ -11,6 +11,7 @@ from enum import Enum
 from pydantic import BaseModel
 
 from gateway.mapping.inputs import BadRequest
+from schemas import PromptDocument
 
 
 class Handling(Enum):
@@ -77,3 +78,7 @@ def no_effect(*names: str) -> tuple[ApiField, ...]:
 
 def refused(name: str, *neutral: object, instead: str = "") -> ApiField:
     return ApiField(name, Handling.REFUSED, neutral, instead)
+
+
+# where the request is the document itself (Jina's SSE route, the gRPC port): its fields, all served
+PROMPT_DOCUMENT_FIELDS = ApiFields("PromptDocument", served(*PromptDocument.model_fields))

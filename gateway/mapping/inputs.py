@@ -6,7 +6,7 @@ their own names where the protocol has one, and as extensions where it has none
 (`option_fields`), so a field declared in the engine reaches every protocol.
 """
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import Field
 from typing import Any, Optional, TypeVar, Union
 
@@ -100,11 +100,19 @@ def prompt_document(**fields: Any) -> PromptDocument:
     if isinstance(fields.get("messages"), list):
         fields["messages"] = json.dumps(fields["messages"])
     if isinstance(fields.get("stop"), str):
-        fields["stop"] = [fields["stop"]]
+        fields["stop"] = stop_list(fields["stop"])
     try:
         return PromptDocument(**fields)
     except ValidationError as exc:
         raise bad_request(exc) from None
+
+
+def stop_list(stop: Union[str, Sequence[str], None], drop_empty: bool = False) -> list[str]:
+    """Stop sequences as the engine takes them, a list: one string is a list of one (as OpenAI, TGI
+    and Ollama accept), none an empty list. `drop_empty`: an empty string means no stop (OpenAI's
+    and Ollama's clients send ""); where it is kept, the engine refuses it naming `stop`."""
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    return [s for s in stops if s] if drop_empty else stops
 
 
 def option_fields(exclude: Collection[str] = ()) -> dict[str, Any]:

@@ -27,7 +27,6 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr
 
 from contract import ErrorKind, ServerInfo
-from contract.limits import REASONING_EFFORT_BUDGETS
 from contract.transport import ANTHROPIC_ERROR_TYPE, ANTHROPIC_STATUS
 from gateway.edge.backend import CollectedAnswer
 from gateway.mapping.api_fields import ApiFields, no_effect, refused, served
@@ -39,7 +38,8 @@ from gateway.mapping.conversation import (
     usage_of,
     whole_calls,
 )
-from gateway.mapping.inputs import BadRequest, Number, parse_body, prompt_document
+from gateway.mapping.inputs import BadRequest, Number, parse_body, prompt_document, stop_list
+from gateway.mapping.policies import effort_budget
 from gateway.mapping.protocol import Parsed, Protocol, Upstream, kind, serve, sse
 from schemas import ModelOutputDocument
 
@@ -165,12 +165,7 @@ def output_format(config: Optional[dict[str, Any]]) -> dict[str, Any]:
     """`output_config.format` ({"type": "json_schema", "schema"}: structured output), and its
     `effort` (how long a reasoning model thinks: OpenAI's efforts' budgets)."""
     config = config or {}
-    effort = config.get("effort")
-    budget = {}
-    if effort is not None:
-        if effort not in REASONING_EFFORT_BUDGETS:
-            raise BadRequest(f"output_config.effort: one of {', '.join(REASONING_EFFORT_BUDGETS)}", "output_config")
-        budget = {"reasoning_budget": REASONING_EFFORT_BUDGETS[effort]}
+    budget = effort_budget(config.get("effort"), "output_config.effort", "output_config")
     fmt = config.get("format")
     if fmt is None:
         return budget
@@ -198,7 +193,7 @@ def thinking(config: Optional[dict[str, Any]]) -> dict[str, Any]:
 
 def to_fields(req: Any) -> dict[str, Any]:
     FIELDS.check(req)
-    fields = {"model": req.model, "max_tokens": req.max_tokens, "stop": list(req.stop_sequences or []),
+    fields = {"model": req.model, "max_tokens": req.max_tokens, "stop": stop_list(req.stop_sequences),
               "do_sample": True, **tools(req), **output_format(req.output_config), **thinking(req.thinking)}
     for name in ("temperature", "top_p", "top_k"):
         if getattr(req, name) is not None:

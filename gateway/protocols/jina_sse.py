@@ -19,14 +19,13 @@ from fastapi.responses import Response, StreamingResponse
 
 from contract import ServerInfo
 from contract.transport import HTTP_STATUS
-from gateway.mapping.api_fields import ApiFields, served
+from gateway.mapping.api_fields import PROMPT_DOCUMENT_FIELDS
 from gateway.mapping.inputs import BadRequest, parse_json, prompt_document
 from gateway.mapping.protocol import SSE_HEADERS, Parsed, Protocol, Upstream, kind, serve
-from schemas import ModelOutputDocument, PromptDocument
+from schemas import ModelOutputDocument
 
 LIST_FIELDS = ("stop",)  # in a query string: repeated, or one JSON list
 END = "event: end\r\n\r\n"
-FIELDS = ApiFields("PromptDocument", served(*PromptDocument.model_fields))  # the document is the request
 
 
 def update(out: ModelOutputDocument) -> str:
@@ -55,7 +54,7 @@ async def _fields(request: Request) -> dict[str, Any]:
 class JinaSSE(Protocol):
     async def parse(self, request: Request, backend: Upstream) -> Parsed:
         fields = await _fields(request)
-        FIELDS.check_names(fields)
+        PROMPT_DOCUMENT_FIELDS.check_names(fields)  # the document is the request
         return Parsed(prompt_document(**fields), stream=True)
 
     def refusal(self, error: ModelOutputDocument) -> Response:

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, StrictBool, StrictStr
 
 from contract import ErrorKind, ServerInfo
 from contract.transport import OLLAMA_STATUS
+from gateway.mapping.api_fields import ApiFields, no_effect, served
 from gateway.mapping.inputs import BadRequest, parse_body
 from gateway.mapping.protocol import Upstream
 
@@ -146,9 +147,15 @@ def _size(parameters: int) -> str:
     return f"{parameters / 1e9:.1f}B" if parameters >= 1e9 else f"{round(parameters / 1e6)}M"
 
 
+MODEL_FIELDS = ApiFields("Ollama's /api/show, /api/pull and /api/delete", (
+    *served("model", "name", "stream"), *no_effect("verbose", "insecure")))
+COPY_FIELDS = ApiFields("Ollama's /api/copy", served("source", "destination"))
+
+
 class ModelRequest(BaseModel):
-    """/api/show, /api/pull and /api/delete (`name` is the older spelling of `model`)."""
-    model_config = ConfigDict(extra="forbid")
+    """/api/show, /api/pull and /api/delete (`name` is the older spelling of `model`); the rest arrive
+    as extras, which MODEL_FIELDS refuses."""
+    model_config = ConfigDict(extra="allow")
     model: Optional[StrictStr] = None
     name: Optional[StrictStr] = None
     verbose: Optional[StrictBool] = None  # show: the tokenizer's whole vocabulary, which is not listed here
@@ -161,7 +168,7 @@ class ModelRequest(BaseModel):
 
 
 class CopyRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")  # the rest arrive as extras: COPY_FIELDS refuses them
     source: StrictStr
     destination: StrictStr
 
@@ -171,6 +178,7 @@ async def _served(request: Request, backend: Upstream,
     """The request and the served model it names; else the refusal (`not_served` added to a 404's)."""
     try:
         req = await parse_body(request, ModelRequest)
+        MODEL_FIELDS.check(req)
         return req, req.served(await served_models(backend))
     except BadRequest as exc:
         return error(str(exc) + (not_served if isinstance(exc, NotServed) else ""), exc.kind)
@@ -215,6 +223,7 @@ def ollama_models_router(backend: Upstream) -> APIRouter:
     async def copy(request: Request) -> Response:
         try:
             req = await parse_body(request, CopyRequest)
+            COPY_FIELDS.check(req)
             models = await served_models(backend)
             source = find_model(req.source, models, "source")
             if not source.named(req.destination):

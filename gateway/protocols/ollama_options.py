@@ -16,9 +16,9 @@ from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt, 
 
 from contract import ServerInfo, ValidationError
 from contract.keep_alive import FOREVER, keep_alive_seconds
-from contract.limits import REASONING_EFFORT_BUDGETS
 from gateway.mapping.api_fields import ApiFields, no_effect, refused, served
-from gateway.mapping.inputs import BadRequest, Bool, Int, Number, Stop
+from gateway.mapping.inputs import BadRequest, Bool, Int, Number, Stop, stop_list
+from gateway.mapping.policies import default_max_tokens, effort_budget
 
 OLLAMA_DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9}  # Ollama's own, when a request says none
 _SHARED = ("model", "format", "options", "stream", "logprobs", "top_logprobs")
@@ -102,9 +102,7 @@ def think_fields(value: Any) -> dict[str, Any]:
         return {}
     if value is False:
         return {"reasoning_budget": 0}
-    if isinstance(value, str) and value in REASONING_EFFORT_BUDGETS:
-        return {"reasoning_budget": REASONING_EFFORT_BUDGETS[value]}
-    raise BadRequest(f"think: true, false or one of {', '.join(REASONING_EFFORT_BUDGETS)}, got {value!r}", "think")
+    return effort_budget(value, "think", also="true, false or ")
 
 
 def keep_alive_field(value: Any) -> Optional[float]:
@@ -138,8 +136,7 @@ def option_fields(options: Optional[Options], info: ServerInfo) -> tuple[dict[st
             fields[name] = getattr(o, name)
     if o.seed is not None and o.seed >= 0:  # Ollama's -1: a random seed, drawn and reported
         fields["seed"] = o.seed
-    if o.stop:
-        fields["stop"] = [o.stop] if isinstance(o.stop, str) else [s for s in o.stop if s]
+    fields["stop"] = stop_list(o.stop, drop_empty=True)
     fields.update(_penalty(o))
     fields["max_tokens"] = _max_tokens(o.num_predict, info)
     if o.num_ctx is not None and o.num_ctx < 1:
@@ -158,7 +155,7 @@ def _penalty(o: Options) -> dict[str, Any]:
 
 def _max_tokens(num_predict: Optional[int], info: ServerInfo) -> int:
     if num_predict is None or num_predict in (-1, -2):
-        return min(info.max_tokens_limit, info.max_context // 2)
+        return default_max_tokens(info)
     if num_predict < 1:  # 0 too: the engine's 0 scores a prompt, which Ollama's routes cannot report
         raise BadRequest(f"num_predict: must be -1, -2 or between 1 and {info.max_tokens_limit}, got {num_predict}",
                          "num_predict")

@@ -20,7 +20,6 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, create_model
 
 from contract import ErrorKind, ServerInfo
-from contract.limits import REASONING_EFFORT_BUDGETS
 from contract.transport import OPENAI_ERROR_TYPE, OPENAI_STATUS
 from gateway.edge.backend import CollectedAnswer, now
 from gateway.mapping.api_fields import ApiFields, no_effect, refused, served
@@ -34,8 +33,10 @@ from gateway.mapping.inputs import (
     parse_body,
     prompt_document,
     set_options,
+    stop_list,
 )
 from gateway.mapping.logprobs import chat_logprobs, completion_logprobs
+from gateway.mapping.policies import effort_budget, max_tokens_or_default
 from gateway.mapping.protocol import Parsed, Protocol, Upstream, kind, serve, sse
 from gateway.mapping.structured_output import OpenAIStructured, openai_constraint
 from gateway.mapping.tool_calls import parts, tool_fields, whole_calls
@@ -131,25 +132,27 @@ def error_body(message: str, error_kind: ErrorKind, param: Optional[str]) -> dic
                       "param": param, "code": error_kind.value}}
 
 
+def openai_refusal(error: ModelOutputDocument) -> Response:
+    """OpenAI's error answer (its routes', the Responses API's, vLLM's token routes'): validation
+    errors are 400 here (OpenAI's), not TGI's 422; `param` is the field."""
+    k = kind(error)
+    return JSONResponse(error_body(error.error or "", k, error.error_field), status_code=OPENAI_STATUS[k])
+
+
 def to_fields(req: Any, max_tokens: int) -> tuple[dict, dict[str, str]]:
     """(the document's fields, the names the request used for them where they differ).
     OpenAI always samples at its temperature (default 1); temperature 0 means greedy."""
-    stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
     constraint, sent_as = openai_constraint(req)
     tools = tool_fields(getattr(req, "tools", None), getattr(req, "tool_choice", None))
     return {**set_options(req, exclude=SPELLED_BY_OPENAI), **constraint, **tools, **effort(req),
-            "max_tokens": max_tokens, "do_sample": True, "stop": [s for s in stop if s]}, sent_as  # "": no stop
+            "max_tokens": max_tokens, "do_sample": True, "stop": stop_list(req.stop, drop_empty=True)}, sent_as
 
 
 def effort(req: Any) -> dict:
     """reasoning_effort (chat's) as a budget of thinking tokens, unless reasoning_budget says one."""
-    value = getattr(req, "reasoning_effort", None)
-    if value is None or getattr(req, "reasoning_budget", None) is not None:
+    if getattr(req, "reasoning_budget", None) is not None:
         return {}
-    if value not in REASONING_EFFORT_BUDGETS:
-        raise BadRequest(f"reasoning_effort: one of {', '.join(REASONING_EFFORT_BUDGETS)}, got {value!r}",
-                         "reasoning_effort")
-    return {"reasoning_budget": REASONING_EFFORT_BUDGETS[value]}
+    return effort_budget(getattr(req, "reasoning_effort", None), "reasoning_effort")
 
 
 def _reasoning(text: str) -> dict:
@@ -181,9 +184,7 @@ class OpenAI(Protocol):
     obj, chunk_obj = "text_completion", "text_completion"
 
     def refusal(self, error: ModelOutputDocument) -> Response:
-        """Validation errors are 400 here (OpenAI's), not TGI's 422; `param` is the field."""
-        k = kind(error)
-        return JSONResponse(error_body(error.error or "", k, error.error_field), status_code=OPENAI_STATUS[k])
+        return openai_refusal(error)
 
     def envelope(self, parsed: Parsed, obj: str, choices: list, info: Optional[ServerInfo], **extra: Any) -> dict:
         assert info is not None
@@ -304,10 +305,8 @@ class OpenAIChat(OpenAI):
         req = await parse_body(request, ChatRequest)
         CHAT_FIELDS.check(req)
         context = OpenAIContext(req, "chatcmpl-" + uuid.uuid4().hex)
-        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        if max_tokens is None:  # OpenAI: up to the context (the named model's); here half of it, within the limit
-            info = await backend.info(req.model)
-            max_tokens = min(info.max_tokens_limit, info.max_context // 2)
+        asked = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        max_tokens = await max_tokens_or_default(asked, req.model, backend.info)  # OpenAI: up to the context
         fields, sent_as = to_fields(req, max_tokens)
         if req.top_logprobs and not req.logprobs:
             raise BadRequest("top_logprobs: needs logprobs: true", "top_logprobs")

@@ -22,7 +22,6 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
 
 from contract import ServerInfo
-from contract.limits import REASONING_EFFORT_BUDGETS
 from gateway.edge.backend import CollectedAnswer
 from gateway.mapping.api_fields import ApiFields, no_effect, refused, served
 from gateway.mapping.conversation import (
@@ -34,9 +33,10 @@ from gateway.mapping.conversation import (
     whole_calls,
 )
 from gateway.mapping.inputs import BadRequest, Number, parse_body, prompt_document
-from gateway.mapping.protocol import Parsed, Upstream, kind, serve, sse
+from gateway.mapping.policies import effort_budget, max_tokens_or_default
+from gateway.mapping.protocol import Parsed, Protocol, Upstream, kind, serve, sse
 from gateway.mapping.structured_output import response_format
-from gateway.protocols.openai_routes import OpenAI
+from gateway.protocols.openai_routes import openai_refusal
 from gateway.protocols.responses_stored import add_stored_routes, earlier_items
 from schemas import ModelOutputDocument
 
@@ -188,12 +188,7 @@ def reasoning(req: Any) -> dict[str, Any]:
     for key, value in config.items():
         if key not in ("effort", "summary") or (key == "summary" and value is not None):
             raise BadRequest(f"reasoning.{key}: {value!r} is not served here (reasoning.effort is)", "reasoning")
-    effort = config.get("effort")
-    if effort is None:
-        return {}
-    if effort not in REASONING_EFFORT_BUDGETS:
-        raise BadRequest(f"reasoning.effort: one of {', '.join(REASONING_EFFORT_BUDGETS)}", "reasoning")
-    return {"reasoning_budget": REASONING_EFFORT_BUDGETS[effort]}
+    return effort_budget(config.get("effort"), "reasoning.effort", "reasoning")
 
 
 @dataclass
@@ -209,16 +204,13 @@ class ResponseContext:
         return self.sequence - 1
 
 
-class Responses(OpenAI):
-    """The request maps onto the contract; errors are OpenAI's (the base class)."""
+class Responses(Protocol):
+    """The request maps onto the contract; errors are OpenAI's."""
 
     async def parse(self, request: Request, backend: Upstream) -> Parsed:
         req = await parse_body(request, ResponsesRequest)
         FIELDS.check(req)
-        max_tokens = req.max_output_tokens
-        if max_tokens is None:
-            info = await backend.info(req.model)
-            max_tokens = min(info.max_tokens_limit, info.max_context // 2)
+        max_tokens = await max_tokens_or_default(req.max_output_tokens, req.model, backend.info)
         fields = {"model": req.model, "max_tokens": max_tokens, **reasoning(req), "do_sample": True, **tools(req), **text_format(req)}
         fields.update({k: getattr(req, k) for k in ("temperature", "top_p") if getattr(req, k) is not None})
         sent_as = {"max_tokens": "max_output_tokens", "json_schema": "text", "json_object": "text"}
@@ -227,6 +219,9 @@ class Responses(OpenAI):
         return Parsed(prompt_document(messages=conversation(req.instructions, context.items), **fields),
                       bool(req.stream) or background,
                       context, sent_as, background=context.id if background else None)
+
+    def refusal(self, error: ModelOutputDocument) -> Response:
+        return openai_refusal(error)
 
     def accepted(self, parsed: Parsed, info: Optional[ServerInfo]) -> Optional[Response]:
         """A background response that is not streamed: the response as it starts, at once."""

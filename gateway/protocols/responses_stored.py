@@ -19,7 +19,7 @@ from gateway.edge.backend import error_doc
 from gateway.edge.resumable import StoredStream, streams
 from gateway.mapping.inputs import BadRequest
 from gateway.mapping.protocol import SSE, SSE_HEADERS
-from gateway.protocols.openai_routes import OpenAI
+from gateway.protocols.openai_routes import openai_refusal
 
 ROUTE = "/v1/responses"  # where a response's stream was made
 
@@ -30,7 +30,7 @@ def _stored(response_id: str) -> Optional[StoredStream]:
 
 
 def _missing(response_id: str) -> Response:
-    return OpenAI().refusal(error_doc(f"response_id: no response {response_id!r} is kept here (a background "
+    return openai_refusal(error_doc(f"response_id: no response {response_id!r} is kept here (a background "
                                       f"response is kept LLM_RESUME_SECONDS after it ended)",
                                       ErrorKind.NOT_FOUND, "response_id"))
 
@@ -88,7 +88,7 @@ def add_stored_routes(router: APIRouter) -> None:
             return JSONResponse(snapshot(stored))
         start = 0 if starting_after is None else starting_after + 1
         if start < 0:
-            return OpenAI().refusal(error_doc("starting_after: must be a sequence number, 0 or more",
+            return openai_refusal(error_doc("starting_after: must be a sequence number, 0 or more",
                                               ErrorKind.VALIDATION, "starting_after"))
         return StreamingResponse(streams().read(stored, start), media_type=SSE, headers=SSE_HEADERS)
 

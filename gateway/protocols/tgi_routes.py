@@ -31,6 +31,7 @@ from gateway.mapping.inputs import (
     prompt_document,
     sampling_options,
     set_options,
+    stop_list,
 )
 from gateway.mapping.logprobs import alternatives
 from gateway.mapping.protocol import Parsed, Protocol, Upstream, kind, serve, sse
@@ -100,10 +101,9 @@ def check_fields(req: TGIRequest) -> None:
 
 def to_fields(p: TGIParameters) -> dict:
     """TGI samples when asked to, or when any warper is set (like TGI's NextTokenChooser)."""
-    stop = [p.stop] if isinstance(p.stop, str) else (p.stop or [])
     return {**set_options(p, exclude=SPELLED_BY_TGI), **tgi_constraint(p.grammar),
             "do_sample": bool(p.do_sample) or bool(sampling_options(p)),
-            "stop": stop, "max_tokens": p.max_new_tokens if p.max_new_tokens is not None else DEFAULT_MAX_NEW_TOKENS,
+            "stop": stop_list(p.stop), "max_tokens": p.max_new_tokens if p.max_new_tokens is not None else DEFAULT_MAX_NEW_TOKENS,
             **({"top_logprobs": p.top_n_tokens} if p.top_n_tokens else {}),
             **({"n": p.best_of} if p.best_of is not None else {}),
             **({"prompt_logprobs": True} if p.decoder_input_details else {})}

@@ -14,7 +14,7 @@ from gateway.mapping.api_fields import ApiFields, refused, served
 from gateway.mapping.inputs import BadRequest, parse_body, prompt_document
 from gateway.mapping.protocol import Upstream
 from gateway.mapping.tool_calls import tool_fields
-from gateway.protocols.openai_routes import OpenAI, error_body
+from gateway.protocols.openai_routes import error_body, openai_refusal
 
 # every field of a /tokenize request; what would change the tokens and is not served is refused
 FIELDS = ApiFields("vLLM's /tokenize", (
@@ -33,8 +33,11 @@ class TokenizeRequest(BaseModel):
     tools: Optional[list[dict[str, Any]]] = None
 
 
+DETOKENIZE_FIELDS = ApiFields("vLLM's /detokenize", served("model", "tokens"))
+
+
 class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")  # the rest arrive as extras: DETOKENIZE_FIELDS refuses them
     model: Optional[StrictStr] = None
     tokens: list[StrictInt]
 
@@ -67,10 +70,10 @@ def tokens_router(backend: Upstream) -> APIRouter:
         except BadRequest as exc:
             return JSONResponse(error_body(str(exc), ErrorKind.VALIDATION, exc.param), status_code=400)
         except ModelNotServedError as exc:
-            return OpenAI().refusal(error_doc(str(exc), exc.kind, exc.field))
+            return openai_refusal(error_doc(str(exc), exc.kind, exc.field))
         out = await backend.tokenize(doc)
         if out.error is not None:
-            return OpenAI().refusal(out)
+            return openai_refusal(out)
         return JSONResponse({"count": len(out.token_ids), "max_model_len": info.max_context,
                              "tokens": list(out.token_ids), "token_strs": None})
 
@@ -78,12 +81,13 @@ def tokens_router(backend: Upstream) -> APIRouter:
     async def detokenize(request: Request) -> Response:
         try:
             req: Union[DetokenizeRequest, Any] = await parse_body(request, DetokenizeRequest)
+            DETOKENIZE_FIELDS.check(req)
             doc = prompt_document(prompt_token_ids=req.tokens, model=req.model)
         except BadRequest as exc:
             return JSONResponse(error_body(str(exc), ErrorKind.VALIDATION, exc.param), status_code=400)
         out = await backend.detokenize(doc)
         if out.error is not None:
-            return OpenAI().refusal(out)
+            return openai_refusal(out)
         return JSONResponse({"prompt": out.text})
 
     return router

@@ -39,6 +39,7 @@ from contract import RequestLimits, request_fields
 from gateway.edge.backend import Backend
 from gateway.edge.http_guard import api_key, key_matches, origin_allowed
 from gateway.edge.resumable import ResumableDocs, StoredStream, streams, with_seed
+from gateway.mapping.api_fields import ApiFields, served
 from gateway.mapping.inputs import BadRequest, check_text, prompt_document
 from gateway.mapping.logprobs import chat_logprobs
 from gateway.mapping.tool_calls import parts, whole_calls
@@ -47,7 +48,8 @@ from schemas import PromptDocument
 
 ROUTE = "/chat"
 
-SAMPLING_FIELDS = tuple(f.name for f in request_fields())
+# a prompt message: the prompt and any request field (a command's own fields are read apart)
+FIELDS = ApiFields("the WebSocket chat's messages", served("prompt", "type", *(f.name for f in request_fields())))
 # a chat turn is one answer to the conversation: fields the chat cannot show are refused
 ONE_ANSWER = {"n": 1, "prompt_logprobs": False}
 MAX_HISTORY_MESSAGES = 200  # the gateway's own bound; the engine trims to the context
@@ -145,9 +147,7 @@ class ChatSession:
             if not isinstance(data.get("last_event_id"), str):
                 raise ValueError("last_event_id: a resume names the id of the last event received, a string")
             return "resume", {"last_event_id": data["last_event_id"]}
-        unknown = sorted(set(data) - set(SAMPLING_FIELDS) - {"prompt", "type"})
-        if unknown:
-            raise ValueError(f"{unknown[0]}: unknown field; send prompt and any of {', '.join(SAMPLING_FIELDS)}")
+        FIELDS.check_names(sorted(data))  # a BadRequest, which is a ValueError
         if not isinstance(data.get("prompt"), str):
             raise ValueError("prompt: must be a string")
         for name, only in ONE_ANSWER.items():

@@ -90,6 +90,26 @@ async def test_a_reconnect_gets_the_events_after_its_id_then_the_rest_made_from_
     assert [f.split("\n")[0] for f in got + rest] == [f"id: {stored.id}/{i}" for i in range(len(WORDS) + 1)]
 
 
+async def test_a_request_that_went_on_from_tokens_resumes_from_those_and_the_ones_handed_since():
+    """A client's own resume_tokens stay in front of the tokens handed on when the stream is cut."""
+    script, store = Script(), StreamStore(ResumeLimits())
+    docs = ResumableDocs(script.open, PromptDocument(prompt="hi", max_tokens=len(WORDS), resume_tokens=[0, 1]))
+    await docs.start()
+    stored = store.start("/v1/x", docs, frames(docs))
+    reader = store.read(stored, 0)
+    script.step(1)
+    got = await take(reader, 2)  # tokens 2 and 3
+    await reader.aclose()
+    await settle()
+    again = store.read(stored, 2)
+    script.step(len(WORDS))
+    rest = [f async for f in again]
+    assert script.sent[-1].resume_tokens == [0, 1, 2, 3]
+    assert docs.tokens == list(range(2, len(WORDS)))  # what this stream handed on
+    texts = [f.split("\n", 1)[1] for f in got + rest]
+    assert texts[-2] == f"data: {WORDS[-1]}|{''.join(WORDS[2:])}\n\n"  # all the text this stream made
+
+
 async def test_the_store_keeps_within_its_count_and_drops_what_waited_longest():
     script, store = Script(), StreamStore(ResumeLimits(resume_streams=2))
     first = await start(script, store)

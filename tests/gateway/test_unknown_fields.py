@@ -50,6 +50,9 @@ def refusal(r) -> tuple[int, str, object]:
     ("POST", "/v1/embeddings", {"input": "hi", "dimension": 3}, 400, "dimension"),
     ("POST", "/api/embed", {"input": "hi", "truncation": False}, 400, "truncation"),
     ("POST", "/tokenize", {"prompt": "hi", "add_special_token": False}, 400, "add_special_token"),
+    ("POST", "/detokenize", {"tokens": [1], "token": [2]}, 400, "token"),
+    ("POST", "/api/show", {"model": "fake-model", "verbos": True}, 400, "verbos"),
+    ("POST", "/api/copy", {"source": "fake-model", "destination": "x", "force": True}, 400, "force"),
 ])
 def test_a_typo_is_refused_naming_the_field_on_every_protocol(http, fake, method, path, body, status, field):
     if method == "GET":
@@ -75,9 +78,24 @@ def test_the_refusal_suggests_the_field_the_typo_resembles(http):
 
 def test_the_websocket_chat_refuses_a_typo_naming_it():
     session = ChatSession(None, None)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="^temprature: unknown field"):
+    with pytest.raises(ValueError) as refused:
         session.parse(json.dumps({"prompt": "hi", "temprature": 0}))
+    assert str(refused.value) == ("temprature: not a field of the WebSocket chat's messages that this server knows; "
+                                  "did you mean temperature?")
     assert session.parse(json.dumps({"prompt": "hi", "temperature": 0}))[1] == {"prompt": "hi", "temperature": 0}
+
+
+def test_the_grpc_port_refuses_a_typo_as_the_routes_do():
+    """The gRPC port's document is refused by the same declaration as Jina's SSE route's."""
+    from docarray.proto import DocProto, NodeProto
+
+    from gateway.edge.grpc_edge import wrong_field
+    document = DocProto()
+    document.data["prompt"].CopyFrom(NodeProto(text="hi"))
+    assert wrong_field(document) is None
+    document.data["max_token"].CopyFrom(NodeProto(integer=3))
+    assert wrong_field(document) == ("max_token: not a field of PromptDocument that this server knows; "
+                                     "did you mean max_tokens?")
 
 
 # values for the fields the routes accept with no effect, of the types they take

@@ -14,10 +14,12 @@ from gateway.mapping.api_fields import ApiFields, Handling
 from gateway.protocols import (
     anthropic_routes,
     embedding_routes,
+    ollama_models,
     ollama_options,
     openai_routes,
     responses_routes,
     tgi_routes,
+    tokens_routes,
 )
 
 API_DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
@@ -98,7 +100,11 @@ def test_api_docs_give_each_foreign_apis_fields_as_the_route_declares_them(marke
     (ollama_options.OPTIONS, ollama_options.Options),
     (embedding_routes.OPENAI_FIELDS, embedding_routes.OpenAIEmbeddingRequest),
     (embedding_routes.OLLAMA_FIELDS, embedding_routes.OllamaEmbedRequest),
-    (embedding_routes.OLLAMA_OLD_FIELDS, embedding_routes.OllamaEmbeddingsRequest)])
+    (embedding_routes.OLLAMA_OLD_FIELDS, embedding_routes.OllamaEmbeddingsRequest),
+    (tokens_routes.FIELDS, tokens_routes.TokenizeRequest),
+    (tokens_routes.DETOKENIZE_FIELDS, tokens_routes.DetokenizeRequest),
+    (ollama_models.MODEL_FIELDS, ollama_models.ModelRequest),
+    (ollama_models.COPY_FIELDS, ollama_models.CopyRequest)])
 def test_the_request_models_read_exactly_the_fields_served_or_accepted(declared: ApiFields, request_model):
     """A refused field reaches the check as an extra; a served one must be read by the model."""
     read = set(request_model.model_fields)
