@@ -4,8 +4,10 @@ Per-token fields are always lists, so one shape covers one token (the decode loo
 one per step), a chunk a slow reader takes at once (`merge`), a whole answer (`complete`)
 and the error that ends a request (no tokens, `error` set).
 """
-from dataclasses import dataclass, field
-from typing import Optional
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from enum import Enum
+from typing import Any, Optional
 
 from contract import ErrorKind, FinishReason, GenerationError, RequestFailedError, ValidationError, kind_of
 
@@ -13,31 +15,59 @@ from .policies.prompt_logprobs import PromptScores
 from .policies.tools import ToolCallDelta, merged
 
 
+class Merge(Enum):
+    """How `RequestOutput.merge` makes one field of several consecutive outputs (a slow
+    reader's tokens taken at once): every field of RequestOutput declares one, as its
+    metadata, and merge reads nothing else."""
+
+    TOKENS = "tokens"  # a per-token list: the outputs' lists joined, in order
+    FIRST = "first"  # the first output's value that is not None (what only an answer's first output has)
+    LAST = "last"  # the last output's (counts, the finish: the state after the last token)
+
+
+TOKENS: Mapping[str, Any] = {"merge": Merge.TOKENS}
+FIRST: Mapping[str, Any] = {"merge": Merge.FIRST}
+LAST: Mapping[str, Any] = {"merge": Merge.LAST}
+# off the document: what travels otherwise (an error, as the error document the reader raises)
+LAST_OFF_DOCUMENT: Mapping[str, Any] = {"merge": Merge.LAST, "document": False}
+
+
 @dataclass
 class RequestOutput:
-    request_id: str
-    token_ids: list[int] = field(default_factory=list)
-    texts: list[str] = field(default_factory=list)  # each token's new text (may be "": held back)
-    logprobs: list[float] = field(default_factory=list)
-    special: list[bool] = field(default_factory=list)
-    index: int = -1  # position of the last token in the generation
-    finish_reason: Optional[FinishReason] = None
-    error: Optional[str] = None
-    error_kind: Optional[ErrorKind] = None  # what failed: this request alone (unprocessable, validation) or more
-    error_field: Optional[str] = None  # the field to blame, where one is
-    prompt_tokens: int = 0
-    generated_tokens: int = 0
-    seed: Optional[int] = None
-    tool_calls: list[ToolCallDelta] = field(default_factory=list)  # parts of calls, in order
+    """Each field declares its merge rule (`Merge`, in its metadata). A field the reader sees
+    also needs its row in schemas' OUTPUT_FIELDS (the document's fields, in their wire order),
+    which executors/convert.py checks when it loads; `metadata["document"] = False` for one
+    that travels otherwise. A token's own fields are filled from the TokenPiece fields that
+    name them (policies/output.py, core/rows.py's `row_output`)."""
+
+    request_id: str = field(metadata=LAST_OFF_DOCUMENT)
+    token_ids: list[int] = field(default_factory=list, metadata=TOKENS)
+    texts: list[str] = field(default_factory=list, metadata=TOKENS)  # each token's new text (may be "": held back)
+    logprobs: list[float] = field(default_factory=list, metadata=TOKENS)
+    special: list[bool] = field(default_factory=list, metadata=TOKENS)
+    index: int = field(default=-1, metadata=LAST)  # position of the last token in the generation
+    finish_reason: Optional[FinishReason] = field(default=None, metadata=LAST)
+    error: Optional[str] = field(default=None, metadata=LAST_OFF_DOCUMENT)
+    # what failed: this request alone (unprocessable, validation) or more
+    error_kind: Optional[ErrorKind] = field(default=None, metadata=LAST_OFF_DOCUMENT)
+    error_field: Optional[str] = field(default=None, metadata=LAST_OFF_DOCUMENT)  # the field to blame, where one is
+    prompt_tokens: int = field(default=0, metadata=LAST)
+    generated_tokens: int = field(default=0, metadata=LAST)
+    seed: Optional[int] = field(default=None, metadata=LAST)
+    # parts of calls, in order (joined, then each call's consecutive parts as one: `merged`)
+    tool_calls: list[ToolCallDelta] = field(default_factory=list, metadata={**TOKENS, "then": merged})
     # top_logprobs: each token's likeliest alternatives, (id, its text alone, log probability)
-    alternatives: list[list[tuple[int, str, float]]] = field(default_factory=list)
-    token_strs: list[str] = field(default_factory=list)  # top_logprobs: each token's text alone
-    choice: int = 0  # which of the request's n answers
-    prompt: Optional[PromptScores] = None  # prompt_logprobs: on each answer's first output
-    cached_tokens: int = 0  # prompt tokens served from the prefix cache
-    stop_sequence: Optional[str] = None  # the stop sequence that ended the answer (finish_reason stop_sequence)
-    thoughts: list[str] = field(default_factory=list)  # each token's new reasoning text (policies/reasoning.py)
-    reasoning_tokens: int = 0  # of generated_tokens, those of the thinking (its markers too)
+    alternatives: list[list[tuple[int, str, float]]] = field(default_factory=list, metadata=TOKENS)
+    token_strs: list[str] = field(default_factory=list, metadata=TOKENS)  # top_logprobs: each token's text alone
+    choice: int = field(default=0, metadata=LAST)  # which of the request's n answers
+    prompt: Optional[PromptScores] = field(default=None, metadata=FIRST)  # prompt_logprobs: each answer's first
+    cached_tokens: int = field(default=0, metadata=LAST)  # prompt tokens served from the prefix cache
+    # the stop sequence that ended the answer (finish_reason stop_sequence)
+    stop_sequence: Optional[str] = field(default=None, metadata=LAST)
+    # each token's new reasoning text (policies/reasoning.py)
+    thoughts: list[str] = field(default_factory=list, metadata=TOKENS)
+    # of generated_tokens, those of the thinking (its markers too)
+    reasoning_tokens: int = field(default=0, metadata=LAST)
 
     @classmethod
     def failure(cls, request_id: str, error: BaseException | str, index: int = -1, prompt_tokens: int = 0,
@@ -79,24 +109,46 @@ class RequestOutput:
 
     @classmethod
     def merge(cls, outputs: list["RequestOutput"]) -> "RequestOutput":
-        """Consecutive outputs of one answer as one: the lists joined, the rest the last's."""
+        """Consecutive outputs of one answer as one, each field by its declared rule (`Merge`), of
+        the outputs' own class (a subclass's fields too)."""
         last = outputs[-1]
-        whole = cls(last.request_id, [], [], [], [], last.index, last.finish_reason, last.error, last.error_kind,
-                    last.error_field, last.prompt_tokens, last.generated_tokens, last.seed, choice=last.choice,
-                    cached_tokens=last.cached_tokens, stop_sequence=last.stop_sequence,
-                    reasoning_tokens=last.reasoning_tokens,
-                    prompt=next((o.prompt for o in outputs if o.prompt is not None), None))
-        for out in outputs:
-            whole.token_ids += out.token_ids
-            whole.texts += out.texts
-            whole.logprobs += out.logprobs
-            whole.special += out.special
-            whole.tool_calls += out.tool_calls
-            whole.alternatives += out.alternatives
-            whole.token_strs += out.token_strs
-            whole.thoughts += out.thoughts
-        whole.tool_calls = merged(whole.tool_calls)
-        return whole
+        rules = merge_rules(type(last))
+        values = {name: getattr(last, name) for name in rules.last}
+        for name, then in rules.tokens:
+            joined: list = []
+            for out in outputs:
+                joined += getattr(out, name)
+            values[name] = joined if then is None else then(joined)
+        for name in rules.first:
+            values[name] = next((v for out in outputs if (v := getattr(out, name)) is not None), None)
+        return type(last)(**values)
+
+
+@dataclass(frozen=True)
+class MergeRules:
+    """A class's fields by merge rule, in their order (`then`: what follows a join)."""
+
+    tokens: tuple[tuple[str, Optional[Callable[[list], list]]], ...]
+    first: tuple[str, ...]
+    last: tuple[str, ...]
+
+
+_RULES: dict[type, MergeRules] = {}
+
+
+def merge_rules(cls: type[RequestOutput]) -> MergeRules:
+    """The class's fields by merge rule, read once per class; a field without a rule is refused,
+    naming it: merge would not know what to keep of it."""
+    if cls not in _RULES:
+        for f in fields(cls):
+            if not isinstance(f.metadata.get("merge"), Merge):
+                raise TypeError(f"{cls.__name__}.{f.name} declares no merge rule: give it metadata "
+                                f"{{'merge': Merge...}}")
+        ruled = [(f.name, f.metadata["merge"], f.metadata.get("then")) for f in fields(cls)]
+        _RULES[cls] = MergeRules(tuple((name, then) for name, rule, then in ruled if rule is Merge.TOKENS),
+                                 tuple(name for name, rule, _ in ruled if rule is Merge.FIRST),
+                                 tuple(name for name, rule, _ in ruled if rule is Merge.LAST))
+    return _RULES[cls]
 
 
 def by_choice(outputs: list[RequestOutput]) -> list[RequestOutput]:

@@ -1,12 +1,13 @@
 """Documents <-> engine types: the one place where the two meet."""
 import json
+from collections.abc import Callable
 from dataclasses import fields
 from typing import Any, Optional, Union
 
 from contract import SamplingParams, ServerInfo, ValidationError, kind_of, request_fields
 from contract.blocks import BLOCK_SIZE
-from engine import EngineClient, PromptScores, RequestOutput
-from schemas import ModelOutputDocument, PromptDocument, Seed
+from engine import EngineClient, RequestOutput
+from schemas import OUTPUT_FIELDS, ModelOutputDocument, OutputField, PromptDocument, Shown
 
 
 def to_request(doc: PromptDocument) -> tuple[Union[str, list[int]], SamplingParams, Optional[str]]:
@@ -22,39 +23,54 @@ def to_request(doc: PromptDocument) -> tuple[Union[str, list[int]], SamplingPara
 
 def to_document(out: RequestOutput, generated_text: str) -> ModelOutputDocument:
     """One streamed document (or a whole answer): `generated_text` is all text so far."""
-    finish = out.finish_reason
-    final = finish is not None
+    return ModelOutputDocument(generated_text=generated_text, **document_fields(out))
+
+
+def document_fields(out: RequestOutput, declared: tuple[OutputField, ...] = OUTPUT_FIELDS) -> dict[str, Any]:
+    """The document's fields of an output, each as its row in OUTPUT_FIELDS says: what it shows
+    of which output field, and on which of the answer's documents (the others keep the default)."""
+    every, first_and_last, last = _plan(declared)
+    final = out.finish_reason is not None
     first = out.index + 1 == len(out.token_ids)  # an answer's first document: it starts at token 0
-    prompt = out.prompt
-    return ModelOutputDocument(
-        token_id=out.token_ids[-1] if out.token_ids else -1, token_ids=out.token_ids, text=out.text,
-        reasoning=out.reasoning,
-        texts=out.texts, generated_text=generated_text, index=out.index, choice_index=out.choice,
-        logprob=out.logprobs[-1] if out.logprobs else 0.0, logprobs=out.logprobs,
-        special=out.special[-1] if out.special else False, specials=out.special,
-        finish_reason=finish.value if finish is not None else None,
-        generated_tokens=out.generated_tokens if final else None,
-        reasoning_tokens=out.reasoning_tokens if final and out.reasoning_tokens else None,
-        prompt_tokens=out.prompt_tokens if final or first else None,  # first: for usage streamed up front
-        cached_tokens=out.cached_tokens if final or first else None,
-        stop_sequence=out.stop_sequence if final else None,
-        seed=Seed(out.seed) if final and out.seed is not None else None,
-        tokens=out.token_strs, alternative_counts=[len(a) for a in out.alternatives],
-        alternative_ids=[i for a in out.alternatives for i, _, _ in a],
-        alternative_texts=[t for a in out.alternatives for _, t, _ in a],
-        alternative_logprobs=[lp for a in out.alternatives for _, _, lp in a],
-        tool_call_indexes=[c.index for c in out.tool_calls], tool_call_ids=[c.id for c in out.tool_calls],
-        tool_call_names=[c.name for c in out.tool_calls], tool_call_arguments=[c.arguments for c in out.tool_calls],
-        **(_prompt_fields(prompt) if prompt is not None else {}))
+    values: dict[str, Any] = {}
+    for rows in (every, first_and_last if final or first else (), last if final else ()):
+        for name, source, value, sparse in rows:
+            got = getattr(out, source)
+            if not (sparse and not got):  # a sparse list of nothing: its default, built by the document
+                values[name] = got if value is None else value(got)
+    return values
 
 
-def _prompt_fields(prompt: PromptScores) -> dict:
-    alternatives = prompt.alternatives
-    return dict(prompt_token_ids=prompt.token_ids, prompt_token_texts=prompt.texts, prompt_logprobs=prompt.logprobs,
-                prompt_alternative_counts=[len(a) for a in alternatives],
-                prompt_alternative_ids=[i for a in alternatives for i, _, _ in a],
-                prompt_alternative_texts=[t for a in alternatives for _, t, _ in a],
-                prompt_alternative_logprobs=[lp for a in alternatives for _, _, lp in a])
+Plan = tuple[tuple[str, str, Optional[Callable[[Any], Any]], bool], ...]
+_PLANS: dict[int, tuple[tuple[OutputField, ...], tuple[Plan, Plan, Plan]]] = {}  # the declaration kept alive
+
+
+def _plan(declared: tuple[OutputField, ...]) -> tuple[Plan, Plan, Plan]:
+    """The rows an output fills, (name, source, value, sparse), for every document, the first and
+    last, and the last: read once per declaration, as each token's document is built from them
+    (a row's enum and attributes, read each time, tripled the time a document's fields take)."""
+    if id(declared) not in _PLANS:
+        plans = tuple(tuple((f.name, f.source, f.value, f.sparse) for f in declared
+                            if f.source is not None and f.shown is shown)
+                      for shown in (Shown.EVERY, Shown.FIRST_AND_LAST, Shown.LAST))
+        _PLANS[id(declared)] = (declared, (plans[0], plans[1], plans[2]))
+    return _PLANS[id(declared)][1]
+
+
+def check_shown(output: type[RequestOutput] = RequestOutput, declared: tuple[OutputField, ...] = OUTPUT_FIELDS) -> None:
+    """Refuse an output field that no document field shows, unless it says it travels otherwise
+    (`metadata["document"] = False`: an error, as the error document), and a document field
+    whose source is no output field: checked as this module loads, so that a field left out
+    fails the executor's start instead of never reaching a reader."""
+    names = {f.name for f in fields(output)}
+    sources = {f.source for f in declared if f.source is not None}
+    unshown = {f.name for f in fields(output) if f.metadata.get("document", True)} - sources
+    if unshown or sources - names:
+        raise TypeError(f"{output.__name__} and the document's fields disagree: no document field shows "
+                        f"{sorted(unshown)}, no output field is {sorted(sources - names)}")
+
+
+check_shown()
 
 
 def error_document(exc: BaseException, generated_text: str = "") -> ModelOutputDocument:

@@ -6,12 +6,13 @@ request's tokens so far are replayed through each policy, so that the row goes o
 the uncut run was.
 """
 from collections.abc import Callable
-from typing import Optional
+from dataclasses import fields
+from typing import Any, Optional
 
 from contract import SEED_MAX, EngineConfig, FinishReason, SamplingParams, ValidationError
 
 from ..messages import Prepared
-from ..outputs import RequestOutput
+from ..outputs import RequestOutput, merge_rules
 from ..policies.output import OutputPipeline, TokenPiece, Vocabulary
 from ..policies.prompt_logprobs import PromptScores
 from ..policies.sampling import TokenChooser
@@ -73,11 +74,42 @@ def row_output(row: Request, piece: Optional[TokenPiece], index: int) -> Request
         return RequestOutput(row.request_id, finish_reason=FinishReason.LENGTH, prompt_tokens=len(row.prompt_ids),
                              seed=row.seed, choice=row.choice, prompt=row.prompt_scores,
                              cached_tokens=row.cached_tokens)
-    asked = piece.token_str is not None
-    return RequestOutput(row.request_id, [piece.token_id], [piece.text], [piece.logprob], [piece.special], index,
-                         piece.finish, prompt_tokens=len(row.prompt_ids), generated_tokens=index + 1, seed=row.seed,
-                         tool_calls=piece.tool_calls, alternatives=[piece.alternatives or []] if asked else [],
-                         token_strs=[piece.token_str or ""] if asked else [], choice=row.choice,
-                         prompt=row.prompt_scores if index == 0 else None, cached_tokens=row.cached_tokens,
-                         stop_sequence=piece.stop_sequence, thoughts=[piece.reasoning],
-                         reasoning_tokens=piece.reasoning_tokens)
+    return RequestOutput(row.request_id, index=index, prompt_tokens=len(row.prompt_ids), generated_tokens=index + 1,
+                         seed=row.seed, choice=row.choice, prompt=row.prompt_scores if index == 0 else None,
+                         cached_tokens=row.cached_tokens, **_piece_fields(piece))
+
+
+def _piece_fields(piece: TokenPiece) -> dict[str, Any]:
+    """The output fields a token's piece fills, each as its TokenPiece field declares."""
+    ones, parts, values = _PIECE_TO_OUTPUT
+    got = vars(piece)
+    filled = {target: got[name] for name, target in values}
+    for name, target in ones:
+        value = got[name]
+        filled[target] = [] if value is None else [value]
+    for name, target in parts:
+        filled[target] = list(got[name])
+    return filled
+
+
+Pairs = tuple[tuple[str, str], ...]  # (TokenPiece field, RequestOutput field)
+
+
+def _piece_to_output() -> tuple[Pairs, Pairs, Pairs]:
+    """The TokenPiece fields that fill one entry of a per-token list (none where the piece has
+    None: not asked for), the token's parts of one, and a value as it is, each with the
+    RequestOutput field it fills. A piece that names no output field is refused as the module loads."""
+    rules = merge_rules(RequestOutput)
+    per_token = {name for name, _ in rules.tokens}
+    ones: list[tuple[str, str]] = []
+    parts: list[tuple[str, str]] = []
+    values: list[tuple[str, str]] = []
+    for f in fields(TokenPiece):
+        target = f.metadata.get("output")
+        if target not in per_token | set(rules.first) | set(rules.last):
+            raise TypeError(f"TokenPiece.{f.name} names no RequestOutput field it fills: {target!r}")
+        (values if target not in per_token else parts if f.metadata.get("parts") else ones).append((f.name, target))
+    return tuple(ones), tuple(parts), tuple(values)
+
+
+_PIECE_TO_OUTPUT = _piece_to_output()

@@ -45,19 +45,26 @@ class Vocabulary:
 @dataclass
 class TokenPiece:
     """One token's share of an output: its text (maybe "", held back), log probability,
-    alternatives, the tool-call parts it completes, and whether the answer ends with it."""
+    alternatives, the tool-call parts it completes, and whether the answer ends with it.
 
-    token_id: int
-    text: str  # of the answer
-    logprob: float
-    special: bool
-    token_str: Optional[str] = None  # logprobs or top_logprobs: the token's text alone
-    alternatives: Optional[list[Alternative]] = None
-    tool_calls: list[ToolCallDelta] = field(default_factory=list)
-    finish: Optional[FinishReason] = None
-    stop_sequence: Optional[str] = None  # the one that ended the answer (finish STOP)
-    reasoning: str = ""  # its text when it is a thought (reasoning.py)
-    reasoning_tokens: int = 0  # the answer's thinking tokens so far, this one included
+    Each field names the RequestOutput field it fills (`metadata["output"]`, read by
+    core/rows.py's `row_output`): a per-token list gets one entry per token (none where the
+    value is None: not asked for), or the token's `parts`; any other field, the value."""
+
+    token_id: int = field(metadata={"output": "token_ids"})
+    text: str = field(metadata={"output": "texts"})  # of the answer
+    logprob: float = field(metadata={"output": "logprobs"})
+    special: bool = field(metadata={"output": "special"})
+    # logprobs or top_logprobs: the token's text alone
+    token_str: Optional[str] = field(default=None, metadata={"output": "token_strs"})
+    alternatives: Optional[list[Alternative]] = field(default=None, metadata={"output": "alternatives"})
+    tool_calls: list[ToolCallDelta] = field(default_factory=list, metadata={"output": "tool_calls", "parts": True})
+    finish: Optional[FinishReason] = field(default=None, metadata={"output": "finish_reason"})
+    # the one that ended the answer (finish STOP)
+    stop_sequence: Optional[str] = field(default=None, metadata={"output": "stop_sequence"})
+    reasoning: str = field(default="", metadata={"output": "thoughts"})  # its text when it is a thought (reasoning.py)
+    # the answer's thinking tokens so far, this one included
+    reasoning_tokens: int = field(default=0, metadata={"output": "reasoning_tokens"})
 
 
 def finish_reason(stop_hit: bool, eos: bool, length: bool, grammar_done: bool,
@@ -100,7 +107,7 @@ class OutputPipeline:
             logprob, alternatives = raw_logprob(logits, token_id, top, self.vocab.texts)
         asked = self.asks_logprobs
         return TokenPiece(token_id, text, logprob, token_id in self.vocab.special_ids,
-                          self.vocab.texts(token_id) if asked else None, alternatives if asked else None, calls,
+                          self.vocab.texts(token_id) if asked else None, (alternatives or []) if asked else None, calls,
                           finish, self.stops.hit if finish is FinishReason.STOP else None, thought,
                           self.reasoning.tokens)
 
