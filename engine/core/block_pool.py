@@ -28,6 +28,11 @@ class BlockPool:
     def __init__(self, blocks: int):
         """blocks: the pool's size, the null block included (never handed out)."""
         self.total = blocks - 1
+        self.reset()
+
+    def reset(self) -> None:
+        """Every block free and nothing cached, in place (the group managers hold this pool)."""
+        blocks = self.total + 1
         self.refs = [0] * blocks
         self.key_of: list[Optional[int]] = [None] * blocks
         self.cached: dict[int, CachedBlock] = {}

@@ -15,15 +15,18 @@ so keys computed for one request, in a prefill or a decode step, are bit for bit
 request would compute. (On the fallbacks, PyTorch's matmuls round by shape: there, as for
 batching, the tokens are the same and the numbers within float rounding.)
 
-Where the model has sliding-window layers, each table block that a row's window still reaches
-has a window block too (window_blocks.py): every method below keeps both.
+The model's layers are split in KV cache groups by attention kind (kv_pool.py), each with a
+manager of its own (kv_groups.py); this coordinator (vLLM v1's KVCacheCoordinator) holds the
+row's one table and calls every group's manager alike: each can refuse room, drop the end of a
+cached prefix whose keys it no longer has, and give back what a row's next queries no longer
+read. The step reads each group's table and slots (`group_tables`, `group_slots`).
 """
 from typing import Optional
 
 from .block_pool import BlockPool, chain_hashes
+from .kv_groups import GroupManager, managers_for
 from .kv_pool import KVPool
 from .request import Request
-from .window_blocks import WindowBlocks
 
 
 class KVCacheManager:
@@ -33,9 +36,7 @@ class KVCacheManager:
         self.block_size = pool.shape.block_size
         self.caching = caching
         self.tables: dict[str, list[int]] = {}
-        self.windows = WindowBlocks(pool.window_blocks, pool.shape.window, self.block_size) if pool.window_blocks \
-            else None
-        self.first_read: dict[str, int] = {}  # each row's first table block its window layers still read
+        self.groups: list[GroupManager] = managers_for(pool, self.blocks)  # one per KV cache group, in the pool's order
         self.block_keys: dict[str, list[int]] = {}  # each row's prefix-cache keys of its history's full blocks
         self.queries = 0  # prompt tokens looked up (vLLM's prefix_cache_queries)
         self.hits = 0  # of them found (prefix_cache_hits)
@@ -69,9 +70,10 @@ class KVCacheManager:
             if block is None:
                 break
             found.append(block)
-        while self.windows and found and not self.windows.can_read(found[self.windows.first_read(len(found) * size):]):
-            found.pop()  # its window layers' keys are gone: computed again
-        return found
+        usable = len(found)  # as far as every group still has the keys (a group's answer may shorten another's)
+        while (least := min(group.cached(found[:usable]) for group in self.groups)) < usable:
+            usable = least
+        return found[:usable]
 
     def waits_for(self, req: Request, prefix: list[int], computing: set[int]) -> bool:
         """Whether the block after its cached prefix is one another row is computing right now:
@@ -89,20 +91,14 @@ class KVCacheManager:
         """Give a row its cached prefix and room for `tokens` after it, and `reserve` blocks more
         (returned: the blocks its answers will fork into); None (nothing taken) when the pool
         lacks the blocks. The row's tokens in its prefix are computed (len(prefix) * block_size)."""
-        evictable = sum(1 for block in prefix if self.blocks.refs[block] == 0)  # free now, held once started
         need = self._blocks_for(len(prefix) * self.block_size + tokens) - len(prefix)
-        if need + reserve > self.blocks.num_free - evictable:
-            return None
-        first = self.windows.first_read(len(prefix) * self.block_size) if self.windows else 0
-        if self.windows and need + reserve > self.windows.available(prefix[first:]):
+        if not all(group.can_fit(prefix, need + reserve) for group in self.groups):
             return None
         self.blocks.acquire(prefix)
         table = prefix + self._allocate(need)
         reserved = self._allocate(reserve)
-        if self.windows:  # the prefix's window is there (cached_prefix); the new blocks' are counted above
-            assert not self.windows.missing(prefix[first:]), "a cached prefix's window is there"
-            self.first_read[req.row_id] = first
-            self._read(table[first:] + reserved)
+        for group in self.groups:
+            group.start(req.row_id, table, len(prefix), reserved)
         self.tables[req.row_id] = table
         return reserved
 
@@ -121,22 +117,20 @@ class KVCacheManager:
         if parent.computed % self.block_size:
             assert reserved is not None, "a partial last block needs the block reserved at admission"
             own = [reserved]
-            self.pool.copy_block(table[full], reserved)
-            if self.windows:
-                self.pool.copy_block(self.windows.of[table[full]], self.windows.of[reserved], windowed=True)
+            for group in self.groups:
+                group.copy_block(table[full], reserved)
         elif reserved is not None:
             self.release([reserved])
         self.blocks.acquire(table[:full])
         self.tables[child.row_id] = table[:full] + own
         self.block_keys[child.row_id] = list(self.keys(parent))
-        if self.windows:  # the reserved block is read already (start)
-            first = self.first_read[child.row_id] = self.first_read[parent.row_id]
-            self._read(table[first:full])  # the parent reads them: none is missing
+        for group in self.groups:  # the reserved block is held already (start)
+            group.fork(parent.row_id, child.row_id, table[:full])
 
     def release(self, blocks: list[int]) -> None:
         """Blocks held outside any table (reserved for a fork) go back."""
-        if self.windows:
-            self.windows.unread(blocks)
+        for group in self.groups:
+            group.release(blocks)
         self.blocks.release(blocks)
 
     # ----- a row's steps -----
@@ -152,15 +146,14 @@ class KVCacheManager:
         table += new
         return True
 
-    def window_table(self, req: Request) -> list[int]:
-        """The row's table as its window layers read it (window_blocks.py)."""
-        assert self.windows is not None
-        return self.windows.table(self.table(req), self.first_read[req.row_id])
+    def group_tables(self, req: Request) -> list[list[int]]:
+        """The row's table as each group's layers read it, in the pool's group order."""
+        table = self.table(req)
+        return [group.table(req.row_id, table) for group in self.groups]
 
-    def window_slot(self, slot: int) -> int:
-        """A slot of `slots` in the window pool."""
-        assert self.windows is not None
-        return self.windows.slot(slot)
+    def group_slots(self, slots: list[int]) -> list[list[int]]:
+        """Slots of the table (`slots`) in each group's pool, in the pool's group order."""
+        return [group.slots(slots) for group in self.groups]
 
     def slots(self, req: Request, start: int, count: int) -> list[int]:
         """Where tokens start.. of the row go: block * block_size + offset."""
@@ -168,32 +161,27 @@ class KVCacheManager:
         return [table[p // size] * size + p % size for p in range(start, start + count)]
 
     def computed(self, req: Request, before: int) -> None:
-        """The row computed tokens before..req.computed: key the blocks they filled, and let its
-        window layers' blocks that the window has passed go."""
-        size = self.block_size
-        if self.windows:
-            first, now = self.first_read[req.row_id], self.windows.first_read(req.computed)
-            if now > first:
-                self.windows.unread(self.table(req)[first:now])
-                self.first_read[req.row_id] = now
+        """The row computed tokens before..req.computed: key the blocks they filled, and let each
+        group give back what the row's next queries no longer read."""
+        size, table = self.block_size, self.table(req)
+        for group in self.groups:
+            group.passed(req.row_id, table, req.computed)
         if not self.caching or before // size == req.computed // size:
             return
-        table, keys = self.table(req), self.keys(req)
+        keys = self.keys(req)
         for i in range(before // size, req.computed // size):
             self.blocks.remember(table[i], keys[i], req.tokens(i * size, (i + 1) * size))
 
     def free(self, req: Request) -> None:
         """The row is done (finished, failed, aborted or preempted): its blocks go back."""
-        table = self.tables.pop(req.row_id, None)
+        table = self.tables.pop(req.row_id, None) or []
         self.block_keys.pop(req.row_id, None)
-        first = self.first_read.pop(req.row_id, 0)
-        if table:
-            if self.windows:
-                self.windows.unread(table[first:])
-            self.blocks.release(table)
+        for group in self.groups:
+            group.free(req.row_id, table)
+        self.blocks.release(table)
 
     def lend(self, count: int) -> Optional[list[int]]:
-        """Blocks held outside any row (the start-up probe's), window blocks and all; None when
+        """Blocks held outside any row (the start-up probe's), in every group; None when
         the pool lacks them. `take_back` takes them back."""
         return self._take(count)
 
@@ -202,43 +190,38 @@ class KVCacheManager:
         self.release(blocks)
 
     def _allocate(self, count: int) -> list[int]:
-        """`count` blocks (there are: the caller counted); their window blocks, if any, are no one's."""
+        """`count` blocks (there are: the caller counted); what a group kept for them is no one's."""
         blocks = self.blocks.allocate(count) or []
         assert len(blocks) == count, "counted before"
-        if self.windows:
-            self.windows.forget(blocks)
+        for group in self.groups:
+            group.handed_out(blocks)
         return blocks
 
     def _take(self, count: int) -> Optional[list[int]]:
-        """`count` new blocks, read (window blocks and all) from now on; None where either pool
-        lacks room for them (nothing is evicted for them)."""
-        if count > self.blocks.num_free or (self.windows and count > self.windows.available([])):
+        """`count` new blocks, held in every group from now on; None where a group lacks room for
+        them (nothing is evicted for them)."""
+        if not all(group.can_fit([], count) for group in self.groups):
             return None
         blocks = self._allocate(count)
-        self._read(blocks)
+        for group in self.groups:
+            group.hold(blocks)
         return blocks
-
-    def _read(self, blocks: list[int]) -> None:
-        """A row (or `lend`) reads these blocks' window blocks from now on; the caller counted them."""
-        if self.windows:
-            read = self.windows.read(blocks)
-            assert read, "counted before"
 
     def reset(self) -> None:
         """Every row gone and the cache emptied (after the loop itself failed: trust nothing)."""
-        self.blocks = BlockPool(self.pool.blocks)
+        self.blocks.reset()
         self.tables.clear()
         self.block_keys.clear()
-        self.first_read.clear()
-        if self.windows:
-            self.windows.reset()
+        for group in self.groups:
+            group.reset()
 
     def _blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
 
     def stats(self) -> dict:
-        return {"kv_blocks": self.blocks.total, "kv_blocks_used": self.blocks.num_used,
-                "prefix_cache_blocks": len(self.blocks.cached), "prefix_cache_queries": self.queries,
-                "prefix_cache_hits": self.hits,
-                **({"kv_window_blocks": self.windows.total, "kv_window_blocks_used": self.windows.num_used}
-                   if self.windows else {})}
+        stats = {"kv_blocks": self.blocks.total, "kv_blocks_used": self.blocks.num_used,
+                 "prefix_cache_blocks": len(self.blocks.cached), "prefix_cache_queries": self.queries,
+                 "prefix_cache_hits": self.hits}
+        for group in self.groups:
+            stats.update(group.stats())
+        return stats

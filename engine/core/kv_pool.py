@@ -10,9 +10,12 @@ head_dim] (PagedAttention keeps its keys in a layout of their own for the same r
 Block 0 is never handed out: padded reads point at it, masked. It starts zero; only a decode
 step that a CUDA graph replays writes there, its padding rows' keys (cuda_graphs.py).
 
-A model's sliding-window layers keep theirs in a second, smaller pool: such a layer reads only
-a sequence's last `window` keys, so a row holds only the blocks of its window there
-(window_blocks.py lends them). Its size is what the rows that may run at once need.
+The layers are split in KV cache groups (vLLM's), one per attention kind, each with its own
+tensors: the full-attention layers keep their keys in the table's own blocks (group 0, present
+even where it has no layer, as its blocks are what a row's table lists); a model's sliding-window
+layers keep theirs in a second, smaller pool (group 1): such a layer reads only a sequence's last
+`window` keys, so a row holds only the blocks of its window there (window_blocks.py lends them).
+Its size is what the rows that may run at once need. Each group has a manager (kv_groups.py).
 """
 from dataclasses import dataclass
 
@@ -22,7 +25,7 @@ from transformers.generation.continuous_batching.utils import find_head_dim, fin
 
 from contract.blocks import BLOCK_SIZE
 
-__all__ = ["BLOCK_SIZE", "NULL_BLOCK", "KVPool", "KVShape"]
+__all__ = ["BLOCK_SIZE", "NULL_BLOCK", "KVGroup", "KVPool", "KVShape"]
 NULL_BLOCK = 0
 
 
@@ -84,20 +87,42 @@ class KVShape:
         return main, need
 
 
+@dataclass(frozen=True)
+class KVGroup:
+    """One KV cache group: the layers of one attention kind, whose keys live in tensors of their
+    own, in blocks that the group's manager (kv_groups.py) hands out."""
+
+    layers: tuple[int, ...]  # the model's layers, in order
+    window: int  # the keys a query reads back: 0 for all of them (full attention)
+    blocks: int  # usable blocks, the null block not counted
+
+
 class KVPool:
-    """The tensors; kv_manager.py decides which blocks belong to whom."""
+    """The tensors, one pair per KV cache group; kv_manager.py decides which blocks belong to whom."""
 
     def __init__(self, shape: KVShape, blocks: int, device: torch.device, window_blocks: int = 0):
-        """blocks: the main pool's usable blocks; window_blocks: the window pool's (where the
-        shape has window layers)."""
+        """blocks: the table's usable blocks (the full-attention group's); window_blocks: the
+        window group's (where the shape has window layers)."""
         self.shape = shape
         self.blocks = blocks + 1  # and the null block
-        self.window_blocks = window_blocks if shape.windows else 0
-        self.keys, self.values = self._make(len(shape.main_layers), self.blocks, device)
-        self.window_keys, self.window_values = self._make(len(shape.window_layers), self.window_blocks + 1, device)
-        main, window = shape.main_layers, shape.window_layers
-        self._at = {i: (False, main.index(i)) if i in main else (True, window.index(i)) for i in range(shape.layers)}
+        self.groups = [KVGroup(tuple(shape.main_layers), 0, blocks)]
+        if shape.windows:
+            assert window_blocks > 0, "window layers need window blocks"
+            self.groups.append(KVGroup(tuple(shape.window_layers), shape.window, window_blocks))
+        made = [self._make(len(group.layers), group.blocks + 1, device) for group in self.groups]
+        self.group_keys, self.group_values = [k for k, _ in made], [v for _, v in made]
+        self._at = {layer: (g, i) for g, group in enumerate(self.groups) for i, layer in enumerate(group.layers)}
         self.device = device
+
+    @property
+    def keys(self) -> torch.Tensor:
+        """The full-attention layers' keys [layers, blocks, kv_heads, head_dim, block_size]."""
+        return self.group_keys[0]
+
+    @property
+    def values(self) -> torch.Tensor:
+        """The full-attention layers' values [layers, blocks, block_size, kv_heads, head_dim]."""
+        return self.group_values[0]
 
     def _make(self, layers: int, blocks: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         size, heads, dim, dtype = self.shape.block_size, self.shape.kv_heads, self.shape.head_dim, self.shape.dtype
@@ -110,15 +135,15 @@ class KVPool:
         values[:, NULL_BLOCK] = 0
         return keys, values
 
-    def windowed(self, index: int) -> bool:
-        """Whether a layer keeps its keys in the window pool."""
+    def group_of(self, index: int) -> int:
+        """The KV cache group that keeps a layer's keys."""
         return self._at[index][0]
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys [blocks, kv_heads, head_dim, block_size] and values [blocks, block_size, kv_heads,
-        head_dim] of one layer (of the window pool for a window layer)."""
-        windowed, at = self._at[index]
-        return (self.window_keys[at], self.window_values[at]) if windowed else (self.keys[at], self.values[at])
+        head_dim] of one layer, in its group's tensors."""
+        group, at = self._at[index]
+        return self.group_keys[group][at], self.group_values[group][at]
 
     def all_layers(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Keys and values of every layer, in order, as `layer` gives one."""
@@ -132,10 +157,10 @@ class KVPool:
         k.permute(0, 3, 1, 2)[blocks, offsets] = keys.to(k.dtype)
         v[blocks, offsets] = values.to(v.dtype)
 
-    def copy_block(self, source: int, target: int, windowed: bool = False) -> None:
-        """Every main (or window) layer's keys and values of one block into another (a forked
+    def copy_block(self, group: int, source: int, target: int) -> None:
+        """Every layer of a group: its keys and values of one block into another (a forked
         answer's last block)."""
-        keys, values = (self.window_keys, self.window_values) if windowed else (self.keys, self.values)
+        keys, values = self.group_keys[group], self.group_values[group]
         keys[:, target] = keys[:, source]
         values[:, target] = values[:, source]
 

@@ -11,29 +11,99 @@ of its own for the same end).
 
 A block that no row reads any more keeps its window block, idle, until the pool needs it (the
 one idle longest first): the prefix cache then still finds a cached prefix's last window
-(kv_manager.cached_prefix uses a prefix only as far as that window is still here).
+(`cached`: the coordinator uses a prefix only as far as that window is still here).
 """
 import collections
 
-from .kv_pool import NULL_BLOCK
+from .kv_pool import NULL_BLOCK, KVPool
 
 
-class WindowBlocks:
-    def __init__(self, total: int, window: int, block_size: int):
-        """total: window blocks, the null block not counted; window: the layers' window in keys."""
-        self.total, self.window, self.block_size = total, window, block_size
-        self.free = list(range(total, NULL_BLOCK, -1))  # the last freed handed out first
+class SlidingWindowManager:
+    """The window group's manager (kv_groups.py's interface): window blocks lent to table blocks,
+    and each row's first table block that its window still reaches."""
+
+    def __init__(self, pool: KVPool, index: int):
+        self.pool, self.index, self.group = pool, index, pool.groups[index]
+        self.total, self.window, self.block_size = self.group.blocks, self.group.window, pool.shape.block_size
+        self.spare = list(range(self.total, NULL_BLOCK, -1))  # the last freed handed out first
         self.of: dict[int, int] = {}  # a table block: its window block
         self.readers: collections.Counter[int] = collections.Counter()  # a table block: rows that read it
         self.idle: collections.OrderedDict[int, None] = collections.OrderedDict()  # blocks no row reads, oldest first
+        self.first: dict[str, int] = {}  # each row's first table block that its window still reaches
 
+    # ----- the interface -----
+    def cached(self, prefix: list[int]) -> int:
+        """A cached prefix is used as far as its last window's blocks are still lent (the keys of
+        the others are gone: computed again)."""
+        count = len(prefix)
+        while count and not self.can_read(prefix[self.first_read(count * self.block_size):count]):
+            count -= 1
+        return count
+
+    def can_fit(self, prefix: list[int], count: int) -> bool:
+        return count <= self.available(prefix[self.first_read(len(prefix) * self.block_size):])
+
+    def handed_out(self, blocks: list[int]) -> None:
+        self.forget(blocks)
+
+    def start(self, row: str, table: list[int], cached: int, reserved: list[int]) -> None:
+        """The cached prefix's window is there (`cached`); the new blocks' were counted (`can_fit`)."""
+        first = self.first_read(cached * self.block_size)
+        assert not self.missing(table[first:cached]), "a cached prefix's window is there"
+        self.first[row] = first
+        self.hold(table[first:] + reserved)
+
+    def hold(self, blocks: list[int]) -> None:
+        assert self.read(blocks), "counted before"
+
+    def fork(self, parent: str, child: str, shared: list[int]) -> None:
+        """The child reads what its parent reads of them (none is missing)."""
+        first = self.first[child] = self.first[parent]
+        self.hold(shared[first:])
+
+    def copy_block(self, source: int, target: int) -> None:
+        self.pool.copy_block(self.index, self.of[source], self.of[target])
+
+    def passed(self, row: str, table: list[int], computed: int) -> None:
+        """The blocks that the window has passed go back (idle, still cached)."""
+        first, now = self.first[row], self.first_read(computed)
+        if now > first:
+            self.unread(table[first:now])
+            self.first[row] = now
+
+    def release(self, blocks: list[int]) -> None:
+        self.unread(blocks)
+
+    def free(self, row: str, table: list[int]) -> None:
+        self.unread(table[self.first.pop(row, 0):])
+
+    def table(self, row: str, table: list[int]) -> list[int]:
+        """The null block before the row's first read block (the window has passed those)."""
+        first = self.first[row]
+        return [NULL_BLOCK] * first + [self.of[b] for b in table[first:]]
+
+    def slots(self, slots: list[int]) -> list[int]:
+        size = self.block_size
+        return [self.of[slot // size] * size + slot % size for slot in slots]
+
+    def reset(self) -> None:
+        self.spare = list(range(self.total, NULL_BLOCK, -1))
+        self.of.clear()
+        self.readers.clear()
+        self.idle.clear()
+        self.first.clear()
+
+    def stats(self) -> dict[str, int]:
+        return {"kv_window_blocks": self.total, "kv_window_blocks_used": self.num_used}
+
+    # ----- the window blocks -----
     def first_read(self, position: int) -> int:
         """The first table block that a query at `position` reads (its window's first key's)."""
         return max(0, position - self.window + 1) // self.block_size
 
     def available(self, keeping: list[int]) -> int:
         """Window blocks that can be lent now, `keeping`'s idle ones aside (they are about to be read)."""
-        return len(self.free) + len(self.idle) - sum(1 for b in set(keeping) if b in self.idle)
+        return len(self.spare) + len(self.idle) - sum(1 for b in set(keeping) if b in self.idle)
 
     def missing(self, blocks: list[int]) -> int:
         """Of these table blocks, those that have no window block."""
@@ -71,30 +141,14 @@ class WindowBlocks:
             self.idle.pop(block, None)
             window_block = self.of.pop(block, None)
             if window_block is not None:
-                self.free.append(window_block)
-
-    def table(self, table: list[int], first: int) -> list[int]:
-        """A row's table as the window layers read it: the null block before `first` (the
-        window has passed those)."""
-        return [NULL_BLOCK] * first + [self.of[b] for b in table[first:]]
-
-    def slot(self, slot: int) -> int:
-        """A table slot (block * block_size + offset) in the window pool."""
-        return self.of[slot // self.block_size] * self.block_size + slot % self.block_size
-
-    def reset(self) -> None:
-        """Every row gone (the loop failed: kv_manager.reset)."""
-        self.free = list(range(self.total, NULL_BLOCK, -1))
-        self.of.clear()
-        self.readers.clear()
-        self.idle.clear()
+                self.spare.append(window_block)
 
     @property
     def num_used(self) -> int:
-        return self.total - len(self.free)
+        return self.total - len(self.spare)
 
     def _lend(self) -> int:
-        if self.free:
-            return self.free.pop()
+        if self.spare:
+            return self.spare.pop()
         oldest, _ = self.idle.popitem(last=False)
         return self.of.pop(oldest)

@@ -252,15 +252,18 @@ def llama_layer_args(qkv: list[Weights], o: Weights, gate_up: list[Weights], dow
                       kin.softcap)
 
 
-def llama_step(slots: torch.Tensor, c_args: tuple[torch.Tensor, ...], block: int,
-               window: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> Struct:
-    """A step for `llama_layer`: slots [tokens] int64 and paged_attention's c_args, and where the
-    model has sliding-window layers, their slots and tables in the window pool; the caller keeps
-    them alive for the step."""
-    q_starts, q_lens, ctx_lens, tables = c_args
-    windowed = (window[0].data_ptr(), window[1].data_ptr(), window[1].shape[1]) if window else (None, None, 0)
+def llama_step(lengths: tuple[torch.Tensor, ...], block: int,
+               groups: list[tuple[torch.Tensor, torch.Tensor, int]]) -> Struct:
+    """A step for `llama_layer`: paged_attention's q_starts, q_lens, ctx_lens, and each KV cache group's
+    slots [tokens] int64, tables [sequences, width] int32 and window (0: full attention). LlamaStep
+    holds one group of each kind: llama_layer.c reads a layer with a window through the windowed
+    group's, any other through the full group's. The caller keeps the tensors alive for the step."""
+    by_kind = {bool(window): (slots, tables) for slots, tables, window in groups}
+    assert len(by_kind) == len(groups) and False in by_kind, "one full group, and at most one windowed"
+    (q_starts, q_lens, ctx_lens), (slots, tables), windowed = lengths, by_kind[False], by_kind.get(True)
+    window = (windowed[0].data_ptr(), windowed[1].data_ptr(), windowed[1].shape[1]) if windowed else (None, None, 0)
     return LlamaStep(slots.data_ptr(), q_starts.data_ptr(), q_lens.data_ptr(), ctx_lens.data_ptr(),
-                     tables.data_ptr(), slots.shape[0], tables.shape[0], tables.shape[1], block, *windowed)
+                     tables.data_ptr(), slots.shape[0], tables.shape[0], tables.shape[1], block, *window)
 
 
 Rotary = tuple[torch.Tensor, torch.Tensor]  # cos and sin [1, tokens, head_dim]

@@ -63,10 +63,11 @@ class DecodeGraphs:
 
     @classmethod
     def for_model(cls, loaded: LoadedModel, pool: KVPool, config: EngineConfig) -> Optional["DecodeGraphs"]:
-        """Graphs where they apply: on CUDA, asked for, and a model without sliding windows."""
+        """Graphs where they apply: on CUDA, asked for, and a model without sliding windows (a pool
+        of one KV cache group, the full-attention one: its slots and tables are the rows' own)."""
         text = loaded.model.config.get_text_config()
         if (loaded.device.type != "cuda" or not config.cuda_graphs or getattr(text, "sliding_window", None)
-                or pool.shape.windows):
+                or len(pool.groups) > 1):
             return None
         return cls(loaded.model, pool, config.max_running, loaded.max_context)
 

@@ -42,22 +42,18 @@ class ModelRunner:
         ids = [w.request.tokens(w.start, w.start + w.count) + w.drafts for w in work]
         positions = [list(range(w.start, w.start + w.tokens)) for w in work]
         slots = [self.kv.slots(w.request, w.start, w.tokens) for w in work]
-        tables = [self.kv.table(w.request) for w in work]
+        tables = [self.kv.group_tables(w.request) for w in work]  # per row, each group's
         if self.graphs and not keep_hidden and all(w.count == 1 and w.samples for w in work):
-            replayed = self.graphs.run(ids, positions, slots, tables)
+            # graphs serve a pool of one group, the full-attention one: its slots and table are the row's
+            replayed = self.graphs.run(ids, positions, slots, [groups[0] for groups in tables])
             if replayed is not None:
                 return StepResult(replayed.float(), list(accumulate((len(i) for i in ids[:-1]), initial=0)), None)
         return self._eager(work, [t for i in ids for t in i], [p for ps in positions for p in ps],
                            [s for ss in slots for s in ss], tables, keep_hidden)
 
     def _eager(self, work: list[Work], ids: list[int], positions: list[int], slots: list[int],
-               tables: list[list[int]], keep_hidden: bool) -> StepResult:
-        windowed = self.kv.windows is not None
-        step = PagedStep(self.kv.pool, torch.tensor(slots, device=self.device), [w.tokens for w in work],
-                         [w.start + w.tokens for w in work], tables,
-                         window_slots=torch.tensor([self.kv.window_slot(s) for s in slots], device=self.device)
-                         if windowed else None,
-                         window_tables=[self.kv.window_table(w.request) for w in work] if windowed else None)
+               tables: list[list[list[int]]], keep_hidden: bool) -> StepResult:
+        step = self._step([w.tokens for w in work], [w.start + w.tokens for w in work], slots, tables)
         chosen = [start + i for w, start in zip(work, step.q_starts, strict=True) if w.samples
                   for i in range(w.count - 1, w.tokens)]  # a row's last token's logits, and each draft's
         keep = 0 if len(chosen) == len(ids) else torch.tensor(chosen or [0], device=self.device)
@@ -69,6 +65,14 @@ class ModelRunner:
             logits, hidden = self._forward(ids_t, positions_t, step, keep, keep_hidden)
         logits = logits[0].float()
         return StepResult(logits if chosen else logits[:0], step.q_starts, hidden[0] if keep_hidden else None)
+
+    def _step(self, q_lens: list[int], ctx_lens: list[int], slots: list[int],
+              tables: list[list[list[int]]]) -> PagedStep:
+        """The step's inputs for every KV cache group alike: its slots (those of the tables, in
+        `slots`, mapped into the group's pool) and each row's table (`tables[row][group]`)."""
+        groups = [(torch.tensor(group_slots, device=self.device), [row[g] for row in tables])
+                  for g, group_slots in enumerate(self.kv.group_slots(slots))]
+        return PagedStep.grouped(self.kv.pool, q_lens, ctx_lens, groups)
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, step: PagedStep, keep: int | torch.Tensor,
                  keep_hidden: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,11 +88,9 @@ class ModelRunner:
         (a layer that kept its own cache would lose its keys between steps)."""
         blocks = self.kv.lend(1)
         assert blocks, "the pool has at least one block"
-        slot = blocks[0] * self.kv.block_size
-        window_slot = self.kv.window_slot(slot) if self.kv.windows else None
-        step = PagedStep(self.kv.pool, torch.tensor([slot], device=self.device), [1], [1], [blocks],
-                         window_slots=None if window_slot is None else torch.tensor([window_slot], device=self.device),
-                         window_tables=None if window_slot is None else [[window_slot // self.kv.block_size]])
+        size = self.kv.block_size
+        slot = blocks[0] * size
+        step = self._step([1], [1], [slot], [[[slots[0] // size] for slots in self.kv.group_slots([slot])]])
         try:
             self.model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=self.device),
                        position_ids=torch.zeros((1, 1), dtype=torch.long, device=self.device),

@@ -23,6 +23,7 @@ transformers' own continuous batching (`paged|sdpa`) gathers every key of the ba
 sequence and masks a [tokens x all keys] product: too slow on CPU, and its rounding depends on
 the neighbours.
 """
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Optional
@@ -45,7 +46,9 @@ NAME = "paged"
 
 @dataclass
 class PagedStep:
-    """What every layer's attention needs to know of one step, built once per step."""
+    """What every layer's attention needs to know of one step, built once per step: one KV cache
+    group's view of it (its slots and tables in that group's pool, kv_pool.py), which knows every
+    group's (`groups`), so that each layer picks its own (`of_layer`)."""
 
     pool: KVPool
     slots: torch.Tensor  # [tokens] int64, on the pool's device: where each new token's keys go
@@ -53,19 +56,27 @@ class PagedStep:
     ctx_lens: list[int]  # per sequence: its keys once this step's are written
     tables: list[list[int]]  # per sequence: its block table
     counted: list[int] = field(default_factory=list)  # layers that ran (the loader's check)
-    # where the model has sliding-window layers: their slots and tables in the window pool (kv_pool.py)
-    window_slots: Optional[torch.Tensor] = None
-    window_tables: Optional[list[list[int]]] = None
+    # every group's view, in the pool's group order (empty: a pool of one group, this one)
+    groups: list["PagedStep"] = field(default_factory=list, repr=False, compare=False)
 
-    @cached_property
-    def window_step(self) -> "PagedStep":
-        """This step as the window layers see it: the window pool's slots and tables."""
-        assert self.window_slots is not None and self.window_tables is not None, "a step of a model with windows"
-        return PagedStep(self.pool, self.window_slots, self.q_lens, self.ctx_lens, self.window_tables, self.counted)
+    @classmethod
+    def grouped(cls, pool: KVPool, q_lens: list[int], ctx_lens: list[int],
+                groups: Sequence[tuple[torch.Tensor, list[list[int]]]]) -> "PagedStep":
+        """The step over each KV cache group's (slots, tables), in the pool's group order: the
+        first group's view, which holds them all."""
+        assert len(groups) == len(pool.groups), "a step has every group's slots and tables"
+        counted: list[int] = []
+        steps = [cls(pool, slots, q_lens, ctx_lens, tables, counted) for slots, tables in groups]
+        for step in steps:
+            step.groups = steps
+        return steps[0]
 
     def of_layer(self, layer: int) -> "PagedStep":
-        """This step, or its window_step for a layer whose keys are in the window pool."""
-        return self.window_step if self.pool.windowed(layer) else self
+        """The view of the group that keeps this layer's keys."""
+        if not self.groups:
+            assert len(self.pool.groups) == 1, "a pool of several groups needs every group's step (grouped)"
+            return self
+        return self.groups[self.pool.group_of(layer)]
 
     @cached_property
     def q_starts(self) -> list[int]:
@@ -84,10 +95,11 @@ class PagedStep:
 
     @cached_property
     def native_step(self) -> native.Struct:
-        """This step for llama_layer.c (it points at `slots` and `c_args`, which live as long as this,
-        and at the window step's)."""
-        window = None if self.window_slots is None else (self.window_step.slots, self.window_step.c_args[3])
-        return native.llama_step(self.slots, self.c_args, self.pool.shape.block_size, window)
+        """This step for llama_layer.c: each group's slots and tables with its window (it points at
+        `slots` and `c_args` of every group's view, which live as long as this)."""
+        groups = [(step.slots, step.c_args[3], group.window)
+                  for step, group in zip(self.groups or [self], self.pool.groups, strict=True)]
+        return native.llama_step(self.c_args[:3], self.pool.shape.block_size, groups)
 
     @cached_property
     def where(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -159,8 +171,9 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     cap = _softcap(kwargs)
     layer = int(module.layer_idx)  # type: ignore[arg-type]  # every attention layer has one
     window = sliding_window or 0
-    if paged.pool.windowed(layer) and not window:
-        raise ValueError(f"paged attention: layer {layer} keeps its keys in the window pool but passed no window")
+    if paged.pool.groups[paged.pool.group_of(layer)].window and not window:
+        raise ValueError(f"paged attention: layer {layer} keeps its keys in a sliding window's group but passed "
+                         f"no window")
     if isinstance(paged, PagedStep):
         paged = paged.of_layer(layer)
     paged.pool.write(layer, key[0].transpose(0, 1), value[0].transpose(0, 1), *paged.where)

@@ -70,10 +70,10 @@ async def test_gemmas_local_layers_keep_only_their_window(gguf_model, make_engin
     pool = engine.core.kv.pool
     shape = pool.shape
     assert len(shape.window_layers) == 15 and len(shape.main_layers) == 3 and shape.window == 512
-    assert (_mb(pool.keys, pool.values), _mb(pool.window_keys, pool.window_values)) == (96, 264)
+    assert (_mb(pool.keys, pool.values), _mb(pool.group_keys[1], pool.group_values[1])) == (96, 264)
     assert (pool.blocks - 1) * shape.block_size * shape.bytes_per_token / 2**20 == 576
     long = kv_pool_for(engine.core.loaded, dataclasses.replace(engine.core.config, max_batch_tokens=131072))
-    assert _mb(long.keys, long.values, long.window_keys, long.window_values) == 648
+    assert _mb(*long.group_keys, *long.group_values) == 648
     assert 131072 * shape.bytes_per_token / 2**20 == 2304
 
 
@@ -95,7 +95,7 @@ async def test_gemma_past_its_window_gives_its_own_forwards_numbers(gguf_model, 
     outs = await engine.complete(prompt, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, logprobs=True))
     ids, logprobs = [t for o in outs for t in o.token_ids], [lp for o in outs for lp in o.logprobs]
     kv = engine.core.kv
-    assert kv.windows is not None and not kv.windows.readers
+    assert len(kv.groups) == 2 and not kv.groups[1].readers
     with torch.inference_mode():
         logits = engine.core.loaded.model(torch.tensor([tokens + ids])).logits[0, len(tokens) - 1:-1]
     reference = torch.log_softmax(logits.double(), dim=-1)

@@ -200,7 +200,8 @@ async def test_window_layers_keep_only_their_window(models_dir, make_engine, nam
     path = shared_build(models_dir / f"arch-{name}", name, four_bit=True)
     engine = make_engine(path, device="cpu", max_running=2, max_prefill_tokens=16)
     kv = engine.core.kv
-    assert kv.windows is not None and kv.windows.total == 12 < kv.blocks.total
+    window = kv.groups[-1]  # the window layers' group
+    assert len(kv.groups) == 2 and window.total == 12 < kv.blocks.total
     assert server_info(engine, name).kv_window_tokens == 12 * 16  # what /info reports
     params = SamplingParams(max_tokens=120, temperature=0, ignore_eos=True, logprobs=True)
 
@@ -222,4 +223,4 @@ async def test_window_layers_keep_only_their_window(models_dir, make_engine, nam
     singles = [[t for o in await engine.complete(PROMPTS[1], SamplingParams(seed=7 + i, **sampled))
                 for t in o.token_ids] for i in range(2)]
     assert [answers[0], answers[1]] == singles and singles[0] != singles[1]
-    assert engine.core.stats()["preemptions"] == 0 and not kv.windows.readers
+    assert engine.core.stats()["preemptions"] == 0 and not window.readers

@@ -168,22 +168,23 @@ def advance(kv: KVCacheManager, row: Request, tokens: int) -> None:
 def test_a_window_layer_holds_only_the_blocks_its_window_reaches():
     kv = window_manager(blocks=20, window_blocks=4)  # a window of 6 keys reaches 3 blocks of 4 at most
     assert kv.pool.layer(0)[0].shape[0] == 21 and kv.pool.layer(1)[0].shape[0] == 5
+    window = kv.groups[1]
     row = request("a", 10, max_tokens=60)
     assert kv.start(row, [], 10) == []
-    assert sorted(kv.windows.readers) == sorted(kv.table(row))  # a prompt's first chunk reads all it writes
+    assert sorted(window.readers) == sorted(kv.table(row))  # a prompt's first chunk reads all it writes
     advance(kv, row, 10)
-    assert kv.window_table(row)[0] == 0  # the next query (position 10) reads keys 5 to 10: blocks 1 and 2
-    assert set(kv.windows.readers) == set(kv.table(row)[1:])
+    assert kv.group_tables(row)[1][0] == 0  # the next query (position 10) reads keys 5 to 10: blocks 1 and 2
+    assert set(window.readers) == set(kv.table(row)[1:])
     while row.computed < 60:  # 15 table blocks; never more than 4 window blocks lent
         assert kv.grow(row, 1)
         slot = kv.slots(row, row.computed, 1)[0]
-        assert kv.window_slot(slot) // B == kv.window_table(row)[row.computed // B]
+        assert kv.group_slots([slot])[1][0] // B == kv.group_tables(row)[1][row.computed // B]
         advance(kv, row, 1)
-        assert len(kv.windows.readers) <= 3 and kv.windows.num_used <= 4
-    table, window_table = kv.table(row), kv.window_table(row)
+        assert len(window.readers) <= 3 and window.num_used <= 4
+    table, window_table = kv.group_tables(row)
     assert len(table) == 15 and window_table[:13] == [0] * 13 and 0 not in window_table[13:]
     kv.free(row)
-    assert not kv.windows.readers and kv.blocks.num_used == 0
+    assert not window.readers and kv.blocks.num_used == 0
 
 
 def test_a_cached_prefix_is_used_as_far_as_its_window_layers_keys_remain():
@@ -196,10 +197,11 @@ def test_a_cached_prefix_is_used_as_far_as_its_window_layers_keys_remain():
     kv.free(first)  # its last window's blocks stay lent, idle: the prefix cache can use them
     again = request("b", prompt)
     prefix = kv.cached_prefix(again)  # 5 blocks (a token left to compute); the window reads blocks 3 and 4
-    assert len(prefix) == 5 and kv.windows.can_read(prefix[3:])
+    window = kv.groups[1]
+    assert len(prefix) == 5 and window.can_read(prefix[3:])
     other = request("c", list(range(100, 116)))  # four new blocks take every window block
     assert kv.start(other, [], 16) == []
-    assert not kv.windows.can_read(prefix[3:]) and kv.blocks.lookup(kv.keys(again)[4], prompt[16:20]) == prefix[4]
+    assert not window.can_read(prefix[3:]) and kv.blocks.lookup(kv.keys(again)[4], prompt[16:20]) == prefix[4]
     assert kv.cached_prefix(again) == []  # every window block is another row's: computed again
     assert kv.start(again, [], 4) is None  # not even its first block's window block is free
     kv.free(other)
