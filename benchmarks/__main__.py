@@ -34,6 +34,8 @@ SUBCOMMANDS = {
     "kernel-ab": Subcommand("kernels.kernel_ab", "two commits' C kernels in one process, bit for bit and timed"),
     "commit-ab": Subcommand("kernels.commit_ab", "two commits' engines alone, in alternating rounds"),
     "multiply-rate": Subcommand("kernels.multiply_rate", "one core's integer products a second, AVX2's two forms"),
+    "roofline": Subcommand("harness.roofline", "the memory's read bandwidth, and a GGUF model's one-stream bound"),
+    "sized-models": Subcommand("harness.sized_models", "random-weight models of 1B to 8B shapes, as folders and GGUF"),
     "quality": Subcommand("quality.quality", "quantized weights against fp32, beside llama.cpp's"),
     "lm-eval": Subcommand("quality.lm_eval_compare", "lm-evaluation-harness through the service against transformers"),
     "cuda-graphs": Subcommand("gpu.cuda_graphs", "on a CUDA GPU: decode steps from CUDA graphs against eager ones"),

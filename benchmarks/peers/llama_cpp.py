@@ -11,6 +11,8 @@ BUILT = ROOT / "benchmarks" / ".llama.cpp"
 LLAMA_SERVER = BUILT / "llama-server"
 LLAMA_QUANTIZE = BUILT / "llama-quantize"
 Q4_0_DIR = ROOT / "benchmarks" / ".models" / "gguf-q4_0"
+DEPS = BUILT / "deps"  # what the bindings and the converter import that .venv does not pin
+SOURCE = BUILT / "src" / "vendor" / "llama.cpp"  # the pinned source: convert_hf_to_gguf.py and gguf-py
 
 
 def _built(binary: Path) -> Path:
@@ -28,18 +30,32 @@ def q4_0_of(source: Path) -> Path:
         target = Q4_0_DIR / f"{source.stem}-Q4_0.gguf"
     if target.exists():
         return target
-    Q4_0_DIR.mkdir(parents=True, exist_ok=True)
+    return quantize(source, target, "Q4_0", "--allow-requantize")
+
+
+def quantize(source: Path, target: Path, kind: str, *options: str) -> Path:
+    """`target`: llama-quantize's `kind` (Q4_K_M, Q4_0, Q8_0...) of the GGUF file `source`, written
+    whole or not at all."""
+    target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(".partial")
-    subprocess.run([str(_built(LLAMA_QUANTIZE)), "--allow-requantize", str(source), str(partial), "Q4_0", "2"],
+    subprocess.run([str(_built(LLAMA_QUANTIZE)), *options, str(source), str(partial), kind, "2"],
                    check=True, capture_output=True, env={"LD_LIBRARY_PATH": str(BUILT)})
     partial.rename(target)
     return target
 
 
+def source() -> Path:
+    """The pinned llama.cpp source, unpacked (without building) the first time."""
+    if not (SOURCE / "convert_hf_to_gguf.py").exists():
+        subprocess.run(["bash", str(ROOT / "benchmarks" / "peers" / "build_llama_cpp.sh"), "--source"], check=True,
+                       cwd=ROOT)
+    return SOURCE
+
+
 def bindings() -> Any:
     """The `llama_cpp` module (llama-cpp-python's bindings) over the libraries built here."""
     _built(BUILT / "src" / "llama_cpp" / "lib")
-    for folder in (BUILT / "deps", BUILT / "src"):  # deps: diskcache, which .venv does not pin
+    for folder in (DEPS, BUILT / "src"):
         if str(folder) not in sys.path:
             sys.path.insert(0, str(folder))
     import llama_cpp

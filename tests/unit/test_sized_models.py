@@ -1,0 +1,75 @@
+"""The benchmarks' models of real sizes (benchmarks/harness/sized_models.py) and the roofline
+beside their figures (benchmarks/harness/roofline.py): the shapes are the real models', the
+weights the same wherever they are drawn, the special tokens never win a greedy step, and a
+GGUF's step bytes are its layers' and output layer's."""
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from benchmarks.harness import roofline, sized_models
+from benchmarks.harness.sized_models import SHAPES, Shape
+
+VOCAB = 49152  # SmolLM2's tokenizer
+
+
+def parameters(shape: Shape) -> int:
+    names = sized_models.tensors(sized_models.config(shape, VOCAB, 1, 2))
+    return sum(int(torch.Size(dims).numel()) for _, dims in names)
+
+
+def test_the_1b_is_the_published_figures_model_and_the_others_their_sizes():
+    assert round(parameters(SHAPES["llama-1b"]) / 1e9, 2) == 1.17
+    assert round(parameters(SHAPES["llama-3b"]) / 1e9, 1) == 3.1
+    assert round(parameters(SHAPES["llama-8b"]) / 1e9, 1) == 7.4  # 8.0B with Llama 3's 128K vocabulary
+    qwen = sized_models.tensors(sized_models.config(SHAPES["qwen2.5-1.5b"], VOCAB, 1, 2))
+    names = {name for name, _ in qwen}
+    assert "model.layers.0.self_attn.q_proj.bias" in names and "lm_head.weight" not in names  # biases; tied
+    assert round(parameters(SHAPES["qwen2.5-1.5b"]) / 1e9, 2) == 1.39
+
+
+def test_weights_are_drawn_the_same_each_time_and_special_output_rows_are_zero():
+    special = [0, 2, 7]
+    first = sized_models.draw("lm_head.weight", (16, 8), special)
+    assert first.dtype == torch.float16 and torch.equal(first, sized_models.draw("lm_head.weight", (16, 8), special))
+    assert not first[special].any() and first[[1, 3, 4]].abs().min() > 0
+    other = sized_models.draw("model.layers.0.mlp.up_proj.weight", (16, 8), special)
+    assert not torch.equal(other, first) and other.abs().min() > 0  # a seed per tensor; rows kept
+    assert 0.015 < sized_models.draw("model.layers.1.mlp.down_proj.weight", (256, 256), []).float().std() < 0.025
+    assert torch.equal(sized_models.draw("model.norm.weight", (8,), special), torch.ones(8, dtype=torch.float16))
+
+
+def test_a_gguf_steps_bytes_are_its_layers_and_output_layers(tmp_path: Path):
+    def write(path: Path, tied: bool) -> dict[str, int]:
+        writer = gguf.GGUFWriter(str(path), "llama")
+        writer.add_block_count(2)
+        writer.add_embedding_length(64)
+        writer.add_head_count(4)
+        writer.add_head_count_kv(2)
+        shapes = {"token_embd.weight": (100, 64), "blk.0.attn_q.weight": (64, 64), "blk.1.ffn_up.weight": (128, 64),
+                  "output_norm.weight": (64,)}
+        if not tied:
+            shapes["output.weight"] = (100, 64)
+        for name, shape in shapes.items():
+            writer.add_tensor(name, np.ones(shape, dtype=np.float16))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        return {name: 2 * int(np.prod(shape)) for name, shape in shapes.items()}
+
+    sizes = write(tmp_path / "untied.gguf", tied=False)
+    step = roofline.step_bytes(tmp_path / "untied.gguf")
+    assert step.weights == sum(sizes.values()) - sizes["token_embd.weight"]  # one embedding row only
+    assert step.kv_per_token == 2 * 2 * 2 * 16 * 2  # keys and values, 2 layers, 2 KV heads of 16, fp16
+    tied = write(tmp_path / "tied.gguf", tied=True)
+    assert roofline.step_bytes(tmp_path / "tied.gguf").weights == sum(tied.values())  # the embeddings read whole
+    assert roofline.bound(1e9, step, 10) == pytest.approx(1e9 / (step.weights + 10 * step.kv_per_token))
+    assert roofline.fraction(roofline.bound(1e9, step, 10) / 2, 1e9, step, 10) == pytest.approx(0.5)
+
+
+def test_the_read_bandwidth_is_a_memory_rate():
+    rate = roofline.read_bandwidth(size=64 << 20, threads=1, passes=2)
+    assert 1e8 < rate < 1e13  # between 0.1 GB/s and 10 TB/s: bytes over seconds, not either alone
