@@ -74,22 +74,7 @@ def row_output(row: Request, piece: Optional[TokenPiece], index: int) -> Request
         return RequestOutput(row.request_id, finish_reason=FinishReason.LENGTH, prompt_tokens=len(row.prompt_ids),
                              seed=row.seed, choice=row.choice, prompt=row.prompt_scores,
                              cached_tokens=row.cached_tokens)
-    return RequestOutput(row.request_id, index=index, prompt_tokens=len(row.prompt_ids), generated_tokens=index + 1,
-                         seed=row.seed, choice=row.choice, prompt=row.prompt_scores if index == 0 else None,
-                         cached_tokens=row.cached_tokens, **_piece_fields(piece))
-
-
-def _piece_fields(piece: TokenPiece) -> dict[str, Any]:
-    """The output fields a token's piece fills, each as its TokenPiece field declares."""
-    ones, parts, values = _PIECE_TO_OUTPUT
-    got = vars(piece)
-    filled = {target: got[name] for name, target in values}
-    for name, target in ones:
-        value = got[name]
-        filled[target] = [] if value is None else [value]
-    for name, target in parts:
-        filled[target] = list(got[name])
-    return filled
+    return _TOKEN_OUTPUT(RequestOutput, row, piece, index)
 
 
 Pairs = tuple[tuple[str, str], ...]  # (TokenPiece field, RequestOutput field)
@@ -112,4 +97,21 @@ def _piece_to_output() -> tuple[Pairs, Pairs, Pairs]:
     return tuple(ones), tuple(parts), tuple(values)
 
 
-_PIECE_TO_OUTPUT = _piece_to_output()
+def _token_output() -> Callable[..., RequestOutput]:
+    """`row_output` of a token, made from the declarations (`_piece_to_output`) once, as
+    dataclasses makes `__init__`: one call with each field's expression written out. A step
+    makes one per row, and a loop over the declarations at every call doubled its cost."""
+    ones, parts, values = _piece_to_output()
+    filled = [f"{target}=p.{name}" for name, target in values]
+    filled += [f"{target}=[] if p.{name} is None else [p.{name}]" for name, target in ones]
+    filled += [f"{target}=p.{name}" for name, target in parts]  # the token's own list of parts
+    source = ("def token_output(cls, row, p, index):\n"
+              "    return cls(row.request_id, index=index, prompt_tokens=len(row.prompt_ids), generated_tokens=index + 1,"
+              " seed=row.seed, choice=row.choice, prompt=row.prompt_scores if index == 0 else None,"
+              f" cached_tokens=row.cached_tokens, {', '.join(filled)})\n")
+    scope: dict[str, Any] = {}
+    exec(source, scope)  # noqa: S102 - the source is made above from the dataclasses' own field names
+    return scope["token_output"]
+
+
+_TOKEN_OUTPUT = _token_output()
