@@ -39,6 +39,7 @@ class ServerInfo:
     chat_template_text: str = ""  # the model's chat template (Ollama's /api/show shows it)
     state: str = "loaded"  # loaded, loading or unloaded (engine/frontend/lifecycle.py)
     expires_at: Optional[float] = None  # when an idle model unloads (Unix time); None: not due to
+    load_seconds: Optional[float] = None  # what its last load took, until its engine was ready
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

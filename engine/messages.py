@@ -132,6 +132,7 @@ class Ready:
     info: Any  # loader.ModelInfo
     tokenizer: Any  # a transformers tokenizer
     stats: dict
+    stages: dict = field(default_factory=dict)  # time.monotonic() at each stage of its start (core_process.py)
 
 
 @dataclass

@@ -18,7 +18,7 @@ from contract import EngineConfig, SamplingParams, served_id, settings
 from contract.endpoints import KEEP_ALIVE
 from contract.keep_alive import keep_alive_seconds
 from contract.lifecycle import die_with_parent
-from engine import EngineClient, EngineProcess, ModelLifecycle, served_name
+from engine import EngineClient, EngineProcess, ModelLifecycle, SpareCore, served_name
 from executors.convert import error_document, server_info, to_document, to_request, tokenizer_spec
 from executors.metrics import Metrics
 from schemas import ModelOutputDocument, PromptDocument
@@ -53,9 +53,12 @@ class LLMExecutor(Executor):
         options.setdefault("torch_threads", share_of_cores())
         config = EngineConfig(**options)
         self.model_name = model_name or settings.read("LLM_MODEL_NAME") or served_name(options["model"])
-        self.model = ModelLifecycle(lambda: EngineProcess(config) if config.core_process else in_process(config),
-                                    keep_alive_seconds(config.keep_alive) or 0.0, self._loaded)
         self.metrics = Metrics(self.model_name, self.stats_now)
+        spare = SpareCore() if config.core_process else None  # started when the model unloads
+        self.model = ModelLifecycle(
+            lambda: EngineProcess(config, spare=spare) if config.core_process else in_process(config),
+            keep_alive_seconds(config.keep_alive) or 0.0, self._loaded, name=self.model_name, spare=spare,
+            on_wait=self.metrics.load_waited)
         if (metrics_port := settings.read("LLM_METRICS_PORT")) is not None:  # a scraper reaches each pod directly
             self.metrics.serve(metrics_port)
         engine = self.model.load_now()  # at start: a model that cannot load stops the service
@@ -69,16 +72,24 @@ class LLMExecutor(Executor):
     def _loaded(self, engine: EngineClient) -> None:
         """At each load: what the model says of itself stays known while it is unloaded."""
         engine.observer = self.metrics
+        self.metrics.loaded(engine.start_stages)
+        if stages := engine.start_stages:  # where its wait went (Jina's log: the engine's own is not shown)
+            self.logger.info(f"model {self.model_name} ready in {stages['total']:.2f} s, "
+                             f"{'a spare engine process taken' if stages['spare'] else 'its engine process started'}"
+                             f": {json.dumps({k: round(v, 3) for k, v in stages.items()})}")
         self._info = server_info(engine, self.model_name)
         self._tokenizer = tokenizer_spec(engine)
         self._idle_stats = {**engine.stats(), "running": 0, "waiting": 0}
+        self._load_stages = engine.start_stages
 
     def stats_now(self) -> dict:
         """The engine's numbers while loaded; while not, those it had when it loaded (idle, its steps at
         0, as after a restart: the router forgets what it predicted of its prefix cache, now gone)."""
         stats = self.model.engine.stats() if self.model.engine is not None else dict(self._idle_stats)
+        spare = self.model.spare
         return {**stats, "model_state": self.model.status.value, "model_loads": self.model.loads,
-                "model_unloads": self.model.unloads}
+                "model_unloads": self.model.unloads, "model_load_stages": self._load_stages,  # the last load's
+                "spare": {"started": spare.started, "taken": spare.taken, "pid": spare.pid} if spare else None}
 
     @requests(on="/stream")
     async def stream(self, doc: PromptDocument, **kwargs) -> AsyncGenerator[ModelOutputDocument, None]:
@@ -141,7 +152,8 @@ class LLMExecutor(Executor):
     @requests(on="/info")
     async def info(self, docs: DocList[PromptDocument], **kwargs) -> DocList[ModelOutputDocument]:
         """Model id and limits for gateways (/info, /v1/models), as JSON in `text`."""
-        info = replace(self._info, state=self.model.status.value, expires_at=self.model.expires_at)
+        info = replace(self._info, state=self.model.status.value, expires_at=self.model.expires_at,
+                       load_seconds=self.model.load_seconds)
         return DocList[ModelOutputDocument]([ModelOutputDocument(text=info.to_json())])
 
     @requests(on="/tokenize")

@@ -16,6 +16,7 @@ from engine import EngineObserver
 # vLLM's buckets
 TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0)
 ITL = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0)
+LOAD = (0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 REQUEST = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0)
 # vLLM's finished_reason values: stop, length, abort (an error counts as an abort there too)
 FINISHED = {FinishReason.EOS: "stop", FinishReason.STOP: "stop", FinishReason.LENGTH: "length",
@@ -51,6 +52,12 @@ class Metrics(EngineObserver):
         self.spec_drafts, self.spec_draft_tokens, self.spec_accepted = spec.values()
         self.success = Counter("vllm:request_success", "Finished requests, by finish reason.",
                                ["model_name", "finished_reason"], registry=r)
+        self.load_wait = histogram("llm:model_load_wait_seconds",
+                                   "Time a request waited for its model to load (after its keep-alive unloaded it).",
+                                   LOAD)
+        self.load_stage = Gauge("llm:model_load_stage_seconds", "The model's last load, stage by stage: spawn, "
+                                "imports, load, engine, handover, total (spare: 1 when a spare engine process "
+                                "was taken).", ["model_name", "stage"], registry=r)
         self.model_name = model_name
         gauges = {"vllm:num_requests_running": ("Requests in the batch (decoding or prefilling).",
                                                 lambda: stats()["running"]),
@@ -59,6 +66,16 @@ class Metrics(EngineObserver):
                                                lambda: _usage(stats()))}
         for name, (doc, read) in gauges.items():
             Gauge(name, doc, ["model_name"], registry=r).labels(**labels).set_function(read)
+
+    def load_waited(self, seconds: float) -> None:
+        """A request waited this long for its model's load."""
+        self.load_wait.observe(seconds)
+
+    def loaded(self, stages: dict[str, float]) -> None:
+        """The model loaded: its start's stages (none for an engine on a thread of this process)."""
+        for stage, seconds in stages.items():
+            if stage != "imports_done":
+                self.load_stage.labels(model_name=self.model_name, stage=stage).set(seconds)
 
     # the engine's hooks, on its decode thread (prometheus_client is thread-safe)
     def admitted(self, queued_seconds: float) -> None:

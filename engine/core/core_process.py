@@ -5,6 +5,11 @@ sends the EngineConfig first. It answers `Ready` or `LoadFailed`, then, after ev
 batch of commands, one `StepOutputs`. Commands are `AddRequest`, `AbortRequest` and
 `Shutdown` (messages.py). When the other end goes away (even killed with SIGKILL), the pipe
 reads EOF and this process exits: none is left behind.
+
+Its imports (torch, transformers, the engine: seconds) come before the EngineConfig is read, so a
+process started ahead of its model (a spare: spare.py) has them done when the config comes. `Ready`
+says when each stage ended (time.monotonic(), which every process of the machine shares), for the
+frontend to log what a load cost and where.
 """
 import faulthandler
 import gc
@@ -12,6 +17,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Optional
@@ -119,10 +125,28 @@ def serving_threads(config: EngineConfig, loaded: LoadedModel) -> Optional[int]:
     return max(1, len(os.sched_getaffinity(0)) - 1)
 
 
+def prewarm() -> None:
+    """While it waits for its config (a spare waits seconds to minutes): what every load would do
+    first, done now. transformers builds its checkpoint renamings (a thousand regular expressions,
+    0.1 s) at a model's first load; the imports' objects are collected and frozen, so that the
+    collection after the load walks the model's alone."""
+    try:
+        from transformers import conversion_mapping
+        conversion_mapping.get_checkpoint_conversion_mapping("llama")
+    except Exception:  # noqa: BLE001 - transformers' internals moved: the load builds them then
+        log.debug("no checkpoint renamings built ahead", exc_info=True)
+    gc.collect()
+    gc.freeze()
+
+
 def serve(commands: Connection, outputs: Connection) -> None:
+    prewarm()
+    stages = {"imported": time.monotonic()}
     config: EngineConfig = commands.recv()
+    stages["config"] = time.monotonic()
     try:
         loaded = load_model(config)
+        stages["loaded"] = time.monotonic()
     except Exception as exc:  # noqa: BLE001 - the frontend raises it at start-up
         outputs.send(LoadFailed(str(exc)))
         return
@@ -133,7 +157,8 @@ def serve(commands: Connection, outputs: Connection) -> None:
     core = EngineCore(loaded, config)
     gc.collect()
     gc.freeze()  # the model's and tokenizer's objects live as long as this process: the step loop's collections skip them
-    outputs.send(Ready(loaded.info, loaded.tokenizer, core.stats()))
+    stages["ready"] = time.monotonic()
+    outputs.send(Ready(loaded.info, loaded.tokenizer, core.stats(), stages))
     CoreLoop(core, commands, outputs).run()
 
 

@@ -33,6 +33,7 @@ class EngineClient(ABC):
 
     def __init__(self, config: EngineConfig):
         self.config = config.validate()
+        self.start_stages: dict[str, float] = {}  # what its start cost, stage by stage (seconds; engine_process.py)
         # one thread renders and tokenizes requests: off the event loop, and the tokenizer is
         # then used by at most two threads (this one and the decode loop's detokenizer)
         self._prepare = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llm-prepare")

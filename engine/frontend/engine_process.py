@@ -33,11 +33,9 @@ import os
 import queue
 import signal
 import subprocess
-import sys
 import threading
 import time
 from multiprocessing.connection import Connection
-from pathlib import Path
 from typing import Any, Optional
 
 from contract import EngineConfig, EngineDeadError, OverloadedError, settings
@@ -47,17 +45,19 @@ from ..observer import EngineObserver
 from ..outputs import RequestOutput
 from .async_engine import EngineClient
 from .prepare import Preparer
+from .spare import CoreProcess, SpareCore, spawn_core
 from .streams import RequestStream, run_on
 
 log = logging.getLogger(__name__)
-_ROOT = str(Path(__file__).resolve().parents[2])  # holds the `executors` package
 MAX_MESSAGES_PER_READ = 64  # steps delivered per loop turn at most, so that the readers' turn comes
 STALL_S: float = settings.read("LLM_ENGINE_STALL_S")  # in flight, and silent this long: a stall
 
 
 class EngineProcess(EngineClient):
-    def __init__(self, config: EngineConfig, observer: Optional[EngineObserver] = None):
+    def __init__(self, config: EngineConfig, observer: Optional[EngineObserver] = None,
+                 spare: Optional[SpareCore] = None):
         super().__init__(config)
+        self._spare = spare  # an engine process started ahead, its imports done: the load takes it
         self.observer = observer or EngineObserver()
         self.process_restarts = 0
         self._streams: dict[str, RequestStream] = {}
@@ -79,30 +79,29 @@ class EngineProcess(EngineClient):
 
     # ----- the process -----
     def _start(self) -> None:
-        """Start an engine process and wait for its model (seconds)."""
-        cmd_read, cmd_write = os.pipe()
-        out_read, out_write = os.pipe()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_ROOT, os.environ.get("PYTHONPATH")]))}
-        self._process = subprocess.Popen(
-            [sys.executable, "-m", "engine.core.core_process", str(cmd_read), str(out_write)],
-            pass_fds=(cmd_read, out_write), env=env)
-        os.close(cmd_read)
-        os.close(out_write)
-        self._commands = Connection(cmd_write, readable=False)
-        self._outputs = Connection(out_read, writable=False)
+        """Start an engine process, or take the spare, and wait for its model (seconds)."""
+        asked = time.monotonic()
+        core = (self._spare.take() if self._spare is not None else None) or spawn_core()
+        self._process, self._commands, self._outputs = core.process, core.commands, core.outputs
         self._commands.send(self.config)
+        sent = time.monotonic()
         try:
             reply = self._outputs.recv()
         except EOFError:
             reply = LoadFailed(f"the engine process exited with code {self._process.wait()} while loading")
         match reply:
-            case Ready(info, tokenizer, stats):
+            case Ready(info, tokenizer, stats, stages):
                 self.info, self._stats, self._stats_at = info, stats, time.monotonic()
                 self.preparer = Preparer(tokenizer, self.config, info.max_context)
+                self.start_stages = start_stages(core, asked, sent, stages, time.monotonic())
+                log.info("engine process ready in %.2f s (%s): %s", self.start_stages["total"],
+                         "the spare" if core.spare else "started now",
+                         ", ".join(f"{k} {v:.2f} s" for k, v in self.start_stages.items() if k in STAGES))
             case LoadFailed(message):
-                self._process.wait()
+                core.discard()
                 raise RuntimeError(message)
             case _:
+                core.discard()
                 raise RuntimeError(f"the engine process answered {type(reply).__name__} while loading")
 
     def _watch(self) -> None:
@@ -278,6 +277,22 @@ class EngineProcess(EngineClient):
     @property
     def pid(self) -> int:
         return self._process.pid
+
+
+STAGES = ("spawn", "imports", "load", "engine", "handover")  # a start's stages, in order; they add up to its total
+
+
+def start_stages(core: CoreProcess, asked: float, sent: float, child: dict, received: float) -> dict[str, float]:
+    """Where a start's time went (seconds, from time.monotonic() on both sides): `spawn` until its
+    config was sent (the process started, or the spare taken), `imports` until the process read it
+    (0 for a spare that had done its imports), `load` the model's, `engine` the core's (KV cache,
+    scheduler), `handover` until its Ready (the tokenizer, pickled) arrived. `spare` is 1.0 when a
+    spare was taken, and `imports_done` how long its imports took from its spawn, waited for or not."""
+    config, loaded = child.get("config", sent), child.get("loaded", sent)
+    ready, imported = child.get("ready", received), child.get("imported", sent)
+    return {"spawn": sent - asked, "imports": max(0.0, config - sent), "load": loaded - config,
+            "engine": ready - loaded, "handover": received - ready, "total": received - asked,
+            "spare": float(core.spare), "imports_done": imported - core.spawned_at}
 
 
 def _set_outcome(future: asyncio.Future, error: Any) -> None:

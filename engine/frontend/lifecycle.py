@@ -7,7 +7,13 @@ the load; a load that fails raises EngineDeadError, and the next request tries a
 last request in flight ends, the model's expiry is set from that request's `keep_alive`, or the
 server's (EngineConfig.keep_alive: "5m" by default; negative: never; 0: at once), and a timer
 unloads it then unless another request came. Unloading shuts the engine down: its process exits,
-and the memory of its weights and cache goes back to the system.
+and the memory of its weights and cache goes back to the system; a spare engine process then
+starts (spare.py), its imports done before the next request needs it, so that this request waits
+for the model's load alone.
+
+A load runs as a task of its own, which every request for the model waits on: a request that goes
+away while it waits leaves the load to finish for the next one (its engine is never lost), and a
+load that fails fails every request that waited on it, naming the model.
 
 Every method runs on the serving event loop, apart from the load and the shutdown, which run on a
 thread under `_lock`, so that a request never meets a model half loaded or half unloaded.
@@ -24,6 +30,7 @@ from contract import EngineDeadError
 from contract.keep_alive import FOREVER, keep_alive_seconds
 
 from .async_engine import EngineClient
+from .spare import SpareCore
 
 log = logging.getLogger(__name__)
 
@@ -36,22 +43,30 @@ class ModelState(enum.StrEnum):
 
 class ModelLifecycle:
     def __init__(self, start: Callable[[], EngineClient], keep_alive_s: float,
-                 on_load: Optional[Callable[[EngineClient], None]] = None):
+                 on_load: Optional[Callable[[EngineClient], None]] = None, name: str = "the model",
+                 spare: Optional[SpareCore] = None, on_wait: Optional[Callable[[float], None]] = None):
         self._start, self._on_load = start, on_load or (lambda engine: None)
+        self.name = name  # what a failed load's error names
         self.keep_alive_s = keep_alive_s  # the server's, for requests that do not say
+        self.spare = spare  # filled at each unload, for the next load to take
+        self._on_wait = on_wait or (lambda seconds: None)  # a request's wait for a load, in seconds
         self.engine: Optional[EngineClient] = None
         self.status = ModelState.UNLOADED
         self.loads = self.unloads = 0
+        self.load_seconds: Optional[float] = None  # the last load's, from its start to its engine ready
         self._in_flight = 0
         self._expires_at = FOREVER  # time.time() of the unload to come (FOREVER: none)
         self._timer: Optional[asyncio.TimerHandle] = None
         self._lock = asyncio.Lock()
+        self._loading: Optional[asyncio.Future] = None  # the load under way
+        self._closed = False
 
     def load_now(self) -> EngineClient:
         """Load at once, on this thread (the process's start: a model that cannot load stops it).
         On a serving loop its keep-alive runs from now, so that a model no request ever asks for
         unloads too; elsewhere (a script) the first request's end sets it."""
-        self._loaded(self._start())
+        started = time.monotonic()
+        self._loaded(self._start(), time.monotonic() - started)
         assert self.engine is not None
         try:
             asyncio.get_running_loop()
@@ -97,21 +112,47 @@ class ModelLifecycle:
             self.engine.abort(request_id)
 
     async def _ensure_loaded(self) -> EngineClient:
-        async with self._lock:
-            if self.engine is None:
+        """The engine, once loaded; a request that waited for a load tells `on_wait` how long."""
+        started = time.monotonic()
+        waited = False
+        while self.engine is None or self.status is not ModelState.LOADED:
+            waited = True
+            if self._loading is None:
+                self._loading = asyncio.ensure_future(self._load())
+                self._loading.add_done_callback(_retrieved)
+            await asyncio.shield(self._loading)  # leaving, this request leaves the load to run on
+        if waited:
+            self._on_wait(time.monotonic() - started)
+        return self.engine
+
+    async def _load(self) -> None:
+        """Load the model (after an unload under way), once for every request waiting on it."""
+        try:
+            async with self._lock:
+                if self._closed:
+                    raise EngineDeadError(f"model: {self.name} is not served: the service is stopping")
+                if self.engine is not None:
+                    return
                 self.status = ModelState.LOADING
+                started = time.monotonic()
                 try:
                     engine = await asyncio.to_thread(self._start)
-                except Exception as exc:  # noqa: BLE001 - this request fails; the next one tries again
+                except Exception as exc:  # noqa: BLE001 - these requests fail; the next one tries again
                     self.status = ModelState.UNLOADED
-                    raise EngineDeadError(f"model: could not load: {exc}") from exc
-                self._loaded(engine)
-            assert self.engine is not None
-            return self.engine
+                    log.error("%s could not load: %s", self.name, exc)
+                    raise EngineDeadError(f"model: could not load {self.name}: {exc}") from exc
+                if self._closed:  # the service stopped while it loaded
+                    await asyncio.to_thread(engine.shutdown)
+                    self.status = ModelState.UNLOADED
+                    raise EngineDeadError(f"model: {self.name} is not served: the service is stopping")
+                self._loaded(engine, time.monotonic() - started)
+        finally:
+            self._loading = None
 
-    def _loaded(self, engine: EngineClient) -> None:
+    def _loaded(self, engine: EngineClient, seconds: float) -> None:
         self.engine, self.status = engine, ModelState.LOADED
         self.loads += 1
+        self.load_seconds = seconds
         self._on_load(engine)
 
     def _expire(self) -> None:
@@ -127,6 +168,8 @@ class ModelLifecycle:
             engine, self.engine = self.engine, None
             log.info("the model unloads after its keep-alive")
             await asyncio.to_thread(engine.shutdown)  # its process gone, and its memory with it
+            if self.spare is not None:
+                await asyncio.to_thread(self.spare.fill)  # milliseconds: its imports run in its own process
             self.status = ModelState.UNLOADED
             self.unloads += 1
 
@@ -136,8 +179,18 @@ class ModelLifecycle:
             self._timer = None
 
     def shutdown(self) -> None:
-        """The process stops: the engine with it, whatever its state."""
+        """The process stops: the engine with it, and the spare, whatever their state (a load
+        under way shuts its engine down when it ends)."""
+        self._closed = True
         self._cancel_timer()
+        if self.spare is not None:
+            self.spare.close()
         if self.engine is not None:
             self.engine.shutdown()
             self.engine = None
+
+
+def _retrieved(load: asyncio.Future) -> None:
+    """A failed load's error is read even when every request that waited on it has gone."""
+    if not load.cancelled():
+        load.exception()

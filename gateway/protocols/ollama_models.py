@@ -67,13 +67,14 @@ class OllamaModel:
     extra_info: tuple[tuple[str, int], ...] = ()  # model_info's own keys (an embedding's length)
     loaded: bool = True
     expires_at: Optional[float] = None  # when it unloads, idle (Unix time); None: not due to
+    load_seconds: Optional[float] = None  # what its last load took (None: none, as the embedder's)
 
     @classmethod
     def generating(cls, info: ServerInfo) -> "OllamaModel":
         return cls(info.model_id, info.architecture, info.parameters, info.weight_bytes, info.dtype,
                    info.max_context, ("completion", *(["tools"] if info.chat_template else [])),
                    info.chat_template_text, info.device.startswith("cuda"), loaded=info.state != "unloaded",
-                   expires_at=info.expires_at)
+                   expires_at=info.expires_at, load_seconds=info.load_seconds)
 
     @classmethod
     def embedding(cls, info: dict[str, Any]) -> "OllamaModel":
@@ -102,7 +103,8 @@ class OllamaModel:
         if running:
             expires = NEVER if self.expires_at is None else _iso(self.expires_at)
             return {**entry, "expires_at": expires, "size_vram": self.size if self.on_gpu else 0,
-                    "context_length": self.context_length}
+                    "context_length": self.context_length,
+                    "load_duration": round((self.load_seconds or 0.0) * 1e9)}  # ns, as Ollama's load_duration
         return {**entry, "modified_at": STARTED}
 
     def show(self) -> dict[str, Any]:

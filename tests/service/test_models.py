@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import time
+from typing import Optional
 
 import psutil
 import pytest
@@ -92,16 +93,16 @@ def _states(http_port: int) -> dict[str, str]:
     return {c["id"]: c["state"] for c in cards}
 
 
-def _tree_rss(pid: int) -> int:
-    """The Flow's resident memory: its processes and all of theirs, in bytes."""
+def _tree_rss(pid: int, without: Optional[int] = None) -> int:
+    """The Flow's resident memory: its processes and all of theirs (but `without`), in bytes."""
     root = psutil.Process(pid)
-    return sum(p.memory_info().rss for p in [root, *root.children(recursive=True)] if p.is_running())
+    return sum(p.memory_info().rss for p in [root, *root.children(recursive=True)] if p.is_running() and p.pid != without)
 
 
 def test_a_model_unloads_freeing_its_memory_and_the_next_request_loads_it_again(two_models):
     """A request's keep_alive 0 unloads its model once it ends: its engine process exits (the
-    Flow's memory falls by about its size) while the other model serves on; the next request for
-    it waits for the load and gets the same tokens."""
+    Flow's memory, but the spare engine process the unload starts, falls by about its size) while
+    the other model serves on; the next request for it waits for the load and gets the same tokens."""
     _, http_port, pid = two_models
     first = _openai(http_port, model="thinking", keep_alive=0)
     assert first.status_code == 200, first.text
@@ -111,7 +112,8 @@ def test_a_model_unloads_freeing_its_memory_and_the_next_request_loads_it_again(
             break
         time.sleep(0.1)
     assert _states(http_port) == {"gpt2": "loaded", "thinking": "unloaded"}
-    unloaded_rss = _tree_rss(pid)
+    stats = requests.get(f"http://127.0.0.1:{http_port}/stats", timeout=30).json()
+    unloaded_rss = _tree_rss(pid, without=stats["models"]["thinking"]["replicas"][0]["spare"]["pid"])
     assert unloaded_rss < loaded_rss - 100 * 2**20, (loaded_rss, unloaded_rss)  # an engine process is gone
     assert _openai(http_port, model="gpt2").status_code == 200  # the other serves on
     again = _openai(http_port, model="thinking")
