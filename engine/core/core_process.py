@@ -125,14 +125,6 @@ def serving_threads(config: EngineConfig, loaded: LoadedModel) -> Optional[int]:
     return max(1, len(os.sched_getaffinity(0)) - 1)
 
 
-def load_threads(config: EngineConfig) -> Optional[int]:
-    """torch's threads for the load when the config sets none: every core but one. The load is
-    CPU work (int4 quantization, the layers' packing) while the service's other processes run (the
-    executor, other models' engines): on a busy 2-core machine the default model loaded in 1.7 to 2.4 s
-    on one thread and in 6 to 26 s on two, whose parallel regions each waited for a preempted thread."""
-    return max(1, len(os.sched_getaffinity(0)) - 1) if config.torch_threads is None else None
-
-
 def prewarm() -> None:
     """While it waits for its config (a spare waits seconds to minutes): what every load would do
     first, done now. transformers builds its checkpoint renamings (a thousand regular expressions,
@@ -152,17 +144,15 @@ def serve(commands: Connection, outputs: Connection) -> None:
     stages = {"imported": time.monotonic()}
     config: EngineConfig = commands.recv()
     stages["config"] = time.monotonic()
-    default_threads = torch.get_num_threads()
-    if threads := load_threads(config):
-        torch.set_num_threads(threads)
     try:
         loaded = load_model(config)
         stages["loaded"] = time.monotonic()
     except Exception as exc:  # noqa: BLE001 - the frontend raises it at start-up
         outputs.send(LoadFailed(str(exc)))
         return
-    if config.torch_threads is None:  # else the loader set them
-        torch.set_num_threads(serving_threads(config, loaded) or default_threads)
+    threads = serving_threads(config, loaded)
+    if threads:
+        torch.set_num_threads(threads)
     log.info("torch threads: %d", torch.get_num_threads())
     core = EngineCore(loaded, config)
     gc.collect()
