@@ -56,6 +56,8 @@ def test_the_flows_own_options_win_and_every_server_gets_the_bound():
     assert namespace.grpc_channel_options == RECONNECT_OPTIONS
 
 
-def test_the_routers_replicas_reconnect_within_the_bound():
+async def test_the_routers_replicas_reconnect_within_the_bound():
+    """On an event loop, as the gateway makes them: gRPC's aio channels take the running loop
+    (outside one, whichever loop an earlier test left set, or none)."""
     replica = Membership("llm", {}, ["127.0.0.1:1"]).initial()[0]
     assert replica.streamer._connection_pool.channel_options == RECONNECT_OPTIONS
