@@ -31,6 +31,7 @@ import torch
 
 from contract import EngineConfig
 from engine.model.loader import LoadedModel, load_model
+from testing.native_reference import as_the_engine_computes
 
 from ..harness.report import _git, machine_info
 from ..harness.systems import gguf_of
@@ -75,7 +76,8 @@ class EngineScorer:
     """A model as the engine loads it (fp32, or int4 with this service's kernels)."""
 
     def __init__(self, loaded: LoadedModel):
-        self.model = loaded.model
+        stack = loaded.plan is not None and loaded.plan.stack is not None
+        self.model = as_the_engine_computes(loaded.model, stack)  # the engine's numbers, bit for bit
 
     @torch.inference_mode()
     def logits(self, ids: list[int]) -> torch.Tensor:

@@ -21,7 +21,7 @@ import torch
 from contract import MAX_SPECULATIVE_TOKENS, EngineConfig, FinishReason
 
 from ..messages import Prepared
-from ..model import fast_layers
+from ..model.c_stack import layer_windows
 from ..model.cuda_graphs import DecodeGraphs
 from ..model.loader import LoadedModel
 from ..model.model_runner import ModelRunner, StepResult
@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 def kv_pool_for(loaded: LoadedModel, config: EngineConfig) -> KVPool:
     """The KV pool the config sizes, with a window pool for the model's sliding-window layers
     sized for the rows that may run at once and one step's new tokens."""
-    shape = KVShape.of(loaded.model.config, loaded.kv_dtype, fast_layers.layer_windows(loaded.model))
+    shape = KVShape.of(loaded.model.config, loaded.kv_dtype, layer_windows(loaded.model))
     step_tokens = config.max_prefill_tokens + MAX_SPECULATIVE_TOKENS * config.speculative_max_rows
     blocks, window_blocks = shape.blocks_for(config.max_batch_tokens, config.kv_cache_bytes, config.max_running,
                                              step_tokens)

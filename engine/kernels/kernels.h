@@ -26,7 +26,7 @@ typedef struct {
 #define ACT_SILU 0       /* Llama's */
 #define ACT_GELU_TANH 1  /* Gemma's GeGLU: GELU's tanh approximation */
 
-/* one decoder layer of Llama's shape, built once (fast_layers.py), with the features of its kin and
+/* one decoder layer of Llama's shape, built once (c_stack.py), with the features of its kin and
  * of Gemma, each off where its pointer is NULL (or its number 0) */
 typedef struct {
     Weight qkv[3], o, gate_up[2], down;  /* q, k, v end to end in one part or three; gate, up in one or two */

@@ -1,4 +1,4 @@
-/* One decoder layer of Llama's shape in one call, for fast_layers.py: the engine's step on CPU,
+/* One decoder layer of Llama's shape in one call, for c_stack.py: the engine's step on CPU,
  * with the weights of a GGUF's blocks (or int4.py's), whatever kind each projection has.
  *
  * A decode step of a small model is mostly the small operations between the matmuls: with

@@ -233,7 +233,7 @@ class LlamaKin:
 def llama_layer_args(qkv: list[Weights], o: Weights, gate_up: list[Weights], down: Weights,
                      norms: tuple[torch.Tensor, torch.Tensor], eps: tuple[float, float],
                      sizes: LlamaLayerSizes, kin: LlamaKin = LlamaKin()) -> Optional[Struct]:
-    """A layer for `llama_layer`, or None where it does not run here. qkv: q, k and v end to end in
+    """A layer for `llama_layers`, or None where it does not run here. qkv: q, k and v end to end in
     one part or three; gate_up likewise in one or two. The norms' weights (and the kin's tensors)
     must stay where they are (the caller keeps them), as the layers' buffers do."""
     extra = [t for t in (kin.qkv_bias, *(kin.qk_norms or ()), *(kin.out_norms or ())) if t is not None]
@@ -254,7 +254,7 @@ def llama_layer_args(qkv: list[Weights], o: Weights, gate_up: list[Weights], dow
 
 def llama_step(lengths: tuple[torch.Tensor, ...], block: int,
                groups: list[tuple[torch.Tensor, torch.Tensor, int]]) -> Struct:
-    """A step for `llama_layer`: paged_attention's q_starts, q_lens, ctx_lens, and each KV cache group's
+    """A step for `llama_layers`: paged_attention's q_starts, q_lens, ctx_lens, and each KV cache group's
     slots [tokens] int64, tables [sequences, width] int32 and window (0: full attention). LlamaStep
     holds one group of each kind: llama_layer.c reads a layer with a window through the windowed
     group's, any other through the full group's. The caller keeps the tensors alive for the step."""
@@ -269,14 +269,6 @@ def llama_step(lengths: tuple[torch.Tensor, ...], block: int,
 Rotary = tuple[torch.Tensor, torch.Tensor]  # cos and sin [1, tokens, head_dim]
 
 
-def llama_layer(layer: Struct, step: Struct, rotary: Rotary, x: torch.Tensor, k_pool: torch.Tensor,
-                v_pool: torch.Tensor) -> Optional[torch.Tensor]:
-    """One decoder layer of a step (llama_layer.c): x [1, tokens, hidden] fp32 in, the layer's
-    output out; rotary: this layer's cos and sin; the pool fp32 or fp16 (KVPool's). None where the
-    kernels do not take these tensors (the caller runs the layer otherwise)."""
-    return _layers(ctypes.byref(layer), 1, layer, step, [rotary] * (layer.rope + 1), x, [k_pool], [v_pool])
-
-
 def llama_stack(layers: list[Struct]) -> Any:
     """A model's layers for `llama_layers`, in order, built once (a ctypes array)."""
     array: Any = LlamaLayer * len(layers)  # type: ignore[operator]
@@ -285,9 +277,10 @@ def llama_stack(layers: list[Struct]) -> Any:
 
 def llama_layers(stack: Any, step: Struct, tables: list[Rotary], x: torch.Tensor, k_pools: list[torch.Tensor],
                  v_pools: list[torch.Tensor]) -> Optional[torch.Tensor]:
-    """Every layer of `stack` for a step in one call, as `llama_layer` one after another; tables:
-    the step's rotary tables, each layer's `rope` naming its own; k_pools and v_pools: each layer's
-    keys and values (KVPool.all_layers). None where it does not run."""
+    """Every layer of `stack` for a step in one call (llama_layer.c): x [1, tokens, hidden] fp32 in,
+    the last layer's output out; tables: the step's rotary tables (cos and sin), each layer's `rope`
+    naming its own; k_pools and v_pools: each layer's keys and values (KVPool.all_layers), fp32 or
+    fp16. None where the kernels do not take these tensors."""
     if len(k_pools) != len(stack) or len(v_pools) != len(stack):
         return None
     return _layers(stack, len(stack), stack[0], step, tables, x, k_pools, v_pools)

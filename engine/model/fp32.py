@@ -19,6 +19,7 @@ from torch import nn
 from transformers.pytorch_utils import Conv1D
 
 from ..kernels import native
+from .placement import put
 
 
 class Fp32Linear(nn.Module):
@@ -52,12 +53,11 @@ def install(model: nn.Module) -> int:
     if not native.fp32_ready():
         return 0
     swapped = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) not in (nn.Linear, Conv1D) or child.weight.dtype != torch.float32 \
-                    or child.weight.device.type != "cpu":
-                continue
-            weight, bias = child.weight.detach(), child.bias if isinstance(child.bias, torch.Tensor) else None
-            setattr(parent, name, Fp32Linear(weight.t() if type(child) is Conv1D else weight, bias))
-            swapped += 1
+    for name, child in list(model.named_modules()):
+        if type(child) not in (nn.Linear, Conv1D) or child.weight.dtype != torch.float32 \
+                or child.weight.device.type != "cpu":
+            continue
+        weight, bias = child.weight.detach(), child.bias if isinstance(child.bias, torch.Tensor) else None
+        put(model, name, Fp32Linear(weight.t() if type(child) is Conv1D else weight, bias))
+        swapped += 1
     return swapped

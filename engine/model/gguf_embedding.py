@@ -13,33 +13,34 @@ from torch import nn
 from .gguf_types import Exact, affine
 
 
-class BlockRows(nn.Embedding):
-    """nn.Embedding's lookup from int steps and per-block scales (and lows): scale * step + low in
-    fp32 (`gguf_types.affine`). Placed before nn.Embedding in a model's own embedding class
-    (Gemma's scaled one calls nn.Embedding's forward through super())."""
+class BlockRows(nn.Module):
+    """An embedding's lookup from int steps and per-block scales (and lows): scale * step + low in
+    fp32 (`gguf_types.affine`), times the embedding's scale where it has one (Gemma's scaled
+    embedding multiplies its rows by `embed_scale`, in the weight's dtype). It takes the place of
+    the model's embedding (placement.put)."""
 
     steps: torch.Tensor
     scales: torch.Tensor
     lows: Optional[torch.Tensor]
-    sub: int
+    embed_scale: Optional[torch.Tensor]
+
+    def __init__(self, like: nn.Embedding, exact: Exact, order: Optional[torch.Tensor]):
+        """like: the embedding it replaces; its rows are `exact`'s, in `order` where given."""
+        super().__init__()
+        self.num_embeddings, self.embedding_dim, self.padding_idx = like.num_embeddings, like.embedding_dim, \
+            like.padding_idx
+        pick = (lambda t: t) if order is None else (lambda t: t[order])
+        self.register_buffer("steps", pick(torch.from_numpy(exact.steps)).contiguous(), persistent=False)
+        self.register_buffer("scales", pick(torch.from_numpy(exact.scale)).contiguous(), persistent=False)
+        lows = None if exact.low is None else pick(torch.from_numpy(exact.low)).contiguous()
+        self.register_buffer("lows", lows, persistent=False)
+        self.sub = exact.sub
+        # an empty placeholder: nothing in a forward reads the table but the lookup (its dtype at most)
+        self.weight = nn.Parameter(torch.empty(0, like.embedding_dim, dtype=like.weight.dtype), requires_grad=False)
+        scale = getattr(like, "embed_scale", None)
+        self.register_buffer("embed_scale", None if scale is None else scale.detach().to(like.weight.dtype).clone(),
+                             persistent=False)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return affine(self.steps[input], self.scales[input], None if self.lows is None else self.lows[input], self.sub)
-
-
-def keep_rows(module: nn.Embedding, exact: Exact, order: Optional[torch.Tensor]) -> None:
-    """Make `module` look its rows up from `exact`'s blocks (its rows in `order`, where given).
-    Its weight becomes an empty placeholder: nothing in a forward reads the table but the lookup
-    (a scaled embedding reads the weight's dtype only)."""
-    pick = (lambda t: t) if order is None else (lambda t: t[order])
-    module.register_buffer("steps", pick(torch.from_numpy(exact.steps)).contiguous(), persistent=False)
-    module.register_buffer("scales", pick(torch.from_numpy(exact.scale)).contiguous(), persistent=False)
-    lows = None if exact.low is None else pick(torch.from_numpy(exact.low)).contiguous()
-    module.register_buffer("lows", lows, persistent=False)
-    setattr(module, "sub", exact.sub)  # noqa: B010 - nn.Module's typed __setattr__
-    module.weight = nn.Parameter(torch.empty(0, module.embedding_dim), requires_grad=False)
-    cls = type(module)
-    if cls is nn.Embedding:
-        module.__class__ = BlockRows
-    elif not issubclass(cls, BlockRows):
-        module.__class__ = type(f"BlockRows{cls.__name__}", (cls, BlockRows), {})
+        rows = affine(self.steps[input], self.scales[input], None if self.lows is None else self.lows[input], self.sub)
+        return rows if self.embed_scale is None else rows * self.embed_scale

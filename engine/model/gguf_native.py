@@ -25,9 +25,10 @@ from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorPr
 
 from ..kernels import native
 from . import gguf_file
-from .gguf_embedding import keep_rows
+from .gguf_embedding import BlockRows
 from .gguf_types import TYPES, Exact, Layout, split
 from .int4 import Int4Linear, Int8Linear
+from .placement import put
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +126,7 @@ def _keep(model: PreTrainedModel, target: str, exact: Exact, order: Optional[np.
     module = model.get_submodule(module_name)
     rows = (lambda a: a) if order is None else (lambda a: a[order])
     if isinstance(module, nn.Embedding) and leaf == "weight":
-        keep_rows(module, exact, None if order is None else torch.from_numpy(order))
+        put(model, module_name, BlockRows(module, exact, None if order is None else torch.from_numpy(order)))
         return True
     if type(module) is not nn.Linear or leaf != "weight" or not servable() or module.out_features % 16:
         return False
@@ -139,8 +140,7 @@ def _keep(model: PreTrainedModel, target: str, exact: Exact, order: Optional[np.
     else:
         fp16 = exact.layout is Layout.Q8_0
         layer = Int8Linear(module, (steps, scale.half() if fp16 else scale.float(), low))
-    parent = model.get_submodule(module_name.rpartition(".")[0]) if "." in module_name else model
-    setattr(parent, module_name.rpartition(".")[2], layer)
+    put(model, module_name, layer)
     return True
 
 

@@ -20,13 +20,14 @@ holds (tests/test_int4.py checks batches of 2 to 64 rows bit for bit), so a requ
 out as it does alone.
 """
 from collections.abc import Callable
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import nn
 
 from ..kernels import native
 from ..kernels.table import Op, choose
+from .placement import put
 
 GROUP = 32  # Q4_1's block
 
@@ -68,6 +69,13 @@ class Int4Linear(nn.Module):
         for name, values in (("scale", scale), ("low", low)):
             values = values.float() if self.wide else values.half()
             self.register_buffer(name, values.view(groups, native.INT4_CHANNELS, blocks).permute(0, 2, 1).contiguous())
+        self.weights = native.int4_weights(self.packed, self.scale, self.low)
+
+    def adopt(self, packed: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> None:
+        """Hold these buffers instead (the same values: views into buffers that several layers'
+        weights share end to end, c_stack.py's joined q, k, v)."""
+        for name, values in (("packed", packed), ("scale", scale), ("low", low)):
+            self.register_buffer(name, values)
         self.weights = native.int4_weights(self.packed, self.scale, self.low)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -132,6 +140,11 @@ class Int8Linear(nn.Module):
     def weights(self) -> native.Weights:
         """The C kernel's view of the buffers (where `c_kernel`), for the whole C layers."""
         return native.int8_weights(self.weight_int8, self.scales, self.lows)
+
+    def adopt(self, steps: torch.Tensor, scales: torch.Tensor, lows: Optional[torch.Tensor]) -> None:
+        """Hold these buffers instead (the same values: views into buffers shared end to end)."""
+        for name, values in (("weight_int8", steps), ("scales", scales), ("lows", lows)):
+            self.register_buffer(name, values)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
@@ -222,24 +235,23 @@ def quantize(model: nn.Module, only_if_exact: bool = False) -> bool:
     only_if_exact: only when every layer's weights already are 4-bit in groups of GROUP."""
     get_output = getattr(model, "get_output_embeddings", None)
     output = get_output() if callable(get_output) else None  # a transformers model's lm_head
-    swaps: list[tuple[nn.Module, str, nn.Module]] = []
-    output_at: list[tuple[nn.Module, str]] = []
-    for parent in list(model.modules()):
-        for name, child in parent.named_children():
-            if type(child) is not nn.Linear:
-                continue
-            if child is output:
-                output_at.append((parent, name))
-                continue
-            if child.in_features % GROUP:
-                return False
-            steps, scale, low, exact = _quantize(child.weight.detach().float())
-            if only_if_exact and not exact:
-                return False
-            swaps.append((parent, name, Int4Linear(child, steps, scale, low)))
+    swaps: list[tuple[str, nn.Module]] = []
+    outputs: list[tuple[str, Any]] = []
+    for name, child in list(model.named_modules()):
+        if type(child) is not nn.Linear:
+            continue
+        if child is output:
+            outputs.append((name, child))
+            continue
+        if child.in_features % GROUP:
+            return False
+        steps, scale, low, exact = _quantize(child.weight.detach().float())
+        if only_if_exact and not exact:
+            return False
+        swaps.append((name, Int4Linear(child, steps, scale, low)))
     if not swaps:
         return False
-    swaps += [(parent, name, Int8Linear(getattr(parent, name))) for parent, name in output_at]
-    for parent, name, layer in swaps:
-        setattr(parent, name, layer)
+    swaps += [(name, Int8Linear(child)) for name, child in outputs]
+    for name, layer in swaps:
+        put(model, name, layer)
     return True

@@ -14,13 +14,12 @@ from contract import EngineConfig
 from ..kernels.native import kv_half_ready
 from ..kernels.table import report as kernel_report
 from . import gguf_native, huge_pages
-from .fast_layers import install as lean_layers
-from .fast_layers import outside
 from .fp32 import install as fp32_layers
 from .gguf import find_gguf, load_gguf
 from .info import ModelInfo
 from .int4 import quantize
-from .paged_attention import NAME as PAGED
+from .paged_attention import attention_name
+from .plan import Plan, plan
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +38,7 @@ class LoadedModel:
     int4: bool = False  # its Linear layers are int4 (int4.py)
     parameters: int = 0  # counted before quantization: int4 keeps its weights in buffers
     kv_dtype: torch.dtype = torch.float32  # the KV cache's (pick_kv_dtype)
+    plan: Optional[Plan] = None  # how the engine's steps run it (plan.py); None: not planned (a test's model)
 
     @property
     def info(self) -> ModelInfo:
@@ -96,14 +96,12 @@ def pick_int4(requested: str, device: torch.device, model: PreTrainedModel) -> b
 
 def use_paged_attention(model: PreTrainedModel, kv_dtype: torch.dtype) -> None:
     """Every attention layer reads and writes the engine's paged KV pool (paged_attention.py), and
-    rounds its keys and values to the pool's dtype in a direct forward too (`kv_dtype` on each)."""
+    rounds its keys and values to the pool's dtype in a direct forward too (the implementation's
+    name carries the dtype: `attention_name`)."""
     try:
-        model.set_attn_implementation(PAGED)
+        model.set_attn_implementation(attention_name(kv_dtype))
     except (ValueError, ImportError) as exc:
         raise RuntimeError(f"this model cannot use the engine's paged attention: {exc}") from exc
-    for module in model.modules():
-        if hasattr(module, "layer_idx"):
-            setattr(module, "kv_dtype", kv_dtype)  # noqa: B010 - nn.Module's typed __setattr__
 
 
 def pick_attention_backends(device: torch.device) -> None:
@@ -144,15 +142,14 @@ def load_model(config: EngineConfig) -> LoadedModel:
         log.info("fp32 Linear layers run in dense_matmul.c")
     kv_dtype = pick_kv_dtype(config.kv_cache_dtype, model.dtype, int4)
     use_paged_attention(model, kv_dtype)
-    lean_layers(model)
+    chosen = plan(model, device, kv_dtype)
     if device.type == "cpu":
         huge_pages.collapse(model)
-    if int4 and (why := outside(model)):
-        log.info("decoder layers: transformers' modules around the C products, not llama_layer.c: %s", why)
+    log.info("%s", chosen)
     log.info("kernels: %s", "; ".join(kernel_report("int4" if int4 else "fp32", device.type)))
     return LoadedModel(model, tokenizer, device, _max_context(model, tokenizer),
                        _eos_ids(model, tokenizer, config), time.perf_counter() - started, int4, parameters,
-                       kv_dtype)
+                       kv_dtype, chosen)
 
 
 def _from_source(source: str, gguf: Optional[tuple[str, str]], dtype: torch.dtype, trust_remote_code: bool):

@@ -12,7 +12,6 @@ import torch
 from ..core.kv_manager import KVCacheManager
 from ..core.scheduler import Work
 from ..policies.prompt_logprobs import final_hidden_states
-from . import fast_layers
 from .cuda_graphs import DecodeGraphs
 from .loader import LoadedModel
 from .paged_attention import PagedStep
@@ -33,6 +32,7 @@ class StepResult:
 class ModelRunner:
     def __init__(self, loaded: LoadedModel, kv: KVCacheManager, graphs: Optional[DecodeGraphs] = None):
         self.model = loaded.model
+        self.stack = loaded.plan.stack if loaded.plan is not None else None  # the C stack, or transformers' modules
         self.device = loaded.device
         self.kv = kv
         self.graphs = graphs
@@ -58,9 +58,8 @@ class ModelRunner:
                   for i in range(w.count - 1, w.tokens)]  # a row's last token's logits, and each draft's
         keep = 0 if len(chosen) == len(ids) else torch.tensor(chosen or [0], device=self.device)
         ids_t, positions_t = torch.tensor([ids], device=self.device), torch.tensor([positions], device=self.device)
-        fast = fast_layers.forward(self.model, ids_t, positions_t, step, keep)
-        if fast is not None:
-            logits, hidden = fast
+        if self.stack is not None:
+            logits, hidden = self.stack.forward(ids_t, positions_t, step, keep)
         else:
             logits, hidden = self._forward(ids_t, positions_t, step, keep, keep_hidden)
         logits = logits[0].float()
@@ -91,10 +90,12 @@ class ModelRunner:
         size = self.kv.block_size
         slot = blocks[0] * size
         step = self._step([1], [1], [slot], [[[slots[0] // size] for slots in self.kv.group_slots([slot])]])
+        zero = torch.zeros((1, 1), dtype=torch.long, device=self.device)
         try:
-            self.model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=self.device),
-                       position_ids=torch.zeros((1, 1), dtype=torch.long, device=self.device),
-                       attention_mask=NO_MASK, use_cache=False, paged=step)
+            if self.stack is not None:
+                self.stack.forward(zero, zero, step, 0)
+            else:
+                self.model(input_ids=zero, position_ids=zero, attention_mask=NO_MASK, use_cache=False, paged=step)
         finally:
             self.kv.take_back(blocks)
         layers = self.kv.pool.shape.layers

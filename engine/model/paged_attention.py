@@ -1,4 +1,5 @@
-"""Attention over the paged KV pool, as transformers' models call it (registered as "paged").
+"""Attention over the paged KV pool, as transformers' models call it (registered as "paged", and
+"paged_float16" and the like for a pool of that dtype: `attention_name`).
 
 The engine runs a step as one forward pass over a packed row of tokens: each sequence's new
 tokens one after another (a decoding row's one, a prompt chunk's many), with their own
@@ -23,6 +24,7 @@ transformers' own continuous batching (`paged|sdpa`) gathers every key of the ba
 sequence and masks a [tokens x all keys] product: too slow on CPU, and its rounding depends on
 the neighbours.
 """
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -155,17 +157,24 @@ class DecodeStep:
         self.mask = (keys[None, None, :] < self.seen[:, :, None])[:, None]
 
 
+def attention_name(kv_dtype: torch.dtype) -> str:
+    """The attention implementation a model sets (`set_attn_implementation`) to go through the
+    paged pool, whose keys and values are `kv_dtype`: "paged", or "paged_float16" and the like
+    where a direct forward rounds them to that dtype as the pool does."""
+    return NAME if kv_dtype == torch.float32 else f"{NAME}_{str(kv_dtype).removeprefix('torch.')}"
+
+
 def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     attention_mask: Optional[torch.Tensor], dropout: float = 0.0, scaling: Optional[float] = None,
                     paged: Optional[PagedStep | DecodeStep] = None, sliding_window: Optional[int] = None,
-                    **kwargs: Any) -> tuple[torch.Tensor, None]:
+                    kv_dtype: Optional[torch.dtype] = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
     """query [1, heads, tokens, dim], key/value [1, kv_heads, tokens, dim] (this step's new
     tokens, packed); returns [1, tokens, heads, dim], as transformers' SDPA does. Outside the
     engine's steps (no `paged`: transformers' own generate, a direct forward), see
-    `_outside_the_engine`."""
+    `_outside_the_engine`; kv_dtype: the pool's (`attention_name`), None: the keys' own."""
     if paged is None:
         return _outside_the_engine(module, query, key, value, attention_mask, dropout, scaling, sliding_window,
-                                   **kwargs)
+                                   kv_dtype or key.dtype, **kwargs)
     if getattr(module, "sinks", None) is not None:
         raise ValueError("paged attention: attention sinks are not supported")
     cap = _softcap(kwargs)
@@ -195,12 +204,11 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
 
 def _outside_the_engine(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                         mask: Optional[torch.Tensor], dropout: float, scaling: Optional[float],
-                        sliding_window: Optional[int], **kwargs: Any) -> tuple[torch.Tensor, None]:
+                        sliding_window: Optional[int], kv_dtype: torch.dtype, **kwargs: Any) -> tuple[torch.Tensor, None]:
     """One sequence, causal (a direct forward, transformers' generate): the same C kernel as the
-    engine, its keys laid out in the pool's blocks and dtype (the loader's `kv_dtype` on the
-    module), so such a forward computes exactly what the engine does (tests compare the two).
-    Anything else: transformers' SDPA, over keys and values rounded to the pool's dtype."""
-    kv_dtype = getattr(module, "kv_dtype", key.dtype)
+    engine, its keys laid out in the pool's blocks and `kv_dtype`, so such a forward computes
+    exactly what the engine does (tests compare the two). Anything else: transformers' SDPA,
+    over keys and values rounded to the pool's dtype."""
     if kv_dtype != key.dtype:
         key, value = key.to(kv_dtype), value.to(kv_dtype)
     rows, heads, q_len, dim = query.shape
@@ -343,5 +351,6 @@ def _gather(k_pool: torch.Tensor, v_pool: torch.Tensor, tables: torch.Tensor, ke
     return k, v
 
 
-AttentionInterface.register(NAME, paged_attention)
-AttentionMaskInterface.register(NAME, sdpa_mask)  # for the plain SDPA outside the engine's steps
+for _dtype in (torch.float32, torch.float16, torch.bfloat16):
+    AttentionInterface.register(attention_name(_dtype), functools.partial(paged_attention, kv_dtype=_dtype))
+    AttentionMaskInterface.register(attention_name(_dtype), sdpa_mask)  # for the plain SDPA outside the steps

@@ -100,34 +100,27 @@ def test_the_load_says_why_layers_run_outside_the_c_layers(models_dir, tmp_path,
     (tmp_path / "partial" / "config.json").write_text(json.dumps({**config, "partial_rotary_factor": 0.5}))
     loaded, lines = _load_logging(str(tmp_path / "partial"), caplog)
     assert len(lines) == 1 and "turns part of each head only" in lines[0], lines
-    assert loaded.model.lean_stack is None
+    assert loaded.plan.stack is None and "transformers' modules" in lines[0]
 
 
 def test_every_architecture_runs_its_whole_stack_in_c(architecture_model, caplog):
     loaded, lines = _load_logging(architecture_model, caplog)
-    # every layer in llama_layer.c, the stack in one call
-    assert not lines and getattr(loaded.model, "lean_stack", None) is not None, lines
+    # every layer in llama_layer.c, the stack in one call, said once
+    assert len(lines) == 1 and "in llama_layer.c, one call a step" in lines[0], lines
+    assert loaded.plan.stack is not None and len(loaded.plan.stack.layers) == loaded.model.config.num_hidden_layers
 
 
-@pytest.mark.parametrize("whole_layers, style", [*((True, s) for s in (*KIN, *GEMMA)), *((False, s) for s in KIN)],
-                         ids=lambda v: {True: "llama_layer.c", False: "python"}.get(v, v))
-async def test_whole_layers_give_the_numbers_of_transformers_layers(models_dir, make_engine, monkeypatch,
-                                                                   whole_layers, style):
+@pytest.mark.parametrize("style", [*KIN, *GEMMA])
+async def test_whole_layers_give_the_numbers_of_transformers_layers(models_dir, make_engine, monkeypatch, style):
     """Qwen2's biases, Qwen3's q and k norms, Mistral's window, Phi-3's fused projections, and
     Gemma's norms around each sublayer, (1 + w) norms, GeGLU, capped scores and local and global
-    rotary tables, in llama_layer.c's whole layers (and, for Llama's kin, in fast_layers.py's
-    Python layers where those do not run): the same tokens and log probabilities as transformers'
-    own layers (with the C norms and activations), bit for bit, greedy and seeded."""
-    from engine.model import fast_layers
-    from tests.unit.test_int4 import _answers, _lean_and_full
+    rotary tables, in llama_layer.c's whole layers: the same tokens and log probabilities as
+    transformers' own layers (with the C norms and activations), bit for bit, greedy and seeded."""
+    from tests.unit.test_int4 import _answers, _stack_and_reference
     kin_model = shared_build(models_dir / f"arch-{style}", style, four_bit=True)
-    if not whole_layers:
-        monkeypatch.setattr(fast_layers, "_native", lambda *layer: None)
-    lean, full, requests = _lean_and_full(kin_model, make_engine, monkeypatch)
-    layers = [m for m in lean.core.loaded.model.modules() if hasattr(m, "lean_qkv")]
-    assert layers and all(bool(m.lean_native) == whole_layers for m in layers)
-    answers = await _answers(lean, requests)
-    assert answers == await _answers(full, requests) and all(ids for ids, _ in answers)
+    stack, reference, requests = _stack_and_reference(kin_model, make_engine, monkeypatch)
+    answers = await _answers(stack, requests)
+    assert answers == await _answers(reference, requests) and all(ids for ids, _ in answers)
 
 
 def _mixed_kinds(model: torch.nn.Module) -> None:
@@ -167,17 +160,20 @@ async def test_every_block_kind_runs_in_the_whole_c_layers(models_dir, make_engi
     """Projections of every product's kind, mixed within q, k, v and within gate, up, as a Q4_K_M
     file has them: whole C layers give transformers' layers' numbers (around the same products)
     bit for bit, greedy and seeded, and batched equals alone."""
-    from engine.model import fast_layers, loader
+    from engine.model import loader
+    from engine.model import plan as plans
+    from testing.native_reference import reference_plan
     from tests.unit.test_batching import mixed_requests
     from tests.unit.test_int4 import _answers
     path = shared_build(models_dir / f"arch-{style}", style, four_bit=True)
     engines = {}
-    for name, install in (("whole", fast_layers.install), ("modules", fast_layers.native_ops)):
-        monkeypatch.setattr(loader, "lean_layers", lambda model, install=install: (_mixed_kinds(model),
-                                                                                   install(model))[1])
+    for name, chosen in (("whole", plans.plan), ("modules", reference_plan)):
+        monkeypatch.setattr(loader, "plan", lambda model, *rest, chosen=chosen: (_mixed_kinds(model),
+                                                                                  chosen(model, *rest))[1])
         engines[name] = make_engine(path, device="cpu")
     model = engines["whole"].core.loaded.model
-    assert model.lean_stack is not None and len(model.lean_stack) == model.config.num_hidden_layers
+    stack = engines["whole"].core.loaded.plan.stack
+    assert stack is not None and len(stack.layers) == model.config.num_hidden_layers
     kinds = {p.weights.kind for p in model.model.layers[0].modules() if hasattr(p, "weights")}
     assert len(kinds) == 4, kinds  # every product's kind
     requests = mixed_requests(4, seed=3) + mixed_requests(4, seed=4, sample=True)

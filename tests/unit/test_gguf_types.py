@@ -160,18 +160,20 @@ def test_every_kernel_path_gives_the_same_bits(tensor: tuple[T, np.ndarray],
 
 def test_an_embedding_kept_as_blocks_looks_up_the_tables_rows(tensor: tuple[T, np.ndarray]) -> None:
     """gguf_embedding.py: the rows looked up from the blocks are the fp32 table's bit for bit, in a
-    plain embedding and in Gemma's scaled one (whose forward reaches nn.Embedding's through super())."""
+    plain embedding, and in Gemma's scaled one as transformers' module computes them from that table."""
     from transformers.models.gemma3.modeling_gemma3 import Gemma3TextScaledWordEmbedding
 
-    from engine.model.gguf_embedding import keep_rows
+    from engine.model.gguf_embedding import BlockRows
     qtype, data = tensor
     exact = split(data, qtype, WIDTH)
     table = weights(exact)
     ids = torch.tensor([[3, 0, OUTPUTS - 1], [5, 5, 1]])
-    plain = nn.Embedding(OUTPUTS, WIDTH)
-    keep_rows(plain, exact, None)
+    plain = BlockRows(nn.Embedding(OUTPUTS, WIDTH), exact, None)
     assert torch.equal(plain(ids), table[ids]) and plain.weight.numel() == 0
-    scaled = Gemma3TextScaledWordEmbedding(OUTPUTS, WIDTH, 0, embed_scale=WIDTH ** 0.5)
     order = torch.arange(OUTPUTS).flip(0)
-    keep_rows(scaled, exact, order)
+    reference = Gemma3TextScaledWordEmbedding(OUTPUTS, WIDTH, 0, embed_scale=WIDTH ** 0.5)
+    with torch.no_grad():
+        reference.weight.copy_(table[order])
+    scaled = BlockRows(reference, exact, order)
+    assert torch.equal(scaled(ids), reference(ids))
     assert torch.equal(scaled(ids), table[order][ids] * torch.tensor(WIDTH ** 0.5))

@@ -9,9 +9,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from contract import EngineConfig, SamplingParams
 from engine.kernels import build, native
-from engine.model import fast_layers, loader, native_modules, paged_attention
+from engine.model import loader, paged_attention
 from engine.model.int4 import Int4Linear, Int8Linear, _quantize, dequantize, int16_blocks, q8_0, quantize
 from engine.model.loader import load_model, pick_dtype
+from testing import native_reference
 from tests.unit.test_batching import collect, mixed_requests
 
 
@@ -170,7 +171,7 @@ def test_auto_on_cpu_is_int4_only_for_weights_that_already_are_4bit(llama_model,
     assert load_model(EngineConfig(model=llama_model, device="cpu")).info.dtype == "float32"
     forced = load_model(EngineConfig(model=llama_model, device="cpu", dtype="int4"))
     assert forced.info.dtype == "int4"
-    assert forced.model.config._attn_implementation == "paged"
+    assert forced.model.config._attn_implementation.startswith("paged")  # "paged_float16" with an fp16 pool
 
 
 def test_int4_is_refused_where_it_cannot_run(gpt2_model):
@@ -212,7 +213,7 @@ async def test_int4_batched_output_equals_output_alone_without_the_c_kernels(fou
 async def test_int4_prefill_and_decode_steps_run_the_c_kernels(four_bit_llama, monkeypatch, make_engine,  # noqa: F811
                                                                 whole_layers):
     """Every layer of every step (the start-up probe, the prefill, 3 decode steps) runs in C: the
-    whole layer in llama_layer.c, or (where that does not run) its attention in paged_attention.c."""
+    whole stack in llama_layer.c, or (in transformers' layers) its attention in paged_attention.c."""
     if native.library() is None:
         pytest.skip("no C compiler on this machine")
     results = []
@@ -223,16 +224,15 @@ async def test_int4_prefill_and_decode_steps_run_the_c_kernels(four_bit_llama, m
             return results[-1]
         return call
 
-    if whole_layers:  # the probe runs the model's forward, layer by layer; steps take the whole stack at once
-        monkeypatch.setattr(native, "llama_layer", spy(native.llama_layer))
+    if whole_layers:  # one call a step, the probe's included
         monkeypatch.setattr(native, "llama_layers", spy(native.llama_layers))
     else:
-        monkeypatch.setattr(fast_layers, "_native", lambda *layer: None)
+        monkeypatch.setattr(loader, "plan", native_reference.reference_plan)
         monkeypatch.setattr(paged_attention, "c_paged_attention", spy(native.paged_attention))
     engine = make_engine(four_bit_llama, device="cpu")
     ids, _, _ = await collect(engine, "the quick brown fox", SamplingParams(max_tokens=4, ignore_eos=True))
     layers = engine.core.loaded.model.config.num_hidden_layers
-    assert len(ids) == 4 and len(results) == (layers + 4 if whole_layers else 5 * layers)
+    assert len(ids) == 4 and len(results) == (5 if whole_layers else 5 * layers)
     assert all(r is not None for r in results)
 
 
@@ -245,31 +245,21 @@ async def _answers(engine, requests) -> list[tuple[list[int], list[float]]]:
     return answers
 
 
-def _lean_and_full(four_bit_llama, make_engine, monkeypatch, prefill: int = 16, **config):
+def _stack_and_reference(four_bit_llama, make_engine, monkeypatch, prefill: int = 16, **config):
+    """(an engine whose steps run the C stack, one whose steps run transformers' layers with the
+    C norms and activations (testing/native_reference.py), requests for both)."""
     if not native.int4_ready():
         pytest.skip("int4_matmul.c does not run here")
-    lean = make_engine(four_bit_llama, device="cpu", max_prefill_tokens=prefill, **config)
-    layers = lean.core.loaded.model.config.num_hidden_layers
-    assert sum(hasattr(m, "lean_qkv") for m in lean.core.loaded.model.modules()) == layers
-    with monkeypatch.context() as patch:  # transformers' layers, with the native norms and SiLU
-        patch.setattr(loader, "lean_layers", fast_layers.native_ops)
-        full = make_engine(four_bit_llama, device="cpu", max_prefill_tokens=prefill, **config)
-    assert not any(hasattr(m, "lean_qkv") for m in full.core.loaded.model.modules())
+    stack = make_engine(four_bit_llama, device="cpu", max_prefill_tokens=prefill, **config)
+    assert stack.core.loaded.plan.stack is not None, stack.core.loaded.plan
+    with monkeypatch.context() as patch:
+        patch.setattr(loader, "plan", native_reference.reference_plan)
+        reference = make_engine(four_bit_llama, device="cpu", max_prefill_tokens=prefill, **config)
+    assert reference.core.loaded.plan.stack is None
     requests = mixed_requests(6, seed=3) + mixed_requests(6, seed=4, sample=True)
     if prefill > 16:  # prompts long enough to fill wide steps
         requests = [(" ".join([prompt] * 5), params) for prompt, params in requests]
-    return lean, full, requests
-
-
-async def test_lean_layers_give_the_numbers_of_transformers_layers(four_bit_llama, make_engine, monkeypatch):
-    """fast_layers.py's decoder layers in Python (q, k, v in one int4 call, gate and up in
-    another): the same tokens and log probabilities as transformers' own layers, bit for bit,
-    greedy and seeded."""
-    monkeypatch.setattr(fast_layers, "_native", lambda *layer: None)
-    lean, full, requests = _lean_and_full(four_bit_llama, make_engine, monkeypatch)
-    assert not any(getattr(m, "lean_native", None) for m in lean.core.loaded.model.modules())
-    answers = await _answers(lean, requests)
-    assert answers == await _answers(full, requests) and all(ids for ids, _ in answers)
+    return stack, reference, requests
 
 
 @pytest.mark.parametrize("prefill", [16, 256])
@@ -279,28 +269,27 @@ async def test_whole_c_layers_give_the_numbers_of_transformers_layers(four_bit_l
     as transformers' layers (which then use its norms and SiLU), bit for bit, greedy and seeded;
     with steps of a few tokens, and with prompts' steps wide enough for its loops between the
     matmuls to run in parallel."""
-    lean, full, requests = _lean_and_full(four_bit_llama, make_engine, monkeypatch, prefill)
-    model = lean.core.loaded.model
-    assert all(m.lean_native for m in model.modules() if hasattr(m, "lean_qkv"))
-    assert any(isinstance(m, native_modules.NativeRMSNorm) for m in full.core.loaded.model.modules())
+    stack, reference, requests = _stack_and_reference(four_bit_llama, make_engine, monkeypatch, prefill)
+    assert any(isinstance(m, native_reference.NativeRMSNorm) for m in reference.core.loaded.model.modules())
+    assert not any(isinstance(m, native_reference.NativeRMSNorm) for m in stack.core.loaded.model.modules())
     widths: list[int] = []
     real = native.llama_layers
     monkeypatch.setattr(native, "llama_layers", lambda stack, step, *rest: widths.append(step.tokens) or
                         real(stack, step, *rest))
-    answers = await _answers(lean, requests)
+    answers = await _answers(stack, requests)
     assert (max(widths) >= 128) == (prefill > 16)  # llama_layer.c's parallel loops from 64 tokens (SiLU: 16384 values)
-    assert answers == await _answers(full, requests) and all(ids for ids, _ in answers)
+    assert answers == await _answers(reference, requests) and all(ids for ids, _ in answers)
 
 
 def test_the_native_norm_and_silu_fall_back_off_cpu_fp32():
     torch.manual_seed(0)
-    norm = native_modules.NativeRMSNorm(64, eps=1e-5)
+    norm = native_reference.NativeRMSNorm(64, eps=1e-5)
     norm.weight.data.normal_()
     x = torch.randn(3, 64)
     torch.testing.assert_close(norm(x), nn.functional.rms_norm(x, (64,), norm.weight, 1e-5))
     assert norm(x.double()).dtype == torch.float64  # PyTorch's forward
-    torch.testing.assert_close(native_modules.NativeSiLU()(x), nn.functional.silu(x))
-    assert native_modules.NativeSiLU()(x.double()).dtype == torch.float64
+    torch.testing.assert_close(native_reference.NativeSiLU()(x), nn.functional.silu(x))
+    assert native_reference.NativeSiLU()(x.double()).dtype == torch.float64
 
 
 def test_the_native_silu_is_accurate_and_the_same_wherever_a_value_sits():

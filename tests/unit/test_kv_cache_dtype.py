@@ -11,8 +11,9 @@ from contract import EngineConfig, SamplingParams, ValidationError
 from engine.kernels import native
 from engine.policies.logprobs import log_softmax
 from testing import golden
+from testing.native_reference import as_the_engine_computes
 from tests.unit.test_batching import collect, mixed_requests
-from tests.unit.test_int4 import _answers, _lean_and_full, four_bit_llama  # noqa: F401 - a fixture
+from tests.unit.test_int4 import _answers, _stack_and_reference, four_bit_llama  # noqa: F401 - a fixture
 from tests.unit.test_paged_attention import MIXED, c_args, step
 
 
@@ -80,13 +81,14 @@ async def test_whole_c_layers_write_fp16_keys_as_transformers_layers_do(four_bit
     (transformers' layers write through KVPool.write): the same tokens and log probabilities."""
     if not native.kv_half_ready():
         pytest.skip("no C kernels for an fp16 pool here")
-    lean, full, requests = _lean_and_full(four_bit_llama, make_engine, monkeypatch, kv_cache_dtype="fp16")
+    stack, reference, requests = _stack_and_reference(four_bit_llama, make_engine, monkeypatch,
+                                                      kv_cache_dtype="fp16")
     ran: list[bool] = []
     real = native.llama_layers
     monkeypatch.setattr(native, "llama_layers", lambda *args: ran.append((out := real(*args)) is not None) or out)
-    answers = await _answers(lean, requests)
+    answers = await _answers(stack, requests)
     assert ran and all(ran)  # every step in C, with the fp16 pool
-    assert answers == await _answers(full, requests) and all(ids for ids, _ in answers)
+    assert answers == await _answers(reference, requests) and all(ids for ids, _ in answers)
 
 
 async def test_auto_is_fp16_for_int4_weights_and_the_models_dtype_otherwise(four_bit_llama, llama_model,  # noqa: F811
@@ -105,7 +107,8 @@ async def test_a_direct_forward_rounds_its_keys_as_the_engine_does(four_bit_llam
     prompt = "the quick brown fox jumps over a lazy dog while streams of tokens flow"
     params = SamplingParams(max_tokens=16, ignore_eos=True, logprobs=True)
     [(ids, logprobs)] = await _answers(engine, [(prompt, params)])
-    model, tokens = engine.core.loaded.model, engine.tokenizer(prompt)["input_ids"]
+    loaded, tokens = engine.core.loaded, engine.tokenizer(prompt)["input_ids"]
+    model = as_the_engine_computes(loaded.model, loaded.plan.stack is not None)
     with torch.inference_mode():
         generated = model.generate(torch.tensor([tokens]), max_new_tokens=16, do_sample=False, min_new_tokens=16)
         rows = log_softmax(model(torch.tensor([tokens + ids])).logits[0])

@@ -1,10 +1,11 @@
-"""The small modules of a decoder that llama_layer.c computes too (its norms and activations), as
-modules computed by the same C functions.
+"""The tests' reference for the engine's C stack (engine/model/c_stack.py): transformers' own
+decoder layers, with their norms and activations computed by llama_layer.c's functions.
 
-Where whole decoder layers run in C, the model's own modules must round as that file does, so that
-a forward through transformers' layers (a direct forward, the layers that do not run whole in C,
-the final norm around them) computes the engine's numbers bit for bit. Each module keeps its
-parameters and changes only its forward, and runs PyTorch's op where the C function cannot.
+The C stack computes what transformers' layers compute, except that its norms and activations
+round as llama_layer.c's functions do. Give transformers' layers those same functions and their
+forward must give the engine's numbers bit for bit: `reference_plan` loads a model that way
+(every norm and activation module replaced by its native twin, the same parameters), and
+serves it through transformers' modules, not the C stack.
 """
 from typing import Any
 
@@ -19,7 +20,8 @@ from transformers.models.phi3 import modeling_phi3 as phi3
 from transformers.models.qwen2 import modeling_qwen2 as qwen2
 from transformers.models.qwen3 import modeling_qwen3 as qwen3
 
-from ..kernels import native
+from engine.kernels import native
+from engine.model import plan as plans
 
 NORMS = (LlamaRMSNorm, mistral.MistralRMSNorm, qwen2.Qwen2RMSNorm, qwen3.Qwen3RMSNorm,  # the same arithmetic
          phi3.Phi3RMSNorm)
@@ -61,15 +63,12 @@ class NativeGELUTanh(nn.Module):
         return nn.functional.gelu(x, approximate="tanh") if out is None else out
 
 
-# each activation llama_layer.c computes: transformers' module and the native one, by native.ACTIVATIONS' name
-ACTIVATIONS: dict[type, tuple[str, type]] = {SiLUActivation: ("silu", NativeSiLU), NativeSiLU: ("silu", NativeSiLU),
-                                             GELUTanh: ("gelu_tanh", NativeGELUTanh),
-                                             NativeGELUTanh: ("gelu_tanh", NativeGELUTanh)}
+ACTIVATIONS: dict[type, type] = {SiLUActivation: NativeSiLU, GELUTanh: NativeGELUTanh}
 
 
-def convert(model: nn.Module, activations: list[tuple[Any, str]]) -> None:
-    """Every norm of the model, and each (module, attribute) activation given, becomes its native
-    module: the same parameters, another forward."""
+def convert(model: nn.Module) -> None:
+    """Every norm and activation of the model becomes its native twin: the same parameters,
+    llama_layer.c's arithmetic."""
     module: Any
     for module in model.modules():
         if type(module) in NORMS:
@@ -77,10 +76,23 @@ def convert(model: nn.Module, activations: list[tuple[Any, str]]) -> None:
         elif type(module) in GEMMA_NORMS:
             module.__class__ = NativeGemmaRMSNorm
             module.plus_one = 1.0 + module.weight.detach().float()
-    for owner, name in activations:
-        setattr(owner, name, ACTIVATIONS[type(getattr(owner, name))][1]())
+    for owner in list(model.modules()):
+        for name, child in list(owner.named_children()):
+            if type(child) in ACTIVATIONS:
+                setattr(owner, name, ACTIVATIONS[type(child)]())
 
 
-def is_native(module: Any) -> bool:
-    """Whether the module is computed by llama_layer.c's functions."""
-    return type(module) in (NativeRMSNorm, NativeGemmaRMSNorm, NativeSiLU, NativeGELUTanh)
+def reference_plan(model: nn.Module, device: torch.device, kv_dtype: torch.dtype) -> plans.Plan:
+    """A stand-in for the loader's `plan`: the model's layers in transformers' modules, with the
+    C norms and activations, never the C stack."""
+    convert(model)
+    return plans.Plan(None, "the test's reference", plans.attention_path(device, kv_dtype))
+
+
+def as_the_engine_computes(model: nn.Module, stack_planned: bool) -> nn.Module:
+    """The model, whose direct forward and generate compute what the engine's steps do, bit for
+    bit: where the engine runs its C stack (`stack_planned`), its layers take the C norms and
+    activations (`convert`); elsewhere the engine runs these very modules."""
+    if stack_planned:
+        convert(model)
+    return model
