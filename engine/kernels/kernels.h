@@ -17,9 +17,6 @@
 #define WEIGHT_INT4_F32 1  /* int4f_matmul: 4-bit steps, fp32 scale and low per 32 (Q4_K) */
 #define WEIGHT_INT8 2      /* int8_matmul: int8 steps, fp16 scale per 32 (Q8_0, Q5_0) */
 #define WEIGHT_INT8_SUB 3  /* int8s_matmul: int8 steps, fp32 scale and low (or none) per 16 (Q5_1, Q5_K, Q6_K) */
-#define WEIGHT_INT4_K 4    /* Q4_K's own scales: 4-bit steps; per 32 the 6-bit sc and m (uint8 [outputs / 16][blocks]
-                            * [2][16]: sc, then m), per 256 inputs fp32 d and -dmin ([outputs / 16][blocks / 8][2][16]):
-                            * d sc and -dmin m are WEIGHT_INT4_F32's values exactly, from 3/8 of its scales' bytes */
 typedef struct {
     const void *packed, *scale, *low;
     int64_t width, outputs, kind;

@@ -16,8 +16,8 @@ INT4_CHANNELS = 16  # quant_matmul.c's outputs per group
 DENSE_CHANNELS = 16  # outputs per group of dense_matmul.c (fp32, bf16 weights) and of quant_matmul.c's int8
 _Weight, LlamaLayer, LlamaStep = (build.STRUCTS[name] for name in ("Weight", "LlamaLayer", "LlamaStep"))
 # which product reads a layer's weights (kernels.h's WEIGHT_*), and the activations of ACT_*
-WEIGHT_INT4, WEIGHT_INT4_F32, WEIGHT_INT8, WEIGHT_INT8_SUB, WEIGHT_INT4_K = (
-    build.CONSTANTS[f"WEIGHT_{kind}"] for kind in ("INT4", "INT4_F32", "INT8", "INT8_SUB", "INT4_K"))
+WEIGHT_INT4, WEIGHT_INT4_F32, WEIGHT_INT8, WEIGHT_INT8_SUB = (
+    build.CONSTANTS[f"WEIGHT_{kind}"] for kind in ("INT4", "INT4_F32", "INT8", "INT8_SUB"))
 ACTIVATIONS = {"silu": build.CONSTANTS["ACT_SILU"], "gelu_tanh": build.CONSTANTS["ACT_GELU_TANH"]}
 Struct = ctypes.Structure  # a LlamaLayer or a LlamaStep, as annotations name them
 
@@ -87,7 +87,7 @@ class Weights:
 
 def int4_weights(packed: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> Weights:
     groups, blocks, pairs, channels = packed.shape  # int4.py's layout: two steps per byte
-    kind = {torch.float32: WEIGHT_INT4_F32, torch.uint8: WEIGHT_INT4_K}.get(scale.dtype, WEIGHT_INT4)
+    kind = WEIGHT_INT4_F32 if scale.dtype == torch.float32 else WEIGHT_INT4
     return Weights(packed.data_ptr(), scale.data_ptr(), low.data_ptr(), blocks * pairs * 2, groups * channels, kind)
 
 
@@ -117,26 +117,6 @@ def int4_matmul(x: torch.Tensor, weights: Weights) -> torch.Tensor:
     if status != 0:
         raise MemoryError("int4 matmul: out of memory") if status == -2 else ValueError(
             f"int4 matmul: x {tuple(x.shape)} does not fit weights of {weights.width} inputs")
-    return y
-
-
-def weight_matmul(x: torch.Tensor, weights: Weights) -> torch.Tensor:
-    """x [rows, width] on CPU times a layer's weights of any kind (kernels.h's Weight, as the whole
-    C layers take them); returns [rows, outputs] fp32. Only where `int4_ready()`."""
-    built = library()
-    if built is None:
-        raise RuntimeError("weight matmul: the C kernels are not built (check int4_ready() first)")
-    if x.dtype != torch.float32 or not x.is_contiguous():
-        x = x.float().contiguous()
-    y = torch.empty((x.shape[0], weights.outputs), dtype=torch.float32)
-    if x.shape[0] == 0:
-        return y
-    weight = _Weight(weights.packed, weights.scale, weights.low or None, weights.width, weights.outputs, weights.kind)
-    status = built.weight_matmul(x.data_ptr(), ctypes.byref(weight), y.data_ptr(), weights.outputs, x.shape[0],
-                                 torch.get_num_threads())
-    if status != 0:
-        raise MemoryError("weight matmul: out of memory") if status == -2 else ValueError(
-            f"weight matmul: x {tuple(x.shape)} does not fit weights of {weights.width} inputs")
     return y
 
 

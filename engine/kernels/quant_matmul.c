@@ -6,9 +6,6 @@
  *   outputs] bytes, low nibble the pair's first input. Per block, x . w = d dx (q . qx) + m dx
  *   sum(qx), where q . qx is an integer sum (at most 15 * 32767 * 32 < 2^24, so exact in fp32 too).
  * - int4f: the same with d and m in fp32 (Q4_K's per-32 d sc and dmin m).
- * - int4k (WEIGHT_INT4_K): int4f's d and m as Q4_K holds them, 6-bit sc and m per 32 and fp32 d and
- *   -dmin per 256, multiplied as each block is read: each product of an fp16 and a 6-bit integer is
- *   exact in fp32, so these are int4f's very scales, and a step reads 0.59 bytes a weight, not 0.75.
  * - int8 (the output layer): llama.cpp's Q8_0, packed [outputs / 16][width][16] with an fp16 scale
  *   d per block of 32 inputs ([outputs / 16][blocks][16]); per block x . w = d dx (w . qx). Q5_0's
  *   d (q - 16) is the same form.
@@ -205,18 +202,6 @@ static inline __attribute__((always_inline)) f8 scales8(const void *p, int64_t a
     return wide ? load8((const float *)p + at) : half8((const uint16_t *)p + at);
 }
 
-/* WEIGHT_INT4_K: 8 channels' d sc (which 0) or -dmin m (which 1) from channel c of the block at
- * `at` (its first channel's index, as the other kinds' scales are indexed): exact products, so the
- * values that WEIGHT_INT4_F32 holds. A weight of this kind has whole super-blocks of 8 blocks. */
-typedef uint8_t u8x8 __attribute__((vector_size(8)));
-static inline __attribute__((always_inline)) f8 k_scales8(const void *sc_m, const void *d_dmin, int64_t at, int c,
-                                                          int which) {
-    u8x8 q;
-    memcpy(&q, (const uint8_t *)sc_m + 2 * at + which * CHANNELS + c, sizeof q);
-    return load8((const float *)d_dmin + 2 * (at / (8 * CHANNELS)) * CHANNELS + which * CHANNELS + c)
-        * __builtin_convertvector(q, f8);
-}
-
 /* 16 channels' values as two f8 (a: channels 0-7, b: 8-15) brought to the int8 sums' order, or
  * (the same shuffle) from that order back: where SPLIT_LANES, (0-3, 8-11) and (4-7, 12-15) */
 static inline void split_lanes(f8 *a, f8 *b) {
@@ -249,11 +234,8 @@ int4_tile(const Rows *x, const uint8_t *packed, const void *scale, const void *l
     for (int64_t b = 0; b < blocks; b++) {
         const int64_t at = (group * blocks + b) * CHANNELS;
         int4_sums(packed + at * PAIRS, x->steps + r0 * stride + b * QBLOCK, stride, sums, count);
-        f8 d[2], m[2];
-        for (int h = 0; h < 2; h++) {  /* wide: 0 fp16 (int4), 1 fp32 (int4f), 2 Q4_K's own (int4k) */
-            d[h] = wide == 2 ? k_scales8(scale, low, at, 8 * h, 0) : scales8(scale, at + 8 * h, wide);
-            m[h] = wide == 2 ? k_scales8(scale, low, at, 8 * h, 1) : scales8(low, at + 8 * h, wide);
-        }
+        f8 d[2] = {scales8(scale, at, wide), scales8(scale, at + 8, wide)};
+        f8 m[2] = {scales8(low, at, wide), scales8(low, at + 8, wide)};
         split_lanes(&d[0], &d[1]);
         split_lanes(&m[0], &m[1]);
         for (int h = 0; h < 2; h++)
@@ -395,19 +377,16 @@ static int product(const float *x, const Weight *w, float *y, int64_t y_stride, 
             for (int64_t r0 = 0, n = tile_rows(rows, most); r0 < rows; r0 += n, n = tile_rows(rows - r0, most)) {
 #define INT4_TILE(N) int4_tile(&q, packed, w->scale, w->low, 0, y, y_stride, group, r0, N)
 #define INT4F_TILE(N) int4_tile(&q, packed, w->scale, w->low, 1, y, y_stride, group, r0, N)
-#define INT4K_TILE(N) int4_tile(&q, packed, w->scale, w->low, 2, y, y_stride, group, r0, N)
 #define INT8_TILE(N) int8_tile(&q, packed8, w->scale, y, y_stride, group, r0, N)
 #define INT8S_TILE(N) int8s_tile(&q, packed8, w->scale, w->low, y, y_stride, group, r0, N)
                 switch (w->kind) {
                     case WEIGHT_INT4: EACH_TILE(INT4_TILE) break;
                     case WEIGHT_INT4_F32: EACH_TILE(INT4F_TILE) break;
-                    case WEIGHT_INT4_K: EACH_TILE(INT4K_TILE) break;
                     case WEIGHT_INT8: EACH_WIDE_TILE(INT8_TILE) break;
                     case WEIGHT_INT8_SUB: EACH_TILE(INT8S_TILE) break;
                 }
 #undef INT4_TILE
 #undef INT4F_TILE
-#undef INT4K_TILE
 #undef INT8_TILE
 #undef INT8S_TILE
             }
@@ -420,8 +399,7 @@ static int product(const float *x, const Weight *w, float *y, int64_t y_stride, 
 int weight_matmul(const float *x, const Weight *w, float *y, int64_t y_stride, int64_t rows, int threads) {
     const int whole_blocks = w->kind != WEIGHT_INT8;  /* Q8_0's last block may be partial */
     if (rows < 1 || w->width < 1 || (whole_blocks && w->width % QBLOCK) || w->outputs % CHANNELS
-        || y_stride < w->outputs || w->kind < WEIGHT_INT4 || w->kind > WEIGHT_INT4_K
-        || (w->kind == WEIGHT_INT4_K && w->width % (8 * QBLOCK)))
+        || y_stride < w->outputs || w->kind < WEIGHT_INT4 || w->kind > WEIGHT_INT8_SUB)
         return -1;
     return product(x, w, y, y_stride, rows, threads);
 }

@@ -77,15 +77,6 @@ static inline __attribute__((always_inline)) __m512 scales16(const void *p, int6
                 : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + at)));
 }
 
-/* WEIGHT_INT4_K: the block's 16 d sc (which 0) or -dmin m (which 1), quant_matmul.c's k_scales8 */
-static inline __attribute__((always_inline)) __m512 k_scales16(const void *sc_m, const void *d_dmin, int64_t at,
-                                                               int which) {
-    __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-        _mm_loadu_si128((const __m128i *)((const uint8_t *)sc_m + 2 * at + which * CHANNELS))));
-    return _mm512_mul_ps(_mm512_loadu_ps((const float *)d_dmin + 2 * (at / (8 * CHANNELS)) * CHANNELS
-                                         + which * CHANNELS), q);
-}
-
 /* (sum as fp32) dx d, rounded after each product */
 static inline __attribute__((always_inline)) __m512 scaled(__m512i sum, float dx, __m512 d) {
     return _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(dx)), d);
@@ -107,8 +98,7 @@ int4_tile(const Rows *x, const uint8_t *packed, const void *scale, const void *l
     for (int64_t b = 0; b < blocks; b++) {
         const int64_t at = (group * blocks + b) * CHANNELS;
         int4_sums512(packed + at * PAIRS, x->steps + r0 * stride + b * QBLOCK, stride, sums, count);
-        __m512 d = wide == 2 ? k_scales16(scale, low, at, 0) : scales16(scale, at, wide);
-        __m512 m = wide == 2 ? k_scales16(scale, low, at, 1) : scales16(low, at, wide);
+        __m512 d = scales16(scale, at, wide), m = scales16(low, at, wide);
         for (int r = 0; r < count; r++) {
             const int64_t xb = (r0 + r) * blocks + b;
             total[r] = _mm512_add_ps(_mm512_add_ps(total[r], scaled(sums[r], x->dx[xb], d)),

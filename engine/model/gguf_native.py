@@ -26,7 +26,7 @@ from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorPr
 from ..kernels import native
 from . import gguf_file
 from .gguf_embedding import BlockRows
-from .gguf_types import TYPES, Exact, KScales, Layout, split
+from .gguf_types import TYPES, Exact, Layout, split
 from .int4 import Int4Linear, Int8Linear
 from .placement import put
 
@@ -135,9 +135,8 @@ def _keep(model: PreTrainedModel, target: str, exact: Exact, order: Optional[np.
     if exact.layout in (Layout.INT4, Layout.INT4_F32):
         assert low is not None
         wide = exact.layout is Layout.INT4_F32
-        k = None if exact.k is None else KScales(*(rows(a) for a in (exact.k.sc, exact.k.m, exact.k.d, exact.k.dmin)))
         layer: nn.Module = Int4Linear(module, steps, scale.float() if wide else scale.half(),
-                                      low.float() if wide else low.half(), wide=wide, k=k)
+                                      low.float() if wide else low.half(), wide=wide)
     else:
         fp16 = exact.layout is Layout.Q8_0
         layer = Int8Linear(module, (steps, scale.half() if fp16 else scale.float(), low))

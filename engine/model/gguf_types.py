@@ -7,7 +7,6 @@ Every type served here is an affine map of small integer steps per block: w = sc
 - Q4_0, Q4_1: 4-bit steps with fp16 scale and low per 32 (int4, as `int4.quantize` keeps them);
 - Q4_K: 4-bit steps with scale d * sc and low -dmin * m per 32. Those are exact fp32 products of
   an fp16 and a 6-bit integer (fp16 cannot hold them), so the layout is int4 with fp32 scales;
-  its factors are kept too (`KScales`), for the kernel that multiplies them as it reads them;
 - Q8_0, Q5_0: int8 steps (q, and q - 16) with an fp16 scale per 32 (Q8_0's layout);
 - Q5_1, Q5_K, Q6_K: int8 steps with fp32 scale (and low) per 16 inputs: Q6_K's own d * sc per 16,
   the others' per-32 pairs repeated.
@@ -39,17 +38,6 @@ class Layout(enum.Enum):
 
 
 @dataclass(frozen=True)
-class KScales:
-    """Q4_K's scales as its blocks hold them: scale = d * sc and low = -dmin * m, for each block of
-    32 inputs (sc, m) within each super-block of 256 (d, dmin)."""
-
-    sc: np.ndarray  # [outputs, width // 32] uint8, 0..63
-    m: np.ndarray  # [outputs, width // 32] uint8, 0..63
-    d: np.ndarray  # [outputs, width // 256] fp32 (fp16 values)
-    dmin: np.ndarray  # [outputs, width // 256] fp32 (fp16 values)
-
-
-@dataclass(frozen=True)
 class Exact:
     """One tensor's weights as the file holds them: w[o, i] = scale[o, i // sub] * steps[o, i] +
     low[o, i // sub] (no low: 0)."""
@@ -59,7 +47,6 @@ class Exact:
     scale: np.ndarray  # [outputs, width // sub]: fp16 or fp32, as `layout` says
     low: Optional[np.ndarray]
     sub: int
-    k: Optional[KScales] = None  # Q4_K's factors of scale and low
 
 
 @dataclass(frozen=True)
@@ -99,14 +86,6 @@ def _k_scales(blocks: np.ndarray) -> tuple[np.ndarray, Optional[np.ndarray]]:
     return d[:, None] * sc.astype(np.float32), -(dmin[:, None] * m.astype(np.float32))
 
 
-def _k_factors(blocks: np.ndarray, outputs: int) -> KScales:
-    """Q4_K's d, dmin per super-block and sc, m per block of 32, by output row."""
-    d, dmin = _f16(blocks, 0).astype(np.float32), _f16(blocks, 2).astype(np.float32)
-    sc, m = Q4_K.get_scale_min(blocks[:, 4:16])
-    return KScales(sc.astype(np.uint8).reshape(outputs, -1), m.astype(np.uint8).reshape(outputs, -1),
-                   d.reshape(outputs, -1), dmin.reshape(outputs, -1))
-
-
 def _q6_k_scales(blocks: np.ndarray) -> tuple[np.ndarray, Optional[np.ndarray]]:
     d = _f16(blocks, 208).astype(np.float32)
     return d[:, None] * blocks[:, 192:208].view(np.int8).astype(np.float32), None
@@ -138,23 +117,16 @@ def split(data: np.ndarray, qtype: T, width: int) -> Exact:
             unit[:, at:at + len(value)] = value
         # the package's blocks function over all blocks at once (its `dequantize` goes a few rows a call)
         steps = getattr(quants, qtype.name).dequantize_blocks(unit).reshape(outputs, width) - fields.offset
-    k = _k_factors(blocks, outputs) if qtype is T.Q4_K else None
-    scale: np.ndarray
-    low: Optional[np.ndarray]
-    if k is not None:  # its scales from its factors, once: d sc and -(dmin m), exact in fp32
-        scale = (k.d[:, :, None] * k.sc.reshape(outputs, k.d.shape[1], -1).astype(np.float32)).reshape(outputs, -1)
-        low = -(k.dmin[:, :, None] * k.m.reshape(outputs, k.dmin.shape[1], -1).astype(np.float32)).reshape(outputs, -1)
-    else:
-        scale, low = fields.scales(blocks)
-        scale = scale.reshape(outputs, -1)
-        low = None if low is None else low.reshape(outputs, -1)
+    scale, low = fields.scales(blocks)
+    scale = scale.reshape(outputs, -1)
+    low = None if low is None else low.reshape(outputs, -1)
     sub = fields.sub
     if fields.layout is Layout.INT8_SUB:  # fp32 scales and lows per 16 (Q5_1's fp16 ones are exact in fp32)
         scale, low = scale.astype(np.float32), None if low is None else low.astype(np.float32)
         if sub == 32:
             scale, low, sub = np.repeat(scale, 2, axis=1), None if low is None else np.repeat(low, 2, axis=1), 16
     dtype = np.uint8 if fields.layout in (Layout.INT4, Layout.INT4_F32) else np.int8
-    return Exact(fields.layout, steps.astype(dtype), scale, low, sub, k)
+    return Exact(fields.layout, steps.astype(dtype), scale, low, sub)
 
 
 def weights(exact: Exact) -> torch.Tensor:

@@ -22,13 +22,11 @@ out as it does alone.
 from collections.abc import Callable
 from typing import Any, Optional
 
-import numpy as np
 import torch
 from torch import nn
 
 from ..kernels import native
 from ..kernels.table import Op, choose
-from .gguf_types import KScales
 from .placement import put
 
 GROUP = 32  # Q4_1's block
@@ -43,20 +41,16 @@ class Int4Linear(nn.Module):
     scales_zeros: torch.Tensor
 
     def __init__(self, linear: nn.Linear, steps: torch.Tensor, scale: torch.Tensor, low: torch.Tensor,
-                 wide: bool = False, k: Optional[KScales] = None):
+                 wide: bool = False):
         """wide: scale and low are fp32 values that fp16 cannot hold (a Q4_K's, gguf_types.py); only
-        the C kernel takes them. k: their factors as a Q4_K holds them, kept instead of them where
-        the width is whole super-blocks (quant_matmul.c's WEIGHT_INT4_K: the same values)."""
+        the C kernel takes them."""
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.c_kernel = self.out_features % native.INT4_CHANNELS == 0 and choose(Op.INT4_MATMUL, "int4").c
         self.wide = wide
         if wide and not self.c_kernel:
             raise ValueError("int4 weights with fp32 scales run in quant_matmul.c only")
-        if self.c_kernel and k is not None and self.in_features % (8 * GROUP) == 0:
-            self._pack_native(steps, scale, low)
-            self._keep_factors(k)
-        elif self.c_kernel:
+        if self.c_kernel:
             self._pack_native(steps, scale, low)
         else:
             self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(steps, 1))
@@ -77,18 +71,6 @@ class Int4Linear(nn.Module):
             self.register_buffer(name, values.view(groups, native.INT4_CHANNELS, blocks).permute(0, 2, 1).contiguous())
         self.weights = native.int4_weights(self.packed, self.scale, self.low)
 
-    def _keep_factors(self, k: KScales) -> None:
-        """scale and low as Q4_K's factors (kernels.h's WEIGHT_INT4_K): sc and m per block
-        [out/16][in/32][2][16] uint8, d and -dmin per 8 blocks [out/16][in/256][2][16] fp32."""
-        groups = self.out_features // native.INT4_CHANNELS
-
-        def by_group(values: np.ndarray) -> torch.Tensor:  # [out, n] -> [out/16, n, 16]
-            return torch.from_numpy(values).view(groups, native.INT4_CHANNELS, -1).permute(0, 2, 1)
-
-        self.register_buffer("scale", torch.stack([by_group(k.sc), by_group(k.m)], dim=2).contiguous())
-        self.register_buffer("low", torch.stack([by_group(k.d), by_group(-k.dmin)], dim=2).contiguous())
-        self.weights = native.int4_weights(self.packed, self.scale, self.low)
-
     def adopt(self, packed: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> None:
         """Hold these buffers instead (the same values: views into buffers that several layers'
         weights share end to end, c_stack.py's joined q, k, v)."""
@@ -99,7 +81,7 @@ class Int4Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         if self.wide:
-            y = native.weight_matmul(rows, self.weights)
+            y = native.int4f_matmul(rows, self.packed, self.scale, self.low)
         elif self.c_kernel:
             y = native.int4_matmul(rows, self.weights)
         else:
@@ -111,7 +93,7 @@ class Int4Linear(nn.Module):
         """`.to()` and the like may move the buffers that `weights` points at: point again."""
         module = super()._apply(fn, recurse)
         if self.c_kernel:
-            if self.packed.device.type != "cpu" or self.low.dtype != (torch.float32 if self.wide else torch.float16):
+            if self.packed.device.type != "cpu" or self.scale.dtype != (torch.float32 if self.wide else torch.float16):
                 scales = "fp32" if self.wide else "fp16"
                 raise ValueError(f"dtype: int4 layers run on CPU with {scales} scales; load the model again instead")
             self.weights = native.int4_weights(self.packed, self.scale, self.low)

@@ -177,21 +177,3 @@ def test_an_embedding_kept_as_blocks_looks_up_the_tables_rows(tensor: tuple[T, n
     scaled = BlockRows(reference, exact, order)
     assert torch.equal(scaled(ids), reference(ids))
     assert torch.equal(scaled(ids), table[order][ids] * torch.tensor(WIDTH ** 0.5))
-
-
-def test_q4_k_kept_as_its_own_scales_gives_the_fp32_scales_bits() -> None:
-    """Q4_K's 6-bit sc and m per 32 and fp32 d and dmin per 256, multiplied as the kernel reads
-    them (WEIGHT_INT4_K), are the fp32 scales' very values: the same bits at every batch width,
-    from three eighths of the scales' bytes (24 bytes per 256 inputs of an output, not 64)."""
-    from engine.kernels import native
-    exact = split(raw_blocks(T.Q4_K, seed=11), T.Q4_K, WIDTH)
-    assert exact.k is not None
-    linear = nn.Linear(WIDTH, OUTPUTS, bias=False)
-    steps, scale, low = (torch.from_numpy(a) for a in (exact.steps, exact.scale, exact.low))
-    own = Int4Linear(linear, steps, scale, low, wide=True, k=exact.k)
-    fp32 = Int4Linear(linear, steps, scale, low, wide=True)
-    assert own.weights.kind == native.WEIGHT_INT4_K and fp32.weights.kind == native.WEIGHT_INT4_F32
-    assert (own.scale.nbytes + own.low.nbytes) * 8 == (fp32.scale.nbytes + fp32.low.nbytes) * 3
-    for rows in (1, 3, 17):
-        x = activations(rows, WIDTH)
-        assert torch.equal(own(x), fp32(x)), f"{rows} rows"
