@@ -172,10 +172,14 @@ def flow_server(model: Path, logs: Path, flow: str = "flows/llm.yml", name: str 
                 env: Optional[dict] = None) -> Iterator[tuple[int, int]]:
     """`jina flow --uses flow` on free ports, ready to answer: (gRPC port, HTTP port); `env`
     adds to the server's environment."""
+    from deploy.flow_models import write_flow  # the ports as `make serve` applies them: a copy of the Flow
     grpc_port, http_port = free_port(), free_port()
     variables = {**(env or {}), "LLM_MODEL": str(model), "LLM_GRPC_PORT": str(grpc_port),
                  "LLM_HTTP_PORT": str(http_port), "JINA_LOG_LEVEL": "INFO"}
-    server = ServerProcess([_jina(), "flow", "--uses", flow], logs / f"{name}.log", _env(**variables))
+    environment = _env(**variables)
+    logs.mkdir(parents=True, exist_ok=True)
+    flow = write_flow(str(ROOT / flow), [], logs / f"{name}.flow.yml", environment)
+    server = ServerProcess([_jina(), "flow", "--uses", flow], logs / f"{name}.log", environment)
     server.public_ports = {grpc_port, http_port}
     try:
         _wait_jina_ready(grpc_port, server)

@@ -1,0 +1,165 @@
+"""python -m benchmarks sizes: this service against llama.cpp at every model size, one table.
+
+    python -m benchmarks sizes [--sizes 135m,270m,1b,3b,8b] [--out DIR]
+
+Each size is one GGUF file, served by both: the default model's own Q4_1 GGUF (135M), Gemma 3
+270M Q4_K_M, and the random-weight Llama shapes that `python -m benchmarks sized-models NAME
+--quant Q4_K_M` makes (1B, 3B, 8B; a size whose file is not made is skipped, and said so).
+
+For each size, each system is a fresh server on the same file, one after the other: this
+service (`make serve`'s Flow, its defaults) and llama.cpp's server (2 threads, 16 slots), both
+over OpenAI streaming completions, greedy, `--max-tokens` (64) with ignore_eos:
+- one stream and sixteen: closed loops, output tokens a second;
+- a cold prompt of about 1,600 tokens that no earlier one shares, one at a time: its tokens over
+  the time to its first token;
+- the peak resident memory of every process of the server, sampled while it runs;
+- one stream as a fraction of the memory roofline (harness/roofline.py: the read bandwidth,
+  measured once, over the bytes a step reads of the file's weights and 64 positions' KV).
+"""
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Optional
+
+import psutil
+
+from testing.procs import ROOT, settle
+
+from ..harness import roofline
+from ..harness.load import closed_loop, make_prompts
+from ..harness.report import machine_info
+from ..harness.sized_models import CACHE
+from .gguf_record import GEMMA, gguf_file, serve
+from .speculative import PARAGRAPHS
+
+SYSTEMS = ("this", "llama-cpp")
+SIZES = {"135m": "smollm2-q4_1", "270m": str(GEMMA), "1b": str(CACHE / "llama-1b-Q4_K_M.gguf"),
+         "3b": str(CACHE / "llama-3b-Q4_K_M.gguf"), "8b": str(CACHE / "llama-8b-Q4_K_M.gguf")}
+COLD_PARAGRAPHS, COLD_PROMPTS, CONTEXT = 30, 3, 64
+
+
+def cold_prompt(i: int) -> str:
+    """About 1,600 tokens (SmolLM2's tokenizer) that no earlier prompt shares a prefix with."""
+    text = " ".join(p[0] for p in (PARAGRAPHS * (COLD_PARAGRAPHS // len(PARAGRAPHS) + 1))[:COLD_PARAGRAPHS])
+    return f"Document {i + 1} of the archive, read it carefully.\n\n{text}\n\nSummary:"
+
+
+def cpu_kind() -> str:
+    """The CPU's model name and widest vector kind, as /proc/cpuinfo gives them."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    kind = "AVX-512" if "avx512bw" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    return f"{name}, {psutil.cpu_count()} CPUs, {kind}"
+
+
+async def _peak_rss(peak: list[int], stop: asyncio.Event) -> None:
+    """The most resident memory that this process's children (the server's processes) held together."""
+    me = psutil.Process()
+    while not stop.is_set():
+        total = 0
+        for child in me.children(recursive=True):
+            try:
+                total += child.memory_info().rss
+            except psutil.Error:
+                pass
+        peak[0] = max(peak[0], total)
+        try:
+            await asyncio.wait_for(stop.wait(), 0.25)
+        except TimeoutError:
+            pass
+
+
+async def measure(system: str, gguf: Path, args: argparse.Namespace) -> dict:
+    peak, stop = [0], asyncio.Event()
+    sampler = asyncio.create_task(_peak_rss(peak, stop))
+    started = time.perf_counter()
+    row: dict = {"system": system}
+    try:
+        async with serve(system, gguf, args.out / "logs") as (target, _):
+            row["ready_s"] = round(time.perf_counter() - started, 1)
+            for prompt in ("Warm-up: the first call", "Warm-up: and the second"):
+                async for _ in target.plain(prompt, 4):
+                    pass
+            await settle()
+            for c, n in ((1, args.one_stream_requests), (16, 32)):
+                prompts = make_prompts(256, args.seed, draw=f"closed {c}")
+                records, duration, cut = await closed_loop(target.plain, prompts, c, n, args.max_tokens, 900)
+                tokens = sum(r.tokens for r in records)
+                row[f"c{c}_tok_s"] = None if cut else round(tokens / duration, 1)
+                await settle()
+            cold = [cold_prompt(i) for i in range(COLD_PROMPTS)]
+            count = await target.prompt_tokens(cold[0])
+            records, _, _ = await closed_loop(target.plain, cold, 1, COLD_PROMPTS, 1, 900)
+            ttft = statistics.median(r.ttft for r in records if r.ttft is not None)
+            row["cold_prompt_tokens"] = count
+            row["cold_prompt_tok_s"] = round(count / ttft, 1) if count else None
+    finally:
+        stop.set()
+        await sampler
+    row["peak_rss_gb"] = round(peak[0] / 1e9, 2)
+    print(f"  {system}: {row}", flush=True)
+    return row
+
+
+def ratio(a: Optional[float], b: Optional[float]) -> str:
+    return f"{a / b:.2f}x" if a and b else "n/a"
+
+
+def table(result: dict) -> str:
+    bandwidth = result["bandwidth_gb_s"]
+    lines = [f"# This service and llama.cpp at every size ({result['cpu']})", "",
+             f"{result['date']}, git {result['git']}, `{result['command']}`; read bandwidth with 2 threads "
+             f"{bandwidth} GB/s. Each cell: this / llama.cpp (and their ratio). One stream's roofline: the "
+             f"bandwidth over a step's bytes (the file's layer and output weights, {CONTEXT} positions' KV).", "",
+             "| size | file | one stream, tok/s | of the roofline | sixteen streams, tok/s | cold prompt, prompt tok/s "
+             "| peak memory, GB |", "|---|---|---|---|---|---|---|"]
+    for size, entry in result["sizes"].items():
+        this, peer = entry["this"], entry["llama-cpp"]
+        bound = entry["roofline_tok_s"]
+        cells = []
+        for key in ("c1_tok_s", None, "c16_tok_s", "cold_prompt_tok_s", "peak_rss_gb"):
+            if key is None:
+                cells.append(f"{this['c1_tok_s'] / bound:.0%} / {peer['c1_tok_s'] / bound:.0%} of {bound:.1f}"
+                             if this.get("c1_tok_s") and peer.get("c1_tok_s") else "n/a")
+                continue
+            cells.append(f"{this.get(key)} / {peer.get(key)} ({ratio(this.get(key), peer.get(key))})")
+        lines.append(f"| {size} | {entry['file']} | " + " | ".join(cells) + " |")
+    lines += [""] + [f"- {note}" for note in result["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks sizes", description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", default=",".join(SIZES), help=f"of {', '.join(SIZES)}")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--one-stream-requests", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "sizes")
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    machine = machine_info()
+    result: dict = {"date": time.strftime("%Y-%m-%d"), "git": machine.get("git"), "cpu": cpu_kind(),
+                    "command": "python -m benchmarks sizes " + " ".join(argv or []), "sizes": {}, "notes": []}
+    bandwidth = roofline.read_bandwidth()
+    result["bandwidth_gb_s"] = round(bandwidth / 1e9, 1)
+    for size in args.sizes.split(","):
+        gguf = gguf_file(SIZES[size])
+        if not gguf.exists():
+            result["notes"].append(f"{size}: {gguf.name} not made; skipped")
+            continue
+        step = roofline.step_bytes(gguf)
+        entry = {"file": gguf.name, "step_gb": round(step.at(CONTEXT) / 1e9, 3),
+                 "roofline_tok_s": round(roofline.bound(bandwidth, step, CONTEXT), 1)}
+        print(f"{size}: {gguf.name}, {entry['step_gb']} GB a step, roofline {entry['roofline_tok_s']} tok/s", flush=True)
+        for system in SYSTEMS:
+            entry[system] = asyncio.run(measure(system, gguf, args))
+        result["sizes"][size] = entry
+    (args.out / "results.json").write_text(json.dumps(result, indent=1))
+    text = table(result)
+    (args.out / "results.md").write_text(text)
+    print("\n" + text)
+    return 0
