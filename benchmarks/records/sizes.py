@@ -118,6 +118,8 @@ def table(result: dict) -> str:
              "| size | file | one stream, tok/s | of the roofline | sixteen streams, tok/s | cold prompt, prompt tok/s "
              "| peak memory, GB |", "|---|---|---|---|---|---|---|"]
     for size, entry in result["sizes"].items():
+        if "this" not in entry or "llama-cpp" not in entry:
+            continue
         this, peer = entry["this"], entry["llama-cpp"]
         bound = entry["roofline_tok_s"]
         cells = []
@@ -135,6 +137,8 @@ def table(result: dict) -> str:
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks sizes", description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default=",".join(SIZES), help=f"of {', '.join(SIZES)}")
+    p.add_argument("--systems", default=",".join(SYSTEMS),
+                   help="of this, llama-cpp and this-engine (the engine alone, in this process: what serving costs)")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--one-stream-requests", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
@@ -155,7 +159,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         entry = {"file": gguf.name, "step_gb": round(step.at(CONTEXT) / 1e9, 3),
                  "roofline_tok_s": round(roofline.bound(bandwidth, step, CONTEXT), 1)}
         print(f"{size}: {gguf.name}, {entry['step_gb']} GB a step, roofline {entry['roofline_tok_s']} tok/s", flush=True)
-        for system in SYSTEMS:
+        for system in args.systems.split(","):
             entry[system] = asyncio.run(measure(system, gguf, args))
         result["sizes"][size] = entry
     (args.out / "results.json").write_text(json.dumps(result, indent=1))
