@@ -88,3 +88,33 @@ def test_the_sizes_table_gives_each_ratio_and_roofline_fraction():
     line = next(x for x in text.splitlines() if x.startswith("| 1b |"))
     assert "30.0 / 25.0 (1.20x)" in line and "75% / 62% of 40.0" in line and "90.0 / 60.0 (1.50x)" in line
     assert "300.0 / 200.0 (1.50x)" in line and "1.2 / 1.0 (1.20x)" in line and "not made; skipped" in text
+
+
+def test_the_benchmarks_flow_listens_on_the_ports_it_is_given(tmp_path, monkeypatch):
+    """flows/llm.yml names fixed ports, as `jina flow --uses flows/llm.yml` typed by hand needs:
+    the benchmarks' Flow runs a copy with its free ports, as `make serve` applies LLM_GRPC_PORT and
+    LLM_HTTP_PORT (a Flow started on the file itself listened on 12345 while the harness waited on
+    another port)."""
+    import yaml
+
+    from benchmarks.harness import systems
+    started: list[list[str]] = []
+
+    class Started:
+        def __init__(self, cmd: list[str], log: Path, env: dict) -> None:
+            started.append(cmd)
+
+        def wait_port(self, port: int, timeout: float) -> None:
+            pass
+
+        def wait_http(self, url: str) -> None:
+            pass
+
+        def stop(self) -> None:
+            pass
+
+    monkeypatch.setattr(systems, "ServerProcess", Started)
+    monkeypatch.setattr(systems, "_wait_jina_ready", lambda port, server: None)
+    with systems.flow_server(tmp_path / "model", tmp_path) as (grpc_port, http_port):
+        flow = yaml.safe_load(Path(started[0][-1]).read_text())
+    assert flow["gateway"]["port"] == [grpc_port, http_port] and started[0][-3:-1] == ["flow", "--uses"]
