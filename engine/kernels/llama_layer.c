@@ -21,11 +21,11 @@
  * Every token's numbers come from its own values with the same instructions whatever the other
  * tokens are (the matmuls and attention promise the same), so a row is bit for bit the same
  * alone, batched, chunked or after cached keys. They are also PyTorch's numbers for the same
- * layer, bit for bit, so a direct forward of the model computes what the engine does: the
- * rotary embedding and the sums are single IEEE operations in PyTorch's order (no fused
- * multiply-adds), and the norms and activations, whose sums and exponentials PyTorch rounds its
- * own way, are `rms_norm_rows`, `silu_rows` and `gelu_tanh_rows` here, which
- * native_modules.py also puts in the model's modules.
+ * layer, bit for bit, given the same norms and activations: the rotary embedding and the sums are
+ * single IEEE operations in PyTorch's order (no fused multiply-adds), and the norms and
+ * activations, whose sums and exponentials PyTorch rounds its own way, are `rms_norm_rows`,
+ * `silu_rows` and `gelu_tanh_rows` here, which testing/native_reference.py puts in transformers'
+ * layers for the tests' reference.
  */
 #include <math.h>
 #include <stdint.h>
