@@ -21,6 +21,7 @@ from contract import EngineConfig, SamplingParams
 from engine.core.core import kv_pool_for
 from engine.model.loader import load_model
 from testing import golden
+from testing.native_reference import as_the_engine_computes
 
 GEMMA = "gemma-3-270m-q4_k_m"
 FP32 = f"{GEMMA} fp32"
@@ -96,8 +97,10 @@ async def test_gemma_past_its_window_gives_its_own_forwards_numbers(gguf_model, 
     ids, logprobs = [t for o in outs for t in o.token_ids], [lp for o in outs for lp in o.logprobs]
     kv = engine.core.kv
     assert len(kv.groups) == 2 and not kv.groups[1].readers
+    loaded = engine.core.loaded
+    model = as_the_engine_computes(loaded.model, loaded.plan is not None and loaded.plan.stack is not None)
     with torch.inference_mode():
-        logits = engine.core.loaded.model(torch.tensor([tokens + ids])).logits[0, len(tokens) - 1:-1]
+        logits = model(torch.tensor([tokens + ids])).logits[0, len(tokens) - 1:-1]
     reference = torch.log_softmax(logits.double(), dim=-1)
     assert ids == reference.argmax(dim=-1).tolist()
     assert (reference[torch.arange(16), ids] - torch.tensor(logprobs, dtype=torch.float64)).abs().max() < 1e-3

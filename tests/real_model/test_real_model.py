@@ -16,6 +16,7 @@ from client import generate, stream
 from contract import EngineConfig
 from engine.model.loader import load_model
 from testing import golden
+from testing.native_reference import as_the_engine_computes
 from tests.conftest import ROOT
 from tests.gateway_helpers import sse_data
 
@@ -31,11 +32,13 @@ def user(text: str) -> list[dict]:
 
 class Reference:
     """transformers' own generate on the same model, as the engine loads it (int4 on CPU: its
-    weights already are 4-bit): what every route must reproduce."""
+    weights already are 4-bit), with the C norms and activations where the engine runs its C
+    stack (testing/native_reference.py): the engine's numbers, what every route must reproduce."""
 
     def __init__(self, path: str):
         loaded = load_model(EngineConfig(model=path))
-        self.tok, self.model = loaded.tokenizer, loaded.model
+        self.tok = loaded.tokenizer
+        self.model = as_the_engine_computes(loaded.model, loaded.plan is not None and loaded.plan.stack is not None)
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
         return self.tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]
