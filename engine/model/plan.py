@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ..kernels import native
 from ..kernels.table import Op, choose
 from . import c_stack
 from .c_stack import CStack
@@ -34,7 +35,12 @@ class Plan:
 
 def plan(model: nn.Module, device: torch.device, kv_dtype: torch.dtype) -> Plan:
     """The model's plan on `device`, its KV pool in `kv_dtype`."""
-    stack, why = c_stack.build(model) if device.type == "cpu" else (None, f"the C layers run on CPU, not {device.type}")
+    if device.type != "cpu":
+        stack, why = None, f"the C layers run on CPU, not {device.type}"
+    elif not (kv_dtype == torch.float32 or (kv_dtype == torch.float16 and native.kv_half_ready())):
+        stack, why = None, f"llama_layer.c reads a KV cache of fp32 or fp16 (with F16C), not {kv_dtype}"
+    else:
+        stack, why = c_stack.build(model)
     if stack is not None:
         return Plan(stack, "", "in llama_layer.c, over the paged pool")
     return Plan(None, why, attention_path(device, kv_dtype))

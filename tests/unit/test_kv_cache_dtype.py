@@ -114,3 +114,18 @@ async def test_a_direct_forward_rounds_its_keys_as_the_engine_does(four_bit_llam
         rows = log_softmax(model(torch.tensor([tokens + ids])).logits[0])
     assert generated[0, len(tokens):].tolist() == ids
     assert [float(rows[len(tokens) - 1 + k, t]) for k, t in enumerate(ids)] == logprobs
+
+
+async def test_a_cache_the_c_layers_do_not_read_is_served_by_transformers_layers(four_bit_llama,  # noqa: F811
+                                                                                 make_engine, monkeypatch):
+    """An fp16 KV cache where llama_layer.c cannot read one (a CPU without F16C, as the plan is
+    told here): the load plans transformers' layers and says why, and the engine serves, batched
+    as alone."""
+    monkeypatch.setattr(native, "kv_half_ready", lambda: False)
+    engine = make_engine(four_bit_llama, kv_cache_dtype="fp16", max_prefill_tokens=16)
+    plan = engine.core.loaded.plan
+    assert plan.stack is None and "KV cache of fp32 or fp16 (with F16C)" in plan.why
+    requests = mixed_requests(6, seed=2)
+    alone = [await collect(engine, p, params) for p, params in requests]
+    assert await asyncio.gather(*(collect(engine, p, params) for p, params in requests)) == alone
+    assert all(ids for ids, _, _ in alone)
