@@ -21,6 +21,8 @@ from .c_stack import CStack
 
 @dataclass(frozen=True)
 class Plan:
+    """A model's step path, chosen at load: the runner reads `stack`, the log reads the rest."""
+
     stack: Optional[CStack]  # None: transformers' modules run the layers
     why: str  # why not the C stack ("" where it is)
     attention: str  # which attention the layers run
