@@ -47,9 +47,9 @@ SLOT_TOKENS = 2048  # llama.cpp's context per slot (of 16): room for a cold prom
 COLD_PARAGRAPHS = 24  # of PARAGRAPHS, repeated: about 1,300 tokens with the default model's tokenizer
 
 
-def cold_prompt(i: int) -> str:
-    """A long prompt that no earlier one shares a prefix with."""
-    text = " ".join(p[0] for p in (PARAGRAPHS * (COLD_PARAGRAPHS // len(PARAGRAPHS) + 1))[:COLD_PARAGRAPHS])
+def cold_prompt(i: int, paragraphs: int = COLD_PARAGRAPHS) -> str:
+    """A long prompt that no earlier one shares a prefix with (about 54 tokens a paragraph)."""
+    text = " ".join(p[0] for p in (PARAGRAPHS * (paragraphs // len(PARAGRAPHS) + 1))[:paragraphs])
     return f"Document {i + 1} of the archive, read it carefully.\n\n{text}\n\nSummary:"
 
 

@@ -19,39 +19,34 @@ over OpenAI streaming completions, greedy, `--max-tokens` (64) with ignore_eos:
 import argparse
 import asyncio
 import json
-import statistics
 import time
 from pathlib import Path
 from typing import Optional
 
 import psutil
 
+from engine.torch_vectors import cpu_flags
 from testing.procs import ROOT, settle
 
 from ..harness import roofline
 from ..harness.load import closed_loop, make_prompts
+from ..harness.metrics import summarize
 from ..harness.report import machine_info
 from ..harness.sized_models import CACHE
+from .cpu_record import cold_prompt
 from .gguf_record import GEMMA, gguf_file, serve
-from .speculative import PARAGRAPHS
 
 SYSTEMS = ("this", "llama-cpp")
 SIZES = {"135m": "smollm2-q4_1", "270m": str(GEMMA), "1b": str(CACHE / "llama-1b-Q4_K_M.gguf"),
          "3b": str(CACHE / "llama-3b-Q4_K_M.gguf"), "8b": str(CACHE / "llama-8b-Q4_K_M.gguf")}
-COLD_PARAGRAPHS, COLD_PROMPTS, CONTEXT = 30, 3, 64
-
-
-def cold_prompt(i: int) -> str:
-    """About 1,600 tokens (SmolLM2's tokenizer) that no earlier prompt shares a prefix with."""
-    text = " ".join(p[0] for p in (PARAGRAPHS * (COLD_PARAGRAPHS // len(PARAGRAPHS) + 1))[:COLD_PARAGRAPHS])
-    return f"Document {i + 1} of the archive, read it carefully.\n\n{text}\n\nSummary:"
+COLD_PARAGRAPHS, COLD_PROMPTS, CONTEXT = 30, 3, 64  # 30 paragraphs: about 1,600 tokens (SmolLM2's tokenizer)
 
 
 def cpu_kind() -> str:
     """The CPU's model name and widest vector kind, as /proc/cpuinfo gives them."""
     info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
-    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    flags = cpu_flags()
     kind = "AVX-512" if "avx512bw" in flags else "AVX2" if "avx2" in flags else "no AVX2"
     return f"{name}, {psutil.cpu_count()} CPUs, {kind}"
 
@@ -88,15 +83,14 @@ async def measure(system: str, gguf: Path, args: argparse.Namespace) -> dict:
             for c, n in ((1, args.one_stream_requests), (16, 32)):
                 prompts = make_prompts(256, args.seed, draw=f"closed {c}")
                 records, duration, cut = await closed_loop(target.plain, prompts, c, n, args.max_tokens, 900)
-                tokens = sum(r.tokens for r in records)
-                row[f"c{c}_tok_s"] = None if cut else round(tokens / duration, 1)
+                row[f"c{c}_tok_s"] = None if cut else summarize(records, duration)["output_tok_s"]
                 await settle()
-            cold = [cold_prompt(i) for i in range(COLD_PROMPTS)]
+            cold = [cold_prompt(i, COLD_PARAGRAPHS) for i in range(COLD_PROMPTS)]
             count = await target.prompt_tokens(cold[0])
-            records, _, _ = await closed_loop(target.plain, cold, 1, COLD_PROMPTS, 1, 900)
-            ttft = statistics.median(r.ttft for r in records if r.ttft is not None)
+            records, duration, _ = await closed_loop(target.plain, cold, 1, COLD_PROMPTS, 1, 900)
+            ttft_ms = summarize(records, duration)["ttft_p50_ms"]
             row["cold_prompt_tokens"] = count
-            row["cold_prompt_tok_s"] = round(count / ttft, 1) if count else None
+            row["cold_prompt_tok_s"] = round(1000 * count / ttft_ms, 1) if count and ttft_ms else None
     finally:
         stop.set()
         await sampler
