@@ -22,6 +22,7 @@ from transformers.models.qwen3 import modeling_qwen3 as qwen3
 
 from engine.kernels import native
 from engine.model import plan as plans
+from engine.model.c_stack import norm_scale
 
 NORMS = (LlamaRMSNorm, mistral.MistralRMSNorm, qwen2.Qwen2RMSNorm, qwen3.Qwen3RMSNorm,  # the same arithmetic
          phi3.Phi3RMSNorm)
@@ -75,7 +76,7 @@ def convert(model: nn.Module) -> None:
             module.__class__ = NativeRMSNorm
         elif type(module) in GEMMA_NORMS:
             module.__class__ = NativeGemmaRMSNorm
-            module.plus_one = 1.0 + module.weight.detach().float()
+            module.plus_one = norm_scale(module, gemma=True)  # the C stack's very scale
     for owner in list(model.modules()):
         for name, child in list(owner.named_children()):
             if type(child) in ACTIVATIONS:

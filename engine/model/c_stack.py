@@ -143,7 +143,7 @@ def build(model: nn.Module) -> tuple[Optional[CStack], str]:
         built.append(one)
     gemma = type(layers[0]) in GEMMA_LAYERS
     return CStack(built, native.llama_stack([b.struct for b in built]), decoder.embed_tokens, decoder.rotary_emb,
-                  rope_kinds, (_scale(decoder.norm, gemma), _eps(decoder.norm, gemma)),
+                  rope_kinds, (norm_scale(decoder.norm, gemma), _eps(decoder.norm, gemma)),
                   cast(Any, model).lm_head, getattr(cast(Any, model).config, "final_logit_softcapping", None)), ""
 
 
@@ -190,7 +190,7 @@ def _rope_kinds(model: nn.Module) -> Optional[list[str]]:
     return sorted(set(cast(Any, model).config.layer_types))
 
 
-def _scale(norm: Any, gemma: bool) -> torch.Tensor:
+def norm_scale(norm: Any, gemma: bool) -> torch.Tensor:
     """A norm's scale as llama_layer.c multiplies by it: Gemma's is 1 + w, in fp32 as its forward adds it."""
     return (1.0 + norm.weight.detach().float()) if gemma else norm.weight.detach()
 
@@ -210,9 +210,9 @@ def _layer(layer: Any, rope_kinds: Optional[list[str]]) -> Optional[DecoderLayer
     norms = (layer.input_layernorm, layer.pre_feedforward_layernorm if gemma else layer.post_attention_layernorm)
     outs = (layer.post_attention_layernorm, layer.post_feedforward_layernorm) if gemma else None
     q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
-    qk = None if q_norm is None else (_scale(q_norm, gemma), _scale(k_norm, gemma))
-    out_scales = None if outs is None else (_scale(outs[0], gemma), _scale(outs[1], gemma))
-    scales = (_scale(norms[0], gemma), _scale(norms[1], gemma))
+    qk = None if q_norm is None else (norm_scale(q_norm, gemma), norm_scale(k_norm, gemma))
+    out_scales = None if outs is None else (norm_scale(outs[0], gemma), norm_scale(outs[1], gemma))
+    scales = (norm_scale(norms[0], gemma), norm_scale(norms[1], gemma))
     sizes = native.LlamaLayerSizes(config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
                                    attn.head_dim, config.intermediate_size, attn.scaling)
     kin = native.LlamaKin(bias, qk, 0.0 if q_norm is None else _eps(q_norm, gemma), window(attn), out_scales,
