@@ -233,6 +233,7 @@ def field_type_annotation(f: Field) -> Any:
 
 
 KV_CACHE_DTYPES = ("auto", "fp32", "fp16")  # EngineConfig.kv_cache_dtype's choices
+QUANTS = settings.choices("LLM_QUANT")  # EngineConfig.quant's
 
 
 def engine_option(env: str) -> Any:
@@ -249,6 +250,9 @@ class EngineConfig:
     device: Optional[str] = None  # None: cuda when available, else cpu
     # auto: bf16 on GPU when supported; on CPU int4 for 4-bit weights, else fp32
     dtype: str = engine_option("LLM_DTYPE")
+    # a Hugging Face folder's Linear weights quantized at load into GGUF blocks (QUANTS; quantize_on_load.py):
+    # auto is q8_0 for a folder of 16-bit weights on CPU, else none
+    quant: str = engine_option("LLM_QUANT")
     trust_remote_code: bool = False
     max_tokens_limit: int = 1024  # upper bound of a request's max_tokens
     max_running: int = 32  # requests decoded together in one batch
@@ -298,6 +302,8 @@ class EngineConfig:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValidationError("kv_cache_dtype", f"must be one of {', '.join(KV_CACHE_DTYPES)}, "
                                                     f"got {self.kv_cache_dtype!r}")
+        if self.quant not in QUANTS:
+            raise ValidationError("quant", f"must be one of {', '.join(QUANTS)}, got {self.quant!r}")
         keep_alive_seconds(self.keep_alive)
         if not 0 <= self.stream_interval_ms < 60_000:
             raise ValidationError("stream_interval_ms", f"must be from 0 to 60000, got {self.stream_interval_ms}")

@@ -105,6 +105,12 @@ _DECLARED = (
             blank_is_value=True),
     # the engine's options (EngineConfig's fields that name these; `with:` wins)
     Setting("LLM_DTYPE", str, "auto", "as the `dtype` option (int4, fp32, bf16, fp16)", (EXECUTOR,)),
+    Setting("LLM_QUANT", str, "auto", "as the `quant` option: a Hugging Face folder's weights quantized at load",
+            (EXECUTOR,),
+            choices=("auto", "none", "q8_0", "q4_0", "q4_1", "q5_0")),
+    Setting("LLM_QUANT_CACHE", str, None, "where a folder's weights, once quantized at load, are kept for the "
+            "next start ([models.md](models.md#a-hugging-face-folder))", (ENGINE,),
+            shown="`~/.cache/llm-stream/quantized`"),
     Setting("LLM_MAX_BATCH_TOKENS", int, 32768, "as the `max_batch_tokens` option: the KV cache, in tokens",
             (EXECUTOR,), low=1),
     Setting("LLM_KV_CACHE_BYTES", int, 0, "as the `kv_cache_bytes` option: the KV cache in bytes instead "
@@ -145,8 +151,8 @@ _DECLARED = (
             "the WebSocket from", (GATEWAY,), shown="none"),
     Setting("LLM_HTTP_DEBUG", bool, False, "serves `/docs`, `/redoc`, `/openapi.json` and `/dry_run`; the Flow's start "
             "banner lists Swagger UI (`/docs`) and Redoc (`/redoc`) only then", (GATEWAY,)),
-    Setting("LLM_ROUTER", str, "cache-aware", "how the gateway picks a replica: `cache-aware` (prefix and load) or "
-            "`round-robin` ([operations.md](operations.md#replicas))", (GATEWAY,),
+    Setting("LLM_ROUTER", str, "cache-aware", "how the gateway picks a replica, `cache-aware` by prefix and load "
+            "([operations.md](operations.md#replicas))", (GATEWAY,),
             choices=("cache-aware", "round-robin")),
     Setting("LLM_ROUTER_POLL_MS", int, 500, "how often each replica reports its load, in milliseconds",
             (GATEWAY,), low=1),
@@ -195,6 +201,11 @@ def default(name: str) -> Any:
     return declared(name).default
 
 
+def choices(name: str) -> tuple[str, ...]:
+    """A text variable's allowed values (for the record field it sets)."""
+    return declared(name).choices
+
+
 def is_set(name: str, env: Optional[Mapping[str, str]] = None) -> bool:
     """Whether the variable holds a value (blank counts only where blank is a value)."""
     setting = declared(name)
@@ -215,5 +226,6 @@ def markdown_table() -> str:
     """docs/configuration.md's table of variables, as rendered from the declarations."""
     rows = ["| variable | default | read by | |", "| --- | --- | --- | --- |"]
     for s in _DECLARED:
-        rows.append(f"| `{s.name}` | {s.shown_default()} | {', '.join(s.read_by)} | {s.meaning} |")
+        meaning = f"{s.meaning} ({', '.join(s.choices)})" if s.choices else s.meaning
+        rows.append(f"| `{s.name}` | {s.shown_default()} | {', '.join(s.read_by)} | {meaning} |")
     return "\n".join(rows) + "\n"

@@ -34,6 +34,8 @@ from typing import Any, Optional
 
 from contract import settings
 
+from ..cache_folder import cache_folder
+
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
@@ -187,16 +189,8 @@ def _run(command: list[str]) -> None:
 
 def _cache_path(compiler: str, extra: tuple[str, ...] = ()) -> Optional[Path]:
     """Where this build is kept, or None where the cache folder cannot be written."""
-    root = settings.read("LLM_KERNEL_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "llm-stream", "kernels")
-    folder = Path(root)
-    if root.startswith("~"):  # no home folder to expand "~" into: nowhere to keep it
-        return None
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return None
-    if not os.access(folder, os.W_OK):
+    folder = cache_folder("LLM_KERNEL_CACHE", "kernels")
+    if folder is None:
         return None
     try:
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout

@@ -81,15 +81,15 @@ def _fill(model: PreTrainedModel, header: gguf_file.Header, config: Any) -> None
             log.info("%s: not a weight of %s; skipped", tensor.name, type(model).__name__)
             continue
         exact = _exact(tensor) if order is not None else None
-        if exact is not None and _keep(model, target, exact, order):
+        if exact is not None and keep(model, target, exact, order):
             kept += 1
         else:
-            _copy(model, target, _processed(processor, tensor, names))
+            copy(model, target, _processed(processor, tensor, names))
         wanted.discard(target)
         if tied and target.endswith("embed_tokens.weight") and exact is not None:
             output = model.get_output_embeddings()
             for lm_name, module in model.named_modules():
-                if module is output and _keep(model, lm_name + ".weight", exact, order):
+                if module is output and keep(model, lm_name + ".weight", exact, order):
                     wanted.discard(lm_name + ".weight")
     if tied:
         wanted = {n for n in wanted if not n.startswith("lm_head.")}
@@ -119,7 +119,7 @@ def _exact(tensor: gguf_file.Tensor) -> Exact:
     return split(tensor.data, tensor.tensor_type, tensor.width)
 
 
-def _keep(model: PreTrainedModel, target: str, exact: Exact, order: Optional[np.ndarray]) -> bool:
+def keep(model: PreTrainedModel, target: str, exact: Exact, order: Optional[np.ndarray]) -> bool:
     """Put `exact` where `target` is: a Linear becomes an int4/int8 layer of the file's blocks; an
     Embedding gets its fp32 weights. False where it does not fit (the caller dequantizes)."""
     module_name, _, leaf = target.rpartition(".")
@@ -151,7 +151,7 @@ def _processed(processor: TensorProcessor, tensor: gguf_file.Tensor, names: dict
     return torch.from_numpy(np.array(result.weights, dtype=np.float32))
 
 
-def _copy(model: PreTrainedModel, target: str, values: torch.Tensor) -> None:
+def copy(model: PreTrainedModel, target: str, values: torch.Tensor) -> None:
     module_name, _, leaf = target.rpartition(".")
     parameter = getattr(model.get_submodule(module_name), leaf)  # a parameter or a buffer
     if parameter.shape != values.shape:

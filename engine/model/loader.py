@@ -13,7 +13,7 @@ from contract import EngineConfig
 
 from ..kernels.native import kv_half_ready
 from ..kernels.table import report as kernel_report
-from . import gguf_native, huge_pages
+from . import gguf_native, huge_pages, quantize_on_load
 from .fp32 import install as fp32_layers
 from .gguf import find_gguf, load_gguf
 from .info import ModelInfo
@@ -39,10 +39,11 @@ class LoadedModel:
     parameters: int = 0  # counted before quantization: int4 keeps its weights in buffers
     kv_dtype: torch.dtype = torch.float32  # the KV cache's (pick_kv_dtype)
     plan: Optional[Plan] = None  # how the engine's steps run it (plan.py); None: not planned (a test's model)
+    quant: str = ""  # the GGML type its folder's weights were quantized to at load (quantize_on_load.py)
 
     @property
     def info(self) -> ModelInfo:
-        dtype = "int4" if self.int4 else str(self.model.dtype).removeprefix("torch.")
+        dtype = self.quant or ("int4" if self.int4 else str(self.model.dtype).removeprefix("torch."))
         tensors = {id(t): t for t in (*self.model.parameters(), *self.model.buffers())}  # tied ones once
         return ModelInfo(str(self.device), dtype, self.max_context, self.load_seconds,
                          str(self.kv_dtype).removeprefix("torch."), str(self.model.config.model_type),
@@ -122,11 +123,16 @@ def load_model(config: EngineConfig) -> LoadedModel:
     started = time.perf_counter()
     gguf = find_gguf(source)
     blocks = gguf is not None and device.type == "cpu" and config.dtype in ("auto", "int4") and gguf_native.servable()
+    quant = quantize_on_load.pick(config, source, device, gguf is not None)
     try:
         if blocks:
             assert gguf is not None
             log.info("%s is GGUF: its quantized weights kept as the file's blocks", source)
             tokenizer, model, parameters = gguf_native.load(*gguf)
+        elif quant is not None:
+            log.info("%s: its weights served as %s blocks (quant: %s)", source, quant.name.lower(), config.quant)
+            tokenizer, model, parameters = quantize_on_load.load(source, quant, config.trust_remote_code)
+            blocks = True
         else:
             tokenizer, model = _from_source(source, gguf, dtype, config.trust_remote_code)
     except (OSError, ValueError) as exc:
@@ -149,7 +155,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
     log.info("kernels: %s", "; ".join(kernel_report("int4" if int4 else "fp32", device.type)))
     return LoadedModel(model, tokenizer, device, _max_context(model, tokenizer),
                        _eos_ids(model, tokenizer, config), time.perf_counter() - started, int4, parameters,
-                       kv_dtype, chosen)
+                       kv_dtype, chosen, quant.name.lower() if quant is not None else "")
 
 
 def _from_source(source: str, gguf: Optional[tuple[str, str]], dtype: torch.dtype, trust_remote_code: bool):

@@ -1,0 +1,77 @@
+"""python -m benchmarks folder: a Hugging Face folder served as it is given, against the same
+weights as a GGUF file that llama.cpp's tools made.
+
+    python -m benchmarks folder [--model llama-1b] [--quant Q8_0] [--out DIR]
+
+The folder is a sized model's fp16 safetensors (`python -m benchmarks sized-models`), served by
+`make serve`'s Flow with its defaults, which quantize it at load (`quant: auto`, q8_0). The file is
+the same folder converted by the pinned llama.cpp's `convert_hf_to_gguf.py` and quantized by its
+`llama-quantize` to `--quant`. Three fresh servers, one after the other:
+- the folder's first start, with an empty quantization cache (it quantizes and keeps the blocks);
+- the folder's second start, from that cache;
+- the GGUF file.
+Each: seconds from the start command to ready, one stream and sixteen (sizes.py's workload), the
+cold prompt and the peak memory of every process.
+"""
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Optional
+
+from testing.procs import ROOT
+
+from ..harness.report import machine_info
+from ..harness.sized_models import CACHE, QUANTS, folder, gguf
+from .sizes import cpu_kind, measure, ratio
+
+SERVED = ("folder, first start", "folder, second start", "gguf")
+
+
+def table(result: dict) -> str:
+    rows = result["rows"]
+    base = rows["gguf"]
+    lines = [f"# A Hugging Face folder against its {result['quant']} GGUF ({result['cpu']})", "",
+             f"{result['date']}, git {result['git']}, `{result['command']}`; {result['model']}. Each cell: "
+             f"the figure, and its ratio to the GGUF's.", "",
+             "| served | ready, s | one stream, tok/s | sixteen streams, tok/s | cold prompt, prompt tok/s "
+             "| peak memory, GB |", "|---|---|---|---|---|---|"]
+    for name in SERVED:
+        row = rows.get(name)
+        if row is None:
+            continue
+        cells = [f"{row.get(k)} ({ratio(row.get(k), base.get(k))})" for k in
+                 ("ready_s", "c1_tok_s", "c16_tok_s", "cold_prompt_tok_s", "peak_rss_gb")]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks folder", description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="llama-1b", help="a sized model's name (harness/sized_models.py)")
+    p.add_argument("--quant", default="Q8_0", choices=QUANTS, help="the GGUF file's type")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--one-stream-requests", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "folder")
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    source, file = folder(args.model), gguf(args.model, args.quant)
+    cache = CACHE / "quant-cache"  # the servers' LLM_QUANT_CACHE: emptied first, so the first start quantizes
+    shutil.rmtree(cache, ignore_errors=True)
+    os.environ["LLM_QUANT_CACHE"] = str(cache)
+    machine = machine_info()
+    result: dict = {"date": time.strftime("%Y-%m-%d"), "git": machine.get("git"), "cpu": cpu_kind(),
+                    "command": "python -m benchmarks folder " + " ".join(argv or []), "model": args.model,
+                    "quant": args.quant, "rows": {}}
+    for name, served in zip(SERVED, (source, source, file), strict=True):
+        print(f"{name}: {served}", flush=True)
+        result["rows"][name] = asyncio.run(measure("this", served, args))
+    (args.out / "results.json").write_text(json.dumps(result, indent=1))
+    text = table(result)
+    (args.out / "results.md").write_text(text)
+    print("\n" + text)
+    return 0
