@@ -33,6 +33,13 @@ def q4_0_of(source: Path) -> Path:
     return quantize(source, target, "Q4_0", "--allow-requantize")
 
 
+def requantized(source: Path, kind: str) -> Path:
+    """A `kind` GGUF of `source`'s weights, made once by llama-quantize from the file's own weights
+    (`--allow-requantize`), the types llama.cpp's `kind` preset picks for each tensor."""
+    target = Q4_0_DIR / f"{source.stem}-{kind}.gguf"
+    return target if target.exists() else quantize(source, target, kind, "--allow-requantize")
+
+
 def quantize(source: Path, target: Path, kind: str, *options: str) -> Path:
     """`target`: llama-quantize's `kind` (Q4_K_M, Q4_0, Q8_0...) of the GGUF file `source`, written
     whole or not at all."""

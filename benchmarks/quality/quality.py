@@ -1,4 +1,4 @@
-"""How much serving 4-bit weights changes the model, here and in llama.cpp, against fp32.
+"""How much serving quantized weights changes the model, here and in llama.cpp, against fp32.
 
     python -m benchmarks quality [--out DIR] [--systems this-q4_1,llama-cpp-q4_1,...]
 
@@ -13,8 +13,9 @@ token ids (the chat template rendered once) and is measured three ways:
 Systems: `this-q4_1` (this service's int4 kernels on the model as `make model` exports it, the
 Q4_1 GGUF's weights), `this-q4_0` (the same, loaded from llama-quantize's Q4_0 GGUF),
 `llama-cpp-q4_1` and `llama-cpp-q4_0` (llama.cpp on those two GGUF files, through its own
-Python bindings, its CPU backend repacking what it repacks, as its server does). llama.cpp's
-systems need `make llama-cpp`.
+Python bindings, its CPU backend repacking what it repacks, as its server does). With
+`--systems this-quant-q8_0,llama-cpp-q8_0,this-quant-q4_0`: the fp32 folder quantized at load
+(`quant`), and llama-quantize's Q8_0 of the same weights. llama.cpp's systems need `make llama-cpp`.
 """
 import argparse
 import json
@@ -35,7 +36,7 @@ from testing.native_reference import as_the_engine_computes
 
 from ..harness.report import _git, machine_info
 from ..harness.systems import gguf_of
-from ..peers.llama_cpp import bindings, q4_0_of
+from ..peers.llama_cpp import bindings, q4_0_of, requantized
 
 PROMPTS = [
     "What is the capital of France?", "Write a haiku about the sea.", "Explain photosynthesis in one sentence.",
@@ -62,6 +63,8 @@ FIXED_TEXT = (  # plain English prose, written for this benchmark
     "somebody out there is looking for the light."
 )
 SYSTEMS = ("this-q4_1", "this-q4_0", "llama-cpp-q4_1", "llama-cpp-q4_0")
+# the fp32 folder quantized at load (`quant`), and llama-quantize's file of the same type
+QUANT_SYSTEMS = ("this-quant-q8_0", "llama-cpp-q8_0", "this-quant-q4_0")
 
 
 class Scorer(Protocol):
@@ -178,11 +181,14 @@ def scorers(model: Path, threads: int) -> dict[str, Callable[[], Scorer]]:
     return {"this-q4_1": lambda: EngineScorer(load_model(EngineConfig(model=str(model)))),
             "this-q4_0": lambda: EngineScorer(load_model(EngineConfig(model=str(q4_0_of(q4_1))))),
             "llama-cpp-q4_1": lambda: LlamaCppScorer(q4_1, threads),
-            "llama-cpp-q4_0": lambda: LlamaCppScorer(q4_0_of(q4_1), threads)}
+            "llama-cpp-q4_0": lambda: LlamaCppScorer(q4_0_of(q4_1), threads),
+            "this-quant-q8_0": lambda: EngineScorer(load_model(EngineConfig(model=str(model), quant="q8_0"))),
+            "this-quant-q4_0": lambda: EngineScorer(load_model(EngineConfig(model=str(model), quant="q4_0"))),
+            "llama-cpp-q8_0": lambda: LlamaCppScorer(requantized(q4_1, "Q8_0"), threads)}
 
 
 def markdown(result: dict) -> str:
-    lines = ["# Accuracy beside speed: 4-bit weights against fp32", "",
+    lines = ["# Accuracy beside speed: quantized weights against fp32", "",
              f"{result['date']}, git {result['git']}, `{result['command']}`", "",
              f"Model {result['model']}; fp32 (transformers) is the reference. Next-token agreement: on fp32's "
              f"greedy answers to {len(PROMPTS)} chat prompts (up to {result['tokens']} tokens each), teacher-forced. "
@@ -201,7 +207,7 @@ def markdown(result: dict) -> str:
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks quality", description=__doc__.split("\n")[0])
     parser.add_argument("--model", type=Path, default=Path("models/SmolLM2-135M-Instruct"))
-    parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"of {','.join(SYSTEMS)}")
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"of {','.join(SYSTEMS + QUANT_SYSTEMS)}")
     parser.add_argument("--tokens", type=int, default=48, help="greedy answer length, at most")
     parser.add_argument("--out", type=Path, default=None, help="write results.json and results.md here")
     args = parser.parse_args(argv)

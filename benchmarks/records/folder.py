@@ -12,6 +12,9 @@ the same folder converted by the pinned llama.cpp's `convert_hf_to_gguf.py` and 
 - the GGUF file.
 Each: seconds from the start command to ready, one stream and sixteen (sizes.py's workload), the
 cold prompt and the peak memory of every process.
+
+Then every quantized tensor the first start kept is compared with the GGUF's tensor of the same
+weights, byte for byte (the GGUF's q and k rows in llama.cpp's order, put back in transformers').
 """
 import argparse
 import asyncio
@@ -22,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
+
 from testing.procs import ROOT
 
 from ..harness.report import machine_info
@@ -29,6 +34,35 @@ from ..harness.sized_models import CACHE, QUANTS, folder, gguf
 from .sizes import cpu_kind, measure, ratio
 
 SERVED = ("folder, first start", "folder, second start", "gguf")
+
+
+def same_blocks(cache: Path, file: Path) -> dict:
+    """How many of the GGUF's quantized tensors equal, byte for byte, the blocks the folder's first
+    start kept for the same weight; those that differ, by name."""
+    from transformers import AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+
+    from engine.model import gguf_file, gguf_native, quant_cache
+    [entry] = [p for p in cache.iterdir() if p.is_dir()]
+    index = quant_cache.entry(cache, entry.name)
+    assert index is not None
+    kept = {stored.name: stored for stored in quant_cache.read(index) if stored.kind != "F32"}
+    header = gguf_file.read(file)
+    config, _ = gguf_file.config_and_tokenizer(file, header.metadata_end)
+    with no_init_weights():
+        model = AutoModelForCausalLM.from_config(config)
+    processor, names = gguf_native.mapping(model, header, config)
+    equal, differ = 0, []
+    for tensor in header.tensors:
+        target, order = gguf_native.target_of(processor, tensor, names)
+        if target not in kept or order is None:
+            continue
+        ours = kept[target]
+        if ours.kind == tensor.tensor_type.name and np.array_equal(np.asarray(tensor.data)[order], ours.data):
+            equal += 1
+        else:
+            differ.append(tensor.name)
+    return {"equal": equal, "differ": differ, "kept": len(kept)}
 
 
 def table(result: dict) -> str:
@@ -46,6 +80,9 @@ def table(result: dict) -> str:
         cells = [f"{row.get(k)} ({ratio(row.get(k), base.get(k))})" for k in
                  ("ready_s", "c1_tok_s", "c16_tok_s", "cold_prompt_tok_s", "peak_rss_gb")]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    blocks = result["blocks"]
+    lines += ["", f"Of the {blocks['kept']} tensors the folder's first start quantized, {blocks['equal']} equal the "
+              f"GGUF's byte for byte" + (f"; these differ: {', '.join(blocks['differ'])}" if blocks["differ"] else ".")]
     return "\n".join(lines) + "\n"
 
 
@@ -70,6 +107,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     for name, served in zip(SERVED, (source, source, file), strict=True):
         print(f"{name}: {served}", flush=True)
         result["rows"][name] = asyncio.run(measure("this", served, args))
+    result["blocks"] = same_blocks(cache, file)
     (args.out / "results.json").write_text(json.dumps(result, indent=1))
     text = table(result)
     (args.out / "results.md").write_text(text)

@@ -68,15 +68,20 @@ def _names(model: PreTrainedModel, architecture: str, processor: TensorProcessor
     return get_gguf_hf_weights_map(model, processor)
 
 
-def _fill(model: PreTrainedModel, header: gguf_file.Header, config: Any) -> None:
+def mapping(model: PreTrainedModel, header: gguf_file.Header, config: Any) -> tuple[TensorProcessor, dict[str, str]]:
+    """The processor transformers passes this file's tensors through, and the GGUF name -> parameter map."""
     architecture = str(header.metadata["general.architecture"])
     processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
-    names = _names(model, architecture, processor)
+    return processor, _names(model, architecture, processor)
+
+
+def _fill(model: PreTrainedModel, header: gguf_file.Header, config: Any) -> None:
+    processor, names = mapping(model, header, config)
     wanted = set(model.state_dict())
     tied = bool(getattr(config, "tie_word_embeddings", False))
     kept = 0
     for tensor in header.tensors:
-        target, order = _target(processor, tensor, names)
+        target, order = target_of(processor, tensor, names)
         if target is None:
             log.info("%s: not a weight of %s; skipped", tensor.name, type(model).__name__)
             continue
@@ -98,7 +103,7 @@ def _fill(model: PreTrainedModel, header: gguf_file.Header, config: Any) -> None
     log.info("GGUF: %d quantized layers kept as the file's blocks", kept)
 
 
-def _target(processor: TensorProcessor, tensor: gguf_file.Tensor, names: dict[str, str]) -> tuple[Optional[str], Optional[np.ndarray]]:
+def target_of(processor: TensorProcessor, tensor: gguf_file.Tensor, names: dict[str, str]) -> tuple[Optional[str], Optional[np.ndarray]]:
     """The parameter a tensor fills, and the order its rows take there (None: not a plain
     reordering, or not a 2-D quantized tensor)."""
     if tensor.tensor_type not in TYPES or len(tensor.data.shape) != 2:
