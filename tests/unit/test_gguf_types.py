@@ -3,7 +3,7 @@ them: these tests hold both to the `gguf` package, the reference for what a GGUF
 
 For every served type, a [48, 512] tensor is written to a real GGUF file and read back; then
 - `split`'s steps, scales and lows give back the package's dequantization bit for bit;
-- the layer `gguf_native._keep` makes of them computes x W^T within fp32's rounding bound of
+- the layer `gguf_native.keep` makes of them computes x W^T within fp32's rounding bound of
   float64 on the activations as the kernel rounds them (`int4.int16_blocks`);
 - a row alone comes out with the same bits as in a batch, and every kernel path this CPU builds
   (testing/golden.py's: the machine's own, AVX2, plain C) gives the same bits.
@@ -83,7 +83,7 @@ class Holder(nn.Module):
 def layer(exact: Exact) -> nn.Module:
     """The layer gguf_native makes of `exact` (made anew under each kernel path's library)."""
     holder = Holder()
-    assert gguf_native._keep(holder, "proj.weight", exact, None)  # type: ignore[arg-type]
+    assert gguf_native.keep(holder, "proj.weight", exact, None)  # type: ignore[arg-type]
     return holder.proj
 
 
