@@ -4,7 +4,8 @@ weights as a GGUF file that llama.cpp's tools made.
     python -m benchmarks folder [--model llama-1b] [--quant Q8_0] [--out DIR]
 
 The folder is a sized model's fp16 safetensors (`python -m benchmarks sized-models`), served by
-`make serve`'s Flow with its defaults, which quantize it at load (`quant: auto`, q8_0). The file is
+`make serve`'s Flow with its defaults, which quantize it at load (`quant: auto`, q8_0; with
+`--quant Q4_0`, LLM_QUANT=q4_0). The file is
 the same folder converted by the pinned llama.cpp's `convert_hf_to_gguf.py` and quantized by its
 `llama-quantize` to `--quant`. Three fresh servers, one after the other:
 - the folder's first start, with an empty quantization cache (it quantizes and keeps the blocks);
@@ -14,7 +15,9 @@ Each: seconds from the start command to ready, one stream and sixteen (sizes.py'
 cold prompt and the peak memory of every process.
 
 Then every quantized tensor the first start kept is compared with the GGUF's tensor of the same
-weights, byte for byte (the GGUF's q and k rows in llama.cpp's order, put back in transformers').
+weights, byte for byte (the GGUF's q and k rows in llama.cpp's order, put back in transformers'),
+and the folder is written as a GGUF file here (`python -m engine.quantize`), whose every tensor is
+compared with llama.cpp's file's, by name.
 """
 import argparse
 import asyncio
@@ -26,11 +29,12 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
+from gguf import GGMLQuantizationType
 
 from testing.procs import ROOT
 
 from ..harness.report import machine_info
-from ..harness.sized_models import CACHE, QUANTS, folder, gguf
+from ..harness.sized_models import CACHE, folder, gguf
 from .sizes import cpu_kind, measure, ratio
 
 SERVED = ("folder, first start", "folder, second start", "gguf")
@@ -65,6 +69,16 @@ def same_blocks(cache: Path, file: Path) -> dict:
     return {"equal": equal, "differ": differ, "kept": len(kept)}
 
 
+def same_files(ours: Path, theirs: Path) -> dict:
+    """How many tensors of two GGUF files are equal (type and bytes), by name; those that are not."""
+    from engine.model import gguf_file
+    mine = {t.name: t for t in gguf_file.read(ours).tensors}
+    other = {t.name: t for t in gguf_file.read(theirs).tensors}
+    equal = [n for n in mine if n in other and mine[n].tensor_type == other[n].tensor_type
+             and np.array_equal(np.asarray(mine[n].data), np.asarray(other[n].data))]
+    return {"equal": len(equal), "differ": sorted(set(mine) ^ set(other) | (set(mine) & set(other)) - set(equal))}
+
+
 def table(result: dict) -> str:
     rows = result["rows"]
     base = rows["gguf"]
@@ -83,13 +97,17 @@ def table(result: dict) -> str:
     blocks = result["blocks"]
     lines += ["", f"Of the {blocks['kept']} tensors the folder's first start quantized, {blocks['equal']} equal the "
               f"GGUF's byte for byte" + (f"; these differ: {', '.join(blocks['differ'])}" if blocks["differ"] else ".")]
+    written = result["written"]
+    lines += [f"The folder written as a GGUF file here (`python -m engine.quantize`): {written['equal']} tensors equal "
+              f"llama.cpp's file's" + (f"; these differ: {', '.join(written['differ'])}" if written["differ"] else ".")]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks folder", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="llama-1b", help="a sized model's name (harness/sized_models.py)")
-    p.add_argument("--quant", default="Q8_0", choices=QUANTS, help="the GGUF file's type")
+    p.add_argument("--quant", default="Q8_0", choices=("Q8_0", "Q4_0"),
+                   help="the GGUF file's type, and the folder's (LLM_QUANT)")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--one-stream-requests", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
@@ -106,8 +124,15 @@ def main(argv: Optional[list[str]] = None) -> int:
                     "quant": args.quant, "rows": {}}
     for name, served in zip(SERVED, (source, source, file), strict=True):
         print(f"{name}: {served}", flush=True)
+        if served == source:
+            os.environ["LLM_QUANT"] = args.quant.lower()  # the default for Q8_0; a GGUF takes none
+        else:
+            os.environ.pop("LLM_QUANT", None)
         result["rows"][name] = asyncio.run(measure("this", served, args))
     result["blocks"] = same_blocks(cache, file)
+    from engine.model.to_gguf import write
+    result["written"] = same_files(write(str(source), args.out / f"{args.model}-written.gguf",
+                                         GGMLQuantizationType[args.quant]), file)
     (args.out / "results.json").write_text(json.dumps(result, indent=1))
     text = table(result)
     (args.out / "results.md").write_text(text)

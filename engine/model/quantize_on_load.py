@@ -93,9 +93,7 @@ def load(source: str, qtype: GGMLQuantizationType, trust_remote_code: bool) -> t
     cache where this folder was quantized before, else quantized now and kept."""
     folder = Path(source)
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
-    config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
-    with no_init_weights():
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, trust_remote_code=trust_remote_code)
+    model = _skeleton(folder, trust_remote_code)
     cache = quant_cache.root()
     name = quant_cache.key(folder, weight_files(folder), qtype.name, cache)
     index = quant_cache.entry(cache, name)
@@ -118,6 +116,42 @@ def load(source: str, qtype: GGMLQuantizationType, trust_remote_code: bool) -> t
     return tokenizer, model, parameters
 
 
+def blocks(source: str, qtype: GGMLQuantizationType, trust_remote_code: bool, cache: Path) -> dict[str, Any]:
+    """The cache entry of the folder's weights as `qtype` blocks (its index), quantized into `cache`
+    first where it is not there; no model is filled (what writing a GGUF file needs)."""
+    folder = Path(source)
+    name = quant_cache.key(folder, weight_files(folder), qtype.name, cache)
+    index = quant_cache.entry(cache, name)
+    if index is None:
+        writer = quant_cache.Writer(cache, name, {"source": str(folder.resolve())})
+        try:
+            tensors = _quantized(folder, _skeleton(folder, trust_remote_code), qtype, writer, trust_remote_code)
+            writer.index["meta"]["parameters"] = sum(_elements(stored) for stored in tensors)
+            writer.commit()
+        except BaseException:
+            writer.discard()
+            raise
+        index = quant_cache.entry(cache, name)
+        assert index is not None, "the entry was just written"
+    return index
+
+
+def _skeleton(folder: Path, trust_remote_code: bool) -> PreTrainedModel:
+    """The folder's model built from its config in fp32, its memory not yet written (no
+    initialization): every weight is placed from the blocks or values after."""
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    with no_init_weights():
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32, trust_remote_code=trust_remote_code)
+
+
+def _elements(stored: Stored) -> int:
+    """How many weights a stored tensor holds."""
+    if stored.kind == "F32":
+        return int(stored.data.size)
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[stored.kind]]
+    return int(stored.data.size) // size * block
+
+
 def _fill(model: PreTrainedModel, tensors: Iterator[Stored]) -> int:
     """Place every tensor: blocks as the engine's block layers (the output layer tied to the input
     embedding from the same blocks), values as fp32; returns the count of weights placed. Every
@@ -128,7 +162,6 @@ def _fill(model: PreTrainedModel, tensors: Iterator[Stored]) -> int:
     for stored in tensors:
         if stored.kind == "F32":
             gguf_native.copy(model, stored.name, torch.from_numpy(np.array(stored.data, dtype=np.float32)))
-            count += stored.data.size
         else:
             kind = GGMLQuantizationType[stored.kind]
             block, size = GGML_QUANT_SIZES[kind]
@@ -137,7 +170,7 @@ def _fill(model: PreTrainedModel, tensors: Iterator[Stored]) -> int:
             for target in targets:
                 if not gguf_native.keep(model, target, exact, None):
                     raise ValueError(f"{target}: its {stored.kind} blocks fit no layer of {type(model).__name__}")
-            count += exact.steps.size
+        count += _elements(stored)
         wanted.discard(stored.name)
     if wanted:
         raise ValueError(f"the weights lack tensors the config asks for: {sorted(wanted)[:5]}")
