@@ -22,6 +22,12 @@ def block_hash(parent: Optional[int], tokens: list[int]) -> int:
     return int.from_bytes(h.digest(), "little", signed=False)
 
 
+def adapter_root(adapter: Optional[str]) -> Optional[int]:
+    """The parent key of a row's first block: none for the base model; for a LoRA adapter, a key of
+    its name, so that its blocks (whose keys and values the adapter changed) are never another's."""
+    return None if adapter is None else block_hash(None, list(adapter.encode()))
+
+
 def chain_hashes(tokens: list[int], parent: Optional[int] = None, block_size: int = BLOCK_SIZE) -> list[int]:
     """The keys of the full blocks of `tokens`, after a block keyed `parent` (None: the start)."""
     keys = []

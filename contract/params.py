@@ -253,6 +253,9 @@ class EngineConfig:
     # a Hugging Face folder's Linear weights quantized at load into GGUF blocks (QUANTS; quantize_on_load.py):
     # auto is q8_0 for a folder of 16-bit weights on CPU, else none
     quant: str = engine_option("LLM_QUANT")
+    # LoRA adapters served on the model, `name=path,...` (PEFT folders; engine/model/lora.py); a request picks
+    # one by its model name, `MODEL:name` or `name`
+    lora: str = engine_option("LLM_LORA")
     trust_remote_code: bool = False
     max_tokens_limit: int = 1024  # upper bound of a request's max_tokens
     max_running: int = 32  # requests decoded together in one batch
@@ -304,10 +307,24 @@ class EngineConfig:
                                                     f"got {self.kv_cache_dtype!r}")
         if self.quant not in QUANTS:
             raise ValidationError("quant", f"must be one of {', '.join(QUANTS)}, got {self.quant!r}")
+        self.adapters()
         keep_alive_seconds(self.keep_alive)
         if not 0 <= self.stream_interval_ms < 60_000:
             raise ValidationError("stream_interval_ms", f"must be from 0 to 60000, got {self.stream_interval_ms}")
         return self
+
+    def adapters(self) -> dict[str, str]:
+        """The LoRA adapters, name -> folder, in the order `lora` gives them; a ValidationError naming
+        `lora` for a malformed list."""
+        found: dict[str, str] = {}
+        for item in filter(None, (part.strip() for part in self.lora.split(","))):
+            name, sep, path = (piece.strip() for piece in item.partition("="))
+            if not sep or not name or not path or ":" in name:
+                raise ValidationError("lora", f"expected name=path (a name without ':'), got {item!r}")
+            if name in found:
+                raise ValidationError("lora", f"adapter {name!r} is named twice")
+            found[name] = path
+        return found
 
     @staticmethod
     def from_env(environ: Optional[Mapping[str, str]] = None) -> dict[str, Any]:

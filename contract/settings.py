@@ -111,6 +111,8 @@ _DECLARED = (
     Setting("LLM_QUANT_CACHE", str, None, "where a folder's weights, once quantized at load, are kept for the "
             "next start ([models.md](models.md#a-hugging-face-folder))", (ENGINE,),
             shown="`~/.cache/llm-stream/quantized`"),
+    Setting("LLM_LORA", str, "", "as the `lora` option: LoRA adapters served on the model, `name=path,...`",
+            (EXECUTOR,), shown="none"),
     Setting("LLM_MAX_BATCH_TOKENS", int, 32768, "as the `max_batch_tokens` option: the KV cache, in tokens",
             (EXECUTOR,), low=1),
     Setting("LLM_KV_CACHE_BYTES", int, 0, "as the `kv_cache_bytes` option: the KV cache in bytes instead "

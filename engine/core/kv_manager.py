@@ -23,6 +23,8 @@ read. The step reads each group's table and slots (`group_tables`, `group_slots`
 """
 from typing import Optional
 
+from contract.blocks import adapter_root
+
 from .block_pool import BlockPool, chain_hashes
 from .kv_groups import GroupManager, managers_for
 from .kv_pool import KVPool
@@ -54,7 +56,8 @@ class KVCacheManager:
         keys = self.block_keys.setdefault(req.row_id, [])
         size, have = self.block_size, len(keys)
         if req.length // size > have:
-            keys += chain_hashes(req.tokens(have * size, req.length // size * size), keys[-1] if have else None, size)
+            parent = keys[-1] if have else adapter_root(req.adapter)  # an adapter's blocks are its own
+            keys += chain_hashes(req.tokens(have * size, req.length // size * size), parent, size)
         return keys
 
     # ----- starting a row -----

@@ -39,6 +39,7 @@ class Request:
     pipeline: OutputPipeline
     sink: Callable[[RequestOutput], None]
     choice: int = 0  # which of the request's n answers this is (each is a batch row)
+    adapter: Optional[str] = None  # the LoRA adapter it is answered with (EngineConfig.lora's name; None: the base)
     drafter: Optional[PromptLookup] = None  # speculative decoding: drafts its next tokens
     speculative: int = 0  # drafts per decode step (0: none)
     adaptive: bool = False  # drafts only as many as pay (the server's default; a request's own number is kept)

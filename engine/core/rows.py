@@ -25,6 +25,7 @@ from .request import ParentRequest, Request
 class RowFactory:
     def __init__(self, config: EngineConfig, vocab: Vocabulary, grammars: GrammarCompiler):
         self.config, self.vocab, self.grammars = config, vocab, grammars
+        self.adapters = set(config.adapters())  # LoRA adapters' names: a request's `model` picks one
 
     def make(self, request_id: str, prepared: Prepared, sink: Callable[[RequestOutput], None]) -> Request:
         """The request's first row; its other answers (n > 1) wait in its ParentRequest to fan
@@ -64,7 +65,8 @@ class RowFactory:
         return Request(request_id, prepared.prompt_ids, params, seed,
                        TokenChooser(params, seed, len(prepared.prompt_ids)), pipeline, sink, choice=choice,
                        drafter=drafter, speculative=speculative, adaptive=params.speculative_tokens is None,
-                       generated=list(prepared.generated))
+                       generated=list(prepared.generated),
+                       adapter=params.model if params.model in self.adapters else None)
 
 
 def row_output(row: Request, piece: Optional[TokenPiece], index: int) -> RequestOutput:

@@ -14,6 +14,7 @@ from contract import EngineConfig
 from ..kernels.native import kv_half_ready
 from ..kernels.table import report as kernel_report
 from . import gguf_native, huge_pages, quantize_on_load
+from . import lora as lora_layers
 from .fp32 import install as fp32_layers
 from .gguf import find_gguf, load_gguf
 from .info import ModelInfo
@@ -40,6 +41,7 @@ class LoadedModel:
     kv_dtype: torch.dtype = torch.float32  # the KV cache's (pick_kv_dtype)
     plan: Optional[Plan] = None  # how the engine's steps run it (plan.py); None: not planned (a test's model)
     quant: str = ""  # the GGML type its folder's weights were quantized to at load (quantize_on_load.py)
+    lora: Optional[lora_layers.Lora] = None  # the LoRA adapters it serves (lora.py)
 
     @property
     def info(self) -> ModelInfo:
@@ -148,14 +150,33 @@ def load_model(config: EngineConfig) -> LoadedModel:
         log.info("fp32 Linear layers run in dense_matmul.c")
     kv_dtype = pick_kv_dtype(config.kv_cache_dtype, model.dtype, int4)
     use_paged_attention(model, kv_dtype)
-    chosen = plan(model, device, kv_dtype)
+    adapters = _adapters(model, config, device)
+    chosen = plan(model, device, kv_dtype, lora=adapters is not None)
     if device.type == "cpu":
         huge_pages.collapse(model)
     log.info("%s", chosen)
     log.info("kernels: %s", "; ".join(kernel_report("int4" if int4 else "fp32", device.type)))
     return LoadedModel(model, tokenizer, device, _max_context(model, tokenizer),
                        _eos_ids(model, tokenizer, config), time.perf_counter() - started, int4, parameters,
-                       kv_dtype, chosen, quant.name.lower() if quant is not None else "")
+                       kv_dtype, chosen, quant.name.lower() if quant is not None else "", adapters)
+
+
+def _adapters(model: PreTrainedModel, config: EngineConfig, device: torch.device) -> Optional[lora_layers.Lora]:
+    """The `lora` adapters put beside the model's layers (None: none); a RuntimeError naming the
+    adapter for one that cannot be served."""
+    sources = config.adapters()
+    if not sources:
+        return None
+    if device.type != "cpu":
+        raise RuntimeError(f"lora: adapters are served on CPU only here, not {device.type}")
+    try:
+        attached = lora_layers.attach(model, sources)
+    except ValueError as exc:
+        raise RuntimeError(str(exc)) from exc
+    if attached is not None:
+        log.info("LoRA adapters: %s", ", ".join(f"{a.name} (rank {a.rank}, {len(a.layers)} layers)"
+                                              for a in attached.adapters))
+    return attached
 
 
 def _from_source(source: str, gguf: Optional[tuple[str, str]], dtype: torch.dtype, trust_remote_code: bool):

@@ -36,6 +36,7 @@ class ModelRunner:
         self.device = loaded.device
         self.kv = kv
         self.graphs = graphs
+        self.lora = loaded.lora  # LoRA adapters: which one each token's row uses is set every step
 
     @torch.inference_mode()
     def run(self, work: list[Work], keep_hidden: bool = False) -> StepResult:
@@ -58,10 +59,16 @@ class ModelRunner:
                   for i in range(w.count - 1, w.tokens)]  # a row's last token's logits, and each draft's
         keep = 0 if len(chosen) == len(ids) else torch.tensor(chosen or [0], device=self.device)
         ids_t, positions_t = torch.tensor([ids], device=self.device), torch.tensor([positions], device=self.device)
-        if self.stack is not None:
-            logits, hidden = self.stack.forward(ids_t, positions_t, step, keep)
-        else:
-            logits, hidden = self._forward(ids_t, positions_t, step, keep, keep_hidden)
+        if self.lora is not None:
+            self.lora.selection.choose([self.lora.index(w.request.adapter) for w in work], [w.tokens for w in work])
+        try:
+            if self.stack is not None:
+                logits, hidden = self.stack.forward(ids_t, positions_t, step, keep)
+            else:
+                logits, hidden = self._forward(ids_t, positions_t, step, keep, keep_hidden)
+        finally:
+            if self.lora is not None:
+                self.lora.selection.choose([], [])  # a direct forward after it is the base model's
         logits = logits[0].float()
         return StepResult(logits if chosen else logits[:0], step.q_starts, hidden[0] if keep_hidden else None)
 

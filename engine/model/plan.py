@@ -35,9 +35,11 @@ class Plan:
         return f"decoder layers: {self.layers}; attention: {self.attention}"
 
 
-def plan(model: nn.Module, device: torch.device, kv_dtype: torch.dtype) -> Plan:
-    """The model's plan on `device`, its KV pool in `kv_dtype`."""
-    if device.type != "cpu":
+def plan(model: nn.Module, device: torch.device, kv_dtype: torch.dtype, lora: bool = False) -> Plan:
+    """The model's plan on `device`, its KV pool in `kv_dtype`; `lora`: it serves LoRA adapters."""
+    if lora:
+        stack, why = None, "LoRA adapters add their low-rank products beside the layers' (llama_layer.c has none)"
+    elif device.type != "cpu":
         stack, why = None, f"the C layers run on CPU, not {device.type}"
     elif not (kv_dtype == torch.float32 or (kv_dtype == torch.float16 and native.kv_half_ready())):
         stack, why = None, f"llama_layer.c reads a KV cache of fp32 or fp16 (with F16C), not {kv_dtype}"

@@ -1,0 +1,103 @@
+"""LoRA adapters (EngineConfig.lora, LLM_LORA) served beside their base model: a request picks one by
+its model name; the base and every adapter share one batched step; each answer is its merged
+model's."""
+import asyncio
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from contract import EngineConfig, SamplingParams, ValidationError
+from engine.model.loader import load_model
+from engine.model.lora import LoraLinear
+from tests.unit.test_batching import collect, mixed_requests
+
+# two adapters of other ranks and targets; b is rsLoRA, scaled by alpha / sqrt(r)
+ADAPTERS = {"a": {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj"]},
+            "b": {"r": 2, "lora_alpha": 4, "target_modules": ["k_proj", "o_proj", "gate_proj", "up_proj"],
+                  "use_rslora": True}}
+
+
+@pytest.fixture(scope="module")
+def adapters(llama_model, tmp_path_factory) -> dict[str, Path]:
+    """Each adapter's PEFT folder (random A and B: PEFT's own start has B = 0, which adds nothing),
+    and beside it, as `NAME-merged`, the base model with it merged in by PEFT."""
+    root = tmp_path_factory.mktemp("lora")
+    folders = {}
+    for seed, (name, options) in enumerate(ADAPTERS.items()):
+        torch.manual_seed(seed + 1)
+        base = AutoModelForCausalLM.from_pretrained(llama_model, dtype=torch.float32)
+        peft_model = get_peft_model(base, LoraConfig(init_lora_weights=False, **options))
+        peft_model.save_pretrained(root / name)
+        base = AutoModelForCausalLM.from_pretrained(llama_model, dtype=torch.float32)
+        merged = PeftModel.from_pretrained(base, root / name).merge_and_unload()
+        merged.save_pretrained(root / f"{name}-merged")
+        AutoTokenizer.from_pretrained(llama_model).save_pretrained(root / f"{name}-merged")
+        folders[name] = root / name
+    return folders
+
+
+def _lora(adapters: dict[str, Path]) -> str:
+    return ",".join(f"{name}={path}" for name, path in adapters.items())
+
+
+# 61 tokens: its first three blocks are cached for the next request that starts with them
+PROMPT = ("the quick brown fox jumps over a lazy dog while streams of tokens flow through batched decode steps "
+          "and every client reads its own answer one piece at a time " * 2).strip()
+
+
+async def test_each_adapter_answers_as_its_merged_model_and_the_base_as_itself(make_engine, llama_model, adapters):
+    """One after another with the same prompt: a prompt's cached blocks are never another adapter's."""
+    served = make_engine(llama_model, lora=_lora(adapters), max_prefill_tokens=16)
+    params = {name: SamplingParams(max_tokens=16, ignore_eos=True, model=name) for name in (None, "a", "b")}
+    answers = {name: (await collect(served, PROMPT, p))[0] for name, p in params.items()}
+    expected = {None: (await collect(make_engine(llama_model), PROMPT, params[None]))[0]}
+    for name, folder in adapters.items():
+        merged = make_engine(str(folder.parent / f"{name}-merged"))
+        expected[name] = (await collect(merged, PROMPT, SamplingParams(max_tokens=16, ignore_eos=True)))[0]
+    assert answers == expected
+    assert len({tuple(a) for a in answers.values()}) == 3  # the adapters change the answers
+
+
+def test_an_adapters_logits_are_its_merged_models_within_float_rounding(llama_model, adapters):
+    loaded = load_model(EngineConfig(model=llama_model, lora=_lora(adapters)))
+    assert loaded.lora is not None and "LoRA adapters" in loaded.plan.why
+    assert sum(isinstance(m, LoraLinear) for m in loaded.model.modules()) == 2 * 7  # a's 3 and b's 4 per layer
+    ids = torch.tensor([[5, 17, 42, 9, 28, 3, 11]])
+    for index, name in enumerate(ADAPTERS):
+        merged = load_model(EngineConfig(model=str(adapters[name].parent / f"{name}-merged")))
+        loaded.lora.selection.choose([index], [ids.shape[1]])
+        with torch.no_grad():
+            ours, theirs = loaded.model(ids).logits, merged.model(ids).logits
+        loaded.lora.selection.choose([], [])
+        assert torch.allclose(ours, theirs, rtol=1e-4, atol=1e-4), (ours - theirs).abs().max()
+        assert not torch.equal(ours, loaded.model(ids).logits)  # the base's own
+
+
+async def test_a_rows_tokens_do_not_depend_on_its_neighbours_adapters(make_engine, llama_model, adapters):
+    engine = make_engine(llama_model, lora=_lora(adapters), max_prefill_tokens=16)
+    for sample in (False, True):
+        requests = mixed_requests(12, seed=5, sample=sample)
+        for i, (_, params) in enumerate(requests):
+            params.model = (None, "a", "b")[i % 3]
+        alone = [await collect(engine, p, params) for p, params in requests]
+        assert await asyncio.gather(*(collect(engine, p, params) for p, params in requests)) == alone
+
+
+def test_a_malformed_adapter_stops_the_load_naming_it(llama_model, gpt2_model, adapters, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(adapters["a"], broken)
+    config = json.loads((broken / "adapter_config.json").read_text())
+    (broken / "adapter_config.json").write_text(json.dumps({**config, "use_dora": True}))
+    for lora, says in ((f"x={tmp_path / 'nothing'}", "lora adapter 'x'"), (f"d={broken}", "use_dora True"),
+                       (f"g={adapters['a']}", "is no Linear layer of the model")):
+        with pytest.raises(RuntimeError, match=says):
+            load_model(EngineConfig(model=gpt2_model if lora.startswith("g=") else llama_model, lora=lora))
+    for lora in ("a", "a=x,a=y", "a:b=x"):
+        with pytest.raises(ValidationError) as err:
+            EngineConfig(model=llama_model, lora=lora).validate()
+        assert err.value.field == "lora"
