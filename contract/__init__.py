@@ -15,7 +15,7 @@ from .errors import (
     check,
     kind_of,
 )
-from .info import ServerInfo, served_id
+from .info import ServerInfo, adapter_id, resolve, served_id, with_adapters
 from .limits import DEFAULT_LIMITS, MAX_CHOICES, MAX_SPECULATIVE_TOKENS, MAX_TOP_LOGPROBS, SEED_MAX, RequestLimits
 from .params import (
     EngineConfig,
@@ -29,4 +29,4 @@ from .params import (
 
 __all__ = ["DEFAULT_LIMITS", "MAX_CHOICES", "MAX_SPECULATIVE_TOKENS", "MAX_TOP_LOGPROBS", "SEED_MAX", "EngineConfig", "EngineDeadError", "ErrorKind", "FinishReason",
            "GenerationError", "ModelNotServedError", "OverloadedError", "RequestFailedError", "RequestLimits", "SamplingParams", "ServerInfo",
-           "ValidationError", "check", "field_type", "item_type", "kind_of", "request_field", "request_fields", "served_id"]
+           "ValidationError", "check", "field_type", "item_type", "kind_of", "request_field", "request_fields", "served_id", "adapter_id", "resolve", "with_adapters"]

@@ -1,7 +1,7 @@
 """What the server says about itself (/info, /v1/models, TGI's /info): one typed record,
 built by the executor and read by every gateway route."""
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Optional
 
 from .errors import ModelNotServedError
@@ -40,6 +40,8 @@ class ServerInfo:
     state: str = "loaded"  # loaded, loading or unloaded (engine/frontend/lifecycle.py)
     expires_at: Optional[float] = None  # when an idle model unloads (Unix time); None: not due to
     load_seconds: Optional[float] = None  # what its last load took, until its engine was ready
+    adapters: list[str] = field(default_factory=list)  # the LoRA adapters it serves, by name (EngineConfig.lora)
+    adapter: str = ""  # an adapter's own entry (`with_adapters`): its name, the model being its base
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -53,6 +55,28 @@ class ServerInfo:
     def max_concurrent(self) -> int:
         """Requests in flight before the server says 'overloaded': running and waiting."""
         return self.max_running + self.max_waiting
+
+
+def adapter_id(model_id: str, adapter: str) -> str:
+    """The id a LoRA adapter is served under: its base model's id, a colon, its name."""
+    return f"{model_id}:{adapter}"
+
+
+def with_adapters(info: ServerInfo) -> list[ServerInfo]:
+    """The model's entry, then one per LoRA adapter it serves: the base's limits under the adapter's
+    id, as /v1/models and Ollama's /api/tags list them."""
+    return [info, *(replace(info, model_id=adapter_id(info.model_id, name), adapters=[], adapter=name)
+                    for name in info.adapters)]
+
+
+def resolve(name: Optional[str], infos: list[ServerInfo], field_name: str = "model") -> ServerInfo:
+    """The entry (`with_adapters`' entries of the served models) that a request's `model` names:
+    by `served_id`'s rule, or an adapter by its bare name (as vLLM names them)."""
+    for info in infos:
+        if info.adapter and name == info.adapter:
+            return info
+    ids = [info.model_id for info in infos]
+    return infos[ids.index(served_id(name, ids, field_name))]
 
 
 def served_id(name: Optional[str], ids: list[str], field_name: str = "model") -> str:

@@ -107,7 +107,8 @@ def server_info(engine: EngineClient, name: str) -> ServerInfo:
                       kv_window_tokens=stats.get("kv_window_blocks", 0) * BLOCK_SIZE,
                       kv_cache_dtype=info.kv_cache_dtype, prefix_caching=config.prefix_caching,
                       architecture=info.architecture, parameters=info.parameters, weight_bytes=info.weight_bytes,
-                      chat_template_text=_text(getattr(engine.tokenizer, "chat_template", None)))
+                      chat_template_text=_text(getattr(engine.tokenizer, "chat_template", None)),
+                      adapters=list(config.adapters()))
 
 
 def _text(template: Any) -> str:

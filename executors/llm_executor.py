@@ -14,7 +14,7 @@ from typing import Any, AsyncGenerator, Optional, Union  # noqa: UP035 - Jina ne
 from docarray import DocList
 from jina import Executor, requests
 
-from contract import EngineConfig, SamplingParams, served_id, settings
+from contract import EngineConfig, SamplingParams, ValidationError, resolve, settings, with_adapters
 from contract.endpoints import KEEP_ALIVE
 from contract.keep_alive import keep_alive_seconds
 from contract.lifecycle import die_with_parent
@@ -53,6 +53,8 @@ class LLMExecutor(Executor):
         options.setdefault("torch_threads", share_of_cores())
         config = EngineConfig(**options)
         self.model_name = model_name or settings.read("LLM_MODEL_NAME") or served_name(options["model"])
+        if self.model_name in config.validate().adapters():
+            raise ValidationError("lora", f"adapter {self.model_name!r} has the model's own name; name it otherwise")
         self.metrics = Metrics(self.model_name, self.stats_now)
         spare = SpareCore() if config.core_process else None  # started when the model unloads
         self.model = ModelLifecycle(
@@ -136,7 +138,8 @@ class LLMExecutor(Executor):
         """The engine's request, for this executor's model: a request that names another is
         refused (404) rather than answered by the wrong model (the gateway routes by the name)."""
         prompt, params, messages = to_request(doc)
-        params.model = served_id(params.model, [self.model_name])
+        chosen = resolve(params.model, with_adapters(self._info))
+        params.model = chosen.adapter or chosen.model_id  # an adapter by its name, as the engine knows it
         return prompt, params, messages
 
     @requests(on="/stats")

@@ -83,7 +83,7 @@ def convert(model: nn.Module) -> None:
                 setattr(owner, name, ACTIVATIONS[type(child)]())
 
 
-def reference_plan(model: nn.Module, device: torch.device, kv_dtype: torch.dtype) -> plans.Plan:
+def reference_plan(model: nn.Module, device: torch.device, kv_dtype: torch.dtype, lora: bool = False) -> plans.Plan:
     """A stand-in for the loader's `plan`: the model's layers in transformers' modules, with the
     C norms and activations, never the C stack."""
     convert(model)

@@ -151,7 +151,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
     kv_dtype = pick_kv_dtype(config.kv_cache_dtype, model.dtype, int4)
     use_paged_attention(model, kv_dtype)
     adapters = _adapters(model, config, device)
-    chosen = plan(model, device, kv_dtype, lora=adapters is not None)
+    chosen = plan(model, device, kv_dtype, adapters is not None)
     if device.type == "cpu":
         huge_pages.collapse(model)
     log.info("%s", chosen)

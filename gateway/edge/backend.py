@@ -17,7 +17,7 @@ from typing import Any, Optional, TypeVar
 import anyio
 from docarray import DocList
 
-from contract import ErrorKind, ServerInfo, served_id
+from contract import ErrorKind, ServerInfo, resolve
 from contract.endpoints import EMBED, EMBED_INFO, KEEP_ALIVE, MODELS
 from schemas import EmbeddingDocument, ModelOutputDocument, PromptDocument
 
@@ -203,8 +203,7 @@ class Backend:
 
 def model_info(models: list[ServerInfo], name: Optional[str]) -> ServerInfo:
     """The info of the model `name` names, among the served ones (ModelNotServedError: none)."""
-    ids = [m.model_id for m in models]
-    return models[ids.index(served_id(name, ids))]
+    return resolve(name, models)
 
 
 async def close_quietly(gen: AsyncIterator) -> None:

@@ -1,6 +1,5 @@
 """The policies every protocol shares (gateway/mapping/policies.py, inputs.py's stop_list): each
 decided once, the same for every protocol, and written nowhere else."""
-import asyncio
 import dataclasses
 from pathlib import Path
 
@@ -45,16 +44,16 @@ def test_the_default_length_is_half_the_context_within_the_limit():
     assert default_max_tokens(dataclasses.replace(INFO, max_context=120)) == 60
 
 
-def test_the_backend_is_asked_only_when_the_client_gives_no_length():
+async def test_the_backend_is_asked_only_when_the_client_gives_no_length():
     asked: list = []
 
     async def info(model):
         asked.append(model)
         return INFO
 
-    assert asyncio.run(max_tokens_or_default(7, "m", info)) == 7 and asked == []
-    assert asyncio.run(max_tokens_or_default(0, "m", info)) == 0 and asked == []  # 0 is a length (scores a prompt)
-    assert asyncio.run(max_tokens_or_default(None, "m", info)) == 100 and asked == ["m"]
+    assert await max_tokens_or_default(7, "m", info) == 7 and asked == []
+    assert await max_tokens_or_default(0, "m", info) == 0 and asked == []  # 0 is a length (scores a prompt)
+    assert await max_tokens_or_default(None, "m", info) == 100 and asked == ["m"]
 
 
 @pytest.mark.parametrize("stop,kept,dropped", [

@@ -38,14 +38,11 @@ def _token(i: int, finish: Optional[FinishReason] = None) -> ScoredOutput:
                         scores=[i / 10], label="first" if i == 1 else None, steps=100 + i)
 
 
-def test_a_slow_readers_coalesced_tokens_keep_a_new_field_by_its_rule():
-    async def read() -> RequestOutput:
-        stream = RequestStream("r", asyncio.get_running_loop())
-        for i in range(4):  # pushed while the reader sleeps: taken as one chunk
-            stream.push(_token(i, FinishReason.LENGTH if i == 3 else None))
-        return await stream.next_chunk()
-
-    chunk = asyncio.run(read())
+async def test_a_slow_readers_coalesced_tokens_keep_a_new_field_by_its_rule():
+    stream = RequestStream("r", asyncio.get_running_loop())
+    for i in range(4):  # pushed while the reader sleeps: taken as one chunk
+        stream.push(_token(i, FinishReason.LENGTH if i == 3 else None))
+    chunk = await stream.next_chunk()
     assert type(chunk) is ScoredOutput
     assert (chunk.token_ids, chunk.text, chunk.index) == ([10, 11, 12, 13], "t0t1t2t3", 3)
     assert (chunk.scores, chunk.label, chunk.steps) == ([0.0, 0.1, 0.2, 0.3], "first", 103)
