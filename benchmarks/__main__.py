@@ -31,6 +31,7 @@ SUBCOMMANDS = {
     "structured": Subcommand(SERVING, "what JSON-schema constraints cost; a schema corpus compiled", "--structured"),
     "sizes": Subcommand("records.sizes", "this service and llama.cpp at every model size: speed, roofline, memory"),
     "folder": Subcommand("records.folder", "a Hugging Face folder, quantized at load, against its GGUF"),
+    "lora": Subcommand("records.lora", "what a LoRA adapter costs on the default model, one stream and sixteen"),
     "reload": Subcommand("records.reload", "the first token after a keep-alive unload, on `make serve`'s Flow"),
     "engine": Subcommand("kernels.engine_bench", "the engine's micro-benchmarks (`make bench-engine`)"),
     "kernels": Subcommand("kernels.against_torch", "the C kernels against the PyTorch ops they replace"),

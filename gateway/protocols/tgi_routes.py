@@ -256,7 +256,8 @@ def tgi_info(info: ServerInfo) -> dict:
             "max_waiting_tokens": 0, "router": "llm-stream (Jina)", "version": "0.1.0", "sha": None,
             "docker_label": None,
             # beyond TGI's: the KV cache's pool, blocks and dtype, whether prompts reuse cached prefixes, and
-            # the replicas behind the gateway with its router's policy
+            # the replicas behind the gateway with its router's policy, and the LoRA adapters it serves
             "kv_cache_tokens": info.kv_cache_tokens, "kv_block_size": info.kv_block_size,
             "kv_window_tokens": info.kv_window_tokens,
-            "kv_cache_dtype": info.kv_cache_dtype, "prefix_caching": info.prefix_caching, "replicas": info.replicas, "routing": info.routing}
+            "kv_cache_dtype": info.kv_cache_dtype, "prefix_caching": info.prefix_caching, "replicas": info.replicas, "routing": info.routing,
+            "adapters": info.adapters}

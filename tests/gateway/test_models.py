@@ -5,6 +5,9 @@ from dataclasses import replace
 
 import pytest
 
+from contract import with_adapters
+from contract.errors import ModelNotServedError
+from gateway.fleet.models import ModelFleets
 from tests.gateway.fake_upstream import INFO
 
 SECOND = replace(INFO, model_id="second-model", max_context=1024)
@@ -94,3 +97,39 @@ def test_tokenize_and_a_chats_default_length_are_the_named_models(http, fake):
     assert r.status_code == 404 and "second-model" in r.text
     http.post("/v1/chat/completions", json={"model": "second-model", "messages": HI})
     assert fake.sent[-1].max_tokens == 512  # half its context (1024), not the first's limit (100)
+
+
+def test_a_models_lora_adapters_are_listed_and_named_as_models(http, fake):
+    """A model's adapters (EngineConfig.lora) are models of their own in every list, `MODEL:adapter`,
+    and a request names one so or by its bare name."""
+    fake.served = [*with_adapters(replace(INFO, adapters=["sql", "poet"])), SECOND]
+    cards = [c["id"] for c in http.get("/v1/models").json()["data"]]
+    assert cards == ["fake-model", "fake-model:sql", "fake-model:poet", "second-model", "fake-embedder"]
+    assert "fake-model:sql" in [m["name"] for m in http.get("/api/tags").json()["models"]]
+    for name in ("fake-model:sql", "sql"):
+        r = http.post("/v1/chat/completions", json={"messages": HI, "model": name})
+        assert r.status_code == 200, r.text
+    r = http.post("/v1/chat/completions", json={"messages": HI, "model": "fake-model:nope"})
+    assert r.status_code == 404 and "fake-model:sql" in r.text
+
+
+async def test_the_gateway_routes_an_adapter_to_its_models_fleet():
+    class Fleet:
+        def __init__(self, info):
+            self.info = info
+
+        async def one(self, endpoint):
+            return self.info.to_json()
+
+        async def unary(self, endpoint):
+            return self.info.to_json()
+
+    first, second = Fleet(replace(INFO, adapters=["sql"])), Fleet(replace(SECOND, adapters=["sql"]))
+    fleets = ModelFleets([first, second])
+    assert await fleets.find("second-model:sql") == (second, "second-model:sql")
+    assert await fleets.find("sql") == (first, "fake-model:sql")  # a bare name: the first model that has it
+    assert await fleets.find("fake-model") == (first, "fake-model")
+    with pytest.raises(ModelNotServedError):
+        await fleets.find("third:sql")
+    assert [i["model_id"] for i in await fleets.infos()] == ["fake-model", "fake-model:sql", "second-model",
+                                                               "second-model:sql"]

@@ -8,41 +8,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from contract import EngineConfig, SamplingParams, ValidationError
 from engine.model.loader import load_model
 from engine.model.lora import LoraLinear
+from testing import lora_adapters
 from tests.unit.test_batching import collect, mixed_requests
-
-# two adapters of other ranks and targets; b is rsLoRA, scaled by alpha / sqrt(r)
-ADAPTERS = {"a": {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj"]},
-            "b": {"r": 2, "lora_alpha": 4, "target_modules": ["k_proj", "o_proj", "gate_proj", "up_proj"],
-                  "use_rslora": True}}
 
 
 @pytest.fixture(scope="module")
 def adapters(llama_model, tmp_path_factory) -> dict[str, Path]:
-    """Each adapter's PEFT folder (random A and B: PEFT's own start has B = 0, which adds nothing),
-    and beside it, as `NAME-merged`, the base model with it merged in by PEFT."""
-    root = tmp_path_factory.mktemp("lora")
-    folders = {}
-    for seed, (name, options) in enumerate(ADAPTERS.items()):
-        torch.manual_seed(seed + 1)
-        base = AutoModelForCausalLM.from_pretrained(llama_model, dtype=torch.float32)
-        peft_model = get_peft_model(base, LoraConfig(init_lora_weights=False, **options))
-        peft_model.save_pretrained(root / name)
-        base = AutoModelForCausalLM.from_pretrained(llama_model, dtype=torch.float32)
-        merged = PeftModel.from_pretrained(base, root / name).merge_and_unload()
-        merged.save_pretrained(root / f"{name}-merged")
-        AutoTokenizer.from_pretrained(llama_model).save_pretrained(root / f"{name}-merged")
-        folders[name] = root / name
-    return folders
-
-
-def _lora(adapters: dict[str, Path]) -> str:
-    return ",".join(f"{name}={path}" for name, path in adapters.items())
+    return lora_adapters.make(llama_model, tmp_path_factory.mktemp("lora"))
 
 
 # 61 tokens: its first three blocks are cached for the next request that starts with them
@@ -52,24 +28,24 @@ PROMPT = ("the quick brown fox jumps over a lazy dog while streams of tokens flo
 
 async def test_each_adapter_answers_as_its_merged_model_and_the_base_as_itself(make_engine, llama_model, adapters):
     """One after another with the same prompt: a prompt's cached blocks are never another adapter's."""
-    served = make_engine(llama_model, lora=_lora(adapters), max_prefill_tokens=16)
+    served = make_engine(llama_model, lora=lora_adapters.spec(adapters), max_prefill_tokens=16)
     params = {name: SamplingParams(max_tokens=16, ignore_eos=True, model=name) for name in (None, "a", "b")}
     answers = {name: (await collect(served, PROMPT, p))[0] for name, p in params.items()}
     expected = {None: (await collect(make_engine(llama_model), PROMPT, params[None]))[0]}
     for name, folder in adapters.items():
-        merged = make_engine(str(folder.parent / f"{name}-merged"))
+        merged = make_engine(str(lora_adapters.merged(folder)))
         expected[name] = (await collect(merged, PROMPT, SamplingParams(max_tokens=16, ignore_eos=True)))[0]
     assert answers == expected
     assert len({tuple(a) for a in answers.values()}) == 3  # the adapters change the answers
 
 
 def test_an_adapters_logits_are_its_merged_models_within_float_rounding(llama_model, adapters):
-    loaded = load_model(EngineConfig(model=llama_model, lora=_lora(adapters)))
+    loaded = load_model(EngineConfig(model=llama_model, lora=lora_adapters.spec(adapters)))
     assert loaded.lora is not None and "LoRA adapters" in loaded.plan.why
     assert sum(isinstance(m, LoraLinear) for m in loaded.model.modules()) == 2 * 7  # a's 3 and b's 4 per layer
     ids = torch.tensor([[5, 17, 42, 9, 28, 3, 11]])
-    for index, name in enumerate(ADAPTERS):
-        merged = load_model(EngineConfig(model=str(adapters[name].parent / f"{name}-merged")))
+    for index, name in enumerate(lora_adapters.ADAPTERS):
+        merged = load_model(EngineConfig(model=str(lora_adapters.merged(adapters[name]))))
         loaded.lora.selection.choose([index], [ids.shape[1]])
         with torch.no_grad():
             ours, theirs = loaded.model(ids).logits, merged.model(ids).logits
@@ -79,7 +55,7 @@ def test_an_adapters_logits_are_its_merged_models_within_float_rounding(llama_mo
 
 
 async def test_a_rows_tokens_do_not_depend_on_its_neighbours_adapters(make_engine, llama_model, adapters):
-    engine = make_engine(llama_model, lora=_lora(adapters), max_prefill_tokens=16)
+    engine = make_engine(llama_model, lora=lora_adapters.spec(adapters), max_prefill_tokens=16)
     for sample in (False, True):
         requests = mixed_requests(12, seed=5, sample=sample)
         for i, (_, params) in enumerate(requests):
