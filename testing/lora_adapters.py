@@ -27,6 +27,16 @@ def make(base: str, root: Path) -> dict[str, Path]:
     return folders
 
 
+def one(base: str, folder: Path, rank: int = 4) -> Path:
+    """A random adapter of `rank` on every attention projection of `base`, at `folder`."""
+    torch.manual_seed(rank)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+                        init_lora_weights=False)
+    get_peft_model(model, config).save_pretrained(folder)
+    return folder
+
+
 def merged(folder: Path) -> Path:
     """Where the base model with the adapter of `folder` merged in is."""
     return folder.parent / f"{folder.name}-merged"

@@ -15,6 +15,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
+    AutoTokenizer,
     GPT2Config,
     GPT2LMHeadModel,
     LlamaConfig,
@@ -167,6 +168,25 @@ def build(path: str | Path, style: str = "gpt2", size: str = "tiny", seed: int =
         _snap_to_four_bits(model)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
+    return path
+
+
+def smol_shaped(path: str | Path, tokenizer_source: str, seed: int = 0) -> Path:
+    """A small random Llama over another model's tokenizer (the default model's: SmolLM2's, a
+    byte-level BPE that llama.cpp knows), as bf16 safetensors, as Hugging Face publishes models; its
+    embeddings tied to the output layer, as SmolLM2's."""
+    import shutil
+    path = Path(path)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_source)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         rope_theta=100000.0, tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(seed)
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(path)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (Path(tokenizer_source) / name).exists():
+            shutil.copy(Path(tokenizer_source) / name, path / name)
     return path
 
 

@@ -7,7 +7,9 @@ import importlib.util
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -90,13 +92,17 @@ def models_dir(tmp_path_factory) -> Path:
 def shared_build(path: Path, *args, **kwargs) -> str:
     """testing.toy_models.build, once per path: the first worker to ask builds it, the others wait
     for it and take it as built."""
-    from filelock import FileLock
-
     from testing.toy_models import build
+    return made_once(path, lambda folder: build(folder, *args, **kwargs))
+
+
+def made_once(path: Path, make: Callable[[Path], Any]) -> str:
+    """`make(path)` once per path, for every xdist worker of the run (see shared_build)."""
+    from filelock import FileLock
     with FileLock(str(path) + ".lock"):
         done = path / ".built"
         if not done.exists():
-            build(path, *args, **kwargs)
+            make(path)
             done.touch()
     return str(path)
 
@@ -179,6 +185,21 @@ def gguf_model() -> str:
     if not Path(path).is_file():
         pytest.fail(f"LLM_TEST_GGUF={path} is no file: run `make gemma`")
     return str(Path(path).resolve())
+
+
+@pytest.fixture(scope="session")
+def bf16_smol(real_model, models_dir) -> str:
+    """A small random Llama over the default model's tokenizer (SmolLM2's, which llama.cpp knows), as
+    bf16 safetensors: a folder as Hugging Face publishes one, quantized at load."""
+    from testing.toy_models import smol_shaped
+    return made_once(models_dir / "smol-bf16", lambda folder: smol_shaped(folder, real_model))
+
+
+@pytest.fixture(scope="session")
+def default_adapter(real_model, models_dir) -> str:
+    """A random LoRA adapter of the default model (PEFT's folder)."""
+    from testing.lora_adapters import one
+    return made_once(models_dir / "default-adapter", lambda folder: one(real_model, folder))
 
 
 @pytest.fixture(scope="session")

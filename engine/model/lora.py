@@ -42,6 +42,7 @@ class Selection:
     forward, such as the start-up probe's)."""
 
     groups: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+    whole: int = -1  # the adapter of every token of the step, where one has them all (-1: none has)
 
     def choose(self, adapters: list[int], tokens: list[int]) -> None:
         """adapters: each row's adapter index (-1: the base); tokens: each row's tokens in the step."""
@@ -52,6 +53,8 @@ class Selection:
                 places.setdefault(adapter, []).extend(range(at, at + count))
             at += count
         self.groups = [(adapter, torch.tensor(rows)) for adapter, rows in places.items()]
+        only = next(iter(places)) if len(places) == 1 else -1
+        self.whole = only if only >= 0 and len(places[only]) == at else -1
 
 
 class LoraLinear(nn.Module):
@@ -72,6 +75,9 @@ class LoraLinear(nn.Module):
         y = self.base(x)
         if not self.selection.groups:
             return y
+        whole = self.selection.whole
+        if whole >= 0:  # every token's: no rows to pick (the same sums, y + delta, as below)
+            return y + self.ups[whole](self.downs[whole](x)) if self.touched[whole] else y
         rows, out = x.reshape(-1, self.in_features), y.reshape(-1, self.out_features).clone()
         for adapter, places in self.selection.groups:
             if self.touched[adapter]:

@@ -54,6 +54,7 @@ class Service:
     line: str
     then: tuple[str, ...] = ()
     model: str = ""
+    adapter: str = ""  # the fixture that stands in for /path/to/peft-adapter
 
 
 QUICK_START = Service(readme_line("make serve "), then=(readme_line("curl http://localhost:12346/v1/chat/completions"),
@@ -62,16 +63,20 @@ TWO_MODELS = Service(readme_line("LLM_MODELS="), then=(readme_line("curl localho
 OTHER_MODELS = [
     Service(readme_line("LLM_MODEL=/path/to/local/model make serve"), model="gpt2_model"),
     Service(readme_line("LLM_MODEL=/path/to/model.Q4_K_M.gguf make serve"), model="default_gguf"),
+    Service(readme_line("LLM_MODEL=/path/to/hf-folder make serve"), model="bf16_smol"),
     Service(readme_line("LLM_MODEL_NAME=my-model make serve"), model="gpt2_model"),
     Service(readme_line("LLM_GRPC_PORT=50051 LLM_HTTP_PORT=8080 make serve"), model="gpt2_model"),
     Service(readme_line("make toy-model serve LLM_MODEL=models/tiny-gpt2")),
 ]
+ADAPTER = Service(readme_line("LLM_LORA="), adapter="default_adapter")
+QUANTIZE = readme_line(".venv/bin/python -m engine.quantize")
 
 
 def test_every_shell_line_of_the_documents_is_run_here():
     assert shell_lines("README.md") and shell_lines("docs/models.md")
-    covered = [s.line for s in (QUICK_START, TWO_MODELS, *OTHER_MODELS)] + [t for s in (QUICK_START, TWO_MODELS) for t in s.then]
-    covered += MAKE_TARGETS
+    covered = [s.line for s in (QUICK_START, TWO_MODELS, ADAPTER, *OTHER_MODELS)] + [t for s in (QUICK_START, TWO_MODELS)
+                                                                                  for t in s.then]
+    covered += MAKE_TARGETS + [QUANTIZE]
     assert sorted(covered) == README_LINES
 
 
@@ -86,17 +91,17 @@ def test_the_test_targets_resolve(line):
 class Started:
     """The line running in a shell of its own process group, its ports free ones."""
 
-    def __init__(self, service: Service, model: str, tmp: Path):
+    def __init__(self, service: Service, model: str, tmp: Path, adapter: str = ""):
         self.mark, self.grpc, self.http = uuid.uuid4().hex, free_port(), free_port()
-        line = service.line
-        for standin in ("/path/to/local/model", "/path/to/model.Q4_K_M.gguf"):
+        line = service.line.replace("/path/to/peft-adapter", adapter)
+        for standin in ("/path/to/local/model", "/path/to/model.Q4_K_M.gguf", "/path/to/hf-folder"):
             line = line.replace(standin, model)
         self.line = self.ports(line)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_MODEL", "LLM_REPLICAS", "LLM_GRPC", "LLM_HTTP"))}
         env.update(LLM_TEST_MARK=self.mark, LLM_GRPC_PORT=str(self.grpc), LLM_HTTP_PORT=str(self.http))
         if service.model:
             env.update(LLM_MODEL=model, LLM_EMBEDDING_MODEL="")
-        elif "tiny" in line:
+        elif "tiny" in line or service.adapter:
             env.update(LLM_EMBEDDING_MODEL="")
         self.log = tmp / f"{self.mark}.log"
         with open(self.log, "wb") as log:
@@ -151,9 +156,9 @@ class Started:
         return service_processes(self.mark)
 
 
-def run(service: Service, model: str, tmp: Path, check) -> None:
+def run(service: Service, model: str, tmp: Path, check, adapter: str = "") -> None:
     """Start the line, check what it serves, stop it: nothing of it may be left."""
-    started = Started(service, model, tmp)
+    started = Started(service, model, tmp, adapter)
     try:
         check(started, started.models())
     finally:
@@ -197,3 +202,26 @@ def test_each_other_model_line_serves(service, request, tmp_path):
         with urllib.request.urlopen(post, timeout=60) as r:
             assert json.load(r)["usage"]["completion_tokens"] == 4
     run(service, model, tmp_path, check)
+
+
+def _completes(started: Started, model: str) -> None:
+    body = json.dumps({"model": model, "prompt": "Hello", "max_tokens": 4, "temperature": 0}).encode()
+    post = urllib.request.Request(f"http://127.0.0.1:{started.http}/v1/completions", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(post, timeout=60) as r:
+        assert json.load(r)["usage"]["completion_tokens"] == 4
+
+
+def test_the_adapter_line_serves_the_adapter_beside_the_model(real_model, default_adapter, tmp_path):
+    def check(started: Started, ids: list[str]) -> None:
+        assert ids == ["SmolLM2-135M-Instruct", "SmolLM2-135M-Instruct:sql"]
+        _completes(started, "SmolLM2-135M-Instruct:sql")
+    run(ADAPTER, "", tmp_path, check, default_adapter)
+
+
+def test_the_quantize_line_writes_a_gguf_this_service_reads(bf16_smol, tmp_path):
+    line = QUANTIZE.replace("/path/to/hf-folder", bf16_smol).replace("model.Q8_0.gguf", str(tmp_path / "model.Q8_0.gguf"))
+    env = {**os.environ, "LLM_QUANT_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run(["bash", "-c", line], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    written = json.loads(done.stdout.strip().splitlines()[-1])
+    assert written["type"] == "q8_0" and (tmp_path / "model.Q8_0.gguf").stat().st_size == written["bytes"]

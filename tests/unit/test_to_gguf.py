@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFReader
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from contract import EngineConfig
 from engine.model import gguf_file, gguf_native
@@ -23,25 +22,6 @@ pytestmark = pytest.mark.skipif(not gguf_native.servable(), reason="the C kernel
 
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA_SERVER = ROOT / "benchmarks" / ".llama.cpp" / "llama-server"  # `make llama-cpp` builds it
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
-
-
-@pytest.fixture(scope="module")
-def smol_shaped(real_model, tmp_path_factory) -> str:
-    """A small random Llama over the default model's tokenizer (SmolLM2's, a byte-level BPE that
-    llama.cpp knows), as bf16 safetensors; its embeddings tied to the output layer, as SmolLM2's."""
-    folder = tmp_path_factory.mktemp("smol") / "model"
-    tokenizer = AutoTokenizer.from_pretrained(real_model)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         rope_theta=100000.0, tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id)
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
-    for name in TOKENIZER_FILES:
-        if (Path(real_model) / name).exists():
-            shutil.copy(Path(real_model) / name, folder / name)
-    return str(folder)
 
 
 @pytest.fixture
@@ -50,8 +30,8 @@ def cache(tmp_path, monkeypatch) -> Path:
     return tmp_path / "cache"
 
 
-def test_the_file_holds_llamas_names_metadata_and_tokenizer(smol_shaped, cache, tmp_path):
-    out = write(smol_shaped, tmp_path / "m.gguf", GGMLQuantizationType.Q8_0)
+def test_the_file_holds_llamas_names_metadata_and_tokenizer(bf16_smol, cache, tmp_path):
+    out = write(bf16_smol, tmp_path / "m.gguf", GGMLQuantizationType.Q8_0)
     reader = GGUFReader(out)
     fields = {name: field.contents() for name, field in reader.fields.items()
               if name.startswith(("general.architecture", "llama.", "tokenizer.ggml.pre", "tokenizer.ggml.model",
@@ -67,10 +47,10 @@ def test_the_file_holds_llamas_names_metadata_and_tokenizer(smol_shaped, cache, 
     assert len(tensors) == 1 + 2 * 9 + 1
 
 
-def test_this_service_serves_the_file_with_the_bits_it_serves_the_folder_with(smol_shaped, cache, tmp_path):
+def test_this_service_serves_the_file_with_the_bits_it_serves_the_folder_with(bf16_smol, cache, tmp_path):
     """The q and k rows go into llama.cpp's order in the file and come back out of it on load."""
-    out = write(smol_shaped, tmp_path / "m.gguf", GGMLQuantizationType.Q8_0)
-    folder, file = load_model(EngineConfig(model=smol_shaped)), load_model(EngineConfig(model=str(out)))
+    out = write(bf16_smol, tmp_path / "m.gguf", GGMLQuantizationType.Q8_0)
+    folder, file = load_model(EngineConfig(model=bf16_smol)), load_model(EngineConfig(model=str(out)))
     ids = torch.tensor([[1, 504, 3458, 282, 4649, 314, 2]])
     with torch.no_grad():
         assert torch.equal(folder.model(ids).logits, file.model(ids).logits)
@@ -108,8 +88,8 @@ def _wait_healthy(server: ServerProcess, url: str, timeout: float = 60.0) -> Non
 
 
 @pytest.mark.skipif(not LLAMA_SERVER.exists(), reason="llama.cpp's server is not built (make llama-cpp)")
-def test_llama_cpps_server_loads_the_file_and_answers(smol_shaped, cache, tmp_path):
-    out = write(smol_shaped, tmp_path / "m.gguf", GGMLQuantizationType.Q8_0)
+def test_llama_cpps_server_loads_the_file_and_answers(bf16_smol, cache, tmp_path):
+    out = write(bf16_smol, tmp_path / "m.gguf", GGMLQuantizationType.Q8_0)
     port = free_port()
     server = ServerProcess([str(LLAMA_SERVER), "-m", str(out), "--port", str(port), "-t", "2", "-c", "256"],
                            tmp_path / "llama-server.log", {**os.environ, "LD_LIBRARY_PATH": str(LLAMA_SERVER.parent)})
