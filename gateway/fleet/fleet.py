@@ -76,10 +76,10 @@ class Fleet:
                 replica.lost()
                 tried.add(replica)
 
-    async def keys(self, data: Any) -> list[int]:
-        """The request's prefix-cache keys, once the tokenizer came from a replica (requests that
-        come meanwhile wait for it); [] with one replica, round robin, or no tokenizer (routing
-        then goes on load alone)."""
+    async def keys(self, data: Any, adapter: Optional[str] = None) -> list[int]:
+        """The request's prefix-cache keys (a LoRA adapter's own: `adapter_root`), once the tokenizer
+        came from a replica (requests that come meanwhile wait for it); [] with one replica, round
+        robin, or no tokenizer (routing then goes on load alone)."""
         if len(self.replicas) < 2 or self.router.policy is not Policy.CACHE_AWARE:
             return []
         self._fetch_keys()
@@ -92,7 +92,7 @@ class Fleet:
             return []
         prompt = data["prompt"].text if "prompt" in data else ""
         messages = data["messages"].text if "messages" in data else ""
-        return keys.keys(prompt, messages)
+        return keys.keys(prompt, messages, adapter)
 
     def _fetch_keys(self) -> None:
         async def fetch() -> PrefixKeys:

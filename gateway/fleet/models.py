@@ -31,14 +31,16 @@ class ModelFleets:
             self._infos[i] = ServerInfo.from_json(answer)
         return [self._infos[i] for i in range(len(self.fleets))]
 
-    async def find(self, name: Optional[str]) -> tuple[Fleet, Optional[str]]:
-        """(the fleet that serves `name`, the model's or adapter's id); the first fleet, and no id,
-        for no name (one model needs no /info for that); ModelNotServedError for a name none serves."""
+    async def find(self, name: Optional[str]) -> tuple[Fleet, Optional[str], Optional[str]]:
+        """(the fleet that serves `name`, the model's or adapter's id, the adapter's name or None);
+        the first fleet, and no id, for no name (one model needs no /info for that);
+        ModelNotServedError for a name none serves."""
         if not name:
-            return self.fleets[0], None
+            return self.fleets[0], None, None
         entries = [(i, entry) for i, info in enumerate(await self._served()) for entry in with_adapters(info)]
         chosen = resolve(name, [entry for _, entry in entries])
-        return self.fleets[next(i for i, entry in entries if entry is chosen)], chosen.model_id
+        fleet = self.fleets[next(i for i, entry in entries if entry is chosen)]
+        return fleet, chosen.model_id, chosen.adapter or None
 
     async def unary(self, endpoint: str) -> Optional[str]:
         """/stats and /metrics for every model (the first's stats at the top, each model's under

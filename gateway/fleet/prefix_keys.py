@@ -18,7 +18,7 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
-from contract.blocks import chain_hashes
+from contract.blocks import adapter_root, chain_hashes
 
 
 @dataclass(frozen=True)
@@ -60,14 +60,15 @@ class PrefixKeys:
         first = self.tokenizer.encode("a").ids[:1]
         self.strip_bos = bos if bos and first and first[0] == self.tokenizer.token_to_id(bos) else None
 
-    def keys(self, prompt: str, messages: str) -> list[int]:
-        """The keys of the prompt's full blocks; [] where it cannot say (the engine will refuse
-        the request, or the messages are not what a chat expects)."""
+    def keys(self, prompt: str, messages: str, adapter: Optional[str] = None) -> list[int]:
+        """The keys of the prompt's full blocks, as the engine keys them for the base model or
+        `adapter`; [] where it cannot say (the engine will refuse the request, or the messages are
+        not what a chat expects)."""
         try:
             text = self._chat(json.loads(messages)) if messages else prompt
         except (TemplateError, ValueError, TypeError, KeyError):
             return []
-        return chain_hashes(self.tokenizer.encode(text).ids, None, self.spec.block_size) if text else []
+        return chain_hashes(self.tokenizer.encode(text).ids, adapter_root(adapter), self.spec.block_size) if text else []
 
     def _chat(self, messages: list[dict[str, Any]]) -> str:
         turns = [{"role": m["role"], "content": _text(m.get("content"))} for m in messages]

@@ -128,7 +128,7 @@ class RoutingStreamer:
     async def rpc_stream_doc(self, request: SingleDocumentRequest, **kwargs: Any) -> AsyncIterator[Any]:
         data = request.proto.document.data
         try:
-            fleet, model_id = await self.models.find(_model(data))
+            fleet, model_id, adapter = await self.models.find(_model(data))
         except ModelNotServedError as exc:
             yield _refusal(exc)
             return
@@ -136,7 +136,7 @@ class RoutingStreamer:
             data["model"].text = model_id  # as the executor knows it (Ollama's name has a tag)
         draw_seed(request)
         migration, current = Migration(request), request
-        keys = await fleet.keys(data)
+        keys = await fleet.keys(data, adapter)
         tried: set = set()
         while True:
             replica = await fleet.pick(keys, frozenset(tried))

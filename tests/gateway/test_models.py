@@ -126,9 +126,9 @@ async def test_the_gateway_routes_an_adapter_to_its_models_fleet():
 
     first, second = Fleet(replace(INFO, adapters=["sql"])), Fleet(replace(SECOND, adapters=["sql"]))
     fleets = ModelFleets([first, second])
-    assert await fleets.find("second-model:sql") == (second, "second-model:sql")
-    assert await fleets.find("sql") == (first, "fake-model:sql")  # a bare name: the first model that has it
-    assert await fleets.find("fake-model") == (first, "fake-model")
+    assert await fleets.find("second-model:sql") == (second, "second-model:sql", "sql")
+    assert await fleets.find("sql") == (first, "fake-model:sql", "sql")  # a bare name: the first model that has it
+    assert await fleets.find("fake-model") == (first, "fake-model", None)
     with pytest.raises(ModelNotServedError):
         await fleets.find("third:sql")
     assert [i["model_id"] for i in await fleets.infos()] == ["fake-model", "fake-model:sql", "second-model",

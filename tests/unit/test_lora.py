@@ -12,6 +12,7 @@ import torch
 from contract import EngineConfig, SamplingParams, ValidationError
 from engine.model.loader import load_model
 from engine.model.lora import LoraLinear
+from gateway.fleet.prefix_keys import PrefixKeys, TokenizerSpec
 from testing import lora_adapters
 from tests.unit.test_batching import collect, mixed_requests
 
@@ -77,3 +78,16 @@ def test_a_malformed_adapter_stops_the_load_naming_it(llama_model, gpt2_model, a
         with pytest.raises(ValidationError) as err:
             EngineConfig(model=llama_model, lora=lora).validate()
         assert err.value.field == "lora"
+
+
+async def test_the_routers_prefix_keys_of_an_adapters_prompt_are_the_engines(make_engine, llama_model, adapters):
+    """The gateway's router predicts where a prompt's blocks are cached by keying them as the engine
+    does: an adapter's from its own root, so that its requests go where its blocks are."""
+    engine = make_engine(llama_model, lora=lora_adapters.spec(adapters), max_prefill_tokens=16)
+    await collect(engine, PROMPT, SamplingParams(max_tokens=2, model="a"))
+    router = PrefixKeys(TokenizerSpec.from_json(json.dumps({
+        "tokenizer": engine.tokenizer.backend_tokenizer.to_str(), "chat_template": None, "special_tokens": {},
+        "block_size": engine.core.kv.block_size})))
+    predicted = router.keys(PROMPT, "", "a")
+    assert len(predicted) == 3 and set(predicted) <= set(engine.core.kv.blocks.cached)  # where the engine keeps them
+    assert set(router.keys(PROMPT, "", None)).isdisjoint(engine.core.kv.blocks.cached)  # the base's are other keys
