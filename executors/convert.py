@@ -21,9 +21,10 @@ def to_request(doc: PromptDocument) -> tuple[Union[str, list[int]], SamplingPara
     return list(doc.prompt_token_ids) or doc.prompt, params, doc.messages or None
 
 
-def to_document(out: RequestOutput, generated_text: str) -> ModelOutputDocument:
-    """One streamed document (or a whole answer): `generated_text` is all text so far."""
-    return ModelOutputDocument(generated_text=generated_text, **document_fields(out))
+def to_document(out: RequestOutput, generated_text: str, load_seconds: Optional[float] = None) -> ModelOutputDocument:
+    """One streamed document (or a whole answer): `generated_text` is all text so far;
+    `load_seconds`, how long the request waited for its model to load (None: it did not)."""
+    return ModelOutputDocument(generated_text=generated_text, load_seconds=load_seconds, **document_fields(out))
 
 
 def document_fields(out: RequestOutput, declared: tuple[OutputField, ...] = OUTPUT_FIELDS) -> dict[str, Any]:

@@ -100,10 +100,10 @@ class LLMExecutor(Executor):
         texts: dict[int, str] = {}  # each answer's text so far (n > 1: interleaved)
         try:
             request = self._request(doc)
-            async with self.model.using(request[1].keep_alive) as engine:
-                async for out in await engine.open(*request):
+            async with self.model.lease(request[1].keep_alive) as held:
+                async for out in await held.engine.open(*request):
                     texts[out.choice] = texts.get(out.choice, "") + out.text
-                    yield to_document(out, texts[out.choice])
+                    yield to_document(out, texts[out.choice], held.load_wait_s)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a final error document
             yield error_document(exc, "".join(texts.values()) if len(texts) < 2 else "")
 
@@ -117,11 +117,11 @@ class LLMExecutor(Executor):
     async def _complete(self, doc: PromptDocument) -> list[ModelOutputDocument]:
         try:
             request = self._request(doc)
-            async with self.model.using(request[1].keep_alive) as engine:
-                outs = await engine.complete(*request)
+            async with self.model.lease(request[1].keep_alive) as held:
+                outs = await held.engine.complete(*request)
         except Exception as exc:  # noqa: BLE001
             return [error_document(exc)]
-        return [to_document(out, out.text) for out in outs]
+        return [to_document(out, out.text, held.load_wait_s) for out in outs]
 
     def _request(self, doc: PromptDocument) -> tuple[Union[str, list[int]], SamplingParams, Optional[str], str]:
         """The engine's request, whose generation ends with the task serving it: when the

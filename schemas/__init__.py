@@ -229,6 +229,9 @@ OUTPUT_FIELDS: tuple[OutputField, ...] = (
     # when a stop sequence ended the answer: which one
     OutputField("stop_sequence", Optional[str], None, "stop_sequence", shown=Shown.LAST),
     OutputField("seed", Optional[Seed], None, "seed", shown=Shown.LAST),  # when sampling
+    # the executor's: how long the request waited for its model to load (Ollama's load_duration); none: it
+    # was loaded
+    OutputField("load_seconds", Optional[float], None),
     OutputField("error", Optional[str]),  # set on a final error document
     OutputField("error_type", Optional[str]),  # validation | overloaded | unprocessable | generation
     OutputField("error_field", Optional[str]),  # the request field a validation error is about

@@ -24,6 +24,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Optional
 
 from contract import EngineDeadError
@@ -33,6 +34,14 @@ from .async_engine import EngineClient
 from .spare import SpareCore
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One request's hold on the loaded model."""
+
+    engine: EngineClient
+    load_wait_s: Optional[float]  # how long it waited for the model to load; None: it was loaded
 
 
 class ModelState(enum.StrEnum):
@@ -78,10 +87,18 @@ class ModelLifecycle:
     @asynccontextmanager
     async def using(self, keep_alive: Optional[float] = None) -> AsyncIterator[EngineClient]:
         """The loaded engine for one request; its end sets the model's expiry from `keep_alive`."""
+        async with self.lease(keep_alive) as held:
+            yield held.engine
+
+    @asynccontextmanager
+    async def lease(self, keep_alive: Optional[float] = None) -> AsyncIterator["Lease"]:
+        """As `using`, with how long this request waited for the model to load (Ollama's load_duration)."""
         self._in_flight += 1
         self._cancel_timer()
         try:
-            yield await self._ensure_loaded()
+            started = time.monotonic()
+            engine, waited = await self._ensure_loaded()
+            yield Lease(engine, time.monotonic() - started if waited else None)
         finally:
             self._in_flight -= 1
             self.keep(keep_alive)
@@ -111,8 +128,9 @@ class ModelLifecycle:
         if self.engine is not None:
             self.engine.abort(request_id)
 
-    async def _ensure_loaded(self) -> EngineClient:
-        """The engine, once loaded; a request that waited for a load tells `on_wait` how long."""
+    async def _ensure_loaded(self) -> tuple[EngineClient, bool]:
+        """The engine, once loaded, and whether this request waited for a load (it tells `on_wait`
+        how long)."""
         started = time.monotonic()
         waited = False
         while self.engine is None or self.status is not ModelState.LOADED:
@@ -123,7 +141,7 @@ class ModelLifecycle:
             await asyncio.shield(self._loading)  # leaving, this request leaves the load to run on
         if waited:
             self._on_wait(time.monotonic() - started)
-        return self.engine
+        return self.engine, waited
 
     async def _load(self) -> None:
         """Load the model (after an unload under way), once for every request waiting on it."""

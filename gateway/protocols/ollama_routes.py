@@ -87,10 +87,12 @@ class Ollama(Protocol):
     def final(self, context: OllamaContext, last: ModelOutputDocument, end_ns: int, text: str = "",
               **extra: Any) -> dict[str, Any]:
         first = context.first_ns or end_ns
+        load_ns = round((last.load_seconds or 0.0) * 1e9)  # it waited so long for the model to load
         return {**self.chunk(context, text, **extra), "done": True,
                 "done_reason": "length" if last.finish_reason == "length" else "stop",
-                "total_duration": end_ns - context.started_ns, "load_duration": 0,
-                "prompt_eval_count": last.prompt_tokens or 0, "prompt_eval_duration": first - context.started_ns,
+                "total_duration": end_ns - context.started_ns, "load_duration": load_ns,
+                "prompt_eval_count": last.prompt_tokens or 0,
+                "prompt_eval_duration": max(0, first - context.started_ns - load_ns),
                 "eval_count": last.generated_tokens or 0, "eval_duration": end_ns - first}
 
     async def events(self, parsed: Parsed, docs: AsyncIterator[ModelOutputDocument],

@@ -131,6 +131,18 @@ def test_streamed_lines_join_to_the_whole_answer(http, fake):
     assert (last["done_reason"], last["prompt_eval_count"], last["eval_count"]) == ("stop", 3, 2)
     assert last["total_duration"] >= last["prompt_eval_duration"] + last["eval_duration"] - 1
     assert whole["done_reason"] == "stop" and whole["model"] == NAME
+    assert last["load_duration"] == whole["load_duration"] == 0  # the model was loaded
+
+
+def test_load_duration_is_the_requests_wait_for_its_model_to_load(http, fake):
+    """The executor tells how long a request waited for its model's load (load_seconds), and
+    Ollama's final line gives it, apart from the prompt's evaluation."""
+    fake.script = tokens("Hello", " world")
+    for doc in fake.script:
+        doc.load_seconds = 1.5
+    for answer in (lines(chat(http).text)[-1], chat(http, stream=False).json()):
+        assert answer["load_duration"] == 1_500_000_000
+        assert answer["total_duration"] >= answer["prompt_eval_duration"] + answer["eval_duration"] - 1
 
 
 def test_tool_calls_come_whole_with_their_arguments_as_an_object(http, fake):

@@ -122,3 +122,14 @@ async def test_an_unload_starts_the_spare_off_the_loop_and_the_stop_closes_it():
     assert spare.thread != threading.current_thread().name  # Popen runs on a thread, not on the loop
     model.shutdown()
     assert spare.closed == 1
+
+
+async def test_a_lease_says_how_long_its_request_waited_for_the_load():
+    """What Ollama's load_duration reports: the wait of a request that came while its model was
+    unloaded; none for one that found it loaded."""
+    model = ModelLifecycle(SlowStart(), keep_alive_s=60)
+    async with model.lease() as first:
+        assert first.engine is model.engine and first.load_wait_s is not None and first.load_wait_s >= LOAD_S * 0.9
+    async with model.lease() as second:
+        assert second.engine is model.engine and second.load_wait_s is None
+    model.shutdown()
