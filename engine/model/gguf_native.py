@@ -32,6 +32,8 @@ from .placement import put
 
 log = logging.getLogger(__name__)
 
+ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's per-frequency rotary factors (Llama 3's scaling)
+
 
 def servable() -> bool:
     """Whether quantized tensors can be kept as blocks here (the C kernels are built)."""
@@ -81,6 +83,9 @@ def _fill(model: PreTrainedModel, header: gguf_file.Header, config: Any) -> None
     tied = bool(getattr(config, "tie_word_embeddings", False))
     kept = 0
     for tensor in header.tensors:
+        if tensor.name == ROPE_FREQS:
+            scale_rotary(model, np.asarray(tensor.data, dtype=np.float32))
+            continue
         target, order = target_of(processor, tensor, names)
         if target is None:
             log.info("%s: not a weight of %s; skipped", tensor.name, type(model).__name__)
@@ -101,6 +106,24 @@ def _fill(model: PreTrainedModel, header: gguf_file.Header, config: Any) -> None
     if wanted:
         raise ValueError(f"the GGUF lacks weights the config asks for: {sorted(wanted)[:5]}")
     log.info("GGUF: %d quantized layers kept as the file's blocks", kept)
+
+
+def scale_rotary(model: PreTrainedModel, factors: np.ndarray) -> None:
+    """The file's rotary frequency factors (`rope_freqs`: Llama 3.1's and 3.2's long-context
+    scaling, which llama.cpp's converter writes as one factor per frequency): each rotary
+    embedding's frequencies divided by them, as llama.cpp divides them. transformers' GGUF reader
+    leaves this tensor out, and the model would turn its queries and keys by unscaled angles."""
+    scaled = 0
+    for module in model.modules():
+        for name in ("inv_freq", "original_inv_freq"):
+            frequencies = getattr(module, name, None)
+            if isinstance(frequencies, torch.Tensor) and frequencies.shape == factors.shape:
+                frequencies.div_(torch.from_numpy(factors).to(frequencies.dtype))
+                scaled += name == "inv_freq"
+    if not scaled:
+        raise ValueError(f"{ROPE_FREQS}: {factors.shape[0]} rotary factors, and no rotary embedding of "
+                         f"{type(model).__name__} has that many frequencies")
+    log.info("rotary frequencies divided by the file's %s (%d factors)", ROPE_FREQS, factors.shape[0])
 
 
 def target_of(processor: TensorProcessor, tensor: gguf_file.Tensor, names: dict[str, str]) -> tuple[Optional[str], Optional[np.ndarray]]:

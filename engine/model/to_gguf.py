@@ -15,12 +15,14 @@ What is written, and why that way:
   the pre-tokenizer's rules by a name. The converter finds that name by hashing the tokens of one
   test text, and `PRE_TOKENIZERS` keeps its hashes for the families written here. A tokenizer
   outside them is refused, naming it: a wrong pre-tokenizer would split text differently.
-- What the writer does not carry (rotary scaling, such as Llama 3.1's `llama3`) is refused at once,
-  naming the config field, instead of written wrong.
+- Llama 3.1's and 3.2's rotary scaling (`llama3`) is written as llama.cpp's converter writes it:
+  a `rope_freqs` tensor of one factor per frequency. Other scalings are refused at once, naming
+  the config field, instead of written wrong.
 """
 import hashlib
 import json
 import logging
+import math
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +30,7 @@ from typing import Any
 
 import gguf
 import numpy as np
+import torch
 from gguf import GGMLQuantizationType, LlamaFileType
 from transformers import AutoConfig, AutoTokenizer
 
@@ -76,6 +79,9 @@ def write(source: str, out: Path, qtype: GGMLQuantizationType, trust_remote_code
             if mapped is None:
                 raise ValueError(f"{name}: llama.cpp's {gguf.MODEL_ARCH_NAMES[arch]} has no such tensor")
             writer.add_tensor(f"{mapped}.{suffix}", data, raw_dtype=kind)
+        factors = _rope_factors(config)
+        if factors is not None:
+            writer.add_tensor("rope_freqs.weight", factors, raw_dtype=GGMLQuantizationType.F32)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
@@ -90,8 +96,8 @@ def _architecture(config: Any) -> tuple[gguf.MODEL_ARCH, bool]:
         raise ValueError(f"model_type {config.model_type!r}: GGUF files are written for {', '.join(ARCHITECTURES)}; "
                          f"convert others with llama.cpp's convert_hf_to_gguf.py")
     rope = _rope(config)
-    if (rope.get("rope_type") or rope.get("type")) not in (None, "default"):
-        raise ValueError(f"rope_parameters {rope!r}: rotary scaling is not written here yet; convert with "
+    if (rope.get("rope_type") or rope.get("type")) not in (None, "default", "llama3"):
+        raise ValueError(f"rope_parameters {rope!r}: this rotary scaling is not written here yet; convert with "
                          f"llama.cpp's convert_hf_to_gguf.py")
     return ARCHITECTURES[config.model_type]
 
@@ -103,6 +109,30 @@ def _rope(config: Any) -> dict[str, Any]:
     if "rope_theta" not in rope and getattr(config, "rope_theta", None) is not None:
         rope["rope_theta"] = config.rope_theta
     return rope
+
+
+def _rope_factors(config: Any) -> np.ndarray | None:
+    """Llama 3's rotary scaling as llama.cpp holds it: one factor per frequency (the converter's
+    `generate_extra_tensors`, computed as it computes them); None for no scaling."""
+    rope = _rope(config)
+    if (rope.get("rope_type") or rope.get("type")) != "llama3":
+        return None
+    base = rope.get("rope_theta", 10000.0)
+    dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    frequencies = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    factor, low, high = rope.get("factor", 8.0), rope.get("low_freq_factor", 1.0), rope.get("high_freq_factor", 4.0)
+    context = rope.get("original_max_position_embeddings", 8192)
+    factors = []
+    for frequency in frequencies:
+        wavelength = 2 * math.pi / frequency
+        if wavelength < context / high:
+            factors.append(1)
+        elif wavelength > context / low:
+            factors.append(factor)
+        else:
+            smooth = (context / wavelength - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return torch.tensor(factors, dtype=torch.float32).numpy()
 
 
 def _pre_tokenizer(tokenizer: Any) -> str:

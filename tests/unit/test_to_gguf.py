@@ -7,6 +7,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFReader
@@ -58,6 +59,30 @@ def test_this_service_serves_the_file_with_the_bits_it_serves_the_folder_with(bf
     assert {t.name for t in header.tensors if t.tensor_type.name == "Q8_0"} >= {"blk.0.attn_q.weight", "blk.0.attn_k.weight"}
 
 
+def test_llama_3s_rotary_scaling_goes_into_the_file_and_comes_out_of_it(bf16_smol, cache, tmp_path):
+    """Llama 3.1's and 3.2's `llama3` rotary scaling: the file holds its factors as llama.cpp's
+    converter writes them (`rope_freqs`), and this service serving the file turns queries and keys
+    by the scaled angles, as transformers does for the folder (within float rounding: the two
+    compute the frequencies in other orders)."""
+    scaled = tmp_path / "scaled"
+    shutil.copytree(bf16_smol, scaled, ignore=shutil.ignore_patterns(".built"))
+    config = json.loads((scaled / "config.json").read_text())
+    config["rope_parameters"] = {"rope_type": "llama3", "rope_theta": 100000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+    (scaled / "config.json").write_text(json.dumps(config))
+    out = write(str(scaled), tmp_path / "scaled.gguf", GGMLQuantizationType.Q8_0)
+    factors = next(t for t in gguf_file.read(out).tensors if t.name == "rope_freqs.weight")
+    assert factors.tensor_type.name == "F32" and 1.0 < float(np.asarray(factors.data).max()) <= 8.0
+    folder, file = load_model(EngineConfig(model=str(scaled))), load_model(EngineConfig(model=str(out)))
+    unscaled = load_model(EngineConfig(model=bf16_smol))  # the same weights, turned by unscaled angles
+    positions = torch.arange(200)[None]
+    ids = torch.randint(3, 1000, (1, 200), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours, theirs, plain = (m.model(ids, position_ids=positions).logits for m in (file, folder, unscaled))
+    assert torch.allclose(ours, theirs, atol=1e-3), (ours - theirs).abs().max()
+    assert not torch.allclose(ours, plain, atol=1e-3)
+
+
 def test_what_llama_cpp_would_read_wrong_is_refused_naming_it(real_model, llama_model, gpt2_model, cache, tmp_path):
     with pytest.raises(ValueError, match="model_type 'gpt2'"):
         write(gpt2_model, tmp_path / "a.gguf", GGMLQuantizationType.Q8_0)
@@ -66,10 +91,9 @@ def test_what_llama_cpp_would_read_wrong_is_refused_naming_it(real_model, llama_
     scaled = tmp_path / "scaled"
     shutil.copytree(build(tmp_path / "toy", "llama"), scaled)
     config = json.loads((scaled / "config.json").read_text())
-    config["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                              "original_max_position_embeddings": 8192}
+    config["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8192}
     (scaled / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="rotary scaling is not written here yet"):
+    with pytest.raises(ValueError, match="this rotary scaling is not written here yet"):
         write(str(scaled), tmp_path / "c.gguf", GGMLQuantizationType.Q8_0)
     assert not list(tmp_path.glob("*.gguf*"))
 
