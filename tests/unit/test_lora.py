@@ -28,16 +28,18 @@ PROMPT = ("the quick brown fox jumps over a lazy dog while streams of tokens flo
 
 
 async def test_each_adapter_answers_as_its_merged_model_and_the_base_as_itself(make_engine, llama_model, adapters):
-    """One after another with the same prompt: a prompt's cached blocks are never another adapter's."""
+    """The base and both adapters in one batch, and one after another with the same prompt (a
+    prompt's cached blocks are never another adapter's): each answer is its merged model's."""
     served = make_engine(llama_model, lora=lora_adapters.spec(adapters), max_prefill_tokens=16)
     params = {name: SamplingParams(max_tokens=16, ignore_eos=True, model=name) for name in (None, "a", "b")}
-    answers = {name: (await collect(served, PROMPT, p))[0] for name, p in params.items()}
+    together = await asyncio.gather(*(collect(served, PROMPT, p) for p in params.values()))
+    one_by_one = {name: (await collect(served, PROMPT, p))[0] for name, p in params.items()}
     expected = {None: (await collect(make_engine(llama_model), PROMPT, params[None]))[0]}
     for name, folder in adapters.items():
         merged = make_engine(str(lora_adapters.merged(folder)))
         expected[name] = (await collect(merged, PROMPT, SamplingParams(max_tokens=16, ignore_eos=True)))[0]
-    assert answers == expected
-    assert len({tuple(a) for a in answers.values()}) == 3  # the adapters change the answers
+    assert dict(zip(params, (answer[0] for answer in together), strict=True)) == one_by_one == expected
+    assert len({tuple(a) for a in expected.values()}) == 3  # the adapters change the answers
 
 
 def test_an_adapters_logits_are_its_merged_models_within_float_rounding(llama_model, adapters):
