@@ -107,7 +107,7 @@ _DECLARED = (
     Setting("LLM_DTYPE", str, "auto", "as the `dtype` option (int4, fp32, bf16, fp16)", (EXECUTOR,)),
     Setting("LLM_QUANT", str, "auto", "as the `quant` option: a Hugging Face folder's weights quantized at load",
             (EXECUTOR,),
-            choices=("auto", "none", "q8_0", "q4_0", "q4_1", "q5_0")),
+            choices=("auto", "none", "q8_0", "q4_k_m", "q4_0", "q4_1", "q5_0")),
     Setting("LLM_QUANT_CACHE", str, None, "where a folder's weights, once quantized at load, are kept for the "
             "next start ([models.md](models.md#a-hugging-face-folder))", (ENGINE,),
             shown="`~/.cache/llm-stream/quantized`"),

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
-from gguf import GGMLQuantizationType
 
 from testing.procs import ROOT
 
@@ -106,7 +105,7 @@ def table(result: dict) -> str:
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks folder", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="llama-1b", help="a sized model's name (harness/sized_models.py)")
-    p.add_argument("--quant", default="Q8_0", choices=("Q8_0", "Q4_0"),
+    p.add_argument("--quant", default="Q8_0", choices=("Q8_0", "Q4_K_M", "Q4_0"),
                    help="the GGUF file's type, and the folder's (LLM_QUANT)")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--one-stream-requests", type=int, default=8)
@@ -131,8 +130,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         result["rows"][name] = asyncio.run(measure("this", served, args))
     result["blocks"] = same_blocks(cache, file)
     from engine.model.to_gguf import write
-    result["written"] = same_files(write(str(source), args.out / f"{args.model}-written.gguf",
-                                         GGMLQuantizationType[args.quant]), file)
+    result["written"] = same_files(write(str(source), args.out / f"{args.model}-written.gguf", args.quant.lower()), file)
     (args.out / "results.json").write_text(json.dumps(result, indent=1))
     text = table(result)
     (args.out / "results.md").write_text(text)

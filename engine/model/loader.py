@@ -132,7 +132,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
             log.info("%s is GGUF: its quantized weights kept as the file's blocks", source)
             tokenizer, model, parameters = gguf_native.load(*gguf)
         elif quant is not None:
-            log.info("%s: its weights served as %s blocks (quant: %s)", source, quant.name.lower(), config.quant)
+            log.info("%s: its weights served as %s blocks (quant: %s)", source, quant, config.quant)
             tokenizer, model, parameters = quantize_on_load.load(source, quant, config.trust_remote_code)
             blocks = True
         else:
@@ -158,7 +158,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
     log.info("kernels: %s", "; ".join(kernel_report("int4" if int4 else "fp32", device.type)))
     return LoadedModel(model, tokenizer, device, _max_context(model, tokenizer),
                        _eos_ids(model, tokenizer, config), time.perf_counter() - started, int4, parameters,
-                       kv_dtype, chosen, quant.name.lower() if quant is not None else "", adapters)
+                       kv_dtype, chosen, quant or "", adapters)
 
 
 def _adapters(model: PreTrainedModel, config: EngineConfig, device: torch.device) -> Optional[lora_layers.Lora]:

@@ -3,16 +3,15 @@ embeddings are quantized at load (`quant`, $LLM_QUANT) into GGML blocks, then ke
 as a GGUF file's blocks are (gguf_native.keep): the same C kernels, the same bits on every path.
 
 Why: a folder of bf16 or fp16 weights ran here in fp32, reading four bytes per weight each token:
-a 1.17B Llama-shaped folder made a quarter of its Q8_0 GGUF's speed. The quantizers are the `gguf`
-package's, which follow ggml's reference ones (`quantize_row_q8_0_ref` and the like), so a tensor's
-blocks are the ones llama.cpp's `llama-quantize` writes for that type.
+a 1.17B Llama-shaped folder made a quarter of its Q8_0 GGUF's speed. Which type each weight gets,
+and its quantizer, is quant_mix.py's: llama.cpp's choices and ggml's reference quantizers, so a
+tensor's blocks are the ones llama.cpp's `llama-quantize` writes for that scheme.
 
 `auto` is q8_0 for a folder of 16-bit weights on CPU, and none otherwise. Q8_0 is near-lossless (an
 int8 step per weight, one fp16 scale per 32) and half the bytes of fp16; Hugging Face publishes
 models as bf16 or fp16, so that is what a user's folder holds. A folder of fp32 weights was written
 in fp32 on purpose (an export made to be exact, as the default model's, whose weights are 4-bit
-already and run as int4): it is served as it is unless asked. The 4- and 5-bit types keep the output
-layer (and embeddings tied to it) in Q8_0, as llama.cpp keeps the output layer wider than the rest.
+already and run as int4): it is served as it is unless asked.
 
 The first start writes the blocks to the cache (quant_cache.py); later starts build the model
 empty from its config and place the cached blocks, as a GGUF's are placed, without reading the
@@ -21,35 +20,33 @@ folder's weights.
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from safetensors import safe_open
-from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.initialization import no_init_weights
 
 from contract import EngineConfig, ValidationError
 
 from ..kernels import native
-from . import gguf_native, quant_cache
+from . import gguf_native, quant_cache, quant_mix
 from .gguf_types import split
 from .quant_cache import Stored
+from .quant_mix import Names
 
 log = logging.getLogger(__name__)
 
 _SIXTEEN_BITS = ("F16", "BF16")
-_WIDER = GGMLQuantizationType.Q8_0  # the output layer's type under a 4- or 5-bit type
 _PROGRESS_S = 10.0
 
 
-def pick(config: EngineConfig, source: str, device: torch.device, is_gguf: bool) -> Optional[GGMLQuantizationType]:
-    """The type to quantize `source` into, None for none; a ValidationError naming `quant` for a
-    type asked of a source or machine that cannot take it."""
+def pick(config: EngineConfig, source: str, device: torch.device, is_gguf: bool) -> Optional[str]:
+    """The scheme (quant_mix.SCHEMES) to quantize `source` in, None for none; a ValidationError
+    naming `quant` for a scheme asked of a source or machine that cannot take it."""
     asked = config.quant
     if asked == "none":
         return None
@@ -65,10 +62,10 @@ def pick(config: EngineConfig, source: str, device: torch.device, is_gguf: bool)
             raise ValidationError("quant", f"{asked} needs the C kernels, which could not be built here")
         if not weight_files(Path(source)):
             raise ValidationError("quant", f"{source!r} is no folder of .safetensors weights to quantize")
-        return GGMLQuantizationType[asked.upper()]
+        return asked
     wanted = (not is_gguf and device.type == "cpu" and config.dtype == "auto" and gguf_native.servable()
               and _sixteen_bit(Path(source)))
-    return GGMLQuantizationType.Q8_0 if wanted else None
+    return "q8_0" if wanted else None
 
 
 def weight_files(folder: Path) -> list[Path]:
@@ -88,24 +85,24 @@ def _sixteen_bit(folder: Path) -> bool:
     return False
 
 
-def load(source: str, qtype: GGMLQuantizationType, trust_remote_code: bool) -> tuple[Any, PreTrainedModel, int]:
-    """(tokenizer, model, its weights' count) with the folder's weights as `qtype` blocks: from the
+def load(source: str, scheme: str, trust_remote_code: bool) -> tuple[Any, PreTrainedModel, int]:
+    """(tokenizer, model, its weights' count) with the folder's weights as `scheme`'s blocks: from the
     cache where this folder was quantized before, else quantized now and kept."""
     folder = Path(source)
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
     model = _skeleton(folder, trust_remote_code)
     cache = quant_cache.root()
-    name = quant_cache.key(folder, weight_files(folder), qtype.name, cache)
+    name = quant_cache.key(folder, weight_files(folder), scheme, cache)
     index = quant_cache.entry(cache, name)
     if index is not None:
         started = time.perf_counter()
         _fill(model, quant_cache.read(index))
-        log.info("%s: its %s blocks read from the cache (%s) in %.1f s", folder.name, qtype.name.lower(),
+        log.info("%s: its %s blocks read from the cache (%s) in %.1f s", folder.name, scheme,
                  index["folder"], time.perf_counter() - started)
         return tokenizer, model, int(index["meta"]["parameters"])
     writer = None if cache is None else quant_cache.Writer(cache, name, {"source": str(folder.resolve())})
     try:
-        parameters = _fill(model, _quantized(folder, model, qtype, writer, trust_remote_code))
+        parameters = _fill(model, _quantized(folder, model, scheme, writer, trust_remote_code))
         if writer is not None:
             writer.index["meta"]["parameters"] = parameters
             writer.commit()
@@ -116,16 +113,16 @@ def load(source: str, qtype: GGMLQuantizationType, trust_remote_code: bool) -> t
     return tokenizer, model, parameters
 
 
-def blocks(source: str, qtype: GGMLQuantizationType, trust_remote_code: bool, cache: Path) -> dict[str, Any]:
-    """The cache entry of the folder's weights as `qtype` blocks (its index), quantized into `cache`
+def blocks(source: str, scheme: str, trust_remote_code: bool, cache: Path) -> dict[str, Any]:
+    """The cache entry of the folder's weights as `scheme`'s blocks (its index), quantized into `cache`
     first where it is not there; no model is filled (what writing a GGUF file needs)."""
     folder = Path(source)
-    name = quant_cache.key(folder, weight_files(folder), qtype.name, cache)
+    name = quant_cache.key(folder, weight_files(folder), scheme, cache)
     index = quant_cache.entry(cache, name)
     if index is None:
         writer = quant_cache.Writer(cache, name, {"source": str(folder.resolve())})
         try:
-            tensors = _quantized(folder, _skeleton(folder, trust_remote_code), qtype, writer, trust_remote_code)
+            tensors = _quantized(folder, _skeleton(folder, trust_remote_code), scheme, writer, trust_remote_code)
             writer.index["meta"]["parameters"] = sum(_elements(stored) for stored in tensors)
             writer.commit()
         except BaseException:
@@ -156,7 +153,7 @@ def _fill(model: PreTrainedModel, tensors: Iterator[Stored]) -> int:
     """Place every tensor: blocks as the engine's block layers (the output layer tied to the input
     embedding from the same blocks), values as fp32; returns the count of weights placed. Every
     weight of the model must be filled."""
-    names = _Names.of(model)
+    names = Names.of(model)
     wanted = set(model.state_dict()) - ({names.output} if names.tied else set())
     count = 0
     for stored in tensors:
@@ -177,67 +174,31 @@ def _fill(model: PreTrainedModel, tensors: Iterator[Stored]) -> int:
     return count
 
 
-@dataclass(frozen=True)
-class _Names:
-    """The input embedding's and output layer's weight names, and whether they are one tensor."""
-
-    input: str
-    output: str
-    tied: bool
-
-    @staticmethod
-    def of(model: PreTrainedModel) -> "_Names":
-        found = {id(m): n for n, m in model.named_modules()}
-        output = model.get_output_embeddings()
-        return _Names(f"{found[id(model.get_input_embeddings())]}.weight",
-                      f"{found[id(output)]}.weight" if output is not None else "",
-                      output is not None and bool(getattr(model.config.get_text_config(), "tie_word_embeddings", False)))
-
-
-def _quantized(folder: Path, model: PreTrainedModel, qtype: GGMLQuantizationType,
+def _quantized(folder: Path, model: PreTrainedModel, scheme: str,
                writer: Optional[quant_cache.Writer], trust_remote_code: bool) -> Iterator[Stored]:
-    """The folder's tensors, each Linear weight (and the input embedding) as `qtype` blocks (the
-    output layer's as `_WIDER` under a narrower type), the rest as fp32; each one also goes to the
-    cache's writer."""
-    kinds, names = _kinds(model, qtype), _Names.of(model)
+    """The folder's tensors, those that `quant_mix.kinds` names as its blocks of their type, the rest
+    as fp32; each one also goes to the cache's writer."""
+    kinds, names = quant_mix.kinds(model, scheme, native.DENSE_CHANNELS), Names.of(model)
     source = _Source(folder, model, trust_remote_code)
     started = last = time.perf_counter()
-    for done, (name, tensor) in enumerate(source, 1):
-        if names.tied and name == names.output:
-            continue  # the input embedding's blocks serve it
-        values = tensor.float().numpy()
-        kind = kinds.get(name)
-        fits = kind is not None and values.shape[-1] % GGML_QUANT_SIZES[kind][0] == 0
-        stored = Stored(name, kind.name, quants.quantize(values, kind)) if kind is not None and fits \
-            else Stored(name, "F32", values)
-        if writer is not None:
-            writer.add(stored)
-        yield stored
-        if time.perf_counter() - last > _PROGRESS_S:
-            last = time.perf_counter()
-            log.info("quantizing %s to %s: %d of %d tensors, %.0f s", folder.name, qtype.name.lower(), done,
-                     len(source), last - started)
-    log.info("%s: quantized to %s in %.1f s%s", folder.name, qtype.name.lower(), time.perf_counter() - started,
+    with quant_mix.workers() as pool:
+        for done, (name, tensor) in enumerate(source, 1):
+            if names.tied and name == names.output:
+                continue  # the input embedding's blocks serve it
+            values = tensor.float().numpy()
+            kind = kinds.get(name)
+            fits = kind is not None and values.shape[-1] % GGML_QUANT_SIZES[kind][0] == 0
+            stored = Stored(name, kind.name, quant_mix.quantize(values, kind, pool)) if kind is not None and fits \
+                else Stored(name, "F32", values)
+            if writer is not None:
+                writer.add(stored)
+            yield stored
+            if time.perf_counter() - last > _PROGRESS_S:
+                last = time.perf_counter()
+                log.info("quantizing %s to %s: %d of %d tensors, %.0f s", folder.name, scheme, done, len(source),
+                         last - started)
+    log.info("%s: quantized to %s in %.1f s%s", folder.name, scheme, time.perf_counter() - started,
              "" if writer is None else f"; kept in {writer.final}")
-
-
-def _bits(kind: GGMLQuantizationType) -> float:
-    block, size = GGML_QUANT_SIZES[kind]
-    return size * 8 / block
-
-
-def _kinds(model: PreTrainedModel, qtype: GGMLQuantizationType) -> dict[str, GGMLQuantizationType]:
-    """Which weights become blocks, and of which type: the Linear layers the C kernels take (every
-    output group whole) and the input embedding."""
-    names = _Names.of(model)
-    wide = qtype if _bits(qtype) >= _bits(_WIDER) else _WIDER
-    kinds = {}
-    for name, module in model.named_modules():
-        if type(module) is nn.Linear and module.out_features % native.DENSE_CHANNELS == 0:
-            kinds[f"{name}.weight"] = wide if f"{name}.weight" == names.output else qtype
-    if isinstance(model.get_input_embeddings(), nn.Embedding):
-        kinds[names.input] = wide if names.tied else qtype
-    return kinds
 
 
 class _Source:
@@ -251,7 +212,7 @@ class _Source:
         for path in weight_files(folder):
             with safe_open(path, framework="pt") as f:
                 self.files.update({name: path for name in f.keys()})
-        names = _Names.of(model)
+        names = Names.of(model)
         expected = set(model.state_dict()) - ({names.output} if names.tied else set())
         self.direct = expected <= set(self.files) <= expected | {names.output}
 

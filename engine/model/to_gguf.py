@@ -41,8 +41,8 @@ log = logging.getLogger(__name__)
 # model_type -> (llama.cpp's architecture, whether its q and k rows are permuted)
 ARCHITECTURES = {"llama": (gguf.MODEL_ARCH.LLAMA, True), "mistral": (gguf.MODEL_ARCH.LLAMA, True),
                  "qwen2": (gguf.MODEL_ARCH.QWEN2, False)}
-FILE_TYPES = {GGMLQuantizationType.Q8_0: LlamaFileType.MOSTLY_Q8_0, GGMLQuantizationType.Q4_0: LlamaFileType.MOSTLY_Q4_0,
-              GGMLQuantizationType.Q4_1: LlamaFileType.MOSTLY_Q4_1, GGMLQuantizationType.Q5_0: LlamaFileType.MOSTLY_Q5_0}
+FILE_TYPES = {"q8_0": LlamaFileType.MOSTLY_Q8_0, "q4_k_m": LlamaFileType.MOSTLY_Q4_K_M, "q4_0": LlamaFileType.MOSTLY_Q4_0,
+              "q4_1": LlamaFileType.MOSTLY_Q4_1, "q5_0": LlamaFileType.MOSTLY_Q5_0}  # each quant scheme's
 # llama.cpp's converter's test text (convert_hf_to_gguf.py, get_vocab_base_pre), whose tokens' hash names the
 # pre-tokenizer; and those hashes, for the families written here
 CHECK_TEXT = ('\n \n\n \n\n\n \t \t\t \t\n  \n   \n    \n     \n🚀 (normal) 😶\u200d🌫️ (multiple emojis concatenated) '
@@ -58,8 +58,9 @@ PRE_TOKENIZERS = {
 }
 
 
-def write(source: str, out: Path, qtype: GGMLQuantizationType, trust_remote_code: bool = False) -> Path:
-    """Write the folder `source` as a GGUF file of `qtype` blocks at `out` (whole or not at all)."""
+def write(source: str, out: Path, scheme: str, trust_remote_code: bool = False) -> Path:
+    """Write the folder `source` as a GGUF file of `scheme`'s blocks (quant_mix.SCHEMES) at `out`
+    (whole or not at all)."""
     folder = Path(source)
     config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
     arch, permuted = _architecture(config)
@@ -67,10 +68,10 @@ def write(source: str, out: Path, qtype: GGMLQuantizationType, trust_remote_code
     pre = _pre_tokenizer(tokenizer)
     cache = quant_cache.root()
     with tempfile.TemporaryDirectory() as spare:
-        index = quantize_on_load.blocks(source, qtype, trust_remote_code, cache or Path(spare))
+        index = quantize_on_load.blocks(source, scheme, trust_remote_code, cache or Path(spare))
         partial = out.with_name(out.name + ".partial")
         writer = gguf.GGUFWriter(str(partial), gguf.MODEL_ARCH_NAMES[arch])
-        _metadata(writer, config, folder.name, qtype)
+        _metadata(writer, config, folder.name, scheme)
         _vocabulary(writer, folder, tokenizer, pre, config.vocab_size)
         names = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
         for name, kind, data in _tensors(index, config, permuted):
@@ -87,7 +88,7 @@ def write(source: str, out: Path, qtype: GGMLQuantizationType, trust_remote_code
         writer.write_tensors_to_file()
         writer.close()
     partial.replace(out)
-    log.info("%s: written as %s (%s, %.2f GB)", folder.name, out, qtype.name.lower(), out.stat().st_size / 1e9)
+    log.info("%s: written as %s (%s, %.2f GB)", folder.name, out, scheme, out.stat().st_size / 1e9)
     return out
 
 
@@ -144,7 +145,7 @@ def _pre_tokenizer(tokenizer: Any) -> str:
     return PRE_TOKENIZERS[digest]
 
 
-def _metadata(writer: gguf.GGUFWriter, config: Any, name: str, qtype: GGMLQuantizationType) -> None:
+def _metadata(writer: gguf.GGUFWriter, config: Any, name: str, scheme: str) -> None:
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     writer.add_name(name)
@@ -161,7 +162,7 @@ def _metadata(writer: gguf.GGUFWriter, config: Any, name: str, qtype: GGMLQuanti
     writer.add_rope_freq_base(float(_rope(config).get("rope_theta", 10000.0)))
     writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
     writer.add_vocab_size(config.vocab_size)
-    writer.add_file_type(FILE_TYPES[qtype])
+    writer.add_file_type(FILE_TYPES[scheme])
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
 
@@ -223,10 +224,10 @@ def main(argv: list[str] | None = None) -> int:
                                 description="Write a Hugging Face folder as a GGUF file of quantized blocks.")
     p.add_argument("model", help="a folder with config.json, safetensors weights and tokenizer")
     p.add_argument("out", type=Path, help="the .gguf file to write")
-    p.add_argument("--type", default="q8_0", choices=[t.name.lower() for t in FILE_TYPES])
+    p.add_argument("--type", default="q8_0", choices=list(FILE_TYPES))
     p.add_argument("--trust-remote-code", action="store_true")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    write(args.model, args.out, GGMLQuantizationType[args.type.upper()], args.trust_remote_code)
+    write(args.model, args.out, args.type, args.trust_remote_code)
     print(json.dumps({"written": str(args.out), "type": args.type, "bytes": args.out.stat().st_size}))
     return 0

@@ -138,7 +138,7 @@ def test_an_fp32_folder_stays_fp32_unless_asked(llama_model, bf16_llama, cache):
 
 
 @pytest.mark.parametrize("kw, says", [
-    ({"quant": "q4_k_m"}, "must be one of auto, none, q8_0"),
+    ({"quant": "q3_k_s"}, "must be one of auto, none, q8_0, q4_k_m"),
     ({"quant": "q8_0", "dtype": "fp32"}, "does not go with dtype fp32"),
     ({"quant": "q8_0", "device": "meta"}, "CPU only"),
 ])

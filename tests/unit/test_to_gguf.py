@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType, GGUFReader
+from gguf import GGUFReader
 
 from contract import EngineConfig
 from engine.model import gguf_file, gguf_native
@@ -32,7 +32,7 @@ def cache(tmp_path, monkeypatch) -> Path:
 
 
 def test_the_file_holds_llamas_names_metadata_and_tokenizer(bf16_smol, cache, tmp_path):
-    out = write(bf16_smol, tmp_path / "m.gguf", GGMLQuantizationType.Q8_0)
+    out = write(bf16_smol, tmp_path / "m.gguf", "q8_0")
     reader = GGUFReader(out)
     fields = {name: field.contents() for name, field in reader.fields.items()
               if name.startswith(("general.architecture", "llama.", "tokenizer.ggml.pre", "tokenizer.ggml.model",
@@ -50,7 +50,7 @@ def test_the_file_holds_llamas_names_metadata_and_tokenizer(bf16_smol, cache, tm
 
 def test_this_service_serves_the_file_with_the_bits_it_serves_the_folder_with(bf16_smol, cache, tmp_path):
     """The q and k rows go into llama.cpp's order in the file and come back out of it on load."""
-    out = write(bf16_smol, tmp_path / "m.gguf", GGMLQuantizationType.Q8_0)
+    out = write(bf16_smol, tmp_path / "m.gguf", "q8_0")
     folder, file = load_model(EngineConfig(model=bf16_smol)), load_model(EngineConfig(model=str(out)))
     ids = torch.tensor([[1, 504, 3458, 282, 4649, 314, 2]])
     with torch.no_grad():
@@ -70,7 +70,7 @@ def test_llama_3s_rotary_scaling_goes_into_the_file_and_comes_out_of_it(bf16_smo
     config["rope_parameters"] = {"rope_type": "llama3", "rope_theta": 100000.0, "factor": 8.0, "low_freq_factor": 1.0,
                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
     (scaled / "config.json").write_text(json.dumps(config))
-    out = write(str(scaled), tmp_path / "scaled.gguf", GGMLQuantizationType.Q8_0)
+    out = write(str(scaled), tmp_path / "scaled.gguf", "q8_0")
     factors = next(t for t in gguf_file.read(out).tensors if t.name == "rope_freqs.weight")
     assert factors.tensor_type.name == "F32" and 1.0 < float(np.asarray(factors.data).max()) <= 8.0
     folder, file = load_model(EngineConfig(model=str(scaled))), load_model(EngineConfig(model=str(out)))
@@ -85,16 +85,16 @@ def test_llama_3s_rotary_scaling_goes_into_the_file_and_comes_out_of_it(bf16_smo
 
 def test_what_llama_cpp_would_read_wrong_is_refused_naming_it(real_model, llama_model, gpt2_model, cache, tmp_path):
     with pytest.raises(ValueError, match="model_type 'gpt2'"):
-        write(gpt2_model, tmp_path / "a.gguf", GGMLQuantizationType.Q8_0)
+        write(gpt2_model, tmp_path / "a.gguf", "q8_0")
     with pytest.raises(ValueError, match="its pre-tokenizer is none of llama.cpp's"):
-        write(llama_model, tmp_path / "b.gguf", GGMLQuantizationType.Q8_0)  # a toy tokenizer of its own
+        write(llama_model, tmp_path / "b.gguf", "q8_0")  # a toy tokenizer of its own
     scaled = tmp_path / "scaled"
     shutil.copytree(build(tmp_path / "toy", "llama"), scaled)
     config = json.loads((scaled / "config.json").read_text())
     config["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8192}
     (scaled / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="this rotary scaling is not written here yet"):
-        write(str(scaled), tmp_path / "c.gguf", GGMLQuantizationType.Q8_0)
+        write(str(scaled), tmp_path / "c.gguf", "q8_0")
     assert not list(tmp_path.glob("*.gguf*"))
 
 
@@ -113,7 +113,7 @@ def _wait_healthy(server: ServerProcess, url: str, timeout: float = 60.0) -> Non
 
 @pytest.mark.skipif(not LLAMA_SERVER.exists(), reason="llama.cpp's server is not built (make llama-cpp)")
 def test_llama_cpps_server_loads_the_file_and_answers(bf16_smol, cache, tmp_path):
-    out = write(bf16_smol, tmp_path / "m.gguf", GGMLQuantizationType.Q8_0)
+    out = write(bf16_smol, tmp_path / "m.gguf", "q8_0")
     port = free_port()
     server = ServerProcess([str(LLAMA_SERVER), "-m", str(out), "--port", str(port), "-t", "2", "-c", "256"],
                            tmp_path / "llama-server.log", {**os.environ, "LD_LIBRARY_PATH": str(LLAMA_SERVER.parent)})
