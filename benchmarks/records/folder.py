@@ -21,10 +21,8 @@ compared with llama.cpp's file's, by name.
 """
 import argparse
 import asyncio
-import json
 import os
 import shutil
-import time
 from pathlib import Path
 from typing import Optional
 
@@ -32,9 +30,8 @@ import numpy as np
 
 from testing.procs import ROOT
 
-from ..harness.report import machine_info
 from ..harness.sized_models import CACHE, folder, gguf
-from .sizes import cpu_kind, measure, ratio
+from .sizes import head, measure, publish, ratio
 
 SERVED = ("folder, first start", "folder, second start", "gguf")
 
@@ -117,10 +114,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     cache = CACHE / "quant-cache"  # the servers' LLM_QUANT_CACHE: emptied first, so the first start quantizes
     shutil.rmtree(cache, ignore_errors=True)
     os.environ["LLM_QUANT_CACHE"] = str(cache)
-    machine = machine_info()
-    result: dict = {"date": time.strftime("%Y-%m-%d"), "git": machine.get("git"), "cpu": cpu_kind(),
-                    "command": "python -m benchmarks folder " + " ".join(argv or []), "model": args.model,
-                    "quant": args.quant, "rows": {}}
+    result = head("folder", argv, model=args.model, quant=args.quant, rows={})
     for name, served in zip(SERVED, (source, source, file), strict=True):
         print(f"{name}: {served}", flush=True)
         if served == source:
@@ -131,8 +125,5 @@ def main(argv: Optional[list[str]] = None) -> int:
     result["blocks"] = same_blocks(cache, file)
     from engine.model.to_gguf import write
     result["written"] = same_files(write(str(source), args.out / f"{args.model}-written.gguf", args.quant.lower()), file)
-    (args.out / "results.json").write_text(json.dumps(result, indent=1))
-    text = table(result)
-    (args.out / "results.md").write_text(text)
-    print("\n" + text)
+    publish(args.out, result, table(result))
     return 0

@@ -15,8 +15,6 @@ completions):
 """
 import argparse
 import asyncio
-import json
-import time
 from pathlib import Path
 from typing import Optional
 
@@ -26,10 +24,9 @@ from testing.procs import ROOT, settle
 
 from ..harness.load import closed_loop, make_prompts
 from ..harness.metrics import summarize
-from ..harness.report import machine_info
 from ..harness.systems import flow_server, http_session, openai_model_id
 from .cpu_record import _http_target
-from .sizes import cpu_kind, ratio
+from .sizes import head, publish, ratio
 
 MODEL = ROOT / "models" / "SmolLM2-135M-Instruct"
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -91,15 +88,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     folder = adapter(args.rank, args.out)
-    machine = machine_info()
-    result: dict = {"date": time.strftime("%Y-%m-%d"), "git": machine.get("git"), "cpu": cpu_kind(),
-                    "command": "python -m benchmarks lora " + " ".join(argv or []), "rank": args.rank, "rows": []}
+    result = head("lora", argv, rank=args.rank, rows=[])
     configured = {"LLM_LORA": f"r{args.rank}={folder}"}
     for name, env, asked in zip(SERVED, ({}, configured, configured), (None, None, f"r{args.rank}"), strict=True):
         print(name, flush=True)
         result["rows"].append(asyncio.run(measure(name, env, asked, args)))
-    (args.out / "results.json").write_text(json.dumps(result, indent=1))
-    text = table(result)
-    (args.out / "results.md").write_text(text)
-    print("\n" + text)
+    publish(args.out, result, table(result))
     return 0

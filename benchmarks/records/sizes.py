@@ -21,7 +21,7 @@ import asyncio
 import json
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import psutil
 
@@ -99,6 +99,19 @@ async def measure(system: str, gguf: Path, args: argparse.Namespace) -> dict:
     return row
 
 
+def head(subcommand: str, argv: Optional[list[str]], **fields: Any) -> dict:
+    """A record's results.json head: the date, the commit, the CPU and the exact command, then `fields`."""
+    return {"date": time.strftime("%Y-%m-%d"), "git": machine_info().get("git"), "cpu": cpu_kind(),
+            "command": f"python -m benchmarks {subcommand} " + " ".join(argv or []), **fields}
+
+
+def publish(out: Path, result: dict, text: str) -> None:
+    """results.json and results.md (`text`, the record's table) under `out`; the table printed too."""
+    (out / "results.json").write_text(json.dumps(result, indent=1))
+    (out / "results.md").write_text(text)
+    print("\n" + text)
+
+
 def ratio(a: Optional[float], b: Optional[float]) -> str:
     return f"{a / b:.2f}x" if a and b else "n/a"
 
@@ -139,9 +152,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "sizes")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    machine = machine_info()
-    result: dict = {"date": time.strftime("%Y-%m-%d"), "git": machine.get("git"), "cpu": cpu_kind(),
-                    "command": "python -m benchmarks sizes " + " ".join(argv or []), "sizes": {}, "notes": []}
+    result = head("sizes", argv, sizes={}, notes=[])
     bandwidth = roofline.read_bandwidth()
     result["bandwidth_gb_s"] = round(bandwidth / 1e9, 1)
     for size in args.sizes.split(","):
@@ -156,8 +167,5 @@ def main(argv: Optional[list[str]] = None) -> int:
         for system in args.systems.split(","):
             entry[system] = asyncio.run(measure(system, gguf, args))
         result["sizes"][size] = entry
-    (args.out / "results.json").write_text(json.dumps(result, indent=1))
-    text = table(result)
-    (args.out / "results.md").write_text(text)
-    print("\n" + text)
+    publish(args.out, result, table(result))
     return 0
