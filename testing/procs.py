@@ -80,8 +80,9 @@ class ServerProcess:
             time.sleep(0.3)
         raise TimeoutError(f"port {port} not open after {timeout:.0f}s:\n{self.tail()}")
 
-    def wait_http(self, url: str, timeout: float = 180.0) -> None:
-        """Until `url` answers (any HTTP status counts: the server is up)."""
+    def wait_http(self, url: str, timeout: float = 180.0, success_only: bool = False) -> None:
+        """Until `url` answers (any HTTP status counts: the server is up; with `success_only`, only
+        a 2xx does, as a health check that answers 503 while the model loads)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self.check_alive()
@@ -89,7 +90,9 @@ class ServerProcess:
                 with urllib.request.urlopen(url, timeout=5):
                     return
             except urllib.error.HTTPError:
-                return
+                if not success_only:
+                    return
+                time.sleep(0.3)
             except OSError:
                 time.sleep(0.3)
         raise TimeoutError(f"{url} not answering after {timeout:.0f}s:\n{self.tail()}")

@@ -3,7 +3,6 @@ service serves it from, with llama.cpp's metadata, tokenizer and chat template."
 import json
 import os
 import shutil
-import time
 import urllib.request
 from pathlib import Path
 
@@ -98,19 +97,6 @@ def test_what_llama_cpp_would_read_wrong_is_refused_naming_it(real_model, llama_
     assert not list(tmp_path.glob("*.gguf*"))
 
 
-def _wait_healthy(server: ServerProcess, url: str, timeout: float = 60.0) -> None:
-    """Until llama.cpp's /health answers 200 (503 while it loads the model)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        server.check_alive()
-        try:
-            with urllib.request.urlopen(url, timeout=5):
-                return
-        except OSError:
-            time.sleep(0.2)
-    raise TimeoutError(f"{url} not healthy after {timeout:.0f}s:\n{server.tail()}")
-
-
 @pytest.mark.skipif(not LLAMA_SERVER.exists(), reason="llama.cpp's server is not built (make llama-cpp)")
 def test_llama_cpps_server_loads_the_file_and_answers(bf16_smol, cache, tmp_path):
     out = write(bf16_smol, tmp_path / "m.gguf", "q8_0")
@@ -118,7 +104,7 @@ def test_llama_cpps_server_loads_the_file_and_answers(bf16_smol, cache, tmp_path
     server = ServerProcess([str(LLAMA_SERVER), "-m", str(out), "--port", str(port), "-t", "2", "-c", "256"],
                            tmp_path / "llama-server.log", {**os.environ, "LD_LIBRARY_PATH": str(LLAMA_SERVER.parent)})
     try:
-        _wait_healthy(server, f"http://127.0.0.1:{port}/health")
+        server.wait_http(f"http://127.0.0.1:{port}/health", timeout=60, success_only=True)
         body = json.dumps({"prompt": "the quick brown fox", "max_tokens": 8, "temperature": 0}).encode()
         request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
                                          {"Content-Type": "application/json"})
