@@ -16,9 +16,9 @@
  * Each output sums its blocks in input order, in fp32, each operation rounded on its own:
  * total = (total + (q . qx) dx d) + (dx sum(qx)) m (int8: total + (w . qx) dx d). The integer
  * sums run in AVX-512's `vpdpwssd` or `vpmaddwd` (32 products an instruction, quant_tiles512.h)
- * where the CPU has AVX512BW, in AVX2's `pmaddwd` (16) where it has AVX2, else in plain C; each
- * gives the same integers, and every path applies the scales with the same fp32 operations per
- * output, so every path gives the same bits. `int4_matmul_ready` and `int8_matmul_ready` say
+ * where the CPU has AVX512BW, in AVX2's `pmaddwd` (16, quant_tiles256.h) where it has AVX2, else
+ * in plain C; each gives the same integers, and every path applies the scales with the same fp32
+ * operations per output, so every path gives the same bits. `int4_matmul_ready` and `int8_matmul_ready` say
  * which: 3 (AVX-512), 2 (AVX2), 1 (plain C).
  *
  * Against float64 on the same inputs, x's rounding errs by at most 2^-16 of its block's largest
@@ -90,85 +90,11 @@ static inline __attribute__((always_inline)) void fetch_ahead(const void *w, int
 
 #if defined(__AVX512BW__)
 #include "quant_tiles512.h"
-#else
-#if defined(__AVX2__)
-#define PATH 2
-#define TILE 3  /* rows that share one unpacking of a block's weights */
-#define WIDE_TILE TILE
-/* acc[r] += the products of one input pair's interleaved weights (a: channels 0-3 | 8-11, b: 4-7 |
- * 12-15, each channel's two steps side by side) with row r's steps 2j and 2j + 1 of x, for `count`
- * rows: int4_sums' and int8_sums' inner loop */
-static inline __attribute__((always_inline)) void
-pair_products(__m256i a, __m256i b, const int16_t *xq, int64_t stride, int j, __m256i acc[][2], const int count) {
-    for (int r = 0; r < count; r++) {
-        int32_t pair;
-        memcpy(&pair, xq + r * stride + 2 * j, sizeof pair);
-        __m256i x = _mm256_set1_epi32(pair);
-        acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(a, x));
-        acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(b, x));
-    }
-}
-
-/* int4: one block's integer sums q . qx for 16 channels and `count` rows, in the int8 sums' lane
- * order (SPLIT_LANES below). A pair's 16 bytes, widened to 16 bits, give the pair's first input's
- * steps (the low nibbles) and its second's (the high ones); interleaved, as int8_sums interleaves
- * two inputs' steps, pmaddwd multiplies them with the pair's two steps of x. A row needs two
- * accumulators, not the four that held each lane's pair apart before, so three rows share a
- * tile without the stack: on a Zen 2 machine a layer's int4 products went 1.20x as fast at one
- * row, 1.36x at 16 and 1.40x at 512, the same integers. */
-static inline __attribute__((always_inline)) void
-int4_sums(const uint8_t *w, const int16_t *xq, int64_t stride, int32_t sums[][CHANNELS], const int count) {
-    fetch_ahead(w, PAIRS * CHANNELS);
-    const __m256i nibble = _mm256_set1_epi16(0x0F);
-    __m256i acc[TILE][2];
-    for (int r = 0; r < count; r++) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
-    #pragma GCC unroll 4
-    for (int j = 0; j < PAIRS; j++) {
-        __m256i steps = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(w + j * CHANNELS)));
-        __m256i w0 = _mm256_and_si256(steps, nibble), w1 = _mm256_srli_epi16(steps, 4);
-        __m256i a = _mm256_unpacklo_epi16(w0, w1), b = _mm256_unpackhi_epi16(w0, w1);  /* c0-3|c8-11, c4-7|c12-15 */
-        pair_products(a, b, xq, stride, j, acc, count);
-    }
-    for (int r = 0; r < count; r++) {
-        _mm256_storeu_si256((__m256i *)sums[r], acc[r][0]);
-        _mm256_storeu_si256((__m256i *)(sums[r] + 8), acc[r][1]);
-    }
-}
-
-/* int8 sums leave pmaddwd's lanes as they are: channels 0-3 and 8-11 in the first 8, 4-7 and 12-15
- * in the second. The tiles bring each block's scales to that order (one shuffle for all the rows)
- * and their totals back once at the end, instead of each row's sums every block: the same
- * operations on each channel's values, so the same bits. On a Zen 2 machine Gemma 3 270M's
- * output layer at 16 rows went 1.025x as fast, its gate and up 1.02x to 1.04x. */
-#define SPLIT_LANES 1
-
-/* int8: one block's integer sums w . qx (its first n inputs) for 16 channels and `count` rows */
-static inline __attribute__((always_inline)) void
-int8_sums(const int8_t *w, const int16_t *xq, int64_t stride, int n, int32_t sums[][CHANNELS], const int count) {
-    fetch_ahead(w, n * CHANNELS);
-    __m256i acc[TILE][2];
-    for (int r = 0; r < count; r++) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
-    int j = 0;
-    /* unrolled four times (GCC left it rolled, its accumulators moved between registers each
-     * pass): on a Zen 2 machine Gemma 3 270M's output layer at 16 rows took 45.4 ms, not 48.1,
-     * and its engine's sixteen-stream decode went 1.07x as fast */
-    #pragma GCC unroll 4
-    for (; 2 * j + 1 < n; j++) {
-        __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 2 * j * CHANNELS)));
-        __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + (2 * j + 1) * CHANNELS)));
-        __m256i a = _mm256_unpacklo_epi16(w0, w1), b = _mm256_unpackhi_epi16(w0, w1);  /* c0-3|c8-11, c4-7|c12-15 */
-        pair_products(a, b, xq, stride, j, acc, count);
-    }
-    for (int r = 0; r < count; r++) {  /* in the accumulators' order (SPLIT_LANES) */
-        _mm256_storeu_si256((__m256i *)sums[r], acc[r][0]);
-        _mm256_storeu_si256((__m256i *)(sums[r] + 8), acc[r][1]);
-        for (int i = 2 * j; i < n; i++)  /* an odd block's last input */
-            for (int c = 0; c < CHANNELS; c++)
-                sums[r][(c & 3) | (c & 4) << 1 | (c & 8) >> 1] += (int32_t)w[i * CHANNELS + c] * xq[r * stride + i];
-    }
-}
+#elif defined(__AVX2__)
+#include "quant_tiles256.h"
 #else
 #define PATH 1
+#define WIDENS 0
 #define SPLIT_LANES 0  /* int8 sums in channel order */
 #define TILE 4
 #define WIDE_TILE TILE
@@ -196,6 +122,7 @@ static inline void int8_sums(const int8_t *w, const int16_t *xq, int64_t stride,
 }
 #endif
 
+#if !defined(__AVX512BW__)  /* the AVX2 and plain C sums' tiles */
 /* A block's scales as fp32: fp16 bits (Q4_0, Q4_1, Q8_0: the file's own) or fp32 (Q4_K's d sc and
  * dmin m, exact products of an fp16 and a 6-bit integer, which fp16 cannot hold). */
 static inline __attribute__((always_inline)) f8 scales8(const void *p, int64_t at, const int wide) {
@@ -223,17 +150,24 @@ store_tile(float *y, int64_t y_stride, int64_t group, int64_t r0, f8 total[][2],
     }
 }
 
-/* Outputs [group * 16, +16) for rows [r0, r0 + count). */
+/* Outputs [group * 16, +16) for rows [r0, r0 + count); `widened`: the group's weights as
+ * quant_tiles256.h widens them, or NULL (the tiles unpack the packed ones). */
 static inline __attribute__((always_inline)) void
 int4_tile(const Rows *x, const uint8_t *packed, const void *scale, const void *low, const int wide, float *y,
-          int64_t y_stride, int64_t group, int64_t r0, const int count) {
+          int64_t y_stride, int64_t group, int64_t r0, const void *widened, const int count) {
     const int64_t blocks = x->blocks, stride = blocks * QBLOCK;
     f8 total[TILE][2];
     int32_t sums[TILE][CHANNELS];
     for (int r = 0; r < count; r++) total[r][0] = total[r][1] = splat8(0.0f);
     for (int64_t b = 0; b < blocks; b++) {
         const int64_t at = (group * blocks + b) * CHANNELS;
-        int4_sums(packed + at * PAIRS, x->steps + r0 * stride + b * QBLOCK, stride, sums, count);
+#if WIDENS
+        if (widened)
+            wide_sums((const __m256i *)widened + b * QBLOCK, x->steps + r0 * stride + b * QBLOCK, stride, PAIRS, sums,
+                      count);
+        else
+#endif
+            int4_sums(packed + at * PAIRS, x->steps + r0 * stride + b * QBLOCK, stride, sums, count);
         f8 d[2] = {scales8(scale, at, wide), scales8(scale, at + 8, wide)};
         f8 m[2] = {scales8(low, at, wide), scales8(low, at + 8, wide)};
         split_lanes(&d[0], &d[1]);
@@ -253,9 +187,15 @@ int4_tile(const Rows *x, const uint8_t *packed, const void *scale, const void *l
 /* one block b of an int8 tile: n of its inputs (QBLOCK, but fewer in a partial last block) */
 static inline __attribute__((always_inline)) void
 int8_block(const Rows *x, const int8_t *packed, const uint16_t *scale, int64_t group, int64_t r0, int64_t b,
-           const int n, f8 total[][2], const int count) {
+           const int n, const void *widened, f8 total[][2], const int count) {
     const int64_t blocks = x->blocks, stride = blocks * QBLOCK;
     int32_t sums[WIDE_TILE][CHANNELS];
+#if WIDENS
+    if (widened && n == QBLOCK)
+        wide_sums((const __m256i *)widened + b * QBLOCK, x->steps + r0 * stride + b * QBLOCK, stride, PAIRS, sums,
+                  count);
+    else
+#endif
     int8_sums(packed + (group * x->width + b * QBLOCK) * CHANNELS, x->steps + r0 * stride + b * QBLOCK, stride, n,
               sums, count);
     f8 d[2] = {half8(scale + (group * blocks + b) * CHANNELS), half8(scale + (group * blocks + b) * CHANNELS + 8)};
@@ -274,12 +214,12 @@ int8_block(const Rows *x, const int8_t *packed, const uint16_t *scale, int64_t g
  * went 1.27x as fast, its gate and up (Q5_0's form) 1.26x at 16 rows and 1.29x at 512. */
 static inline __attribute__((always_inline)) void
 int8_tile(const Rows *x, const int8_t *packed, const uint16_t *scale, float *y, int64_t y_stride, int64_t group,
-          int64_t r0, const int count) {
+          int64_t r0, const void *widened, const int count) {
     const int64_t whole = x->width / QBLOCK;
     f8 total[WIDE_TILE][2];
     for (int r = 0; r < count; r++) total[r][0] = total[r][1] = splat8(0.0f);
-    for (int64_t b = 0; b < whole; b++) int8_block(x, packed, scale, group, r0, b, QBLOCK, total, count);
-    if (whole < x->blocks) int8_block(x, packed, scale, group, r0, whole, (int)(x->width % QBLOCK), total, count);
+    for (int64_t b = 0; b < whole; b++) int8_block(x, packed, scale, group, r0, b, QBLOCK, widened, total, count);
+    if (whole < x->blocks) int8_block(x, packed, scale, group, r0, whole, (int)(x->width % QBLOCK), NULL, total, count);
     store_tile(y, y_stride, group, r0, total, count);
 }
 
@@ -287,14 +227,20 @@ int8_tile(const Rows *x, const int8_t *packed, const uint16_t *scale, float *y, 
  * sub-block: total = (total + (w . qx) dx d) + (dx sum(qx)) m, sub-block after sub-block. */
 static inline __attribute__((always_inline)) void
 int8s_tile(const Rows *x, const int8_t *packed, const float *scale, const float *low, float *y, int64_t y_stride,
-           int64_t group, int64_t r0, const int count) {
+           int64_t group, int64_t r0, const void *widened, const int count) {
     const int64_t blocks = x->blocks, stride = blocks * QBLOCK, subs = 2 * blocks;
     f8 total[TILE][2];
     int32_t sums[TILE][CHANNELS];
     for (int r = 0; r < count; r++) total[r][0] = total[r][1] = splat8(0.0f);
     for (int64_t s = 0; s < subs; s++) {
-        int8_sums(packed + (group * x->width + s * SUB) * CHANNELS, x->steps + r0 * stride + s * SUB, stride, SUB,
-                  sums, count);
+#if WIDENS
+        if (widened)
+            wide_sums((const __m256i *)widened + s * SUB, x->steps + r0 * stride + s * SUB, stride, SUB / 2, sums,
+                      count);
+        else
+#endif
+            int8_sums(packed + (group * x->width + s * SUB) * CHANNELS, x->steps + r0 * stride + s * SUB, stride, SUB,
+                      sums, count);
         const int64_t at = (group * subs + s) * CHANNELS;
         f8 d[2] = {load8(scale + at), load8(scale + at + 8)};
         f8 m[2] = {low ? load8(low + at) : splat8(0.0f), low ? load8(low + at + 8) : splat8(0.0f)};
@@ -344,6 +290,12 @@ int int8_matmul_ready(void) { return PATH; }
  * stay with weights the caches hold (its gate and up at 512 rows: 0.93x with 16). */
 #define STREAMED (8 << 20)
 
+/* rows from which a group's weights are widened once for all its tiles (WIDENS), not per tile.
+ * The widened group is read from the caches, not unpacked in registers: below about eight tiles,
+ * that costs more than the unpacking it saves (a 1.17B model's layer on a Zen 2 machine: 0.84x as
+ * fast at 6 rows, 0.99x at 16, 1.01x at 24, 1.07x at 64, 1.08x at 512). */
+#define WIDEN_FROM (8 * TILE)
+
 /* the rows of a weight's next tile, `left` rows from the end: `most` (WIDE_TILE or TILE)
  * while that many are left, then TILE where `most` is wider, then what is left */
 static inline int64_t tile_rows(int64_t left, int64_t most) {
@@ -365,20 +317,27 @@ static int product(const float *x, const Weight *w, float *y, int64_t y_stride, 
     }
     const int64_t most = w->kind == WEIGHT_INT8 && width * outputs >= STREAMED ? WIDE_TILE : TILE;  /* a tile's rows */
     int parallel = threads > 1 && rows * width * outputs > parallel_from;  /* below, starting threads costs more */
+    const int widen = WIDENS && rows >= WIDEN_FROM && (w->kind != WEIGHT_INT8 || width % QBLOCK == 0);
     #pragma omp parallel num_threads(threads) if (parallel)
     {
+        /* a thread's widened group: 32 bytes an input (without it, where memory is short, the
+         * tiles unpack as they go: the same bits) */
+        void *widened = widen ? aligned_alloc(64, (width * 32 + 63) / 64 * 64) : NULL;
         #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; r++) quantize_row(x, &q, r);
         /* guided: each thread first takes a long run of groups (its prefetches stay its own, and
          * threads seldom meet at the shared counter), then shorter ones, so they end together.
          * Against (dynamic, 4), Gemma 3 270M's engine made 1.2x the tokens with one stream. */
         #pragma omp for schedule(guided)
-        for (int64_t group = 0; group < outputs / CHANNELS; group++)
+        for (int64_t group = 0; group < outputs / CHANNELS; group++) {
+#if WIDENS
+            if (widened) widen_group(w, group, widened);
+#endif
             for (int64_t r0 = 0, n = tile_rows(rows, most); r0 < rows; r0 += n, n = tile_rows(rows - r0, most)) {
-#define INT4_TILE(N) int4_tile(&q, packed, w->scale, w->low, 0, y, y_stride, group, r0, N)
-#define INT4F_TILE(N) int4_tile(&q, packed, w->scale, w->low, 1, y, y_stride, group, r0, N)
-#define INT8_TILE(N) int8_tile(&q, packed8, w->scale, y, y_stride, group, r0, N)
-#define INT8S_TILE(N) int8s_tile(&q, packed8, w->scale, w->low, y, y_stride, group, r0, N)
+#define INT4_TILE(N) int4_tile(&q, packed, w->scale, w->low, 0, y, y_stride, group, r0, widened, N)
+#define INT4F_TILE(N) int4_tile(&q, packed, w->scale, w->low, 1, y, y_stride, group, r0, widened, N)
+#define INT8_TILE(N) int8_tile(&q, packed8, w->scale, y, y_stride, group, r0, widened, N)
+#define INT8S_TILE(N) int8s_tile(&q, packed8, w->scale, w->low, y, y_stride, group, r0, widened, N)
                 switch (w->kind) {
                     case WEIGHT_INT4: EACH_TILE(INT4_TILE) break;
                     case WEIGHT_INT4_F32: EACH_TILE(INT4F_TILE) break;
@@ -390,6 +349,8 @@ static int product(const float *x, const Weight *w, float *y, int64_t y_stride, 
 #undef INT8_TILE
 #undef INT8S_TILE
             }
+        }
+        free(widened);
     }
     rows_free(&q);
     return 0;

@@ -17,6 +17,7 @@
 #include <immintrin.h>
 
 #define PATH 3
+#define WIDENS 0  /* the tiles widen each pair in one instruction (quant_tiles256.h's reason is AVX2's) */
 #define TILE 8  /* rows that share one unpacking of a block's weights */
 #define WIDE_TILE 16  /* rows a large int8 weight's tiles take (quant_matmul.c's STREAMED) */
 
@@ -90,7 +91,8 @@ store_tile(const __m512 total[], float *y, int64_t y_stride, int64_t group, int6
 /* Outputs [group * 16, +16) for rows [r0, r0 + count): quant_matmul.c's int4_tile */
 static inline __attribute__((always_inline)) void
 int4_tile(const Rows *x, const uint8_t *packed, const void *scale, const void *low, const int wide, float *y,
-          int64_t y_stride, int64_t group, int64_t r0, const int count) {
+          int64_t y_stride, int64_t group, int64_t r0, const void *widened, const int count) {
+    (void)widened;  /* WIDENS is 0: one register widens a pair for all 16 outputs */
     const int64_t blocks = x->blocks, stride = blocks * QBLOCK;
     __m512 total[TILE];
     __m512i sums[TILE];
@@ -123,7 +125,8 @@ int8_block(const Rows *x, const int8_t *packed, const uint16_t *scale, int64_t g
 /* quant_matmul.c's int8_tile: the whole blocks with a constant count of inputs, then a partial one */
 static inline __attribute__((always_inline)) void
 int8_tile(const Rows *x, const int8_t *packed, const uint16_t *scale, float *y, int64_t y_stride, int64_t group,
-          int64_t r0, const int count) {
+          int64_t r0, const void *widened, const int count) {
+    (void)widened;
     const int64_t whole = x->width / QBLOCK;
     __m512 total[WIDE_TILE];
     for (int r = 0; r < count; r++) total[r] = _mm512_setzero_ps();
@@ -135,7 +138,8 @@ int8_tile(const Rows *x, const int8_t *packed, const uint16_t *scale, float *y, 
 /* quant_matmul.c's int8s_tile */
 static inline __attribute__((always_inline)) void
 int8s_tile(const Rows *x, const int8_t *packed, const float *scale, const float *low, float *y, int64_t y_stride,
-           int64_t group, int64_t r0, const int count) {
+           int64_t group, int64_t r0, const void *widened, const int count) {
+    (void)widened;
     const int64_t blocks = x->blocks, stride = blocks * QBLOCK, subs = 2 * blocks;
     __m512 total[TILE];
     __m512i sums[TILE];

@@ -34,7 +34,8 @@ def activations(rows: int, width: int) -> torch.Tensor:
     return x
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 14, 16, 17])  # every tile's count on every path
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 14, 16, 17, 25])  # every tile's count on every path,
+# and (25) AVX2's widened groups
 def test_int4_and_int8_matmuls(paths, rows):
     g = torch.Generator().manual_seed(rows)
     width, outputs = 576, 96
