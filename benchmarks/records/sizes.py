@@ -9,12 +9,14 @@ Each size is one GGUF file, served by both: the default model's own Q4_1 GGUF (1
 For each size, each system is a fresh server on the same file, one after the other: this
 service (`make serve`'s Flow, its defaults) and llama.cpp's server (2 threads, 16 slots), both
 over OpenAI streaming completions, greedy, `--max-tokens` (64) with ignore_eos:
-- one stream and sixteen: closed loops, output tokens a second;
+- one stream and sixteen: closed loops, output tokens a second (each request's prefill included);
+- one stream's decode: the tokens a second after the first (1 / the median time per output token);
 - a cold prompt of about 1,600 tokens that no earlier one shares, one at a time: its tokens over
   the time to its first token;
 - the peak resident memory of every process of the server, sampled while it runs;
-- one stream as a fraction of the memory roofline (harness/roofline.py: the read bandwidth,
-  measured once, over the bytes a step reads of the file's weights and 64 positions' KV).
+- one stream, and its decode, as fractions of the memory roofline (harness/roofline.py: the read
+  bandwidth, measured once, over the bytes a step reads of the file's weights and 64 positions'
+  KV). The roofline bounds a decode step; the end-to-end figure also waits for prefills.
 """
 import argparse
 import asyncio
@@ -83,7 +85,10 @@ async def measure(system: str, gguf: Path, args: argparse.Namespace) -> dict:
             for c, n in ((1, args.one_stream_requests), (16, 32)):
                 prompts = make_prompts(256, args.seed, draw=f"closed {c}")
                 records, duration, cut = await closed_loop(target.plain, prompts, c, n, args.max_tokens, 900)
-                row[f"c{c}_tok_s"] = None if cut else summarize(records, duration)["output_tok_s"]
+                figures = summarize(records, duration)
+                row[f"c{c}_tok_s"] = None if cut else figures["output_tok_s"]
+                if c == 1 and not cut and figures["tpot_p50_ms"]:  # the decode alone, without the prompts' prefill
+                    row["c1_decode_tok_s"] = round(1000 / figures["tpot_p50_ms"], 1)
                 await settle()
             cold = [cold_prompt(i, COLD_PARAGRAPHS) for i in range(COLD_PROMPTS)]
             count = await target.prompt_tokens(cold[0])
@@ -122,20 +127,20 @@ def table(result: dict) -> str:
              f"{result['date']}, git {result['git']}, `{result['command']}`; read bandwidth with 2 threads "
              f"{bandwidth} GB/s. Each cell: this / llama.cpp (and their ratio). One stream's roofline: the "
              f"bandwidth over a step's bytes (the file's layer and output weights, {CONTEXT} positions' KV).", "",
-             "| size | file | one stream, tok/s | of the roofline | sixteen streams, tok/s | cold prompt, prompt tok/s "
-             "| peak memory, GB |", "|---|---|---|---|---|---|---|"]
+             "| size | file | one stream, tok/s | of the roofline | one stream's decode, tok/s | of the roofline "
+             "| sixteen streams, tok/s | cold prompt, prompt tok/s | peak memory, GB |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for size, entry in result["sizes"].items():
         if "this" not in entry or "llama-cpp" not in entry:
             continue
         this, peer = entry["this"], entry["llama-cpp"]
         bound = entry["roofline_tok_s"]
         cells = []
-        for key in ("c1_tok_s", None, "c16_tok_s", "cold_prompt_tok_s", "peak_rss_gb"):
-            if key is None:
-                cells.append(f"{this['c1_tok_s'] / bound:.0%} / {peer['c1_tok_s'] / bound:.0%} of {bound:.1f}"
-                             if this.get("c1_tok_s") and peer.get("c1_tok_s") else "n/a")
-                continue
+        for key in ("c1_tok_s", "c1_decode_tok_s", "c16_tok_s", "cold_prompt_tok_s", "peak_rss_gb"):
             cells.append(f"{this.get(key)} / {peer.get(key)} ({ratio(this.get(key), peer.get(key))})")
+            if key.startswith("c1_"):
+                cells.append(f"{this[key] / bound:.0%} / {peer[key] / bound:.0%} of {bound:.1f}"
+                             if this.get(key) and peer.get(key) else "n/a")
         lines.append(f"| {size} | {entry['file']} | " + " | ".join(cells) + " |")
     lines += [""] + [f"- {note}" for note in result["notes"]]
     return "\n".join(lines) + "\n"

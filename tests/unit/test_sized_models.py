@@ -77,16 +77,18 @@ def test_the_read_bandwidth_is_a_memory_rate():
 
 def test_the_sizes_table_gives_each_ratio_and_roofline_fraction():
     """`python -m benchmarks sizes`'s table: this / llama.cpp with their ratio in every cell, and
-    one stream's share of the roofline for both; a size whose file is not made is a note."""
+    one stream's share of the roofline for both, end to end and its decode alone; a size whose file
+    is not made is a note."""
     from benchmarks.records import sizes
-    row = {"c1_tok_s": 30.0, "c16_tok_s": 90.0, "cold_prompt_tok_s": 300.0, "peak_rss_gb": 1.2}
-    peer = {"c1_tok_s": 25.0, "c16_tok_s": 60.0, "cold_prompt_tok_s": 200.0, "peak_rss_gb": 1.0}
+    row = {"c1_tok_s": 30.0, "c1_decode_tok_s": 36.0, "c16_tok_s": 90.0, "cold_prompt_tok_s": 300.0, "peak_rss_gb": 1.2}
+    peer = {"c1_tok_s": 25.0, "c1_decode_tok_s": 32.0, "c16_tok_s": 60.0, "cold_prompt_tok_s": 200.0, "peak_rss_gb": 1.0}
     result = {"date": "2026-12-06", "git": "abc", "cpu": "a CPU, AVX2", "command": "python -m benchmarks sizes",
               "bandwidth_gb_s": 27.8, "notes": ["3b: llama-3b-Q4_K_M.gguf not made; skipped"],
               "sizes": {"1b": {"file": "llama-1b-Q4_K_M.gguf", "roofline_tok_s": 40.0, "this": row, "llama-cpp": peer}}}
     text = sizes.table(result)
     line = next(x for x in text.splitlines() if x.startswith("| 1b |"))
-    assert "30.0 / 25.0 (1.20x)" in line and "75% / 62% of 40.0" in line and "90.0 / 60.0 (1.50x)" in line
+    assert "30.0 / 25.0 (1.20x) | 75% / 62% of 40.0" in line and "90.0 / 60.0 (1.50x)" in line
+    assert "36.0 / 32.0 (1.12x) | 90% / 80% of 40.0" in line
     assert "300.0 / 200.0 (1.50x)" in line and "1.2 / 1.0 (1.20x)" in line and "not made; skipped" in text
 
 
