@@ -111,6 +111,10 @@ _DECLARED = (
     Setting("LLM_QUANT_CACHE", str, None, "where a folder's weights, once quantized at load, are kept for the "
             "next start ([models.md](models.md#a-hugging-face-folder))", (ENGINE,),
             shown="`~/.cache/llm-stream/quantized`"),
+    Setting("LLM_WEIGHTS_CACHE", str, None, "where the weights, in the kernels' layout, are kept in a file that "
+            "every engine process of the same model maps: replicas share one copy; `off`: each keeps its own "
+            "([operations.md](operations.md#replicas-share-one-copy-of-the-weights))", (ENGINE,),
+            shown="`~/.cache/llm-stream/weights`"),
     Setting("LLM_LORA", str, "", "as the `lora` option: LoRA adapters served on the model, `name=path,...`",
             (EXECUTOR,), shown="none"),
     Setting("LLM_MAX_BATCH_TOKENS", int, 32768, "as the `max_batch_tokens` option: the KV cache, in tokens",

@@ -78,15 +78,29 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(os.environ["LLM_TEST_IMPORTS"], ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
-def models_dir(tmp_path_factory) -> Path:
-    """Where the tiny models are built: one folder for every xdist worker of the run (each model
-    built once, `shared_build`), else this session's own."""
+def run_folder(tmp_path_factory, name: str) -> Path:
+    """A folder of this run's: one for every xdist worker of it, else this session's own."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        folder = tmp_path_factory.getbasetemp().parent / "models"
+        folder = tmp_path_factory.getbasetemp().parent / name
         folder.mkdir(exist_ok=True)
         return folder
-    return tmp_path_factory.mktemp("models")
+    return tmp_path_factory.mktemp(name)
+
+
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory) -> Path:
+    """Where the tiny models are built (each once, `shared_build`)."""
+    return run_folder(tmp_path_factory, "models")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def weights_cache(tmp_path_factory) -> Path:
+    """The shared weights' files (engine/model/shared_weights.py) in this run's folder, unless the
+    caller names one: the tiny models are built anew each run, and their files would pile up in
+    the user's cache. Every server a test starts inherits it."""
+    folder = run_folder(tmp_path_factory, "weights")
+    os.environ.setdefault("LLM_WEIGHTS_CACHE", str(folder))
+    return Path(os.environ["LLM_WEIGHTS_CACHE"])
 
 
 def shared_build(path: Path, *args, **kwargs) -> str:

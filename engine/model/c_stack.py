@@ -236,7 +236,7 @@ def _joined(layers: list[Any], widths: list[int]) -> list[native.Weights]:
     if len(layers) == 1 or len(kinds) > 1:
         return [layer.weights for layer in layers]
     names = _buffer_names(layers[0])
-    buffers = tuple(None if getattr(layers[0], name) is None else torch.cat([getattr(layer, name) for layer in layers])
+    buffers = tuple(None if getattr(layers[0], name) is None else _end_to_end([getattr(layer, name) for layer in layers])
                     for name in names)
     start = 0
     for layer in layers:  # the engine's own product layers, not transformers' modules
@@ -249,6 +249,22 @@ def _joined(layers: list[Any], widths: list[int]) -> list[native.Weights]:
         assert lows is not None
         return [native.int4_weights(steps, scales, lows)]
     return [native.int8_weights(steps, scales, lows)]
+
+
+def _end_to_end(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The parts joined along their first dimension: the tensor they are views of where they
+    already lie end to end in one (joined before, and built again: shared_weights.py moved them),
+    else a new one."""
+    first, storage = parts[0], parts[0].untyped_storage()
+    at = first.storage_offset()
+    for part in parts:
+        if (part.untyped_storage().data_ptr() != storage.data_ptr() or part.storage_offset() != at
+                or not part.is_contiguous()):
+            return torch.cat(parts)
+        at += part.numel()
+    rows = sum(part.shape[0] for part in parts)
+    flat = torch.empty(0, dtype=first.dtype).set_(storage, first.storage_offset(), (at - first.storage_offset(),), (1,))
+    return flat.view(rows, *first.shape[1:])
 
 
 def _buffer_names(layer: Any) -> tuple[str, str, str]:

@@ -76,7 +76,13 @@ class Int4Linear(nn.Module):
         weights share end to end, c_stack.py's joined q, k, v)."""
         for name, values in (("packed", packed), ("scale", scale), ("low", low)):
             self.register_buffer(name, values)
-        self.weights = native.int4_weights(self.packed, self.scale, self.low)
+        self.repoint()
+
+    def repoint(self) -> None:
+        """The C kernel's pointers to the buffers, again: after they moved (adopt, `.to()`, or
+        shared_weights.py mapping them from a file)."""
+        if self.c_kernel:
+            self.weights = native.int4_weights(self.packed, self.scale, self.low)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
@@ -96,7 +102,7 @@ class Int4Linear(nn.Module):
             if self.packed.device.type != "cpu" or self.scale.dtype != (torch.float32 if self.wide else torch.float16):
                 scales = "fp32" if self.wide else "fp16"
                 raise ValueError(f"dtype: int4 layers run on CPU with {scales} scales; load the model again instead")
-            self.weights = native.int4_weights(self.packed, self.scale, self.low)
+            self.repoint()
         return module
 
 

@@ -13,7 +13,7 @@ from contract import EngineConfig
 
 from ..kernels.native import kv_half_ready
 from ..kernels.table import report as kernel_report
-from . import gguf_native, huge_pages, quantize_on_load
+from . import gguf_native, huge_pages, quantize_on_load, shared_weights
 from . import lora as lora_layers
 from .fp32 import install as fp32_layers
 from .gguf import find_gguf, load_gguf
@@ -153,6 +153,8 @@ def load_model(config: EngineConfig) -> LoadedModel:
     adapters = _adapters(model, config, device)
     chosen = plan(model, device, kv_dtype, adapters is not None)
     if device.type == "cpu":
+        if shared_weights.share(model, shared_weights.root()) is not None:  # the tensors moved: the C structs again
+            chosen = plan(model, device, kv_dtype, adapters is not None)
         huge_pages.collapse(model)
     log.info("%s", chosen)
     log.info("kernels: %s", "; ".join(kernel_report("int4" if int4 else "fp32", device.type)))

@@ -1,0 +1,99 @@
+"""python -m benchmarks replica-memory: what a second replica of one model costs in memory, with the
+weights shared between replicas (the default) and without (`LLM_WEIGHTS_CACHE=off`).
+
+    python -m benchmarks replica-memory [--model FILE] [--out DIR]
+
+Each case is a fresh fleet on this machine (testing/fleet.py: `jina executor` replicas and one
+`jina gateway`, as the replicas records run them) serving `--model` (default: the 1.17B
+Llama-shaped Q4_K_M file that `python -m benchmarks sized-models llama-1b --quant Q4_K_M`
+makes). Once every replica is routable and has answered a streamed completion, the proportional
+set size (PSS: a page that n processes map counts 1/n in each) of every process of the fleet,
+children included, is summed. Shared weights are written to a fresh cache folder per case, so the
+first replica of each case writes the file and the second maps it.
+"""
+import argparse
+import json
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Optional
+
+import psutil
+
+from testing.fleet import LocalFleet
+from testing.procs import ROOT
+
+from ..harness.sized_models import CACHE
+from .sizes import head, publish
+
+CASES = (("shared", 1), ("shared", 2), ("off", 1), ("off", 2))
+
+
+def fleet_pss(fleet: LocalFleet) -> int:
+    """Bytes: the PSS of the gateway, the replicas and all their children."""
+    roots = [p.proc.pid for p in (fleet.gateway, *fleet.executors) if p is not None]
+    processes = {pid: psutil.Process(pid) for pid in roots}
+    for pid in roots:
+        processes.update({child.pid: child for child in psutil.Process(pid).children(recursive=True)})
+    total = 0
+    for process in processes.values():
+        try:
+            total += process.memory_full_info().pss
+        except psutil.Error:
+            pass
+    return total
+
+
+def complete(port: int) -> None:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=30) as answer:
+        model = json.load(answer)["data"][0]["id"]
+    body = {"model": model, "prompt": "One replica or two", "max_tokens": 8, "stream": True}
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=300) as answer:
+        answer.read()
+
+
+def measure(model: Path, sharing: str, replicas: int, logs: Path) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(dir=ROOT / "benchmarks" / ".models") as cache:
+        env = {"LLM_WEIGHTS_CACHE": "off" if sharing == "off" else cache}
+        started = time.perf_counter()
+        with LocalFleet(str(model), logs, replicas, env) as fleet:
+            ready = time.perf_counter() - started
+            for _ in range(2 * replicas):
+                complete(fleet.http_port)
+            time.sleep(2)
+            row = {"sharing": sharing, "replicas": replicas, "pss_gb": round(fleet_pss(fleet) / 1e9, 2),
+                   "ready_s": round(ready, 1)}
+    print(f"  {row}", flush=True)
+    return row
+
+
+def table(result: dict) -> str:
+    rows = {(r["sharing"], r["replicas"]): r["pss_gb"] for r in result["rows"]}
+    lines = [f"# Two replicas of one model: memory ({result['cpu']})", "",
+             f"{result['date']}, git {result['git']}, `{result['command']}`, {result['model']}. PSS of every "
+             "process of the fleet (the gateway, each replica's executor and engine process), GB.", "",
+             "| weights | one replica | two replicas | two / one |", "|---|---|---|---|"]
+    for sharing in ("shared", "off"):
+        one, two = rows.get((sharing, 1)), rows.get((sharing, 2))
+        ratio = f"**{two / one:.2f}x**" if one and two else "n/a"
+        lines.append(f"| {'shared (the default)' if sharing == 'shared' else 'each its own (LLM_WEIGHTS_CACHE=off)'} "
+                     f"| {one} | {two} | {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks replica-memory", description=__doc__.splitlines()[0])
+    p.add_argument("--model", type=Path, default=CACHE / "llama-1b-Q4_K_M.gguf")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "replica-memory")
+    args = p.parse_args(argv)
+    if not args.model.exists():
+        p.error(f"{args.model} is not there: `python -m benchmarks sized-models llama-1b --quant Q4_K_M` makes it")
+    (args.out / "logs").mkdir(parents=True, exist_ok=True)
+    result = head("replica-memory", argv, model=args.model.name, rows=[])
+    for sharing, replicas in CASES:
+        result["rows"].append(measure(args.model, sharing, replicas, args.out / "logs"))
+    publish(args.out, result, table(result))
+    return 0
