@@ -111,10 +111,13 @@ _DECLARED = (
     Setting("LLM_QUANT_CACHE", str, None, "where a folder's weights, once quantized at load, are kept for the "
             "next start ([models.md](models.md#a-hugging-face-folder))", (ENGINE,),
             shown="`~/.cache/llm-stream/quantized`"),
-    Setting("LLM_WEIGHTS_CACHE", str, None, "where the weights, in the kernels' layout, are kept in a file that "
-            "every engine process of the same model maps: replicas share one copy; `off`: each keeps its own "
+    Setting("LLM_SHARE_WEIGHTS", str, "auto", "whether the weights, in the kernels' layout, are mapped from a file "
+            "that every engine process of the same model on this machine maps (one copy for all replicas): `on`, "
+            "`off`, or `auto`: on where `LLM_REPLICAS` is over 1 "
             "([operations.md](operations.md#replicas-share-one-copy-of-the-weights))", (ENGINE,),
-            shown="`~/.cache/llm-stream/weights`"),
+            choices=("auto", "on", "off")),
+    Setting("LLM_WEIGHTS_CACHE", str, None, "where the shared weights' files are kept (`LLM_SHARE_WEIGHTS`)",
+            (ENGINE,), shown="`~/.cache/llm-stream/weights`"),
     Setting("LLM_LORA", str, "", "as the `lora` option: LoRA adapters served on the model, `name=path,...`",
             (EXECUTOR,), shown="none"),
     Setting("LLM_MAX_BATCH_TOKENS", int, 32768, "as the `max_batch_tokens` option: the KV cache, in tokens",
@@ -134,7 +137,7 @@ _DECLARED = (
     Setting("LLM_ENGINE_STALL_S", float, 60.0, "seconds a busy engine process may stay silent before it counts "
             "as stalled and is replaced", (EXECUTOR,), low=0.001),
     Setting("LLM_REPLICAS", int, 1, "engine replicas behind the gateway, each with its share of the cores "
-            "(`make serve` and `deploy/serve.py`)", (SERVE, EXECUTOR), low=1, high=64),
+            "(`make serve` and `deploy/serve.py`)", (SERVE, EXECUTOR, ENGINE), low=1, high=64),
     Setting("LLM_METRICS_PORT", int, None, "each executor serves its own `/metrics` on this port (for a scraper "
             "that reads pods)", (EXECUTOR,), low=1, high=65535),
     Setting("LLM_KERNEL_CACHE", str, None, "where the C kernels, compiled for this CPU at the first start, are "

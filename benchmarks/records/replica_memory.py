@@ -1,5 +1,6 @@
 """python -m benchmarks replica-memory: what a second replica of one model costs in memory, with the
-weights shared between replicas (the default) and without (`LLM_WEIGHTS_CACHE=off`).
+weights shared between replicas (`LLM_SHARE_WEIGHTS=on`, as `auto` does for `LLM_REPLICAS` over 1)
+and without (`off`).
 
     python -m benchmarks replica-memory [--model FILE] [--out DIR]
 
@@ -57,7 +58,7 @@ def complete(port: int) -> None:
 
 def measure(model: Path, sharing: str, replicas: int, logs: Path) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(dir=ROOT / "benchmarks" / ".models") as cache:
-        env = {"LLM_WEIGHTS_CACHE": "off" if sharing == "off" else cache}
+        env = {"LLM_SHARE_WEIGHTS": "off" if sharing == "off" else "on", "LLM_WEIGHTS_CACHE": cache}
         started = time.perf_counter()
         with LocalFleet(str(model), logs, replicas, env) as fleet:
             ready = time.perf_counter() - started
@@ -79,7 +80,7 @@ def table(result: dict) -> str:
     for sharing in ("shared", "off"):
         one, two = rows.get((sharing, 1)), rows.get((sharing, 2))
         ratio = f"**{two / one:.2f}x**" if one and two else "n/a"
-        lines.append(f"| {'shared (the default)' if sharing == 'shared' else 'each its own (LLM_WEIGHTS_CACHE=off)'} "
+        lines.append(f"| {'shared (LLM_SHARE_WEIGHTS=on)' if sharing == 'shared' else 'each its own (off)'} "
                      f"| {one} | {two} | {ratio} |")
     return "\n".join(lines) + "\n"
 

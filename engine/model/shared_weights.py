@@ -10,9 +10,15 @@ cache's, one copy for every process that maps it, unless a process writes it (th
 its own, and the file is unchanged). A second replica, a reload after a keep-alive unload, or the
 next start finds the file by the same bytes and maps it.
 
+- `$LLM_SHARE_WEIGHTS`: `auto` (the default) shares where `LLM_REPLICAS` says this machine runs
+  more than one replica; `on` always (replicas started as processes of their own, as
+  testing/fleet.py does); `off` never. One replica keeps its private copy, which huge_pages.py
+  moves onto 2 MB pages: a file's pages stay 4 KB on most kernels (MADV_COLLAPSE refuses them
+  here).
 - The bytes are the same, so every number is (tested: greedy tokens and logprobs with and
-  without). The kernels read file pages as fast as anonymous huge pages on this project's Zen 2
-  machine (one row of a 1B model's gate and up: 36 to 38 GB/s either way).
+  without). The kernels read file pages about as fast as anonymous huge pages on this project's
+  Zen 2 machine (one row of a 1B model's gate and up: 36 to 38 GB/s either way; the engine's one
+  stream on the 1B and Gemma 3 270M within the run's noise).
 - The file is written beside its final name and linked into place: two processes that write it
   at once both end up mapping the one that got there first. A folder that cannot be written, or
   a full disk, leaves the tensors where they are (logged): the service runs, unshared.
@@ -63,8 +69,14 @@ class Placed:
 
 
 def root() -> Optional[Path]:
-    """The folder ($LLM_WEIGHTS_CACHE), or None: `off`, or a folder that cannot be written."""
-    return None if settings.read("LLM_WEIGHTS_CACHE") == "off" else cache_folder("LLM_WEIGHTS_CACHE", "weights")
+    """The folder ($LLM_WEIGHTS_CACHE) where the weights are shared, else None: $LLM_SHARE_WEIGHTS
+    is off, or auto with one replica on this machine (nobody to share with, and the private copy
+    stays on huge pages, which file pages cannot have on most kernels), or the folder cannot be
+    written."""
+    share = settings.read("LLM_SHARE_WEIGHTS")
+    if share == "off" or (share == "auto" and settings.read("LLM_REPLICAS") <= 1):
+        return None
+    return cache_folder("LLM_WEIGHTS_CACHE", "weights")
 
 
 def share(model: nn.Module, folder: Optional[Path]) -> Optional[Path]:

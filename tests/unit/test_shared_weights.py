@@ -48,8 +48,9 @@ def answers(model: str) -> list[tuple[list[int], list[float]]]:
 
 
 def test_weights_mapped_from_the_file_give_the_same_tokens_and_logprobs(int4_llama_model, tmp_path, monkeypatch):
-    monkeypatch.setenv("LLM_WEIGHTS_CACHE", "off")
+    monkeypatch.setenv("LLM_SHARE_WEIGHTS", "off")
     private = answers(int4_llama_model)
+    monkeypatch.setenv("LLM_SHARE_WEIGHTS", "on")
     monkeypatch.setenv("LLM_WEIGHTS_CACHE", str(tmp_path))
     assert answers(int4_llama_model) == private  # written, then mapped
     assert answers(int4_llama_model) == private  # found, and mapped
@@ -59,6 +60,7 @@ def test_weights_mapped_from_the_file_give_the_same_tokens_and_logprobs(int4_lla
 def test_every_int4_layer_reads_the_file_including_the_joined_ones(int4_llama_model, tmp_path, monkeypatch):
     """q, k, v (and gate, up) are joined into one buffer by the C stack: once shared, the plan
     built again takes the file's copy as it is, not a copy of it."""
+    monkeypatch.setenv("LLM_SHARE_WEIGHTS", "on")
     monkeypatch.setenv("LLM_WEIGHTS_CACHE", str(tmp_path))
     loaded = load_model(EngineConfig(model=int4_llama_model, device="cpu"))
     (path,) = tmp_path.glob("*.weights")
@@ -100,7 +102,13 @@ def test_a_folder_that_cannot_be_written_leaves_the_weights_private(tmp_path):
     assert model.big.data_ptr() == before and torch.equal(model.big, torch.ones(1 << 19))
 
 
-@pytest.mark.parametrize("value", ["off"])
-def test_off_shares_nothing(value, monkeypatch):
-    monkeypatch.setenv("LLM_WEIGHTS_CACHE", value)
-    assert shared_weights.root() is None
+@pytest.mark.parametrize(("share", "replicas", "shared"), [("auto", None, False), ("auto", "1", False),
+                                                        ("auto", "2", True), ("on", None, True), ("off", "2", False)])
+def test_auto_shares_where_this_machine_runs_several_replicas(share, replicas, shared, tmp_path, monkeypatch):
+    monkeypatch.setenv("LLM_SHARE_WEIGHTS", share)
+    monkeypatch.setenv("LLM_WEIGHTS_CACHE", str(tmp_path))
+    if replicas is None:
+        monkeypatch.delenv("LLM_REPLICAS", raising=False)
+    else:
+        monkeypatch.setenv("LLM_REPLICAS", replicas)
+    assert shared_weights.root() == (tmp_path if shared else None)
