@@ -23,11 +23,11 @@ next start finds the file by the same bytes and maps it.
   at once both end up mapping the one that got there first. A folder that cannot be written, or
   a full disk, leaves the tensors where they are (logged): the service runs, unshared.
 - The C structs that hold the tensors' addresses are rebuilt by the caller (loader.py: the plan
-  again); the engine's own layers point again here (`Int4Linear.adopt`).
+  again, then the private copies' memory given back); the engine's own layers point again here
+  (`repoint`).
 - Files stay for the next start, as the quantized and compiled caches do; delete the folder to
   reclaim the disk.
 """
-import ctypes
 import hashlib
 import logging
 import os
@@ -98,8 +98,6 @@ def share(model: nn.Module, folder: Optional[Path]) -> Optional[Path]:
         return None
     mapped = np.memmap(path, dtype=np.uint8, mode="c")
     _point(model, placed, mapped)
-    del placed
-    _release_freed()
     log.info("weights shared: %d MB mapped from %s (%s) in %.2f s", mapped.nbytes >> 20, path,
              "found" if found else "written", time.perf_counter() - started)
     return path
@@ -168,16 +166,6 @@ def _point(model: nn.Module, placed: list[Placed], mapped: np.ndarray) -> None:
         repoint = getattr(module, "repoint", None)
         if callable(repoint):
             repoint()
-
-
-def _release_freed() -> None:
-    """Give the private copies' memory back to the system: freed, most of it stays in the C heap
-    (glibc keeps freed blocks under 32 MB for the next allocation), and each replica would still
-    count it."""
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
 
 
 def _as_uint8(source: "torch.UntypedStorage | torch.Tensor") -> torch.Tensor:
