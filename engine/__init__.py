@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from .frontend.engine_process import EngineProcess
     from .frontend.in_process import AsyncEngine
     from .frontend.lifecycle import ModelLifecycle, ModelState
-    from .frontend.spare import SpareCore
+    from .frontend.spare import CoreProcess, SpareCore, spawn_core
     from .model.info import served_name
     from .model.loader import LoadedModel, load_model
     from .observer import EngineObserver
@@ -32,9 +32,11 @@ _PUBLIC = {"AsyncEngine": ".frontend.in_process", "Embedder": ".embeddings", "Em
            "EngineClient": ".frontend.async_engine", "EngineObserver": ".observer", "EngineProcess": ".frontend.engine_process",
            "LoadedModel": ".model.loader", "ModelLifecycle": ".frontend.lifecycle", "ModelState": ".frontend.lifecycle",
            "PromptScores": ".policies.prompt_logprobs", "RequestOutput": ".outputs", "load_model": ".model.loader",
-           "served_name": ".model.info", "SpareCore": ".frontend.spare"}
-__all__ = ["AsyncEngine", "Embedder", "EmbedderInfo", "EngineClient", "EngineObserver", "EngineProcess", "LoadedModel",
-           "ModelLifecycle", "ModelState", "PromptScores", "RequestOutput", "SpareCore", "load_model", "served_name"]
+           "served_name": ".model.info", "SpareCore": ".frontend.spare", "CoreProcess": ".frontend.spare",
+           "spawn_core": ".frontend.spare"}
+__all__ = ["AsyncEngine", "CoreProcess", "Embedder", "EmbedderInfo", "EngineClient", "EngineObserver", "EngineProcess",
+           "LoadedModel", "ModelLifecycle", "ModelState", "PromptScores", "RequestOutput", "SpareCore", "load_model",
+           "served_name", "spawn_core"]
 assert sorted(__all__) == sorted(_PUBLIC)
 
 

@@ -6,6 +6,7 @@ import asyncio
 import inspect
 import json
 import os
+import sys
 import uuid
 from dataclasses import MISSING, fields, replace
 from pathlib import Path
@@ -18,7 +19,7 @@ from contract import EngineConfig, SamplingParams, ValidationError, resolve, set
 from contract.endpoints import KEEP_ALIVE
 from contract.keep_alive import keep_alive_seconds
 from contract.lifecycle import die_with_parent
-from engine import EngineClient, EngineProcess, ModelLifecycle, SpareCore, served_name
+from engine import CoreProcess, EngineClient, EngineProcess, ModelLifecycle, SpareCore, served_name
 from executors.convert import error_document, server_info, to_document, to_request, tokenizer_spec
 from executors.metrics import Metrics
 from schemas import ModelOutputDocument, PromptDocument
@@ -56,7 +57,10 @@ class LLMExecutor(Executor):
         if self.model_name in config.validate().adapters():
             raise ValidationError("lora", f"adapter {self.model_name!r} has the model's own name; name it otherwise")
         self.metrics = Metrics(self.model_name, self.stats_now)
-        spare = SpareCore() if config.core_process else None  # started when the model unloads
+        ahead = _started_ahead()
+        if ahead is not None and not config.core_process:
+            ahead.discard()  # the decode loop runs in this process: no engine process takes it
+        spare = SpareCore(ahead) if config.core_process else None  # then started when the model unloads
         self.model = ModelLifecycle(
             lambda: EngineProcess(config, spare=spare) if config.core_process else in_process(config),
             keep_alive_seconds(config.keep_alive) or 0.0, self._loaded, name=self.model_name, spare=spare,
@@ -203,6 +207,12 @@ class LLMExecutor(Executor):
     def close(self) -> None:
         self.model.shutdown()
         super().close()
+
+
+def _started_ahead() -> Optional[CoreProcess]:
+    """The engine process that executors/early_engine.py started, where Jina imported it (jina.yml)."""
+    early = sys.modules.get("executors.early_engine")
+    return early.take() if early is not None else None
 
 
 def share_of_cores() -> Optional[int]:

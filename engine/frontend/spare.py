@@ -34,6 +34,7 @@ class CoreProcess:
     outputs: Connection  # ours to read
     spawned_at: float  # time.monotonic()
     spare: bool = False  # started ahead of its load
+    first: bool = False  # started ahead of the first load, with the executor (not by an unload)
 
     def discard(self) -> None:
         """It goes: its pipes closed, the process killed and reaped."""
@@ -68,8 +69,12 @@ class SpareCore:
     lifecycle fills it on a thread after an unload, a load takes it on another, the service's stop
     closes it from any."""
 
-    def __init__(self) -> None:
-        self._core: Optional[CoreProcess] = None
+    def __init__(self, ahead: Optional[CoreProcess] = None) -> None:
+        """ahead: an engine process already started for the first load (the executor's, started as
+        Jina loaded its modules: executors/early_engine.py)."""
+        self._core = ahead
+        if ahead is not None:
+            ahead.spare = ahead.first = True
         self._closed = False
         self._lock = threading.Lock()
         self.started = self.taken = 0
@@ -92,7 +97,7 @@ class SpareCore:
         if core is not None and core.process.poll() is not None:
             core.discard()
             return None
-        if core is not None:
+        if core is not None and not core.first:  # `taken` counts the spares that unloads started
             self.taken += 1
         return core
 

@@ -1,0 +1,21 @@
+"""The executor's engine process, started as soon as Jina loads the executor's modules (jina.yml
+names this one first): its imports of torch, transformers and the engine (about 5 s) then run
+beside the executor's own imports and start (about 1.3 s), instead of after them. The executor's
+first load takes it, as a load after a keep-alive unload takes the spare (engine/frontend/spare.py).
+
+Only Jina's executor process imports this module (through jina.yml): a test or a script that
+imports the executor starts no process. A process nobody takes is never left behind: it reads
+EOF on its pipe and exits when this process goes, as every engine process does.
+"""
+from typing import Optional
+
+from engine import CoreProcess, spawn_core
+
+_ahead: Optional[CoreProcess] = spawn_core()
+
+
+def take() -> Optional[CoreProcess]:
+    """The process started at import, once (None after that)."""
+    global _ahead
+    core, _ahead = _ahead, None
+    return core
