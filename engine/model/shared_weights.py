@@ -97,6 +97,10 @@ def share(model: nn.Module, folder: Optional[Path]) -> Optional[Path]:
         log.warning("weights not shared: %s could not be written (%s); this process keeps its own copy", path, exc)
         return None
     mapped = np.memmap(path, dtype=np.uint8, mode="c")
+    if mapped.nbytes != placed[-1].offset + placed[-1].nbytes:  # cut by something else than this code
+        log.warning("weights not shared: %s holds %d bytes, not the %d its name says", path, mapped.nbytes,
+                    placed[-1].offset + placed[-1].nbytes)
+        return None
     _point(model, placed, mapped)
     log.info("weights shared: %d MB mapped from %s (%s) in %.2f s", mapped.nbytes >> 20, path,
              "found" if found else "written", time.perf_counter() - started)
@@ -154,14 +158,11 @@ def _point(model: nn.Module, placed: list[Placed], mapped: np.ndarray) -> None:
     """Every tensor whose storage is placed now views the file's copy, at the same offsets."""
     copies = {p.storage.data_ptr(): _as_uint8(torch.from_numpy(mapped[p.offset:p.offset + p.nbytes])).untyped_storage()
               for p in placed}
-    seen: set[int] = set()
     for tensor in [*model.parameters(), *model.buffers()]:
         copy = copies.get(tensor.untyped_storage().data_ptr())
-        if copy is None or id(tensor) in seen:
-            continue
-        seen.add(id(tensor))
-        with torch.no_grad():
-            tensor.set_(copy, tensor.storage_offset(), tensor.size(), tensor.stride())
+        if copy is not None:
+            with torch.no_grad():
+                tensor.set_(copy, tensor.storage_offset(), tensor.size(), tensor.stride())
     for module in model.modules():
         repoint = getattr(module, "repoint", None)
         if callable(repoint):

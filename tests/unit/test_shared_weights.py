@@ -112,3 +112,19 @@ def test_auto_shares_where_this_machine_runs_several_replicas(share, replicas, s
     else:
         monkeypatch.setenv("LLM_REPLICAS", replicas)
     assert shared_weights.root() == (tmp_path if shared else None)
+
+
+def test_a_file_cut_short_is_not_mapped(tmp_path):
+    """A file of the right name whose length is not the layout's (cut by a full disk or by hand)
+    leaves the weights private rather than serving other bytes."""
+    first = torch.nn.Module()
+    first.register_buffer("big", torch.arange(1 << 19, dtype=torch.float32))
+    path = shared_weights.share(first, tmp_path)
+    assert path is not None
+    with open(path, "r+b") as cut:
+        cut.truncate(path.stat().st_size // 2)
+    second = torch.nn.Module()
+    second.register_buffer("big", torch.arange(1 << 19, dtype=torch.float32))
+    before = second.big.data_ptr()
+    assert shared_weights.share(second, tmp_path) is None
+    assert second.big.data_ptr() == before and torch.equal(second.big, torch.arange(1 << 19, dtype=torch.float32))
