@@ -96,9 +96,7 @@ class ModelLifecycle:
         self._in_flight += 1
         self._cancel_timer()
         try:
-            started = time.monotonic()
-            engine, waited = await self._ensure_loaded()
-            yield Lease(engine, time.monotonic() - started if waited else None)
+            yield Lease(*await self._ensure_loaded())
         finally:
             self._in_flight -= 1
             self.keep(keep_alive)
@@ -128,9 +126,9 @@ class ModelLifecycle:
         if self.engine is not None:
             self.engine.abort(request_id)
 
-    async def _ensure_loaded(self) -> tuple[EngineClient, bool]:
-        """The engine, once loaded, and whether this request waited for a load (it tells `on_wait`
-        how long)."""
+    async def _ensure_loaded(self) -> tuple[EngineClient, Optional[float]]:
+        """The engine, once loaded, and how long this request waited for a load (None: it did not;
+        it tells `on_wait` too)."""
         started = time.monotonic()
         waited = False
         while self.engine is None or self.status is not ModelState.LOADED:
@@ -139,9 +137,11 @@ class ModelLifecycle:
                 self._loading = asyncio.ensure_future(self._load())
                 self._loading.add_done_callback(_retrieved)
             await asyncio.shield(self._loading)  # leaving, this request leaves the load to run on
-        if waited:
-            self._on_wait(time.monotonic() - started)
-        return self.engine, waited
+        if not waited:
+            return self.engine, None
+        seconds = time.monotonic() - started
+        self._on_wait(seconds)
+        return self.engine, seconds
 
     async def _load(self) -> None:
         """Load the model (after an unload under way), once for every request waiting on it."""
