@@ -46,14 +46,14 @@ def covering_pages(spans: list[tuple[int, int]]) -> list[int]:
     return sorted(pages)
 
 
-def _storages(model: nn.Module) -> dict[int, int]:
-    """Each CPU tensor's memory once (tied and viewed tensors share theirs): start -> bytes."""
-    found: dict[int, int] = {}
+def cpu_storages(model: nn.Module) -> list[torch.UntypedStorage]:
+    """The memory of the model's CPU tensors, each once (tied and viewed tensors share theirs), in
+    the order its parameters and buffers name them."""
+    found: dict[int, torch.UntypedStorage] = {}
     for tensor in [*model.parameters(), *model.buffers()]:
         if tensor.device.type == "cpu" and tensor.numel():
-            storage = tensor.untyped_storage()
-            found[storage.data_ptr()] = max(found.get(storage.data_ptr(), 0), storage.nbytes())
-    return found
+            found.setdefault(tensor.untyped_storage().data_ptr(), tensor.untyped_storage())
+    return list(found.values())
 
 
 def collapse(model: nn.Module) -> int:
@@ -62,7 +62,7 @@ def collapse(model: nn.Module) -> int:
     if madvise is None:
         return 0
     started, moved, failure = time.perf_counter(), 0, None
-    for page in covering_pages(list(_storages(model).items())):
+    for page in covering_pages([(storage.data_ptr(), storage.nbytes()) for storage in cpu_storages(model)]):
         madvise(page, HUGE_PAGE, MADV_HUGEPAGE)
         if madvise(page, HUGE_PAGE, MADV_COLLAPSE) == 0:
             moved += HUGE_PAGE

@@ -45,6 +45,7 @@ from torch import nn
 from contract import settings
 
 from ..cache_folder import cache_folder
+from . import huge_pages
 
 log = logging.getLogger(__name__)
 
@@ -107,19 +108,10 @@ def share(model: nn.Module, folder: Optional[Path]) -> Optional[Path]:
     return path
 
 
-def _storages(model: nn.Module) -> list[torch.UntypedStorage]:
-    """The model's CPU storages of SMALLEST or more, each once, in the order its tensors name them."""
-    found: dict[int, torch.UntypedStorage] = {}
-    for tensor in [*model.parameters(), *model.buffers()]:
-        storage = tensor.untyped_storage()
-        if tensor.device.type == "cpu" and storage.nbytes() >= SMALLEST:
-            found.setdefault(storage.data_ptr(), storage)
-    return list(found.values())
-
-
 def _layout(model: nn.Module) -> list[Placed]:
+    """The model's CPU storages of SMALLEST or more, each at its page-aligned offset in the file."""
     placed, offset = [], 0
-    for storage in _storages(model):
+    for storage in (s for s in huge_pages.cpu_storages(model) if s.nbytes() >= SMALLEST):
         placed.append(Placed(storage, offset))
         offset += -(-storage.nbytes() // ALIGN) * ALIGN
     return placed
