@@ -191,13 +191,13 @@ int8_block(const Rows *x, const int8_t *packed, const uint16_t *scale, int64_t g
     const int64_t blocks = x->blocks, stride = blocks * QBLOCK;
     int32_t sums[WIDE_TILE][CHANNELS];
 #if WIDENS
-    if (widened && n == QBLOCK)
+    if (widened)  /* a whole block's (int8_tile passes NULL with a partial last one) */
         wide_sums((const __m256i *)widened + b * QBLOCK, x->steps + r0 * stride + b * QBLOCK, stride, PAIRS, sums,
                   count);
     else
 #endif
-    int8_sums(packed + (group * x->width + b * QBLOCK) * CHANNELS, x->steps + r0 * stride + b * QBLOCK, stride, n,
-              sums, count);
+        int8_sums(packed + (group * x->width + b * QBLOCK) * CHANNELS, x->steps + r0 * stride + b * QBLOCK, stride, n,
+                  sums, count);
     f8 d[2] = {half8(scale + (group * blocks + b) * CHANNELS), half8(scale + (group * blocks + b) * CHANNELS + 8)};
     split_lanes(&d[0], &d[1]);
     for (int h = 0; h < 2; h++)
