@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import IO
 
 from flow_models import models_from_env, write_flow
+from jina_cli import command as jina_command
 
 ABORTED = b"Flow is aborted"  # Jina's line when a deployment of the Flow cannot start
 ANSI = re.compile(rb"\x1b\[[0-9;]*m")
@@ -39,23 +40,22 @@ def main() -> int:
     parser.add_argument("flow")
     parser.add_argument("--grace", type=float, default=float(os.environ.get("LLM_STOP_GRACE_S", "20")))
     args = parser.parse_args()
-    jina = str(Path(sys.executable).parent / "jina")
     with tempfile.TemporaryDirectory(prefix="llm-flow-") as scratch:  # the Flow the variables make, if any
         try:
             flow_file = write_flow(args.flow, models_from_env(), Path(scratch) / "flow.yml")
         except ValueError as exc:
             print(f"serve: {exc}", file=sys.stderr)
             return 2
-        return run(jina, flow_file, args.grace)
+        return run(jina_command(), flow_file, args.grace)
 
 
-def run(jina: str, flow_file: str, grace: float) -> int:
+def run(jina: list[str], flow_file: str, grace: float) -> int:
     """The Flow from start to stop (see the module docstring): its exit status."""
     env = dict(os.environ)
     if sys.stdout.isatty():  # Jina's console as in a terminal, though its output comes through a pipe
         env.setdefault("FORCE_COLOR", "1")
         env.setdefault("COLUMNS", str(shutil.get_terminal_size().columns))
-    flow = subprocess.Popen([jina, "flow", "--uses", flow_file], start_new_session=True, env=env,
+    flow = subprocess.Popen([*jina, "flow", "--uses", flow_file], start_new_session=True, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     aborted = threading.Event()
     assert flow.stdout is not None

@@ -24,14 +24,13 @@ if TYPE_CHECKING:
     from .model.info import served_name
     from .model.loader import LoadedModel, load_model
     from .observer import EngineObserver
-    from .outputs import RequestOutput
-    from .policies.prompt_logprobs import PromptScores
+    from .outputs import PromptScores, RequestOutput
 
 # the engine's public face, what the executors (and anything else outside) may use: name -> module
 _PUBLIC = {"AsyncEngine": ".frontend.in_process", "Embedder": ".embeddings", "EmbedderInfo": ".embeddings",
            "EngineClient": ".frontend.async_engine", "EngineObserver": ".observer", "EngineProcess": ".frontend.engine_process",
            "LoadedModel": ".model.loader", "ModelLifecycle": ".frontend.lifecycle", "ModelState": ".frontend.lifecycle",
-           "PromptScores": ".policies.prompt_logprobs", "RequestOutput": ".outputs", "load_model": ".model.loader",
+           "PromptScores": ".outputs", "RequestOutput": ".outputs", "load_model": ".model.loader",
            "served_name": ".model.info", "SpareCore": ".frontend.spare", "CoreProcess": ".frontend.spare",
            "spawn_core": ".frontend.spare"}
 __all__ = ["AsyncEngine", "CoreProcess", "Embedder", "EmbedderInfo", "EngineClient", "EngineObserver", "EngineProcess",

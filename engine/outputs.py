@@ -11,7 +11,6 @@ from typing import Any, Optional
 
 from contract import ErrorKind, FinishReason, GenerationError, RequestFailedError, ValidationError, kind_of
 
-from .policies.prompt_logprobs import PromptScores
 from .policies.tools import ToolCallDelta, merged
 
 
@@ -30,6 +29,23 @@ FIRST: Mapping[str, Any] = {"merge": Merge.FIRST}
 LAST: Mapping[str, Any] = {"merge": Merge.LAST}
 # off the document: what travels otherwise (an error, as the error document the reader raises)
 LAST_OFF_DOCUMENT: Mapping[str, Any] = {"merge": Merge.LAST, "document": False}
+
+Alternative = tuple[int, str, float]  # token id, its text alone, log probability
+
+
+@dataclass
+class PromptScores:
+    """token_ids/texts: the whole prompt; logprobs/alternatives: from its second token on
+    (the first has nothing before it)."""
+
+    token_ids: list[int]
+    texts: list[str]
+    logprobs: list[float] = field(default_factory=list)
+    alternatives: list[list[Alternative]] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.logprobs) == len(self.token_ids) - 1
 
 
 @dataclass
@@ -57,7 +73,7 @@ class RequestOutput:
     # parts of calls, in order (joined, then each call's consecutive parts as one: `merged`)
     tool_calls: list[ToolCallDelta] = field(default_factory=list, metadata={**TOKENS, "then": merged})
     # top_logprobs: each token's likeliest alternatives, (id, its text alone, log probability)
-    alternatives: list[list[tuple[int, str, float]]] = field(default_factory=list, metadata=TOKENS)
+    alternatives: list[list[Alternative]] = field(default_factory=list, metadata=TOKENS)
     token_strs: list[str] = field(default_factory=list, metadata=TOKENS)  # top_logprobs: each token's text alone
     choice: int = field(default=0, metadata=LAST)  # which of the request's n answers
     prompt: Optional[PromptScores] = field(default=None, metadata=FIRST)  # prompt_logprobs: each answer's first

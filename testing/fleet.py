@@ -5,12 +5,12 @@ its own port: what the migration, drain and rolling-restart tests need."""
 import json
 import os
 import signal
-import sys
 import time
 import urllib.request
 from pathlib import Path
 from typing import Optional
 
+from deploy.jina_cli import command as jina_command
 from gateway.fleet.channels import PING_POLICY
 from testing.procs import ServerProcess, free_port
 
@@ -46,8 +46,7 @@ class LocalFleet:
     def start(self, i: int, wait: bool = True) -> None:
         """Replica i, on its own port (again, after a kill or a stop)."""
         self.starts[i] += 1
-        jina = str(Path(sys.executable).parent / "jina")
-        cmd = [jina, "executor", "--uses", "jina.yml", "--port", str(self.ports[i]), "--host", "127.0.0.1",
+        cmd = [*jina_command(), "executor", "--uses", "jina.yml", "--port", str(self.ports[i]), "--host", "127.0.0.1",
                "--grpc-server-options", json.dumps(PING_POLICY)]  # as the Flow's executors (flows/llm.yml)
         self.executors[i] = ServerProcess(cmd, self.tmp / f"executor-{i}-{self.starts[i]}.log", self.env)
         if wait:
@@ -72,9 +71,8 @@ class LocalFleet:
             process.stop()
 
     def _start_gateway(self) -> None:
-        jina = str(Path(sys.executable).parent / "jina")
         addresses = json.dumps({"llm": [f"grpc://127.0.0.1:{port}" for port in self.ports]})
-        cmd = [jina, "gateway", "--uses", "gateway/gateway.yml", "--protocol", "grpc", "http",
+        cmd = [*jina_command(), "gateway", "--uses", "gateway/gateway.yml", "--protocol", "grpc", "http",
                "--port", str(self.grpc_port), str(self.http_port), "--graph-description", GRAPH,
                "--deployments-addresses", addresses]
         self.gateway = ServerProcess(cmd, self.tmp / "gateway.log", self.env)

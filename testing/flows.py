@@ -1,11 +1,11 @@
 """A real Flow (`jina flow --uses flows/llm.yml`, as `make serve` runs it) on random ports:
 what the tests, the deployment comparison and the benchmarks start."""
 import os
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
+from deploy.jina_cli import command as jina_command
 from testing.procs import ROOT, ServerProcess, free_port
 
 
@@ -33,8 +33,7 @@ def start_flow(model: str, tmp_path: Path, executor: dict | None = None, env: di
            "LLM_HTTP_PORT": str(http_port), "JINA_LOG_LEVEL": "INFO", **(env or {})}
     from deploy.flow_models import write_flow  # the ports and replicas as `make serve` applies them
     flow_file = write_flow(str(ROOT / flow_file), models or [], tmp_path / "flow.yml", env)
-    jina = str(Path(sys.executable).parent / "jina")
-    server = ServerProcess([jina, "flow", "--uses", flow_file], tmp_path / "flow.log", env)
+    server = ServerProcess([*jina_command(), "flow", "--uses", flow_file], tmp_path / "flow.log", env)
     try:
         server.wait_port(grpc_port, 120)
         server.wait_port(http_port, 120)

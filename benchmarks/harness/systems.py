@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Optional
 import aiohttp
 import yaml
 
+from deploy.jina_cli import command as jina_command
 from testing.procs import ROOT, ServerProcess, free_port
 
 from ..peers.llama_cpp import LLAMA_SERVER
@@ -179,7 +180,7 @@ def flow_server(model: Path, logs: Path, flow: str = "flows/llm.yml", name: str 
     environment = _env(**variables)
     logs.mkdir(parents=True, exist_ok=True)
     flow = write_flow(str(ROOT / flow), [], logs / f"{name}.flow.yml", environment)
-    server = ServerProcess([_jina(), "flow", "--uses", flow], logs / f"{name}.log", environment)
+    server = ServerProcess([*jina_command(), "flow", "--uses", flow], logs / f"{name}.log", environment)
     server.public_ports = {grpc_port, http_port}
     try:
         _wait_jina_ready(grpc_port, server)

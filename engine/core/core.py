@@ -28,11 +28,12 @@ from ..model.model_runner import ModelRunner, StepResult
 from ..observer import EngineObserver
 from ..outputs import RequestOutput
 from ..policies.logprobs import TokenTexts
+from ..policies.masks import MaskFiller
 from ..policies.output import Vocabulary
 from ..policies.prompt_logprobs import score
 from ..policies.sampling import Choice, greedy_choices
 from ..policies.speculation import SpeculationCounts
-from ..policies.structured import GrammarCompiler, MaskFiller
+from ..policies.structured import GrammarCompiler
 from .kv_manager import KVCacheManager
 from .kv_pool import KVPool, KVShape
 from .request import Request

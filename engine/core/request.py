@@ -13,9 +13,8 @@ from typing import Optional
 
 from contract import SamplingParams
 
-from ..outputs import RequestOutput
+from ..outputs import PromptScores, RequestOutput
 from ..policies.output import OutputPipeline
-from ..policies.prompt_logprobs import PromptScores
 from ..policies.sampling import TokenChooser
 from ..policies.speculation import Acceptance, PromptLookup
 

@@ -12,9 +12,8 @@ from typing import Any, Optional
 from contract import SEED_MAX, EngineConfig, FinishReason, SamplingParams, ValidationError
 
 from ..messages import Prepared
-from ..outputs import RequestOutput, merge_rules
+from ..outputs import PromptScores, RequestOutput, merge_rules
 from ..policies.output import OutputPipeline, TokenPiece, Vocabulary
-from ..policies.prompt_logprobs import PromptScores
 from ..policies.sampling import TokenChooser
 from ..policies.speculation import PromptLookup
 from ..policies.structured import GrammarCompiler

@@ -39,6 +39,7 @@ from multiprocessing.connection import Connection
 from typing import Any, Optional
 
 from contract import EngineConfig, EngineDeadError, OverloadedError, settings
+from contract.memory import give_back_freed
 
 from ..messages import AbortRequest, AddRequest, Command, LoadFailed, Prepared, Ready, Shutdown, StepOutputs, replay
 from ..observer import EngineObserver
@@ -93,6 +94,7 @@ class EngineProcess(EngineClient):
             case Ready(info, tokenizer, stats, stages):
                 self.info, self._stats, self._stats_at = info, stats, time.monotonic()
                 self.preparer = Preparer(tokenizer, self.config, info.max_context)
+                give_back_freed()  # the tokenizer's unpickling: its parse's temporaries
                 self.start_stages = start_stages(core, asked, sent, stages, time.monotonic())
                 log.info("engine process ready in %.2f s (%s): %s", self.start_stages["total"],
                          "the spare" if core.spare else "started now",

@@ -11,8 +11,7 @@ from typing import Any
 import torch
 
 from ..kernels import native
-
-Alternative = tuple[int, str, float]  # token id, its text alone, log probability
+from ..outputs import Alternative
 
 
 class TokenTexts:

@@ -9,7 +9,6 @@ so its numbers do not depend on the batch either.
 """
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -17,22 +16,8 @@ import torch
 if TYPE_CHECKING:  # the executor's process imports this module and never needs transformers' models
     from transformers import PreTrainedModel
 
-from .logprobs import Alternative, TokenTexts, log_softmax
-
-
-@dataclass
-class PromptScores:
-    """token_ids/texts: the whole prompt; logprobs/alternatives: from its second token on
-    (the first has nothing before it)."""
-
-    token_ids: list[int]
-    texts: list[str]
-    logprobs: list[float] = field(default_factory=list)
-    alternatives: list[list[Alternative]] = field(default_factory=list)
-
-    @property
-    def complete(self) -> bool:
-        return len(self.logprobs) == len(self.token_ids) - 1
+from ..outputs import PromptScores
+from .logprobs import TokenTexts, log_softmax
 
 
 @contextmanager

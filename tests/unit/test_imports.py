@@ -12,10 +12,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-CHECKS = {  # name -> the modules one fresh interpreter imports
-    "contract": "contract",
-    "edges": "gateway.composite, schemas, client",  # all three in one process: their union loads no engine
+CHECKS = {  # name -> what one fresh interpreter runs (the modules it imports)
+    "contract": "import contract",
+    "edges": "import gateway.composite, schemas, client",  # all three in one process: their union loads no engine
+    # the gateway's and the executor's modules, in a process that deploy/jina_cli.py starts
+    "served": "from deploy.jina_cli import import_docarray_without_torch; import_docarray_without_torch(); "
+              "import jina, gateway.composite, executors.llm_executor, engine.frontend.spare",
 }
+THEN = {"served": "import torch"}  # run after the check's loaded modules are listed: it must not fail
 # what the engine may import beside the standard library and the contract, by distribution
 ENGINE_DEPENDENCIES = {"torch": "torch", "transformers": "transformers", "tokenizers": "tokenizers",
                        "llguidance": "llguidance", "gguf": "gguf", "safetensors": "safetensors", "numpy": "numpy",
@@ -31,10 +35,10 @@ def start() -> list[subprocess.Popen]:
     folder = Path(tempfile.mkdtemp(prefix="llm-imports-"))
     os.environ[FOLDER] = str(folder)
     started = []
-    for name, modules in CHECKS.items():
+    for name, statement in CHECKS.items():
         target = folder / name
-        code = (f"import os, sys, traceback\ntry:\n    import {modules}\n"
-                f"    out = ' '.join(sorted({{m.split('.')[0] for m in sys.modules}}))\n"
+        code = (f"import os, sys, traceback\ntry:\n    {statement}\n"
+                f"    out = ' '.join(sorted({{m.split('.')[0] for m in sys.modules}}))\n    {THEN.get(name, 'pass')}\n"
                 f"except BaseException:\n    out = 'FAILED ' + traceback.format_exc()\n"
                 f"open({str(target) + '.part'!r}, 'w').write(out)\nos.replace({str(target) + '.part'!r}, {str(target)!r})")
         started.append(subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.DEVNULL,
@@ -97,3 +101,13 @@ def test_the_engine_imports_neither_jina_nor_docarray():
 def test_the_gateway_schemas_and_client_do_not_load_the_engine():
     # torch itself may load: docarray imports it whenever it is installed
     assert not loaded("edges") & {"engine", "executors", "transformers"}
+
+
+def test_the_processes_jina_starts_do_without_torch():
+    """As deploy/jina_cli.py starts them, the gateway's and the executor's processes import no
+    PyTorch (1.3 s and about 190 MB each, paid again by every replica): only the engine process
+    computes with it. PyTorch stays importable afterwards (THEN), for the embedder and an
+    in-process engine."""
+    served = loaded("served")
+    assert {"jina", "docarray", "executors", "gateway", "transformers"} <= served
+    assert "torch" not in served

@@ -1,0 +1,44 @@
+"""`python deploy/jina_cli.py ARGS`: Jina's command line (`jina ARGS`), in processes that do without
+PyTorch until they compute with it.
+
+`import jina` imports docarray, and docarray imports PyTorch whenever it is installed, to accept
+torch tensors in documents. That costs every process Jina starts (the Flow's, the gateway's, each
+executor's) 1.3 s of CPU before it serves and about 190 MB of memory, paid again by each replica.
+No document of this service carries a torch tensor (an embedding is an NdArray), and the processes
+that compute (the engine process, the embedder) import PyTorch themselves. So docarray is imported
+here while `import torch` fails, which leaves its torch tensor types out, and then PyTorch is
+importable again for whoever needs it. `make serve` (deploy/serve.py) and the test fleets start
+Jina this way; `jina ARGS` as typed works the same, with PyTorch in every process.
+"""
+import sys
+from pathlib import Path
+
+
+def command() -> list[str]:
+    """This launcher as a command line's start: `command() + ["flow", "--uses", FILE]`."""
+    return [sys.executable, str(Path(__file__).resolve())]
+
+
+def import_docarray_without_torch() -> None:
+    """docarray imported as if PyTorch were not installed; PyTorch stays importable afterwards."""
+    if "torch" in sys.modules:  # imported already: nothing to save
+        return
+    sys.modules["torch"] = None  # type: ignore[assignment]  # `import torch` raises ImportError
+    try:
+        import docarray  # noqa: F401
+    finally:
+        del sys.modules["torch"]
+
+
+def main() -> None:
+    if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
+        del sys.path[0]  # as the `jina` script's: this folder's scripts are not modules of the service
+    import_docarray_without_torch()
+    from jina_cli import main as jina_main
+
+    sys.argv[0] = "jina"
+    jina_main()
+
+
+if __name__ == "__main__":
+    main()
