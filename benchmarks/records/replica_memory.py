@@ -4,7 +4,9 @@ and without (`off`).
 
     python -m benchmarks replica-memory [--model FILE] [--out DIR]
 
-Each case is a fresh fleet on this machine (testing/fleet.py: `jina executor` replicas and one
+First as `LLM_REPLICAS=1 make serve` and `LLM_REPLICAS=2 make serve` run it (testing/flows.py:
+one Flow, its embedder too, `LLM_SHARE_WEIGHTS` left at `auto`, which shares where there are
+replicas). Then each case is a fresh fleet on this machine (testing/fleet.py: `jina executor` replicas and one
 `jina gateway`, as the replicas records run them) serving `--model` (default: the 1.17B
 Llama-shaped Q4_K_M file that `python -m benchmarks sized-models llama-1b --quant Q4_K_M`
 makes). Once every replica is routable and has answered a streamed completion, the proportional
@@ -23,6 +25,7 @@ from typing import Any, Optional
 import psutil
 
 from testing.fleet import LocalFleet
+from testing.flows import start_flow
 from testing.procs import ROOT
 
 from ..harness.sized_models import CACHE
@@ -31,9 +34,8 @@ from .sizes import head, publish
 CASES = (("shared", 1), ("shared", 2), ("off", 1), ("off", 2))
 
 
-def fleet_pss(fleet: LocalFleet) -> int:
-    """Bytes: the PSS of the gateway, the replicas and all their children."""
-    roots = [p.proc.pid for p in (fleet.gateway, *fleet.executors) if p is not None]
+def tree_pss(roots: list[int]) -> int:
+    """Bytes: the PSS of these processes and all their children."""
     processes = {pid: psutil.Process(pid) for pid in roots}
     for pid in roots:
         processes.update({child.pid: child for child in psutil.Process(pid).children(recursive=True)})
@@ -56,6 +58,41 @@ def complete(port: int) -> None:
         answer.read()
 
 
+def wait_loaded(port: int, replicas: int, timeout: float = 300.0) -> None:
+    """Until the gateway's /stats has `replicas` replicas, each with its model loaded."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=30) as answer:
+            states = [r.get("model_state") for r in json.load(answer)["replicas"]]
+        if states.count("loaded") >= replicas:
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"{replicas} replicas did not load their model in {timeout:.0f} s")
+
+
+def measure_flow(model: Path, replicas: int, logs: Path) -> dict[str, Any]:
+    """`LLM_REPLICAS=n make serve`'s Flow: the Flow's process, its gateway, each replica's executor and
+    engine process, and the embedder."""
+    with tempfile.TemporaryDirectory(dir=ROOT / "benchmarks" / ".models") as cache:
+        env = {"LLM_REPLICAS": str(replicas), "LLM_SHARE_WEIGHTS": "auto", "LLM_WEIGHTS_CACHE": cache}
+        started = time.perf_counter()
+        folder = logs / f"flow-{replicas}"
+        folder.mkdir(parents=True, exist_ok=True)
+        server, _, http_port = start_flow(str(model), folder, env=env, embeddings=True)
+        try:
+            wait_loaded(http_port, replicas)  # the Flow answers once one replica has its model
+            ready = time.perf_counter() - started
+            for _ in range(2 * replicas):
+                complete(http_port)
+            time.sleep(2)
+            row = {"sharing": "flow", "replicas": replicas, "pss_gb": round(tree_pss([server.proc.pid]) / 1e9, 2),
+                   "ready_s": round(ready, 1)}
+        finally:
+            server.stop()
+    print(f"  {row}", flush=True)
+    return row
+
+
 def measure(model: Path, sharing: str, replicas: int, logs: Path) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(dir=ROOT / "benchmarks" / ".models") as cache:
         env = {"LLM_SHARE_WEIGHTS": "off" if sharing == "off" else "on", "LLM_WEIGHTS_CACHE": cache}
@@ -65,23 +102,29 @@ def measure(model: Path, sharing: str, replicas: int, logs: Path) -> dict[str, A
             for _ in range(2 * replicas):
                 complete(fleet.http_port)
             time.sleep(2)
-            row = {"sharing": sharing, "replicas": replicas, "pss_gb": round(fleet_pss(fleet) / 1e9, 2),
+            row = {"sharing": sharing, "replicas": replicas, "pss_gb": round(tree_pss([p.proc.pid for p in (fleet.gateway, *fleet.executors) if p is not None]) / 1e9, 2),
                    "ready_s": round(ready, 1)}
     print(f"  {row}", flush=True)
     return row
 
 
+LABELS = {"flow": "`LLM_REPLICAS=n make serve`: one Flow (auto: shared with 2)",
+          "auto": "a fleet as served by default (auto: one private, two shared)",
+          "shared": "a fleet, shared (LLM_SHARE_WEIGHTS=on)", "off": "a fleet, each its own (off)"}
+
+
 def table(result: dict) -> str:
     rows = {(r["sharing"], r["replicas"]): r["pss_gb"] for r in result["rows"]}
+    rows[("auto", 1)], rows[("auto", 2)] = rows.get(("off", 1)), rows.get(("shared", 2))
     lines = [f"# Two replicas of one model: memory ({result['cpu']})", "",
              f"{result['date']}, git {result['git']}, `{result['command']}`, {result['model']}. PSS of every "
-             "process of the fleet (the gateway, each replica's executor and engine process), GB.", "",
-             "| weights | one replica | two replicas | two / one |", "|---|---|---|---|"]
-    for sharing in ("shared", "off"):
+             "process: the Flow's (its gateway, each replica's executor and engine process, the embedder), or "
+             "the fleet's (`jina executor` replicas and one `jina gateway`, as compose runs them), GB.", "",
+             "| served as | one replica | two replicas | two / one |", "|---|---|---|---|"]
+    for sharing, label in LABELS.items():
         one, two = rows.get((sharing, 1)), rows.get((sharing, 2))
         ratio = f"**{two / one:.2f}x**" if one and two else "n/a"
-        lines.append(f"| {'shared (LLM_SHARE_WEIGHTS=on)' if sharing == 'shared' else 'each its own (off)'} "
-                     f"| {one} | {two} | {ratio} |")
+        lines.append(f"| {label} | {one} | {two} | {ratio} |")
     return "\n".join(lines) + "\n"
 
 
@@ -94,6 +137,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         p.error(f"{args.model} is not there: `python -m benchmarks sized-models llama-1b --quant Q4_K_M` makes it")
     (args.out / "logs").mkdir(parents=True, exist_ok=True)
     result = head("replica-memory", argv, model=args.model.name, rows=[])
+    for replicas in (1, 2):
+        result["rows"].append(measure_flow(args.model, replicas, args.out / "logs"))
     for sharing, replicas in CASES:
         result["rows"].append(measure(args.model, sharing, replicas, args.out / "logs"))
     publish(args.out, result, table(result))
