@@ -6,11 +6,19 @@ requests share the encoder's forward passes; each input's vector is the same bit
 batched with. The model: `model` under `with:`, else LLM_EMBEDDING_MODEL; empty turns embeddings
 off (each request is then refused, saying so), absent means the bundled all-MiniLM-L6-v2 when
 `make model` fetched it.
+
+The model loads on a thread of its own, at the lowest CPU priority, while the executor serves:
+its imports and load (about 5 s of CPU for all-MiniLM-L6-v2) would otherwise run beside the
+generating engine's on the same cores and delay the service's first answer by about 2 s. An
+embedding request that comes before the load ends waits for it; one whose model failed to load
+is refused, naming the model.
 """
 import json
+import os
+import threading
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 from docarray import DocList
@@ -20,8 +28,10 @@ from jina import Executor, dynamic_batching, requests
 from contract import ErrorKind, settings
 from contract.endpoints import EMBED, EMBED_INFO
 from contract.lifecycle import die_with_parent
-from engine import Embedder
 from schemas import EmbeddingDocument
+
+if TYPE_CHECKING:
+    from engine import Embedder
 
 die_with_parent()
 
@@ -41,40 +51,73 @@ class EmbeddingExecutor(Executor):
     def __init__(self, model: str = "", threads: int = 0, **kwargs: Any):
         die_with_parent()
         super().__init__(**kwargs)
-        source = embedding_source(model)
-        self.embedder: Optional[Embedder] = Embedder(source, threads or None) if source else None
-        if self.embedder is None:
-            self.logger.info("embeddings off (LLM_EMBEDDING_MODEL is empty, or `make model` has not fetched one)")
+        self.source = embedding_source(model)
+        self._embedder: Optional[Embedder] = None
+        self._failed = ""  # why the model did not load
+        self._loaded = threading.Event()
+        if self.source:
+            threading.Thread(target=self._load, args=(threads or None,), name="llm-embedder-load", daemon=True).start()
         else:
-            info = self.embedder.info
-            self.logger.info(f"embedding model {info.model_id} ({source}): {info.dimensions} dimensions, "
+            self._loaded.set()
+            self.logger.info("embeddings off (LLM_EMBEDDING_MODEL is empty, or `make model` has not fetched one)")
+
+    def _load(self, threads: Optional[int]) -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # Linux: this thread alone
+        except (OSError, AttributeError):  # elsewhere: at the same priority
+            pass
+        try:
+            from engine import Embedder
+            self._embedder = Embedder(self.source, threads)
+            info = self._embedder.info
+            self.logger.info(f"embedding model {info.model_id} ({self.source}): {info.dimensions} dimensions, "
                              f"{info.max_tokens} tokens an input, loaded in {info.load_seconds:.1f} s")
+        except Exception as exc:  # noqa: BLE001 - each request is refused with it; the service serves on
+            self._failed = f"{type(exc).__name__}: {exc}"
+            self.logger.error(f"embedding model {self.source} did not load: {self._failed}")
+        finally:
+            self._loaded.set()
+
+    @property
+    def embedder(self) -> Optional["Embedder"]:
+        """The model, once loaded (waiting for its load); None when none is served or it failed to."""
+        self._loaded.wait()
+        return self._embedder
+
+    def _unavailable(self) -> str:
+        """Why a request cannot be embedded, with its `model:` field first; "" when it can."""
+        if self.embedder is not None:
+            return ""
+        if self._failed:
+            return f"model: the embedding model {self.source} did not load ({self._failed})"
+        return "model: no embedding model is served (LLM_EMBEDDING_MODEL is empty)"
 
     @requests(on=EMBED)
     @dynamic_batching(preferred_batch_size=64, timeout=2)
     def embed(self, docs: DocList[EmbeddingDocument], **kwargs: Any) -> DocList[EmbeddingDocument]:
         """Each input embedded, or refused (too long with truncate off, token ids outside the vocabulary)."""
-        if self.embedder is None:
+        embedder = self.embedder
+        if embedder is None:
             for doc in docs:
-                _refuse(doc, "model: no embedding model is served (LLM_EMBEDDING_MODEL is empty)", ErrorKind.NOT_FOUND)
+                _refuse(doc, self._unavailable(), ErrorKind.GENERATION if self._failed else ErrorKind.NOT_FOUND)
             return docs
         ids = [list(d.token_ids) if d.token_ids else [] for d in docs]
         texts = [i for i, d in enumerate(docs) if not d.token_ids]
-        for i, one in zip(texts, self.embedder.tokens([docs[i].text for i in texts]), strict=True):
+        for i, one in zip(texts, embedder.tokens([docs[i].text for i in texts]), strict=True):
             ids[i] = one
-        vocabulary = len(self.embedder.tokenizer)
+        vocabulary = len(embedder.tokenizer)
         good = []
         for i, (doc, one) in enumerate(zip(docs, ids, strict=True)):
             if any(t < 0 or t >= vocabulary for t in one):
                 _refuse(doc, f"input.{i}: token ids must be between 0 and {vocabulary - 1}")
-            elif len(one) > self.embedder.max_tokens and not doc.truncate:
-                _refuse(doc, f"input.{i}: {len(one)} tokens, more than the model's {self.embedder.max_tokens}")
+            elif len(one) > embedder.max_tokens and not doc.truncate:
+                _refuse(doc, f"input.{i}: {len(one)} tokens, more than the model's {embedder.max_tokens}")
             else:
                 good.append(i)
-        vectors = self.embedder.embed([ids[i] for i in good])
+        vectors = embedder.embed([ids[i] for i in good])
         for i, vector in zip(good, vectors, strict=True):
             docs[i].embedding = NdArray._docarray_from_native(np.asarray(vector, dtype=np.float32))
-            docs[i].prompt_tokens = min(len(ids[i]), self.embedder.max_tokens)
+            docs[i].prompt_tokens = min(len(ids[i]), embedder.max_tokens)
         return docs
 
     @requests
@@ -86,10 +129,11 @@ class EmbeddingExecutor(Executor):
     def info(self, docs: DocList[EmbeddingDocument], **kwargs: Any) -> DocList[EmbeddingDocument]:
         """The model's EmbedderInfo as JSON text (`text` of the one document), or an error when off."""
         out = EmbeddingDocument()
-        if self.embedder is None:
-            _refuse(out, "model: no embedding model is served (LLM_EMBEDDING_MODEL is empty)", ErrorKind.NOT_FOUND)
+        embedder = self.embedder
+        if embedder is None:
+            _refuse(out, self._unavailable(), ErrorKind.GENERATION if self._failed else ErrorKind.NOT_FOUND)
         else:
-            out.text = json.dumps(asdict(self.embedder.info))
+            out.text = json.dumps(asdict(embedder.info))
         return DocList[EmbeddingDocument]([out])
 
 
