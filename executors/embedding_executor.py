@@ -84,13 +84,12 @@ class EmbeddingExecutor(Executor):
         self._loaded.wait()
         return self._embedder
 
-    def _unavailable(self) -> str:
-        """Why a request cannot be embedded, with its `model:` field first; "" when it can."""
-        if self.embedder is not None:
-            return ""
+    def _refuse_unavailable(self, doc: EmbeddingDocument) -> None:
+        """Refused, the field `model`: the model failed to load (naming it), or none is served."""
         if self._failed:
-            return f"model: the embedding model {self.source} did not load ({self._failed})"
-        return "model: no embedding model is served (LLM_EMBEDDING_MODEL is empty)"
+            _refuse(doc, f"model: the embedding model {self.source} did not load ({self._failed})", ErrorKind.GENERATION)
+        else:
+            _refuse(doc, "model: no embedding model is served (LLM_EMBEDDING_MODEL is empty)", ErrorKind.NOT_FOUND)
 
     @requests(on=EMBED)
     @dynamic_batching(preferred_batch_size=64, timeout=2)
@@ -99,7 +98,7 @@ class EmbeddingExecutor(Executor):
         embedder = self.embedder
         if embedder is None:
             for doc in docs:
-                _refuse(doc, self._unavailable(), ErrorKind.GENERATION if self._failed else ErrorKind.NOT_FOUND)
+                self._refuse_unavailable(doc)
             return docs
         ids = [list(d.token_ids) if d.token_ids else [] for d in docs]
         texts = [i for i, d in enumerate(docs) if not d.token_ids]
@@ -131,7 +130,7 @@ class EmbeddingExecutor(Executor):
         out = EmbeddingDocument()
         embedder = self.embedder
         if embedder is None:
-            _refuse(out, self._unavailable(), ErrorKind.GENERATION if self._failed else ErrorKind.NOT_FOUND)
+            self._refuse_unavailable(out)
         else:
             out.text = json.dumps(asdict(embedder.info))
         return DocList[EmbeddingDocument]([out])
