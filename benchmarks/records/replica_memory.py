@@ -70,6 +70,18 @@ def wait_loaded(port: int, replicas: int, timeout: float = 300.0) -> None:
     raise TimeoutError(f"{replicas} replicas did not load their model in {timeout:.0f} s")
 
 
+def settled(http_port: int, roots: list[int], sharing: str, replicas: int, ready: float) -> dict[str, Any]:
+    """The row of a started case: every replica has answered (two completions each, on average), then
+    the PSS of `roots` and their children."""
+    for _ in range(2 * replicas):
+        complete(http_port)
+    time.sleep(2)
+    row = {"sharing": sharing, "replicas": replicas, "pss_gb": round(tree_pss(roots) / 1e9, 2),
+           "ready_s": round(ready, 1)}
+    print(f"  {row}", flush=True)
+    return row
+
+
 def measure_flow(model: Path, replicas: int, logs: Path) -> dict[str, Any]:
     """`LLM_REPLICAS=n make serve`'s Flow: the Flow's process, its gateway, each replica's executor and
     engine process, and the embedder."""
@@ -81,31 +93,19 @@ def measure_flow(model: Path, replicas: int, logs: Path) -> dict[str, Any]:
         server, _, http_port = start_flow(str(model), folder, env=env, embeddings=True)
         try:
             wait_loaded(http_port, replicas)  # the Flow answers once one replica has its model
-            ready = time.perf_counter() - started
-            for _ in range(2 * replicas):
-                complete(http_port)
-            time.sleep(2)
-            row = {"sharing": "flow", "replicas": replicas, "pss_gb": round(tree_pss([server.proc.pid]) / 1e9, 2),
-                   "ready_s": round(ready, 1)}
+            return settled(http_port, [server.proc.pid], "flow", replicas, time.perf_counter() - started)
         finally:
             server.stop()
-    print(f"  {row}", flush=True)
-    return row
 
 
 def measure(model: Path, sharing: str, replicas: int, logs: Path) -> dict[str, Any]:
+    """A fleet: one `jina gateway`, and a `jina executor` per replica."""
     with tempfile.TemporaryDirectory(dir=ROOT / "benchmarks" / ".models") as cache:
         env = {"LLM_SHARE_WEIGHTS": "off" if sharing == "off" else "on", "LLM_WEIGHTS_CACHE": cache}
         started = time.perf_counter()
         with LocalFleet(str(model), logs, replicas, env) as fleet:
-            ready = time.perf_counter() - started
-            for _ in range(2 * replicas):
-                complete(fleet.http_port)
-            time.sleep(2)
-            row = {"sharing": sharing, "replicas": replicas, "pss_gb": round(tree_pss([p.proc.pid for p in (fleet.gateway, *fleet.executors) if p is not None]) / 1e9, 2),
-                   "ready_s": round(ready, 1)}
-    print(f"  {row}", flush=True)
-    return row
+            roots = [p.proc.pid for p in (fleet.gateway, *fleet.executors) if p is not None]
+            return settled(fleet.http_port, roots, sharing, replicas, time.perf_counter() - started)
 
 
 LABELS = {"flow": "`LLM_REPLICAS=n make serve`: one Flow (auto: shared with 2)",
