@@ -28,12 +28,14 @@ from jina import Executor, dynamic_batching, requests
 from contract import ErrorKind, settings
 from contract.endpoints import EMBED, EMBED_INFO
 from contract.lifecycle import die_with_parent
+from executors import discovery
 from schemas import EmbeddingDocument
 
 if TYPE_CHECKING:
     from engine import Embedder
 
 die_with_parent()
+discovery.install()  # the endpoints' schemas computed once, not at every gateway's ask
 
 DEFAULT_MODEL = "models/all-MiniLM-L6-v2"  # `make model` puts the bundled model here
 
@@ -51,6 +53,7 @@ class EmbeddingExecutor(Executor):
     def __init__(self, model: str = "", threads: int = 0, **kwargs: Any):
         die_with_parent()
         super().__init__(**kwargs)
+        discovery.prepare(self)
         self.source = embedding_source(model)
         self._embedder: Optional[Embedder] = None
         self._failed = ""  # why the model did not load

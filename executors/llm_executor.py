@@ -20,11 +20,13 @@ from contract.endpoints import KEEP_ALIVE
 from contract.keep_alive import keep_alive_seconds
 from contract.lifecycle import die_with_parent
 from engine import CoreProcess, EngineClient, EngineProcess, ModelLifecycle, SpareCore, served_name
+from executors import discovery
 from executors.convert import error_document, server_info, to_document, to_request, tokenizer_spec
 from executors.metrics import Metrics
 from schemas import ModelOutputDocument, PromptDocument
 
 die_with_parent()  # as soon as Jina loads this module in the process it forked: its start may take a while
+discovery.install()  # the endpoints' schemas computed once, not at every gateway's ask
 
 DEFAULT_MODEL = "models/SmolLM2-135M-Instruct"  # where `make model` puts the default model
 
@@ -50,6 +52,7 @@ class LLMExecutor(Executor):
         options = {**EngineConfig.from_env(),
                    **{f.name: kwargs.pop(f.name) for f in fields(EngineConfig) if f.name in kwargs}}
         super().__init__(**kwargs)
+        discovery.prepare(self)  # while the model loads: the gateway asks as soon as this listens
         options["model"] = model_source(options.get("model", ""))
         options.setdefault("torch_threads", share_of_cores())
         config = EngineConfig(**options)

@@ -42,6 +42,7 @@ from gateway.protocols.ws_chat import chat_router
 warnings.filterwarnings("ignore", message="Valid config keys have changed in V2", category=UserWarning)
 
 jina_patches.install_call_ends()  # the executor's generation ends with the request that asked for it
+jina_patches.install_discovery_gate()  # the first try for the executors' endpoints once they listen
 
 
 die_with_parent()  # as soon as Jina loads this module in the process it forked: its start may take a while

@@ -3,6 +3,7 @@
 Each test's tier comes from its folder (unit, gateway, service, real_model): a marker of
 that name, so `pytest -m "unit or gateway"` (make test-fast) picks the quick tiers.
 """
+import asyncio
 import importlib.util
 import os
 import shutil
@@ -271,3 +272,13 @@ async def make_engine():
     yield factory
     for made_engine in made:
         made_engine.shutdown()
+
+
+def on_a_new_loop(coroutine: Any) -> Any:
+    """The coroutine's result, run on an event loop of its own, closed after (not asyncio.run,
+    which leaves the thread no current event loop for a later test's Jina objects)."""
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coroutine)
+    finally:
+        loop.close()

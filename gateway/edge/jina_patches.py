@@ -4,7 +4,9 @@ Jina's gateway has no extension point for what this service needs of it (calls t
 request, a gRPC edge that refuses bad input, one router for every protocol, a banner that lists only
 what is served), so the gateway replaces or reads a few of Jina's private methods and attributes.
 Each is a named patch below: what it replaces or reads, and why. All were written against Jina
-JINA_VERSION; no other module of the project names a private Jina attribute, they call these.
+JINA_VERSION; no other module of the project names a private Jina attribute, they call these, but
+one: executors/discovery.py, the executor's own patch (its answer to endpoint discovery computed
+once), which the executors' processes install without loading the gateway's modules.
 tests/unit/test_jina_patches.py checks, for each patch, that what it relies on is still where it
 was (names, signatures) and that it is in place.
 
@@ -43,7 +45,11 @@ import grpc  # noqa: E402 - after the version check, which must come first
 from fastapi import FastAPI  # noqa: E402
 from jina import Flow  # noqa: E402
 from jina.proto import jina_pb2  # noqa: E402
+from jina.serve.networking import GrpcConnectionPool  # noqa: E402
 from jina.serve.networking.connection_stub import _ConnectionStubs  # noqa: E402
+from jina.serve.runtimes.gateway.graph.topology_graph import TopologyGraph  # noqa: E402
+
+from gateway.edge.listening import until_listening  # noqa: E402
 
 # --- Patch "call ends": _ConnectionStubs.send_single_doc_request, replaced ----------------------
 
@@ -215,3 +221,49 @@ def filter_summary_table(keep: Callable[[Any], bool]) -> None:
 
     setattr(summary_table, "__wrapped__", _jinas_summary_table)  # noqa: B010 - a function's attribute, untyped
     Flow._get_summary_table = summary_table
+
+
+# --- Patch "discovery": TopologyGraph._get_all_endpoints, wrapped ---------------------------------
+
+# Jina's own method, also where this module is imported a second time under another name
+_jinas_get_all_endpoints = getattr(TopologyGraph._get_all_endpoints, "__wrapped__",
+                                   TopologyGraph._get_all_endpoints)
+
+
+def deployment_addresses(graph: TopologyGraph, pool: GrpcConnectionPool) -> list[list[str]]:
+    """Each executor deployment's replicas' addresses, as the connection pool that Jina's discovery
+    asks through knows them (its private `_connections`, the replicas of each deployment's head)."""
+    found = []
+    for node in graph.all_nodes:
+        replicas = pool._connections.get_replicas(node.name, True, increase_access_count=False)
+        if replicas is not None:
+            found.append([connection.address for connection in replicas.get_all_connections()])
+    return found
+
+
+_said: set[str] = set()  # what this process said once: its servers (gRPC, HTTP) each wait
+
+
+def _say_once(logger: Any, message: str) -> None:
+    if message not in _said:
+        _said.add(message)
+        logger.info(message)
+
+
+def install_discovery_gate() -> None:
+    """The gateway's first try for the executors' endpoints comes when they listen (gateway/edge/
+    listening.py), not at Jina's next retry, a second or two later.
+
+    Jina's servers wait at their start in `TopologyGraph._get_all_endpoints(pool, retry_forever=True,
+    is_cancel)`, which retries each second. The wrapper waits first, then calls it. Idempotent;
+    gateway/composite.py calls it when Jina loads the gateway's module."""
+    async def get_all_endpoints(self: TopologyGraph, connection_pool: GrpcConnectionPool,
+                                retry_forever: bool = False, is_cancel: Optional[asyncio.Event] = None) -> Any:
+        if retry_forever and not self._all_endpoints:
+            await until_listening(deployment_addresses(self, connection_pool), is_cancel,
+                                  waiting=lambda: _say_once(self.logger, "waiting for the executor to load its model..."))
+        return await _jinas_get_all_endpoints(self, connection_pool, retry_forever=retry_forever,
+                                              is_cancel=is_cancel)
+
+    setattr(get_all_endpoints, "__wrapped__", _jinas_get_all_endpoints)  # noqa: B010 - as the banner's
+    TopologyGraph._get_all_endpoints = get_all_endpoints

@@ -111,3 +111,27 @@ def test_the_processes_jina_starts_do_without_torch():
     served = loaded("served")
     assert {"jina", "docarray", "executors", "gateway", "transformers"} <= served
     assert "torch" not in served
+
+
+def test_the_request_the_executor_sends_the_engine_process_names_no_class_of_the_edges():
+    """The executor pickles each request to the engine process, which unpickles it: a value of a
+    schemas type (the seed, a `schemas.Seed`) would have it import schemas, DocArray and pydantic
+    at the first request. Every request field of the contract is set, through the protobuf wire."""
+    import io
+    import pickle
+
+    from executors.convert import to_request
+    from schemas import PromptDocument
+    doc = PromptDocument(prompt="Hello", seed=7, stop=["x"], max_tokens=4, temperature=0.5, top_k=3,
+                         ignore_eos=True, choice=["a", "b"], resume_tokens=[1, 2], keep_alive=60)
+    doc = PromptDocument.from_protobuf(doc.to_protobuf())
+    named: set[str] = set()
+
+    class Recording(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> object:
+            named.add(module.split(".")[0])
+            return super().find_class(module, name)
+
+    request = Recording(io.BytesIO(pickle.dumps(to_request(doc)))).load()
+    assert request[1].seed == 7 and type(request[1].seed) is int
+    assert named == {"contract"}, named

@@ -14,7 +14,7 @@ import pytest
 from jina.serve.networking.connection_stub import _ConnectionStubs
 
 from gateway.edge import jina_patches
-from tests.conftest import ROOT
+from tests.conftest import ROOT, on_a_new_loop
 
 
 def pristine(module: ModuleType) -> ModuleType:
@@ -54,6 +54,8 @@ def gateway():
         loop.run_until_complete(built.servers[0].streamer.close())
     finally:
         loop.close()
+
+
 
 
 def jinas_streamer(streamer):
@@ -240,3 +242,83 @@ def test_the_banner_replaces_a_method_jina_still_calls_with_its_signature():
     import gateway.banner  # noqa: F401 - as flows/llm.yml's py_modules imports it
     assert Flow._get_summary_table is not jina_patches._jinas_summary_table
     assert Flow._get_summary_table.__wrapped__ is jina_patches._jinas_summary_table
+
+
+# --- discovery: TopologyGraph._get_all_endpoints, after the executors listen ----------------------
+
+def test_the_discovery_gate_wraps_a_method_jina_still_has_with_its_signature():
+    from jina.serve.runtimes.gateway.graph import topology_graph
+    jinas = pristine(topology_graph).TopologyGraph._get_all_endpoints
+    assert parameters(jinas) == [("self", inspect.Parameter.empty), ("connection_pool", inspect.Parameter.empty),
+                                 ("retry_forever", False), ("is_cancel", None)]
+    assert "await asyncio.sleep(1)" in source(jinas) and "self._all_endpoints" in source(jinas)
+    for server_class in ("grpc", "http"):  # Jina's servers wait in it, retrying for ever
+        module = importlib.import_module(f"jina.serve.runtimes.servers.{server_class}")
+        assert "_get_endpoints_input_output_models" in inspect.getsource(module)
+
+
+def test_the_discovery_gate_is_installed_when_jina_loads_the_gateway():
+    from jina.serve.runtimes.gateway.graph.topology_graph import TopologyGraph
+
+    import gateway.composite  # noqa: F401 - what Jina imports in the gateway's process
+    assert TopologyGraph._get_all_endpoints.__wrapped__ is jina_patches._jinas_get_all_endpoints
+
+
+def test_the_gate_reads_the_executors_addresses_where_jinas_pool_keeps_them(gateway):
+    jinas = jinas_streamer(gateway.servers[0].streamer)
+    assert jina_patches.deployment_addresses(jinas.topology_graph, jinas._connection_pool) == [["127.0.0.1:52347"]]
+
+
+def test_a_gateway_stopped_while_its_executor_loads_stops_waiting(gateway):
+    """Nothing listens on the executor's address: the gate waits, and gives up with the runtime's
+    cancel event, as Jina's retries do."""
+    jinas = jinas_streamer(gateway.servers[0].streamer)
+
+    async def stopped_after(seconds: float) -> object:
+        cancel = asyncio.Event()
+        asyncio.get_running_loop().call_later(seconds, cancel.set)
+        return await asyncio.wait_for(jinas.topology_graph._get_all_endpoints(
+            jinas._connection_pool, retry_forever=True, is_cancel=cancel), timeout=10)
+    assert on_a_new_loop(stopped_after(0.2)) is None
+
+
+# --- the executor's: WorkerRequestHandler.endpoint_discovery, its answer computed once ------------
+
+def test_the_executors_discovery_wraps_a_method_jina_still_has_reading_what_it_read():
+    from jina.serve.runtimes.worker import request_handling
+
+    from executors import discovery
+    jinas = pristine(request_handling).WorkerRequestHandler.endpoint_discovery
+    assert parameters(jinas) == parameters(discovery.endpoint_discovery)
+    used = set(re.findall(r"self\.(\w+)", source(jinas)))
+    assert used == {"_executor", "logger"}, used  # all the handler that prepare() makes ahead has
+
+
+def test_the_executors_answer_is_jinas_computed_once(monkeypatch):
+    from types import SimpleNamespace
+
+    from jina import Executor, requests
+    from jina.serve.runtimes.worker.request_handling import WorkerRequestHandler
+
+    from executors import discovery
+    from schemas import ModelOutputDocument, PromptDocument
+
+    class Tiny(Executor):
+        @requests(on="/stream")
+        async def stream(self, doc: PromptDocument, **kwargs) -> ModelOutputDocument:
+            return ModelOutputDocument()
+
+    executor = Tiny()
+    computed = []
+    jinas_models = executor._get_endpoint_models_dict
+    monkeypatch.setattr(executor, "_get_endpoint_models_dict", lambda: computed.append(1) or jinas_models())
+    discovery.install()
+    assert WorkerRequestHandler.endpoint_discovery is discovery.endpoint_discovery
+    handler = SimpleNamespace(_executor=executor, logger=executor.logger)
+    expected = on_a_new_loop(discovery._jinas_endpoint_discovery(handler, None, None))
+    computed.clear()
+    discovery.prepare(executor)
+    answers = [on_a_new_loop(discovery.endpoint_discovery(handler, None, None))
+               for _ in range(3)]
+    assert all(answer == expected for answer in answers) and "/stream" in expected.endpoints
+    assert len(computed) == 1
