@@ -136,6 +136,9 @@ _DECLARED = (
             "(auto, off, or OPEN,CLOSE)", (EXECUTOR,)),
     Setting("LLM_ENGINE_STALL_S", float, 60.0, "seconds a busy engine process may stay silent before it counts "
             "as stalled and is replaced", (EXECUTOR,), low=0.001),
+    Setting("LLM_ENGINE_AHEAD", str, None, "the engine process that `make serve`'s launcher starts before its own "
+            "imports, for the first executor to claim: its socket's name, set by the launcher (`off`: none "
+            "started)", (SERVE, EXECUTOR), shown="set by the launcher"),
     Setting("LLM_REPLICAS", int, 1, "engine replicas behind the gateway, each with its share of the cores "
             "(`make serve` and `deploy/serve.py`)", (SERVE, EXECUTOR, ENGINE), low=1, high=64),
     Setting("LLM_METRICS_PORT", int, None, "each executor serves its own `/metrics` on this port (for a scraper "

@@ -16,6 +16,7 @@ torch_vectors.pin()  # before PyTorch's first operation: the same bits on every 
 
 if TYPE_CHECKING:
     from .embeddings import Embedder, EmbedderInfo
+    from .frontend.ahead import claim_ahead
     from .frontend.async_engine import EngineClient
     from .frontend.engine_process import EngineProcess
     from .frontend.in_process import AsyncEngine
@@ -32,10 +33,10 @@ _PUBLIC = {"AsyncEngine": ".frontend.in_process", "Embedder": ".embeddings", "Em
            "LoadedModel": ".model.loader", "ModelLifecycle": ".frontend.lifecycle", "ModelState": ".frontend.lifecycle",
            "PromptScores": ".outputs", "RequestOutput": ".outputs", "load_model": ".model.loader",
            "served_name": ".model.info", "SpareCore": ".frontend.spare", "CoreProcess": ".frontend.spare",
-           "spawn_core": ".frontend.spare"}
+           "spawn_core": ".frontend.spare", "claim_ahead": ".frontend.ahead"}
 __all__ = ["AsyncEngine", "CoreProcess", "Embedder", "EmbedderInfo", "EngineClient", "EngineObserver", "EngineProcess",
            "LoadedModel", "ModelLifecycle", "ModelState", "PromptScores", "RequestOutput", "SpareCore", "load_model",
-           "served_name", "spawn_core"]
+           "served_name", "spawn_core", "claim_ahead"]
 assert sorted(__all__) == sorted(_PUBLIC)
 
 

@@ -141,6 +141,15 @@ class LoadFailed:
 
 
 @dataclass
+class Claimed:
+    """An engine process started ahead (core/ahead_process.py) is now the connecting executor's:
+    its pid, and when it started (time.monotonic(), which every process of the machine shares)."""
+
+    pid: int
+    started_at: float
+
+
+@dataclass
 class Ack:
     """A request was queued (error None) or refused before any token."""
 

@@ -162,17 +162,25 @@ def serve(commands: Connection, outputs: Connection) -> None:
     CoreLoop(core, commands, outputs).run()
 
 
-def main() -> None:
+def set_up_process() -> None:
+    """What every engine process sets first, however it was started."""
     # Ctrl+C reaches the whole process group; the frontend decides when this process ends
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the frontend's watchdog asks, at a stall
     logging.basicConfig(level=logging.INFO, format="engine-process %(levelname)s %(name)s: %(message)s")
-    commands = Connection(int(sys.argv[1]), writable=False)
-    outputs = Connection(int(sys.argv[2]), readable=False)
+
+
+def run(commands: Connection, outputs: Connection) -> None:
+    """Serve the executor at the other end of these until it goes (EOF) or says to stop."""
     try:
         serve(commands, outputs)
     except (EOFError, OSError):
         pass
+
+
+def main() -> None:
+    set_up_process()
+    run(Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]), readable=False))
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ from contract.memory import give_back_freed
 from ..messages import AbortRequest, AddRequest, Command, LoadFailed, Prepared, Ready, Shutdown, StepOutputs, replay
 from ..observer import EngineObserver
 from ..outputs import RequestOutput
+from .ahead import EXIT_UNKNOWN
 from .async_engine import EngineClient
 from .prepare import Preparer
 from .spare import CoreProcess, SpareCore, spawn_core
@@ -89,7 +90,7 @@ class EngineProcess(EngineClient):
         try:
             reply = self._outputs.recv()
         except EOFError:
-            reply = LoadFailed(f"the engine process exited with code {self._process.wait()} while loading")
+            reply = LoadFailed(f"the engine process exited{exit_code(self._process.wait())} while loading")
         match reply:
             case Ready(info, tokenizer, stats, stages):
                 self.info, self._stats, self._stats_at = info, stats, time.monotonic()
@@ -190,8 +191,7 @@ class EngineProcess(EngineClient):
         return time.monotonic() - max(self._stats_at, self._busy_since)
 
     def _restart(self) -> bool:
-        code = self._process.wait()
-        message = f"the engine process exited unexpectedly (code {code})"
+        message = f"the engine process exited unexpectedly{exit_code(self._process.wait())}"
         log.error("%s; failing its requests and starting a new one", message)
         self._dead = message
         self._fail_all(message)
@@ -295,6 +295,11 @@ def start_stages(core: CoreProcess, asked: float, sent: float, child: dict, rece
     return {"spawn": sent - asked, "imports": max(0.0, config - sent), "load": loaded - config,
             "engine": ready - loaded, "handover": received - ready, "total": received - asked,
             "spare": float(core.spare), "imports_done": imported - core.spawned_at}
+
+
+def exit_code(code: int) -> str:
+    """The words for a process's exit code in a message: none for a claimed process's (ahead.py)."""
+    return "" if code == EXIT_UNKNOWN else f" (code {code})"
 
 
 def _set_outcome(future: asyncio.Future, error: Any) -> None:

@@ -20,7 +20,10 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from .ahead import ClaimedProcess
 
 _ROOT = str(Path(__file__).resolve().parents[2])  # holds the `engine` package
 
@@ -29,7 +32,7 @@ _ROOT = str(Path(__file__).resolve().parents[2])  # holds the `engine` package
 class CoreProcess:
     """An engine process and its two pipes, before it has its config."""
 
-    process: subprocess.Popen
+    process: "subprocess.Popen | ClaimedProcess"  # ahead.py's: one that the launcher started
     commands: Connection  # ours to write
     outputs: Connection  # ours to read
     spawned_at: float  # time.monotonic()
@@ -45,11 +48,16 @@ class CoreProcess:
         self.process.wait()
 
 
+def engine_env() -> dict[str, str]:
+    """An engine process's environment: this one's, with the `engine` package importable."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_ROOT, os.environ.get("PYTHONPATH")]))}
+
+
 def spawn_core() -> CoreProcess:
     """Start an engine process (milliseconds): it imports, then waits for its EngineConfig."""
     cmd_read, cmd_write = os.pipe()
     out_read, out_write = os.pipe()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_ROOT, os.environ.get("PYTHONPATH")]))}
+    env = engine_env()
     spawned_at = time.monotonic()
     try:
         process = subprocess.Popen([sys.executable, "-m", "engine.core.core_process", str(cmd_read), str(out_write)],

@@ -253,3 +253,27 @@ async def test_the_first_request_after_an_idle_spell_is_not_a_stall(gpt2_model, 
         assert (engine.stats()["stalls"], engine.stats()["process_restarts"]) == (0, 0)
     finally:
         engine.shutdown()
+
+
+async def test_an_engine_process_started_ahead_serves_the_executor_that_claims_it(gpt2_model, engines, monkeypatch):
+    """As `make serve`'s launcher starts it (engine/core/ahead_process.py): claimed, it loads the
+    config it is sent, answers the same tokens, and exits when shut down, though it is not this
+    process's child; the next claim finds none and the executor starts its own."""
+    from engine import SpareCore
+    from engine.frontend import ahead
+    monkeypatch.setenv(ahead.AHEAD, "")  # unset, as blank is; restored after the name start_ahead sets
+    launched = ahead.start_ahead()
+    assert launched is not None
+    core = None
+    for _ in range(100):  # it listens within its first tenth of a second
+        if (core := ahead.claim_ahead()) is not None:
+            break
+        time.sleep(0.05)
+    assert core is not None and core.process.pid == launched.pid and ahead.claim_ahead() is None
+    claimed = EngineProcess(EngineConfig(model=gpt2_model, **LIMITS), spare=SpareCore(core))
+    try:
+        assert claimed.pid == launched.pid and claimed.start_stages["spare"] == 1.0
+        assert await _text(claimed, "hello world", GREEDY) == await _text(engines[1], "hello world", GREEDY)
+    finally:
+        claimed.shutdown()
+    assert launched.wait(10) == 0
