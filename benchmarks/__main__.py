@@ -33,6 +33,7 @@ SUBCOMMANDS = {
     "folder": Subcommand("records.folder", "a Hugging Face folder, quantized at load, against its GGUF"),
     "lora": Subcommand("records.lora", "what a LoRA adapter costs on the default model, one stream and sixteen"),
     "replica-memory": Subcommand("records.replica_memory", "the memory of one replica and of two, weights shared or not"),
+    "start": Subcommand("records.start", "from the start command to the first answered completion, against llama.cpp"),
     "reload": Subcommand("records.reload", "the first token after a keep-alive unload, on `make serve`'s Flow"),
     "engine": Subcommand("kernels.engine_bench", "the engine's micro-benchmarks (`make bench-engine`)"),
     "kernels": Subcommand("kernels.against_torch", "the C kernels against the PyTorch ops they replace"),

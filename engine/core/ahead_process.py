@@ -18,6 +18,7 @@ as does every executor when there is none to claim. Unclaimed after CLAIM_WAIT_S
 generating executor, or whose engine runs in the executor's process), it exits. It dies with the
 launcher (PR_SET_PDEATHSIG) and, once claimed, when the executor's end of the socket closes.
 """
+import gc
 import os
 import signal
 import socket
@@ -75,6 +76,7 @@ def claim_first(listener: socket.socket, wait_s: float) -> Optional[socket.socke
 
 
 def main() -> None:
+    gc.disable()  # while it imports, as core_process's main (its prewarm turns it on again)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C reaches the launcher's group: it decides
     die_with_parent()
     listener = listen(sys.argv[1])

@@ -1,4 +1,5 @@
 """The model's large CPU tensors on 2 MB pages: where, and that nothing else changes."""
+import os
 import platform
 import re
 import sys
@@ -48,3 +49,21 @@ def test_a_models_weights_move_onto_huge_pages_with_the_same_values_and_addresse
 def test_without_madvise_nothing_moves(monkeypatch):
     monkeypatch.setattr(huge_pages, "_madvise", lambda: None)
     assert collapse(nn.Linear(1024, 4096)) == 0
+
+
+def test_the_load_does_not_wait_for_the_move(monkeypatch):
+    """collapse_soon returns at once; the move happens on its own thread, at the lowest priority."""
+    import threading
+    started, release, seen = threading.Event(), threading.Event(), {}
+
+    def slow(model):
+        seen["nice"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        started.set()
+        release.wait(10)
+        return 0
+    monkeypatch.setattr(huge_pages, "collapse", slow)
+    thread = huge_pages.collapse_soon(torch.nn.Linear(4, 4))
+    assert started.wait(10) and thread.is_alive()  # running, and collapse_soon has returned
+    release.set()
+    thread.join(10)
+    assert seen["nice"] == 19
