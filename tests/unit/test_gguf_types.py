@@ -177,3 +177,14 @@ def test_an_embedding_kept_as_blocks_looks_up_the_tables_rows(tensor: tuple[T, n
     scaled = BlockRows(reference, exact, order)
     assert torch.equal(scaled(ids), reference(ids))
     assert torch.equal(scaled(ids), table[order][ids] * torch.tensor(WIDTH ** 0.5))
+
+
+def test_the_integer_unpacking_gives_the_packages_steps(tensor: tuple[T, np.ndarray], monkeypatch) -> None:
+    """Where a type's steps are unpacked in integers, they are those of the package's own
+    dequantization of the blocks with unit scales (the path every other type takes)."""
+    from engine.model import gguf_types
+    qtype, data = tensor
+    fast = split(data, qtype, WIDTH)
+    monkeypatch.setattr(gguf_types, "_unpacked", lambda qtype, blocks: None)
+    slow = split(data, qtype, WIDTH)
+    assert fast.steps.dtype == slow.steps.dtype and np.array_equal(fast.steps, slow.steps)
