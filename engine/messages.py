@@ -126,11 +126,19 @@ class Recorder(EngineObserver):
 
 # ----- engine process -> executor -----
 @dataclass
+class TokenizerLoaded:
+    """The model's tokenizer, sent as soon as the load has it, before the weights: the executor's
+    side unpickles it (a second for Gemma 3's 262,144 tokens) while the weights load."""
+
+    tokenizer: Any  # a transformers tokenizer
+
+
+@dataclass
 class Ready:
     """The model loaded: what the executor's side needs to prepare requests."""
 
     info: Any  # loader.ModelInfo
-    tokenizer: Any  # a transformers tokenizer
+    tokenizer: Any  # a transformers tokenizer; None when a TokenizerLoaded came before
     stats: dict
     stages: dict = field(default_factory=dict)  # time.monotonic() at each stage of its start (core_process.py)
 

@@ -24,13 +24,24 @@ import sys  # noqa: E402
 import time  # noqa: E402
 from concurrent.futures import Future, ThreadPoolExecutor  # noqa: E402
 from multiprocessing.connection import Connection  # noqa: E402
-from typing import Optional  # noqa: E402
+from typing import Any, Optional  # noqa: E402
 
 import torch  # noqa: E402
 
 from contract import EngineConfig, EngineDeadError, OverloadedError, ValidationError
 
-from ..messages import AbortRequest, Ack, AddRequest, LoadFailed, Prepared, Ready, Recorder, Shutdown, StepOutputs
+from ..messages import (
+    AbortRequest,
+    Ack,
+    AddRequest,
+    LoadFailed,
+    Prepared,
+    Ready,
+    Recorder,
+    Shutdown,
+    StepOutputs,
+    TokenizerLoaded,
+)
 from ..model.loader import LoadedModel, load_model
 from ..outputs import RequestOutput
 from .core import EngineCore
@@ -151,8 +162,13 @@ def serve(commands: Connection, outputs: Connection) -> None:
     stages = {"imported": time.monotonic()}
     config: EngineConfig = commands.recv()
     stages["config"] = time.monotonic()
+    sent: list[bool] = []
+
+    def early(tokenizer: Any) -> None:  # the executor's side unpickles it while the weights load
+        outputs.send(TokenizerLoaded(tokenizer))
+        sent.append(True)
     try:
-        loaded = load_model(config)
+        loaded = load_model(config, early)
         stages["loaded"] = time.monotonic()
     except Exception as exc:  # noqa: BLE001 - the frontend raises it at start-up
         outputs.send(LoadFailed(str(exc)))
@@ -165,7 +181,7 @@ def serve(commands: Connection, outputs: Connection) -> None:
     gc.collect()
     gc.freeze()  # the model's and tokenizer's objects live as long as this process: the step loop's collections skip them
     stages["ready"] = time.monotonic()
-    outputs.send(Ready(loaded.info, loaded.tokenizer, core.stats(), stages))
+    outputs.send(Ready(loaded.info, None if sent else loaded.tokenizer, core.stats(), stages))
     CoreLoop(core, commands, outputs).run()
 
 

@@ -41,7 +41,18 @@ from typing import Any, Optional
 from contract import EngineConfig, EngineDeadError, OverloadedError, settings
 from contract.memory import give_back_freed
 
-from ..messages import AbortRequest, AddRequest, Command, LoadFailed, Prepared, Ready, Shutdown, StepOutputs, replay
+from ..messages import (
+    AbortRequest,
+    AddRequest,
+    Command,
+    LoadFailed,
+    Prepared,
+    Ready,
+    Shutdown,
+    StepOutputs,
+    TokenizerLoaded,
+    replay,
+)
 from ..observer import EngineObserver
 from ..outputs import RequestOutput
 from .ahead import EXIT_UNKNOWN
@@ -87,12 +98,15 @@ class EngineProcess(EngineClient):
         self._process, self._commands, self._outputs = core.process, core.commands, core.outputs
         self._commands.send(self.config)
         sent = time.monotonic()
+        early: Any = None  # the tokenizer, when it came before the weights loaded (TokenizerLoaded)
         try:
-            reply = self._outputs.recv()
+            while isinstance(reply := self._outputs.recv(), TokenizerLoaded):
+                early = reply.tokenizer
         except EOFError:
             reply = LoadFailed(f"the engine process exited{exit_code(self._process.wait())} while loading")
         match reply:
             case Ready(info, tokenizer, stats, stages):
+                tokenizer = early if tokenizer is None else tokenizer
                 self.info, self._stats, self._stats_at = info, stats, time.monotonic()
                 self.preparer = Preparer(tokenizer, self.config, info.max_context)
                 give_back_freed()  # the tokenizer's unpickling: its parse's temporaries

@@ -12,6 +12,7 @@ row numbers through it, and the blocks are reordered to match, which is exact. A
 processor changes otherwise is dequantized and processed as transformers does.
 """
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
@@ -40,11 +41,13 @@ def servable() -> bool:
     return native.int4_ready() and native.int8_ready()
 
 
-def load(folder: str, name: str) -> tuple[Any, Any, int]:
-    """(tokenizer, model, its weights' count) with the file's quantized Linear weights kept as blocks."""
+def load(folder: str, name: str, on_tokenizer: Callable[[Any], None] = lambda tokenizer: None) -> tuple[Any, Any, int]:
+    """(tokenizer, model, its weights' count) with the file's quantized Linear weights kept as blocks;
+    on_tokenizer has the tokenizer before the weights load."""
     path = Path(folder) / name
     header = gguf_file.read(path)
     config, tokenizer = gguf_file.config_and_tokenizer(path, header.metadata_end)
+    on_tokenizer(tokenizer)
     with no_init_weights():
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     _fill(model, header, config)

@@ -11,9 +11,10 @@ Every type served here is an affine map of small integer steps per block: w = sc
 - Q5_1, Q5_K, Q6_K: int8 steps with fp32 scale (and low) per 16 inputs: Q6_K's own d * sc per 16,
   the others' per-32 pairs repeated.
 
-The steps of Q4_0, Q4_1, Q4_K, Q5_K and Q6_K are unpacked here in integers (`_unpacked`), as the
-`gguf` package's dequantization unpacks them before it scales them; the other types' come from that
-dequantization itself, of the same blocks with their scales set to one and their lows to zero.
+The steps of every type but Q8_0 (whose steps are its bytes) are unpacked here in integers
+(`_unpacked`), as the `gguf` package's dequantization unpacks them before it scales them; a type
+without that path would take the dequantization itself, of the same blocks with their scales set
+to one and their lows to zero.
 The package's float path took 7.4 s of a 1.17B Q4_K_M model's 9.3 s load (its floats, and their
 conversion back to integers), the integers here 0.5 s; tests/unit/test_gguf_types.py checks,
 for every type, that both give the same steps.
@@ -120,10 +121,16 @@ def _nibbles(packed: np.ndarray, run: int) -> np.ndarray:
 
 def _unpacked(qtype: T, blocks: np.ndarray) -> Optional[np.ndarray]:
     """The blocks' steps [blocks, weights per block] unpacked in integers, where this type has
-    that path: 0..15 (Q4_0, Q4_1, Q4_K), 0..31 (Q5_K), -32..31 (Q6_K); None for the others."""
+    that path: 0..15 (Q4_0, Q4_1, Q4_K), 0..31 (Q5_1, Q5_K), -16..15 (Q5_0), -32..31 (Q6_K); None
+    for the others (Q8_0's steps are its bytes)."""
     n = blocks.shape[0]
     if qtype in (T.Q4_0, T.Q4_1):
         return _nibbles(blocks[:, TYPES[qtype].size - 16:], 16)
+    if qtype in (T.Q5_0, T.Q5_1):  # a 32-bit word of fifth bits, then the nibbles, end the block
+        at = TYPES[qtype].size - 20
+        fifth = (blocks[:, at:at + 4].copy().view("<u4") >> np.arange(32, dtype=np.uint32)) & np.uint32(1)
+        steps = _nibbles(blocks[:, at + 4:], 16) | (fifth.astype(np.uint8) << np.uint8(4))
+        return steps.view(np.int8) - np.int8(16) if qtype is T.Q5_0 else steps
     if qtype is T.Q4_K:
         return _nibbles(blocks[:, 16:144], 32)
     if qtype is T.Q5_K:

@@ -2,8 +2,9 @@
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -116,7 +117,8 @@ def pick_attention_backends(device: torch.device) -> None:
         torch.backends.cuda.enable_cudnn_sdp(False)
 
 
-def load_model(config: EngineConfig) -> LoadedModel:
+def load_model(config: EngineConfig, on_tokenizer: Callable[[Any], None] = lambda tokenizer: None) -> LoadedModel:
+    """on_tokenizer: called with the tokenizer as soon as the load has it, before the weights."""
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
     device = pick_device(config.device)
@@ -131,13 +133,13 @@ def load_model(config: EngineConfig) -> LoadedModel:
         if blocks:
             assert gguf is not None
             log.info("%s is GGUF: its quantized weights kept as the file's blocks", source)
-            tokenizer, model, parameters = gguf_native.load(*gguf)
+            tokenizer, model, parameters = gguf_native.load(*gguf, on_tokenizer)
         elif quant is not None:
             log.info("%s: its weights served as %s blocks (quant: %s)", source, quant, config.quant)
-            tokenizer, model, parameters = quantize_on_load.load(source, quant, config.trust_remote_code)
+            tokenizer, model, parameters = quantize_on_load.load(source, quant, config.trust_remote_code, on_tokenizer)
             blocks = True
         else:
-            tokenizer, model = _from_source(source, gguf, dtype, config.trust_remote_code)
+            tokenizer, model = _from_source(source, gguf, dtype, config.trust_remote_code, on_tokenizer)
     except (OSError, ValueError) as exc:
         hint = ("it is not a local folder; set LLM_MODEL to a folder with config.json and weights, "
                 "a .gguf file, or a hub id on a machine that can reach the hub (`make model` "
@@ -183,13 +185,15 @@ def _adapters(model: PreTrainedModel, config: EngineConfig, device: torch.device
     return attached
 
 
-def _from_source(source: str, gguf: Optional[tuple[str, str]], dtype: torch.dtype, trust_remote_code: bool):
+def _from_source(source: str, gguf: Optional[tuple[str, str]], dtype: torch.dtype, trust_remote_code: bool,
+                 on_tokenizer: Callable[[Any], None]):
     """gguf: `find_gguf(source)`."""
     hf_logging.disable_progress_bar()  # a server's log is not a terminal
     if gguf is not None:
         log.info("%s is GGUF: dequantizing its weights to %s in memory", source, dtype)
         return load_gguf(*gguf, dtype)
     tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+    on_tokenizer(tokenizer)
     model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=trust_remote_code)
     return tokenizer, model
 

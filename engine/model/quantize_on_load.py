@@ -19,7 +19,7 @@ folder's weights.
 """
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Optional
 
@@ -85,11 +85,14 @@ def _sixteen_bit(folder: Path) -> bool:
     return False
 
 
-def load(source: str, scheme: str, trust_remote_code: bool) -> tuple[Any, PreTrainedModel, int]:
+def load(source: str, scheme: str, trust_remote_code: bool,
+         on_tokenizer: Callable[[Any], None] = lambda tokenizer: None) -> tuple[Any, PreTrainedModel, int]:
     """(tokenizer, model, its weights' count) with the folder's weights as `scheme`'s blocks: from the
-    cache where this folder was quantized before, else quantized now and kept."""
+    cache where this folder was quantized before, else quantized now and kept; on_tokenizer has the
+    tokenizer before the weights load."""
     folder = Path(source)
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    on_tokenizer(tokenizer)
     model = _skeleton(folder, trust_remote_code)
     cache = quant_cache.root()
     name = quant_cache.key(folder, weight_files(folder), scheme, cache)
