@@ -15,7 +15,8 @@ from . import torch_vectors
 torch_vectors.pin()  # before PyTorch's first operation: the same bits on every x86 CPU
 
 if TYPE_CHECKING:
-    from .embeddings import Embedder, EmbedderInfo
+    from .embedder_info import EmbedderInfo, describe_embedder
+    from .embeddings import Embedder
     from .frontend.ahead import claim_ahead
     from .frontend.async_engine import EngineClient
     from .frontend.engine_process import EngineProcess
@@ -28,15 +29,15 @@ if TYPE_CHECKING:
     from .outputs import PromptScores, RequestOutput
 
 # the engine's public face, what the executors (and anything else outside) may use: name -> module
-_PUBLIC = {"AsyncEngine": ".frontend.in_process", "Embedder": ".embeddings", "EmbedderInfo": ".embeddings",
+_PUBLIC = {"AsyncEngine": ".frontend.in_process", "Embedder": ".embeddings", "EmbedderInfo": ".embedder_info",
            "EngineClient": ".frontend.async_engine", "EngineObserver": ".observer", "EngineProcess": ".frontend.engine_process",
            "LoadedModel": ".model.loader", "ModelLifecycle": ".frontend.lifecycle", "ModelState": ".frontend.lifecycle",
            "PromptScores": ".outputs", "RequestOutput": ".outputs", "load_model": ".model.loader",
            "served_name": ".model.info", "SpareCore": ".frontend.spare", "CoreProcess": ".frontend.spare",
-           "spawn_core": ".frontend.spare", "claim_ahead": ".frontend.ahead"}
+           "spawn_core": ".frontend.spare", "claim_ahead": ".frontend.ahead", "describe_embedder": ".embedder_info"}
 __all__ = ["AsyncEngine", "CoreProcess", "Embedder", "EmbedderInfo", "EngineClient", "EngineObserver", "EngineProcess",
            "LoadedModel", "ModelLifecycle", "ModelState", "PromptScores", "RequestOutput", "SpareCore", "load_model",
-           "served_name", "spawn_core", "claim_ahead"]
+           "served_name", "spawn_core", "claim_ahead", "describe_embedder"]
 assert sorted(__all__) == sorted(_PUBLIC)
 
 

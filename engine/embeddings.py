@@ -8,31 +8,16 @@ Batched equals alone, bit for bit: texts run in groups of one token count (no pa
 encoder's Linear products go through dense_matmul.c (engine/model/fp32.py), which sums each output
 in one order whatever the rows beside it.
 """
-import json
 import time
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Optional
+from dataclasses import replace
+from typing import Optional
 
 import torch
 from torch.nn import functional
 from transformers import AutoModel, AutoTokenizer
 
+from .embedder_info import describe_embedder
 from .model.fp32 import install as fp32_layers
-
-
-@dataclass(frozen=True)
-class EmbedderInfo:
-    """What the service says about its embedding model."""
-
-    model_id: str
-    dimensions: int
-    max_tokens: int  # per input, special tokens included
-    pooling: str
-    normalized: bool
-    load_seconds: float
-    architecture: str = ""  # transformers' model_type: bert...
-    parameters: int = 0
 
 
 class Embedder:
@@ -40,21 +25,13 @@ class Embedder:
         started = time.perf_counter()
         if threads:
             torch.set_num_threads(threads)
-        folder = Path(source)
         self.tokenizer = AutoTokenizer.from_pretrained(source)
         self.model = AutoModel.from_pretrained(source, dtype=torch.float32).eval()
         parameters = self.model.num_parameters()  # before the Linear weights become packed buffers
         fp32_layers(self.model)
-        config: dict = _json(folder / "sentence_bert_config.json", {})
-        pooling: dict = _json(folder / "1_Pooling" / "config.json", {})
-        modules: list = _json(folder / "modules.json", [])
-        self.max_tokens = int(config.get("max_seq_length") or min(self.tokenizer.model_max_length, 512))
-        self.pooling = next((mode for mode in ("cls", "max", "mean") if pooling.get(f"pooling_mode_{mode}_token")),
-                            "mean")
-        self.normalized = any(m.get("type", "").endswith("Normalize") for m in modules)
-        self.info = EmbedderInfo(folder.resolve().name if folder.exists() else source, self.model.config.hidden_size,
-                                 self.max_tokens, self.pooling, self.normalized, time.perf_counter() - started,
-                                 str(self.model.config.model_type), parameters)
+        info = describe_embedder(source, time.perf_counter() - started)  # as the folder says it, loaded or not
+        self.info = info if info.parameters else replace(info, parameters=parameters)  # no safetensors to count
+        self.max_tokens, self.pooling, self.normalized = self.info.max_tokens, self.info.pooling, self.info.normalized
 
     def tokens(self, texts: list[str]) -> list[list[int]]:
         """Each text's token ids, special tokens included, not cut."""
@@ -88,7 +65,3 @@ class Embedder:
             pooled = hidden.sum(dim=1) / hidden.shape[1]
         return functional.normalize(pooled, p=2, dim=1) if self.normalized else pooled
 
-
-def _json(path: Path, default: Any) -> Any:
-    """A sentence-transformers config file's content, or `default` where the folder has none."""
-    return json.loads(path.read_text()) if path.exists() else default

@@ -7,14 +7,15 @@ batched with. The model: `model` under `with:`, else LLM_EMBEDDING_MODEL; empty 
 off (each request is then refused, saying so), absent means the bundled all-MiniLM-L6-v2 when
 `make model` fetched it.
 
-The model loads on a thread of its own, at the lowest CPU priority, while the executor serves:
-its imports and load (about 5 s of CPU for all-MiniLM-L6-v2) would otherwise run beside the
-generating engine's on the same cores and delay the service's first answer by about 2 s. An
-embedding request that comes before the load ends waits for it; one whose model failed to load
-is refused, naming the model.
+The model loads at the first embedding request, as Ollama loads a model when a request names
+it: its imports and load (about 4 s of CPU and 0.46 GB for all-MiniLM-L6-v2) ran beside the
+generating engine's at the service's start, on the same cores, and most users never embed. The
+models' listings describe it before then, from its folder's config files
+(engine/embedder_info.py). The requests that come while it loads wait for it; a load that fails
+refuses the requests that waited for it, naming the model and the cause, and the next request
+tries again. A model folder that cannot be described is refused, naming it, from the start.
 """
 import json
-import os
 import threading
 from dataclasses import asdict
 from pathlib import Path
@@ -28,6 +29,7 @@ from jina import Executor, dynamic_batching, requests
 from contract import ErrorKind, settings
 from contract.endpoints import EMBED, EMBED_INFO
 from contract.lifecycle import die_with_parent
+from engine import EmbedderInfo, describe_embedder
 from executors import discovery
 from schemas import EmbeddingDocument
 
@@ -55,36 +57,44 @@ class EmbeddingExecutor(Executor):
         super().__init__(**kwargs)
         discovery.prepare(self)
         self.source = embedding_source(model)
+        self._threads = threads or None
         self._embedder: Optional[Embedder] = None
-        self._failed = ""  # why the model did not load
-        self._loaded = threading.Event()
-        if self.source:
-            threading.Thread(target=self._load, args=(threads or None,), name="llm-embedder-load", daemon=True).start()
-        else:
-            self._loaded.set()
+        self._failed = ""  # why the model could not be described, or why its last load failed
+        self._loading = threading.Lock()  # one load at a time; the requests meanwhile wait for it
+        self._loads = 0  # loads ended, loaded or failed
+        self._info: Optional[EmbedderInfo] = None
+        if not self.source:
             self.logger.info("embeddings off (LLM_EMBEDDING_MODEL is empty, or `make model` has not fetched one)")
-
-    def _load(self, threads: Optional[int]) -> None:
+            return
         try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # Linux: this thread alone
-        except (OSError, AttributeError):  # elsewhere: at the same priority
-            pass
-        try:
-            from engine import Embedder
-            self._embedder = Embedder(self.source, threads)
-            info = self._embedder.info
-            self.logger.info(f"embedding model {info.model_id} ({self.source}): {info.dimensions} dimensions, "
-                             f"{info.max_tokens} tokens an input, loaded in {info.load_seconds:.1f} s")
-        except Exception as exc:  # noqa: BLE001 - each request is refused with it; the service serves on
+            self._info = describe_embedder(self.source)
+        except (OSError, ValueError) as exc:
             self._failed = f"{type(exc).__name__}: {exc}"
-            self.logger.error(f"embedding model {self.source} did not load: {self._failed}")
-        finally:
-            self._loaded.set()
+            self.logger.error(f"embedding model {self.source} cannot be served: {self._failed}")
+            return
+        self.logger.info(f"embedding model {self._info.model_id} ({self.source}): {self._info.dimensions} "
+                         f"dimensions, {self._info.max_tokens} tokens an input; it loads at the first embedding")
 
     @property
     def embedder(self) -> Optional["Embedder"]:
-        """The model, once loaded (waiting for its load); None when none is served or it failed to."""
-        self._loaded.wait()
+        """The model, loaded now if it is not yet (the first request waits seconds, those beside it
+        wait for the same load); None when none is served or the load failed (`_failed` says why)."""
+        if self._embedder is not None or self._info is None:
+            return self._embedder
+        ended = self._loads  # loads ended before this request came: one that ends meanwhile is its answer
+        with self._loading:
+            if self._embedder is None and self._loads == ended:
+                try:
+                    from engine import Embedder
+                    self._embedder = Embedder(self.source, self._threads)
+                    self._failed = ""
+                    self.logger.info(f"embedding model {self._info.model_id} loaded in "
+                                     f"{self._embedder.info.load_seconds:.1f} s")
+                except Exception as exc:  # noqa: BLE001 - these requests are refused with it; the next tries again
+                    self._failed = f"{type(exc).__name__}: {exc}"
+                    self.logger.error(f"embedding model {self.source} did not load: {self._failed}")
+                finally:
+                    self._loads += 1
         return self._embedder
 
     def _refuse_unavailable(self, doc: EmbeddingDocument) -> None:
@@ -131,11 +141,10 @@ class EmbeddingExecutor(Executor):
     def info(self, docs: DocList[EmbeddingDocument], **kwargs: Any) -> DocList[EmbeddingDocument]:
         """The model's EmbedderInfo as JSON text (`text` of the one document), or an error when off."""
         out = EmbeddingDocument()
-        embedder = self.embedder
-        if embedder is None:
+        if self._info is None:
             self._refuse_unavailable(out)
-        else:
-            out.text = json.dumps(asdict(embedder.info))
+        else:  # the loaded model's own, which says how long its load took; else the folder's
+            out.text = json.dumps(asdict(self._embedder.info if self._embedder is not None else self._info))
         return DocList[EmbeddingDocument]([out])
 
 

@@ -23,7 +23,7 @@ THEN = {"served": "import torch"}  # run after the check's loaded modules are li
 # what the engine may import beside the standard library and the contract, by distribution
 ENGINE_DEPENDENCIES = {"torch": "torch", "transformers": "transformers", "tokenizers": "tokenizers",
                        "llguidance": "llguidance", "gguf": "gguf", "safetensors": "safetensors", "numpy": "numpy",
-                       "jinja2": "jinja2"}  # module -> distribution
+                       "jinja2": "jinja2", "huggingface_hub": "huggingface-hub"}  # module -> distribution
 FOLDER = "LLM_TEST_IMPORTS"  # where the checks write what they loaded (set by start)
 WAIT = 120.0  # seconds a check may take to import
 
