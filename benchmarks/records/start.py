@@ -13,7 +13,6 @@ Llama-shaped Q4_K_M of the sizes record (made on demand). The goal it checks: th
 import argparse
 import json
 import os
-import platform
 import signal
 import statistics
 import subprocess
@@ -28,6 +27,7 @@ from testing.procs import free_port
 from .. import HERE
 from ..harness import sized_models
 from ..harness.systems import LLAMA_SERVER, gguf_of
+from .sizes import cpu_kind
 
 PROG = "python -m benchmarks start"
 ROOT = HERE.parent
@@ -104,8 +104,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--results", type=Path, default=HERE / "results" / "start")
     args = p.parse_args(argv)
     args.results.mkdir(parents=True, exist_ok=True)
-    result: dict = {"date": time.strftime("%Y-%m-%d"), "machine": platform.processor() or platform.machine(),
-                    "cpus": os.cpu_count(), "rounds": args.rounds, "models": {}}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    result: dict = {"date": time.strftime("%Y-%m-%d"), "commit": commit, "machine": cpu_kind(),
+                    "rounds": args.rounds, "models": {}}
     for name, (served, gguf) in models(args.models.split(",")).items():
         times: dict[str, list[float]] = {"this": [], "llama.cpp": []}
         for round_ in range(args.rounds):

@@ -76,7 +76,8 @@ class ClaimedProcess:
         return self.returncode
 
     def __del__(self) -> None:
-        os.close(self._fd)
+        if hasattr(self, "_fd"):  # pidfd_open may have failed (the process gone already)
+            os.close(self._fd)
 
 
 def claim_ahead() -> Optional[CoreProcess]:

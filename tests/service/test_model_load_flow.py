@@ -83,8 +83,9 @@ def _samples(metrics: str, name: str) -> dict[str, float]:
 def test_the_next_request_after_an_unload_takes_the_spare_and_the_wait_is_reported(flow):
     http_port, _, server, _ = flow
     first_load = _replica_stats(http_port)
-    # the Flow's first load took the engine process started as Jina loaded the executor's
-    # modules (executors/early_engine.py): its imports ran beside the executor's own
+    # the Flow's first load took the engine process that the launcher started before its own imports,
+    # claimed as Jina loaded the executor's modules (executors/early_engine.py): its imports ran beside
+    # Jina's and the executor's
     assert first_load["model_load_stages"]["spare"] == 1.0 and first_load["spare"]["taken"] == 0
     answer = _generate(http_port).json()["response"]
     _unload(http_port)
