@@ -97,10 +97,12 @@ def models_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session", autouse=True)
 def weights_cache(tmp_path_factory) -> Path:
     """The shared weights' files (engine/model/shared_weights.py) in this run's folder, unless the
-    caller names one: the tiny models are built anew each run, and their files would pile up in
+    caller names one (the quant cache too): the tiny models are built anew each run, and their files would pile up in
     the user's cache. Every server a test starts inherits it."""
     folder = run_folder(tmp_path_factory, "weights")
     os.environ.setdefault("LLM_WEIGHTS_CACHE", str(folder))
+    # and the int4 layers a folder's load found (engine/model/int4_cache.py), likewise
+    os.environ.setdefault("LLM_QUANT_CACHE", str(run_folder(tmp_path_factory, "quantized")))
     return Path(os.environ["LLM_WEIGHTS_CACHE"])
 
 

@@ -98,3 +98,11 @@ def executor_process(http_port: int) -> psutil.Process:
     """A Flow's executor: the child of the Flow that listens, but not on the gateway's port."""
     gateway = next(p for p in psutil.process_iter() if any(port == http_port for _, port in listening(p)))
     return next(c for c in gateway.parent().children() if c.pid != gateway.pid and listening(c))
+
+
+def engine_processes(http_port: int) -> list[psutil.Process]:
+    """A Flow's engine processes: those its executors started, and the one that `make serve`'s
+    launcher started ahead, the Flow's own child, which an executor claimed
+    (engine/core/ahead_process.py)."""
+    gateway = next(p for p in psutil.process_iter() if any(port == http_port for _, port in listening(p)))
+    return [p for p in gateway.parent().children(recursive=True) if "engine.core." in " ".join(p.cmdline())]

@@ -20,7 +20,8 @@ holds (tests/test_int4.py checks batches of 2 to 64 rows bit for bit), so a requ
 out as it does alone.
 """
 from collections.abc import Callable
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from torch import nn
@@ -53,7 +54,7 @@ class Int4Linear(nn.Module):
         if self.c_kernel:
             self._pack_native(steps, scale, low)
         else:
-            self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(steps, 1))
+            self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(steps.to(torch.int32), 1))
             zero = low + 8 * scale  # PyTorch's convention: weight = (step - 8) * scale + zero
             pairs = torch.stack([scale.t(), zero.t()], dim=-1)  # [groups, out, 2]
             self.register_buffer("scales_zeros", pairs.contiguous().to(torch.bfloat16))
@@ -236,28 +237,62 @@ def _fp16(values: torch.Tensor) -> torch.Tensor:
     return values.clamp(-65504, 65504).half().float()
 
 
+@dataclass
+class Swap:
+    """One Linear's quantized form, as `swap_in` puts it in place: int4 steps [out, in] 0..15 with
+    fp16 scale and low per GROUP, or (no low) the output layer's Q8_0 steps [out, in] int8 and fp16
+    scales per GROUP."""
+
+    name: str
+    steps: torch.Tensor
+    scale: torch.Tensor
+    low: Optional[torch.Tensor]
+
+
+def swaps(model: nn.Module, only_if_exact: bool = False) -> Optional[list[Swap]]:
+    """int4 for every Linear of the layers, Q8_0 for the output layer; None where it cannot be done
+    (a width not a multiple of GROUP, no layer) or, with only_if_exact, where a layer's weights are
+    not 4-bit in groups of GROUP already."""
+    get_output = getattr(model, "get_output_embeddings", None)
+    output = get_output() if callable(get_output) else None  # a transformers model's lm_head
+    found: list[Swap] = []
+    outputs: list[Swap] = []
+    for name, child in list(model.named_modules()):
+        if type(child) is not nn.Linear:  # a Linear, not a subclass of it
+            continue
+        weight = child.weight.detach().float()
+        if child is output:
+            outputs.append(Swap(name, *q8_0(weight), None))
+            continue
+        if child.in_features % GROUP:
+            return None
+        steps, scale, low, exact = _quantize(weight)
+        if only_if_exact and not exact:
+            return None
+        found.append(Swap(name, steps, scale, low))
+    return found + outputs if found else None
+
+
+def swap_in(model: nn.Module, found: list[Swap]) -> None:
+    """Each Linear named replaced by its int4 layer (Int8Linear for the output layer's, of its Q8_0
+    steps where the C kernel takes them, else of the weight itself)."""
+    c_int8 = choose(Op.INT8_MATMUL, "int8").c
+    for swap in found:
+        child = model.get_submodule(swap.name)
+        assert isinstance(child, nn.Linear), swap.name
+        if swap.low is not None:
+            layer: nn.Module = Int4Linear(child, swap.steps, swap.scale, swap.low)
+        else:
+            c_layer = c_int8 and child.out_features % native.DENSE_CHANNELS == 0
+            layer = Int8Linear(child, (swap.steps, swap.scale, None) if c_layer else None)
+        put(model, swap.name, layer)
+
+
 def quantize(model: nn.Module, only_if_exact: bool = False) -> bool:
     """int4 for every Linear of the layers, int8 for the output layer; returns whether it did.
     only_if_exact: only when every layer's weights already are 4-bit in groups of GROUP."""
-    get_output = getattr(model, "get_output_embeddings", None)
-    output = get_output() if callable(get_output) else None  # a transformers model's lm_head
-    swaps: list[tuple[str, nn.Module]] = []
-    outputs: list[tuple[str, Any]] = []
-    for name, child in list(model.named_modules()):
-        if type(child) is not nn.Linear:
-            continue
-        if child is output:
-            outputs.append((name, child))
-            continue
-        if child.in_features % GROUP:
-            return False
-        steps, scale, low, exact = _quantize(child.weight.detach().float())
-        if only_if_exact and not exact:
-            return False
-        swaps.append((name, Int4Linear(child, steps, scale, low)))
-    if not swaps:
+    found = swaps(model, only_if_exact)
+    if found is None:
         return False
-    swaps += [(name, Int8Linear(child)) for name, child in outputs]
-    for name, layer in swaps:
-        put(model, name, layer)
+    swap_in(model, found)
     return True

@@ -15,7 +15,7 @@ from contract.memory import give_back_freed
 
 from ..kernels.native import kv_half_ready
 from ..kernels.table import report as kernel_report
-from . import gguf_native, huge_pages, quantize_on_load, shared_weights
+from . import gguf_native, huge_pages, int4_cache, quantize_on_load, shared_weights
 from . import lora as lora_layers
 from .fp32 import install as fp32_layers
 from .gguf import find_gguf, load_gguf
@@ -87,14 +87,15 @@ def pick_kv_dtype(requested: str, model_dtype: torch.dtype, int4: bool) -> torch
     return torch.float16 if int4 and kv_half_ready() else model_dtype
 
 
-def pick_int4(requested: str, device: torch.device, model: PreTrainedModel) -> bool:
+def pick_int4(requested: str, device: torch.device, model: PreTrainedModel, source: str = "") -> bool:
     """int4 when asked for; and by default on CPU when the weights already are 4-bit in
-    groups of 32 (a Q4_1 GGUF's, as the default model's): int4 then loses nothing."""
+    groups of 32 (a Q4_1 GGUF's, as the default model's): int4 then loses nothing. What a
+    folder's (`source`) load found is kept for its next load (int4_cache.py)."""
     if requested == "int4":
         if not quantize(model):
             raise ValueError("dtype: int4 needs Linear layers whose input width is a multiple of 32, "
                              "and this model's are not (GPT-2's are Conv1D); use fp32 or bf16")
-    elif not (requested == "auto" and device.type == "cpu" and quantize(model, only_if_exact=True)):
+    elif not (requested == "auto" and device.type == "cpu" and int4_cache.quantize_exact(model, source)):
         return False
     return True
 
@@ -148,7 +149,7 @@ def load_model(config: EngineConfig, on_tokenizer: Callable[[Any], None] = lambd
     model.to(device).eval()
     if not blocks:
         parameters = model.num_parameters()
-    int4 = blocks or pick_int4(config.dtype, device, model)
+    int4 = blocks or pick_int4(config.dtype, device, model, source if gguf is None else "")
     if (blocks or not int4) and device.type == "cpu" and fp32_layers(model):  # batch-invariant fp32 products
         log.info("fp32 Linear layers run in dense_matmul.c")
     kv_dtype = pick_kv_dtype(config.kv_cache_dtype, model.dtype, int4)

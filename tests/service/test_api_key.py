@@ -4,6 +4,7 @@ and the chat page stay open."""
 import json
 import subprocess
 import sys
+import time
 
 import grpc
 import pytest
@@ -15,7 +16,7 @@ from websockets.exceptions import InvalidStatus
 from client import StreamError, generate
 from testing.flows import start_flow
 from tests.conftest import ROOT
-from tests.gateway_helpers import executor_process
+from tests.gateway_helpers import engine_processes, executor_process
 
 KEY = "s3cret-key"
 
@@ -26,6 +27,10 @@ def keyed_flow(gpt2_model, tmp_path_factory):
     server, grpc_port, http_port = start_flow(gpt2_model, tmp_path_factory.mktemp("keyed"), env={"LLM_API_KEY": KEY},
                                               core_process=False)
     assert not executor_process(http_port).children(), "core_process: false starts no engine process"
+    deadline = time.monotonic() + 10  # and the one the launcher started ahead went (killed at the claim)
+    while engine_processes(http_port) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not engine_processes(http_port)
     yield grpc_port, http_port
     server.stop()
 

@@ -89,20 +89,22 @@ def page(real_flow):
 
 @needs_chromium
 def test_markdown_is_rendered_and_model_html_is_inert(page):
-    html = page.evaluate("(t) => { const d = renderMarkdown(t); document.getElementById('log').appendChild(d); "
-                         "return d.innerHTML; }", HOSTILE)
+    # rendered into a box of its own in the page: the page may redraw its log (#log) at any moment
+    html, markup, links = page.evaluate("""(t) => { const d = renderMarkdown(t);
+        const box = document.body.appendChild(document.createElement('div')); box.appendChild(d);
+        const seen = [d.innerHTML, ['img', 'script', 'b', 'i'].map((x) => d.querySelectorAll(x).length),
+                      [...d.querySelectorAll('a')].map((a) => a.href).join()];
+        return seen; }""", HOSTILE)
     assert page.evaluate("window.pwned") is None
-    markup = page.evaluate("""() => { const d = document.querySelector('#log .markdown');
-        return ['img', 'script', 'b', 'i'].map((t) => d.querySelectorAll(t).length); }""")
     assert markup == [0, 0, 0, 0], html  # the model's tags, and its image, never became elements
     assert "&lt;img src=x" in html and "&lt;script&gt;" in html  # shown as text
     assert "<strong>bold</strong>" in html and "<em>em</em>" in html
     assert "<code>&lt;b&gt;code&lt;/b&gt;</code>" in html
-    assert "javascript:" not in page.evaluate("() => [...document.querySelectorAll('#log a')].map(a => a.href).join()")
+    assert "javascript:" not in links
     assert 'href="https://example.com" target="_blank" rel="noopener noreferrer"' in html
     assert "<table>" in html and "<blockquote>" in html and "2 * 3 * 4" in html
     assert 'class="language-python hljs"' in html and "copy-code" in html  # highlighted, with its copy button
-    page.evaluate("() => document.getElementById('log').replaceChildren()")
+    page.evaluate("() => document.body.lastElementChild.remove()")
 
 
 @needs_chromium

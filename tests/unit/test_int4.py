@@ -331,3 +331,33 @@ def test_q4_0_blocks_are_kept_exactly():
     steps, scale, low, exact = _quantize(q4_0)
     assert exact and torch.equal(dequantize(steps, scale, low), q4_0)
     assert not _quantize(weight)[3]
+
+
+def test_a_folders_int4_layers_are_kept_for_its_next_load(four_bit_llama, llama_model, tmp_path, monkeypatch):
+    """The first load finds the layers and keeps them (engine/model/int4_cache.py); the next builds the
+    same buffers from the cache without finding them again; a folder that is not 4-bit keeps none."""
+    from engine.model import int4_cache, quant_cache
+    monkeypatch.setenv("LLM_QUANT_CACHE", str(tmp_path / "cache"))
+
+    def fresh(folder: str) -> nn.Module:
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+
+    def buffers(model: nn.Module) -> dict[str, torch.Tensor]:
+        return dict(model.named_buffers())
+
+    plain = fresh(four_bit_llama)
+    assert quantize(plain, only_if_exact=True)
+    first = fresh(four_bit_llama)
+    assert int4_cache.quantize_exact(first, four_bit_llama)
+    assert len(list(quant_cache.root().iterdir())) == 2  # the entry, and the files' hashes
+    monkeypatch.setattr(int4_cache, "swaps", lambda *args, **kwargs: pytest.fail("found again"))
+    second = fresh(four_bit_llama)
+    assert int4_cache.quantize_exact(second, four_bit_llama)
+    for model in (first, second):
+        assert buffers(model).keys() == buffers(plain).keys()
+        assert all(torch.equal(buffer, buffers(plain)[name]) for name, buffer in buffers(model).items())
+        assert {type(m) for m in model.modules()} >= {Int4Linear, Int8Linear}
+    monkeypatch.undo()
+    monkeypatch.setenv("LLM_QUANT_CACHE", str(tmp_path / "other"))
+    assert not int4_cache.quantize_exact(fresh(llama_model), llama_model)
+    assert [p.name for p in quant_cache.root().iterdir()] == ["hashes.json"]
