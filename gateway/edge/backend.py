@@ -149,15 +149,18 @@ class Backend:
             return [EmbeddingDocument(error=f"embeddings: {exc}", error_type=kind.value, error_field="model")
                     for _ in docs]
 
-    async def embed_info(self) -> Optional[dict]:
-        """The embedding model's EmbedderInfo (engine/embeddings.py) as a dict; None when none is served."""
-        for attempt in range(EMBED_INFO_TRIES if self._embed_info is None else 0):
+    async def embed_info(self, live: bool = False) -> Optional[dict]:
+        """The embedding model's EmbedderInfo (engine/embedder_info.py) as a dict; None when none is
+        served. `live`: asked now (its `load_seconds` is 0 until the model has loaded, at the first
+        embedding), else as first asked."""
+        tries = EMBED_INFO_TRIES if self._embed_info is None else 1 if live else 0  # live: once, else as known
+        for attempt in range(tries):
             try:
                 [out] = [out for result in await self._embedder(EMBED_INFO, [EmbeddingDocument()]) for out in result]
             except LookupError:  # this Flow has no embedding deployment
                 return None
             except Exception:  # noqa: BLE001 - not reached yet (just after the start): again, then next time
-                if attempt + 1 < EMBED_INFO_TRIES:
+                if attempt + 1 < tries:
                     await asyncio.sleep(0.5)
                 continue
             self._embed_info = json.loads(out.text) if out.error is None else {}

@@ -85,7 +85,13 @@ class Upstream(Interface):
 
     async def embed(self, docs: list[EmbeddingDocument]) -> list[EmbeddingDocument]: ...
 
-    async def embed_info(self) -> Optional[dict]: ...
+    async def embed_info(self, live: bool = False) -> Optional[dict]: ...
+
+
+def embedding_state(info: dict) -> str:
+    """The embedding model's state as the model listings say a model's: `loaded` once it has loaded
+    (at the first embedding: its EmbedderInfo's `load_seconds` is 0 until then), else `unloaded`."""
+    return "loaded" if info.get("load_seconds") else "unloaded"
 
 
 class Protocol:

@@ -21,7 +21,7 @@ from contract import ErrorKind, ServerInfo
 from contract.transport import OLLAMA_STATUS
 from gateway.mapping.api_fields import ApiFields, no_effect, served
 from gateway.mapping.inputs import BadRequest, parse_body
-from gateway.mapping.protocol import Upstream
+from gateway.mapping.protocol import Upstream, embedding_state
 
 OLLAMA_VERSION = "0.13.0"  # the Ollama API release whose routes and fields these follow
 NEVER = "9999-12-31T23:59:59Z"  # /api/ps's expires_at for a model kept loaded
@@ -78,9 +78,11 @@ class OllamaModel:
 
     @classmethod
     def embedding(cls, info: dict[str, Any]) -> "OllamaModel":
-        """From the embedder's EmbedderInfo (engine/embeddings.py)."""
+        """From the embedder's EmbedderInfo (engine/embedder_info.py): loaded once it has embedded."""
+        loaded = embedding_state(info) == "loaded"
         return cls(info["model_id"], info["architecture"], info["parameters"], info["parameters"] * 4, "float32",
-                   info["max_tokens"], ("embedding",), extra_info=(("embedding_length", info["dimensions"]),))
+                   info["max_tokens"], ("embedding",), extra_info=(("embedding_length", info["dimensions"]),),
+                   loaded=loaded, load_seconds=info.get("load_seconds") if loaded else None)
 
     @property
     def name(self) -> str:
@@ -122,7 +124,7 @@ class OllamaModel:
 async def served_models(backend: Upstream, live: bool = False) -> list[OllamaModel]:
     """The generating models, then the embedding model when one is served (`live`: with their
     states now, loaded or not)."""
-    embedding = await backend.embed_info()
+    embedding = await backend.embed_info(live)
     return [*(OllamaModel.generating(info) for info in await backend.models(live)),
             *([OllamaModel.embedding(embedding)] if embedding else [])]
 

@@ -37,7 +37,7 @@ from gateway.mapping.inputs import (
 )
 from gateway.mapping.logprobs import chat_logprobs, completion_logprobs
 from gateway.mapping.policies import effort_budget, max_tokens_or_default
-from gateway.mapping.protocol import Parsed, Protocol, Upstream, kind, serve, sse
+from gateway.mapping.protocol import Parsed, Protocol, Upstream, embedding_state, kind, serve, sse
 from gateway.mapping.structured_output import OpenAIStructured, openai_constraint
 from gateway.mapping.tool_calls import parts, tool_fields, whole_calls
 from schemas import ModelOutputDocument
@@ -365,8 +365,8 @@ def openai_router(backend: Upstream) -> APIRouter:
 
 async def _model_cards(backend: Upstream) -> list[dict]:
     """Each served model, with the tokens it takes (a prompt and its answer; an embedding's input)."""
-    embedding = await backend.embed_info()
+    embedding = await backend.embed_info(live=True)
     cards = [*((info.model_id, info.max_context, info.state) for info in await backend.models(live=True)),
-             *([(embedding["model_id"], embedding["max_tokens"], "loaded")] if embedding else [])]
+             *([(embedding["model_id"], embedding["max_tokens"], embedding_state(embedding))] if embedding else [])]
     return [{"id": model_id, "object": "model", "created": 0, "owned_by": "llm-stream", "max_model_len": tokens,
              "state": state} for model_id, tokens, state in cards]

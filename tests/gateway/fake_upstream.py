@@ -91,7 +91,7 @@ class FakeUpstream:
         return [EmbeddingDocument(text=d.text, token_ids=d.token_ids, prompt_tokens=len(d.text or d.token_ids),
                                   embedding=np.array([len(d.text or d.token_ids), 1, 0], dtype=np.float32)) for d in docs]
 
-    async def embed_info(self):
+    async def embed_info(self, live=False):
         return self.embedding
 
     async def detokenize(self, doc):

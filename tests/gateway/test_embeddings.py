@@ -79,3 +79,16 @@ def test_v1_models_lists_the_embedding_model_too(http, fake):
     fake.embedding = None
     assert [c["id"] for c in http.get("/v1/models").json()["data"]] == ["fake-model"]
     assert http.get(f"/v1/models/{MODEL}").status_code == 404
+
+
+def test_the_embedding_model_is_listed_unloaded_until_its_first_embedding(http, fake):
+    """It loads at the first embedding request (executors/embedding_executor.py): until then its
+    description says no load (`load_seconds` 0), and the listings say so."""
+    fake.embedding = {**fake.embedding, "load_seconds": 0.0}
+    states = {c["id"]: c["state"] for c in http.get("/v1/models").json()["data"]}
+    assert states[MODEL] == "unloaded"
+    assert [m["name"] for m in http.get("/api/ps").json()["models"]] == ["fake-model:latest"]
+    fake.embedding = {**fake.embedding, "load_seconds": 2.5}  # it has embedded: asked again, live
+    assert {c["id"]: c["state"] for c in http.get("/v1/models").json()["data"]}[MODEL] == "loaded"
+    running = {m["name"]: m for m in http.get("/api/ps").json()["models"]}
+    assert running[f"{MODEL}:latest"]["load_duration"] == 2_500_000_000

@@ -62,7 +62,9 @@ def test_chat_streamed_equals_whole_and_generate_answers_the_same(client, name):
 
 def test_keep_alive_0_unloads_the_model_and_the_next_request_loads_it_again(client, name):
     """`ollama stop`: an empty generate with keep_alive 0; /api/ps then lists the embedding model
-    alone, and the next chat loads the model again (waiting for it) and answers as before."""
+    alone (loaded by its first embedding), and the next chat loads the model again (waiting for
+    it) and answers as before."""
+    assert len(client.embed(model="all-MiniLM-L6-v2", input="hello").embeddings[0]) == 384
     stopped = client.generate(model=name, keep_alive=0)
     assert stopped.done_reason == "unload"
     for _ in range(300):
