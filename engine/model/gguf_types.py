@@ -149,10 +149,9 @@ def split(data: np.ndarray, qtype: T, width: int) -> Exact:
     fields = TYPES[qtype]
     outputs = data.shape[0]
     blocks = np.ascontiguousarray(data).reshape(-1, fields.size)
-    unpacked = None if qtype is T.Q8_0 else _unpacked(qtype, blocks)
-    if qtype is T.Q8_0:  # its steps are its bytes
+    if qtype is T.Q8_0:  # its steps are its bytes: a view of them, copied below
         steps = blocks[:, 2:].view(np.int8).reshape(outputs, width)
-    elif unpacked is not None:  # a new array: the astype below copies nothing
+    elif (unpacked := _unpacked(qtype, blocks)) is not None:  # a new array: the astype below copies nothing
         steps = unpacked.reshape(outputs, width)
     else:
         unit = blocks.copy()
@@ -169,7 +168,7 @@ def split(data: np.ndarray, qtype: T, width: int) -> Exact:
         if sub == 32:
             scale, low, sub = np.repeat(scale, 2, axis=1), None if low is None else np.repeat(low, 2, axis=1), 16
     dtype = np.uint8 if fields.layout in (Layout.INT4, Layout.INT4_F32) else np.int8
-    return Exact(fields.layout, steps.astype(dtype, copy=unpacked is None), scale, low, sub)
+    return Exact(fields.layout, steps.astype(dtype, copy=qtype is T.Q8_0), scale, low, sub)
 
 
 def weights(exact: Exact) -> torch.Tensor:

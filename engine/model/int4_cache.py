@@ -32,7 +32,7 @@ _STEPS, _SCALE, _LOW = ".steps", ".scale", ".low"
 def quantize_exact(model: nn.Module, folder: str) -> bool:
     """int4.quantize(model, only_if_exact=True) for the model loaded from `folder`, read from the
     cache where an earlier load kept what it found, else found now and kept."""
-    files = sorted(Path(folder).glob("*.safetensors")) if Path(folder).is_dir() else []
+    files = quant_cache.weight_files(Path(folder))
     cache = quant_cache.root()
     if cache is None or not files:
         return _swapped(model, swaps(model, only_if_exact=True))
@@ -59,12 +59,9 @@ def _swapped(model: nn.Module, found: Optional[list[Swap]]) -> bool:
 
 def _keep(cache: Path, name: str, found: list[Swap], folder: str) -> None:
     """The layers as an entry of the cache; where it cannot be written, the next load finds them again."""
+    writer = None
     try:
         writer = quant_cache.Writer(cache, name, {"source": str(Path(folder).resolve()), "scheme": SCHEME})
-    except OSError as exc:
-        log.info("the int4 layers of %s are not kept (%s): the next load finds them again", folder, exc)
-        return
-    try:
         for swap in found:
             int4 = swap.low is not None
             writer.add(Stored(swap.name + _STEPS, "int4" if int4 else "int8",
@@ -74,7 +71,8 @@ def _keep(cache: Path, name: str, found: list[Swap], folder: str) -> None:
                 writer.add(Stored(swap.name + _LOW, "F16", swap.low.numpy().astype(np.float16, copy=False)))
         writer.commit()
     except OSError as exc:
-        writer.discard()
+        if writer is not None:
+            writer.discard()
         log.info("the int4 layers of %s are not kept (%s): the next load finds them again", folder, exc)
 
 

@@ -38,6 +38,11 @@ def root() -> Optional[Path]:
     return cache_folder("LLM_QUANT_CACHE", "quantized")
 
 
+def weight_files(folder: Path) -> list[Path]:
+    """A Hugging Face folder's weight files, the ones its entries are keyed by (none: not a folder)."""
+    return sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
+
+
 def key(source: Path, files: list[Path], kind: str, cache: Optional[Path]) -> str:
     """The entry's name for these weight files of `source` quantized as `kind`."""
     digest = hashlib.sha256(f"format {FORMAT}; {kind}".encode())

@@ -35,7 +35,7 @@ from contract import EngineConfig, ValidationError
 from ..kernels import native
 from . import gguf_native, quant_cache, quant_mix
 from .gguf_types import split
-from .quant_cache import Stored
+from .quant_cache import Stored, weight_files
 from .quant_mix import Names
 
 log = logging.getLogger(__name__)
@@ -66,10 +66,6 @@ def pick(config: EngineConfig, source: str, device: torch.device, is_gguf: bool)
     wanted = (not is_gguf and device.type == "cpu" and config.dtype == "auto" and gguf_native.servable()
               and _sixteen_bit(Path(source)))
     return "q8_0" if wanted else None
-
-
-def weight_files(folder: Path) -> list[Path]:
-    return sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
 
 
 def _sixteen_bit(folder: Path) -> bool:
