@@ -18,8 +18,9 @@ CHECKS = {  # name -> what one fresh interpreter runs (the modules it imports)
     # the gateway's and the executor's modules, in a process that deploy/jina_cli.py starts
     "served": "from deploy.jina_cli import import_docarray_without_torch; import_docarray_without_torch(); "
               "import jina, gateway.composite, executors.llm_executor, engine.frontend.spare",
+    "engine-process": "import engine.core.core_process",  # what an engine process imports before its config
 }
-THEN = {"served": "import torch"}  # run after the check's loaded modules are listed: it must not fail
+THEN = {"served": "import torch", "engine-process": "import scipy, accelerate"}  # run after the check's loaded modules are listed: it must not fail
 # what the engine may import beside the standard library and the contract, by distribution
 ENGINE_DEPENDENCIES = {"torch": "torch", "transformers": "transformers", "tokenizers": "tokenizers",
                        "llguidance": "llguidance", "gguf": "gguf", "safetensors": "safetensors", "numpy": "numpy",
@@ -135,3 +136,12 @@ def test_the_request_the_executor_sends_the_engine_process_names_no_class_of_the
     request = Recording(io.BytesIO(pickle.dumps(to_request(doc)))).load()
     assert request[1].seed == 7 and type(request[1].seed) is int
     assert named == {"contract"}, named
+
+
+def test_the_engine_process_leaves_out_what_transformers_would_load_for_nothing():
+    """transformers' model code imports SciPy and Accelerate when installed (0.45 s of the engine
+    process's start); the engine uses neither, and transformers is told they are missing
+    (engine/model/unused_integrations.py). Both stay importable afterwards (THEN)."""
+    engine = loaded("engine-process")
+    assert {"torch", "transformers", "engine"} <= engine
+    assert not engine & {"scipy", "accelerate"}
