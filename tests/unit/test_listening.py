@@ -1,4 +1,5 @@
-"""gateway/edge/listening.py: the kernel's tables say which ports listen, with no connection tried."""
+"""gateway/edge/listening.py: the kernel says which ports listen (netlink, else /proc's tables), with
+no connection tried."""
 import asyncio
 import socket
 import time
@@ -25,7 +26,31 @@ def test_a_port_listens_once_its_socket_listens_and_not_when_it_is_only_bound(bo
     assert port in listening.listening_ports()
 
 
-def test_no_readable_table_is_no_answer(tmp_path):
+def test_netlink_and_the_tables_name_the_same_listening_ports_of_both_families(bound):
+    """The same sockets either way: IPv4 and IPv6 listeners, and neither a bound socket that does
+    not listen nor a connection's ends."""
+    port = bound.getsockname()[1]
+    with socket.socket(socket.AF_INET6) as six, socket.socket() as listener:
+        six.bind(("::1", 0))
+        six.listen()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        with socket.create_connection(listener.getsockname()) as client:
+            diagnosed = listening.diagnosed_listening_ports()
+            assert diagnosed is not None, "netlink's socket diagnostics refused here"
+            assert diagnosed == listening.table_listening_ports()
+            assert {six.getsockname()[1], listener.getsockname()[1]} <= diagnosed
+            assert port not in diagnosed and client.getsockname()[1] not in diagnosed
+
+
+def test_the_tables_answer_where_netlink_is_refused(bound, monkeypatch):
+    monkeypatch.setattr(listening, "diagnosed_listening_ports", lambda: None)
+    bound.listen()
+    assert bound.getsockname()[1] in listening.listening_ports()
+
+
+def test_no_readable_table_is_no_answer(tmp_path, monkeypatch):
+    monkeypatch.setattr(listening, "diagnosed_listening_ports", lambda: None)
     assert listening.listening_ports((str(tmp_path / "absent"),)) is None
 
 
