@@ -5,8 +5,9 @@ request, a gRPC edge that refuses bad input, one router for every protocol, a ba
 what is served), so the gateway replaces or reads a few of Jina's private methods and attributes.
 Each is a named patch below: what it replaces or reads, and why. All were written against Jina
 JINA_VERSION; no other module of the project names a private Jina attribute, they call these, but
-one: executors/discovery.py, the executor's own patch (its answer to endpoint discovery computed
-once), which the executors' processes install without loading the gateway's modules.
+two, which their processes install without loading the gateway's modules: executors/discovery.py,
+the executor's own patch (its answer to endpoint discovery computed once), and deploy/jina_cli.py's
+`skip_empty_warnings`, the launcher's (no table of every command's arguments built to warn of none).
 tests/unit/test_jina_patches.py checks, for each patch, that what it relies on is still where it
 was (names, signatures) and that it is in place.
 

@@ -322,3 +322,30 @@ def test_the_executors_answer_is_jinas_computed_once(monkeypatch):
                for _ in range(3)]
     assert all(answer == expected for answer in answers) and "/stream" in expected.endpoints
     assert len(computed) == 1
+
+
+# --- the launcher's: jina.helper.warn_unknown_args, nothing built for nothing to warn of ---------
+
+def test_the_launcher_skips_only_the_warnings_with_nothing_to_warn_of(monkeypatch):
+    """Jina's Flow reading still hands its leftovers to the function the launcher wraps
+    (deploy/jina_cli.py), whose signature is unchanged; an empty call builds no table of
+    arguments, and an unknown argument is still warned of."""
+    import jina.helper
+    import jina_cli.lookup
+
+    from deploy import jina_cli as launcher
+    jinas = pristine(jina.helper)
+    assert "warn_unknown_args(_leftovers)" in source(jinas.ArgNamespace.kwargs2namespace)
+    assert parameters(jinas.warn_unknown_args) == [("unknown_args", inspect.Parameter.empty)]
+    assert "_build_lookup_table()" in source(jinas.warn_unknown_args)
+    monkeypatch.setattr(jina.helper, "warn_unknown_args", jinas.warn_unknown_args)
+    launcher.skip_empty_warnings()
+    launcher.skip_empty_warnings()  # once is enough: a second call wraps nothing again
+    built = []
+    table = jina_cli.lookup._build_lookup_table
+    monkeypatch.setattr(jina_cli.lookup, "_build_lookup_table", lambda: built.append(1) or table())
+    jina.helper.warn_unknown_args(set())
+    assert built == []
+    with pytest.warns(UserWarning, match="--no-such-argument"):
+        jina.helper.warn_unknown_args({"--no-such-argument"})
+    assert built == [1]
