@@ -82,7 +82,7 @@ async def measure(system: str, gguf: Path, args: argparse.Namespace) -> dict:
                 async for _ in target.plain(prompt, 4):
                     pass
             await settle()
-            for c, n in ((1, args.one_stream_requests), (16, 32)):
+            for c, n in ((1, args.one_stream_requests), (16, args.sixteen_stream_requests)):
                 prompts = make_prompts(256, args.seed, draw=f"closed {c}")
                 records, duration, cut = await closed_loop(target.plain, prompts, c, n, args.max_tokens, 900)
                 figures = summarize(records, duration)
@@ -90,9 +90,9 @@ async def measure(system: str, gguf: Path, args: argparse.Namespace) -> dict:
                 if c == 1 and not cut and figures["tpot_p50_ms"]:  # the decode alone, without the prompts' prefill
                     row["c1_decode_tok_s"] = round(1000 / figures["tpot_p50_ms"], 1)
                 await settle()
-            cold = [cold_prompt(i, COLD_PARAGRAPHS) for i in range(COLD_PROMPTS)]
+            cold = [cold_prompt(i, COLD_PARAGRAPHS) for i in range(args.cold_prompts)]
             count = await target.prompt_tokens(cold[0])
-            records, duration, _ = await closed_loop(target.plain, cold, 1, COLD_PROMPTS, 1, 900)
+            records, duration, _ = await closed_loop(target.plain, cold, 1, args.cold_prompts, 1, 900)
             ttft_ms = summarize(records, duration)["ttft_p50_ms"]
             row["cold_prompt_tokens"] = count
             row["cold_prompt_tok_s"] = round(1000 * count / ttft_ms, 1) if count and ttft_ms else None
@@ -153,6 +153,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                    help="of this, llama-cpp and this-engine (the engine alone, in this process: what serving costs)")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--one-stream-requests", type=int, default=8)
+    p.add_argument("--sixteen-stream-requests", type=int, default=32,
+                   help="16: one request each, what an 8B allows within the loop's 900 s on two cores")
+    p.add_argument("--cold-prompts", type=int, default=COLD_PROMPTS)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "sizes")
     args = p.parse_args(argv)
