@@ -92,6 +92,15 @@ int int8s_matmul(const float *x, const int8_t *packed, const float *scale, const
 /* any of the four, as a Weight's kind says (the whole layers' products); y's rows y_stride apart */
 int weight_matmul(const float *x, const Weight *w, float *y, int64_t y_stride, int64_t rows, int threads);
 
+/* gguf_repack.c: a GGUF tensor's blocks [rows][width / 256 blocks] written into the layouts above,
+ * as gguf_types.py splits them and int4.py packs them, in one pass; the file's row `order[r]` (NULL:
+ * r) becomes row r. Q4_K: int4f_matmul's packed steps, fp32 scale and low; Q6_K: int8s_matmul's
+ * steps and fp32 scales (no low). rows: a multiple of 16; width: of 256. */
+int repack_q4_k(const uint8_t *blocks, const int64_t *order, int64_t rows, int64_t width, uint8_t *packed,
+                float *scale, float *low, int threads);
+int repack_q6_k(const uint8_t *blocks, const int64_t *order, int64_t rows, int64_t width, int8_t *steps,
+                float *scale, int threads);
+
 /* dense_matmul.c: y = x W^T for fp32 weights packed [outputs / 16][width][16] (fp32 Linear layers;
  * as bf16 where they are bf16 values); ready: 1 (AVX2 + FMA) */
 int dense_matmul_ready(void);

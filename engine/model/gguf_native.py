@@ -33,7 +33,9 @@ from .placement import put
 
 log = logging.getLogger(__name__)
 
-ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's per-frequency rotary factors (Llama 3's scaling)
+ROPE_FREQS = "rope_freqs.weight"
+Q4_K, Q6_K = gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K
+REPACKED = (Q4_K, Q6_K)  # the types gguf_repack.c writes into the kernels' layouts  # llama.cpp's per-frequency rotary factors (Llama 3's scaling)
 
 
 def servable() -> bool:
@@ -93,8 +95,10 @@ def _fill(model: PreTrainedModel, header: gguf_file.Header, config: Any) -> None
         if target is None:
             log.info("%s: not a weight of %s; skipped", tensor.name, type(model).__name__)
             continue
-        exact = _exact(tensor) if order is not None else None
-        if exact is not None and keep(model, target, exact, order):
+        exact = None
+        if order is not None and repacked(model, target, tensor, order):
+            kept += 1
+        elif order is not None and keep(model, target, exact := _exact(tensor), order):
             kept += 1
         else:
             copy(model, target, _processed(processor, tensor, names))
@@ -148,6 +152,24 @@ def target_of(processor: TensorProcessor, tensor: gguf_file.Tensor, names: dict[
 
 def _exact(tensor: gguf_file.Tensor) -> Exact:
     return split(tensor.data, tensor.tensor_type, tensor.width)
+
+
+def repacked(model: PreTrainedModel, target: str, tensor: gguf_file.Tensor, order: Optional[np.ndarray]) -> bool:
+    """`keep` for a Q4_K or Q6_K Linear weight, its blocks written into the kernels' layout in one
+    pass (gguf_repack.c: the same buffers as `keep` makes of `split`, a test compares them). False
+    for other types and modules (the caller splits and keeps)."""
+    if tensor.tensor_type not in REPACKED:
+        return False
+    module_name, _, leaf = target.rpartition(".")
+    module = model.get_submodule(module_name)
+    if type(module) is not nn.Linear or leaf != "weight" or not servable() or module.out_features % 16:
+        return False
+    buffers = native.repack(tensor.tensor_type.name, tensor.data, order, module.out_features, module.in_features)
+    if buffers is None:
+        return False
+    layer = Int4Linear.of_packed(module, *buffers) if tensor.tensor_type is Q4_K else Int8Linear.of_packed(module, *buffers)
+    put(model, module_name, layer)
+    return True
 
 
 def keep(model: PreTrainedModel, target: str, exact: Exact, order: Optional[np.ndarray]) -> bool:

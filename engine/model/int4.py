@@ -21,7 +21,7 @@ out as it does alone.
 """
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, TypeVar
 
 import torch
 from torch import nn
@@ -71,6 +71,16 @@ class Int4Linear(nn.Module):
             values = values.float() if self.wide else values.half()
             self.register_buffer(name, values.view(groups, native.INT4_CHANNELS, blocks).permute(0, 2, 1).contiguous())
         self.weights = native.int4_weights(self.packed, self.scale, self.low)
+
+    @classmethod
+    def of_packed(cls, linear: nn.Linear, packed: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> "Int4Linear":
+        """The layer of buffers already in quant_matmul.c's layout with fp32 scales and lows, as
+        `_pack_native` makes them (gguf_repack.c's of a Q4_K tensor). Only where the C kernel runs
+        (its callers check `gguf_native.servable`)."""
+        layer = _bare(cls, linear)
+        layer.wide = True
+        layer.adopt(packed, scale, low)
+        return layer
 
     def adopt(self, packed: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> None:
         """Hold these buffers instead (the same values: views into buffers that several layers'
@@ -143,6 +153,15 @@ class Int8Linear(nn.Module):
         self.register_buffer("scales", scale.contiguous())
         self.bias = linear.bias
 
+    @classmethod
+    def of_packed(cls, linear: nn.Linear, steps: torch.Tensor, scales: torch.Tensor) -> "Int8Linear":
+        """The layer of buffers already in quant_matmul.c's layout, steps [out / 16, in, 16] with fp32
+        scales per 16 inputs and no lows (gguf_repack.c's of a Q6_K tensor)."""
+        layer = _bare(cls, linear)
+        layer.sub = True
+        layer.adopt(steps, scales, None)
+        return layer
+
     @property
     def weights(self) -> native.Weights:
         """The C kernel's view of the buffers (where `c_kernel`), for the whole C layers."""
@@ -162,6 +181,19 @@ class Int8Linear(nn.Module):
         else:
             y = torch.ops.aten._weight_int8pack_mm(rows.to(torch.bfloat16), self.weight_int8, self.scales)
         return _finish(y, x, self.out_features, self.bias)
+
+
+Layer = TypeVar("Layer", "Int4Linear", "Int8Linear")
+
+
+def _bare(cls: type[Layer], linear: nn.Linear) -> Layer:
+    """A C product layer in place of `linear` (its shape and bias), before its buffers: for buffers
+    made elsewhere in the kernel's layout (`of_packed`)."""
+    layer = cls.__new__(cls)
+    nn.Module.__init__(layer)
+    layer.in_features, layer.out_features = linear.in_features, linear.out_features
+    layer.c_kernel, layer.bias = True, linear.bias
+    return layer
 
 
 def q8_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

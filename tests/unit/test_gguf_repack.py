@@ -1,0 +1,84 @@
+"""gguf_repack.c writes a Q4_K or Q6_K tensor's blocks straight into the kernels' layouts: the
+layer gguf_native.repacked makes holds the very buffers that `keep` makes of `split` (Python's
+way), bit for bit, with the file's rows in their order or reordered (Llama's q and k), and on
+every kernel path this CPU builds; a shape the kernel does not take is left to Python's way."""
+import ctypes
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+from torch import nn
+
+from engine.kernels import native
+from engine.model import gguf_native
+from engine.model.gguf_file import Tensor
+from engine.model.gguf_types import split
+from testing.golden import kernels
+from tests.unit.test_gguf_types import OUTPUTS, WIDTH, raw_blocks
+
+BUFFERS = {T.Q4_K: ("packed", "scale", "low"), T.Q6_K: ("weight_int8", "scales", "lows")}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _built() -> None:
+    if not gguf_native.servable():
+        pytest.skip("the C kernels are not built here: GGUF blocks are not kept as layers")
+
+
+class Holder(nn.Module):
+    def __init__(self, outputs: int = OUTPUTS, width: int = WIDTH) -> None:
+        super().__init__()
+        self.proj = nn.Linear(width, outputs, bias=False)
+
+
+def both_ways(qtype: T, data: np.ndarray, order: np.ndarray) -> tuple[nn.Module, nn.Module]:
+    """(the layer repacked, the layer kept from `split`) of one tensor."""
+    repacked, kept = Holder(), Holder()
+    assert gguf_native.repacked(repacked, "proj.weight", Tensor("blk.0.ffn_down.weight", qtype, WIDTH, data), order)
+    assert gguf_native.keep(kept, "proj.weight", split(data, qtype, WIDTH), order)
+    return repacked.proj, kept.proj
+
+
+@pytest.mark.parametrize("qtype", list(BUFFERS), ids=lambda t: t.name)
+@pytest.mark.parametrize("reordered", [False, True], ids=["in order", "reordered"])
+def test_the_repacked_layer_holds_the_buffers_of_split_and_keep(qtype: T, reordered: bool) -> None:
+    data = raw_blocks(qtype, seed=int(qtype) + 7)
+    order = np.random.default_rng(1).permutation(OUTPUTS) if reordered else np.arange(OUTPUTS)
+    repacked, kept = both_ways(qtype, data, order)
+    assert type(repacked) is type(kept)
+    for name in BUFFERS[qtype]:
+        mine, theirs = getattr(repacked, name), getattr(kept, name)
+        if theirs is None:
+            assert mine is None, name
+            continue
+        assert mine.dtype == theirs.dtype and mine.shape == theirs.shape, name
+        assert torch.equal(mine.view(torch.uint8), theirs.contiguous().view(torch.uint8)), f"{qtype.name}: {name}"
+    x = torch.randn(3, WIDTH)
+    assert torch.equal(repacked(x), kept(x))
+
+
+@pytest.mark.parametrize("qtype", list(BUFFERS), ids=lambda t: t.name)
+def test_every_kernel_path_repacks_the_same_bytes(qtype: T, kernel_libraries: dict[str, ctypes.CDLL]) -> None:
+    if len(kernel_libraries) < 2:
+        pytest.skip("this CPU builds one kernel path only")
+    data = raw_blocks(qtype, seed=int(qtype) + 11)
+    order = np.arange(OUTPUTS)[::-1].copy()
+    made = {}
+    for path, library in kernel_libraries.items():
+        with kernels(library):
+            made[path] = native.repack(qtype.name, data, order, OUTPUTS, WIDTH)
+    first, *others = made.values()
+    assert first is not None
+    for other in others:
+        assert other is not None and all(torch.equal(a, b) for a, b in zip(first, other, strict=True))
+
+
+def test_a_shape_the_kernel_does_not_take_is_split_instead() -> None:
+    """Rows not a multiple of 16: repacked declines (the caller splits and keeps, as before)."""
+    data = raw_blocks(T.Q4_K, seed=3)[:40]
+    holder = Holder(outputs=40)
+    tensor = Tensor("blk.0.ffn_down.weight", T.Q4_K, WIDTH, data)
+    assert native.repack("Q4_K", data, None, 40, WIDTH) is None
+    assert not gguf_native.repacked(holder, "proj.weight", tensor, np.arange(40))
+    assert type(holder.proj) is nn.Linear
