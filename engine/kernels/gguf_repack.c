@@ -3,11 +3,11 @@
  *
  * Python's way (gguf_types.split, then Int4Linear and Int8Linear) unpacks every step to a byte in
  * numpy, then permutes and packs them again in PyTorch: several passes over a byte a weight. A
- * 1.17B Q4_K_M model's load took 3.4 s that way, 1.0 s this way, and an 8B's 24 s, 4.3 s (alone, 2 threads). Here
- * each row is read once and written once, the rows split across the threads. The values are the
- * same integers and the same fp32 products (an fp16 d as fp32 times a 6-bit or 8-bit integer, exact
- * either way): tests/unit/test_gguf_repack.py compares every buffer with Python's way, bit for bit,
- * on every kernel path. */
+ * 1.17B Q4_K_M model's load took 3.4 s that way, 1.0 s this way, and an 8B's 24 s, 4.3 s (alone,
+ * 2 threads). Here each row is read once and written once, the rows split across the threads.
+ * The values are the same integers and the same fp32 products (an fp16 d as fp32 times a 6-bit
+ * or 8-bit integer, exact either way): tests/unit/test_gguf_repack.py compares every buffer with
+ * Python's way, bit for bit, on every kernel path. */
 #include <string.h>
 
 #include "arith.h"
