@@ -91,9 +91,9 @@ async def measure(system: str, gguf: Path, args: argparse.Namespace) -> dict:
                     row["c1_decode_tok_s"] = round(1000 / figures["tpot_p50_ms"], 1)
                 await settle()
             cold = [cold_prompt(i, COLD_PARAGRAPHS) for i in range(args.cold_prompts)]
-            count = await target.prompt_tokens(cold[0])
             records, duration, _ = await closed_loop(target.plain, cold, 1, args.cold_prompts, 1, 900)
             ttft_ms = summarize(records, duration)["ttft_p50_ms"]
+            count = await target.prompt_tokens(cold[0])  # after: counting serves it, and caches its prefix
             row["cold_prompt_tokens"] = count
             row["cold_prompt_tok_s"] = round(1000 * count / ttft_ms, 1) if count and ttft_ms else None
     finally:
