@@ -10,12 +10,12 @@ ephemeral range) and hold the very port the executor is about to bind.
 Linux lists every listening socket of the network namespace. So the gateway waits, asking every
 20 ms, until each executor on this machine listens, and then makes its first try, which finds the
 executor serving. It asks the kernel's socket diagnostics over netlink (`ss`'s way) for the
-listening sockets alone: 0.04 ms a question. /proc/net/tcp and tcp6 say the same, but the kernel
+listening sockets alone: 0.05 ms a question. /proc/net/tcp and tcp6 say the same, but the kernel
 writes them by walking its whole table of connections (3 ms of CPU for both on this project's
 machine, a sixth of a core at this rate, while the engine loads beside it); they remain the answer
-where netlink is refused. An address on another machine (Kubernetes,
-compose), or a system without those tables, leaves Jina's retries as they are; so does a wait past
-`WAIT_LIMIT_S`, in case the port is reached some other way (a forwarder in another namespace).
+where netlink is refused. An address on another machine (Kubernetes, compose), or a system where
+neither answers, leaves Jina's retries as they are; so does a wait past `WAIT_LIMIT_S`, in case the
+port is reached some other way (a forwarder in another namespace).
 """
 import asyncio
 import ipaddress
@@ -52,6 +52,7 @@ def diagnosed_listening_ports() -> Optional[set[int]]:
     where netlink is refused (not Linux, or a sandbox without it)."""
     try:
         with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as diag:
+            diag.settimeout(1.0)  # the kernel answers at once; never a stalled gateway
             ports: set[int] = set()
             for family in (socket.AF_INET, socket.AF_INET6):
                 body = _REQUEST.pack(family, socket.IPPROTO_TCP, 0, 1 << _TCP_LISTEN)
@@ -59,7 +60,7 @@ def diagnosed_listening_ports() -> Optional[set[int]]:
                 if not _read_dump(diag, ports):
                     return None
             return ports
-    except (OSError, AttributeError):  # AttributeError: no AF_NETLINK on this system
+    except (OSError, AttributeError):  # a timeout too; AttributeError: no AF_NETLINK on this system
         return None
 
 
