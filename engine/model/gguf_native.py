@@ -8,7 +8,9 @@ int4/int8 layers for the quantized Linear weights, the embedding table as the fi
 (gguf_embedding.py), and fp32 for the rest (norms, biases).
 
 A processor may reorder a tensor's rows (Llama's q and k): that order is read by passing the
-row numbers through it, and the blocks are reordered to match, which is exact. A tensor that a
+row numbers through it, and the blocks are reordered to match, which is exact. Q4_K and Q6_K
+tensors (most of a Q4_K_M file) go straight from the file's blocks into the kernels' layouts, in
+one C pass (gguf_repack.c); the other types through `split` (gguf_types.py). A tensor that a
 processor changes otherwise is dequantized and processed as transformers does.
 """
 import logging
@@ -33,9 +35,9 @@ from .placement import put
 
 log = logging.getLogger(__name__)
 
-ROPE_FREQS = "rope_freqs.weight"
+ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's per-frequency rotary factors (Llama 3's scaling)
 Q4_K, Q6_K = gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K
-REPACKED = (Q4_K, Q6_K)  # the types gguf_repack.c writes into the kernels' layouts  # llama.cpp's per-frequency rotary factors (Llama 3's scaling)
+REPACKED = (Q4_K, Q6_K)  # the types gguf_repack.c writes into the kernels' layouts
 
 
 def servable() -> bool:
