@@ -7,7 +7,6 @@ import ctypes
 from dataclasses import dataclass
 from typing import Any, Optional
 
-import numpy as np
 import torch
 
 from . import build
@@ -148,34 +147,6 @@ def int8s_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
     16 inputs [outputs / 16, width / 16, 16] (Q5_1, Q5_K, Q6_K). Only where `int8_ready()`."""
     groups, width, channels = packed.shape
     return _quant("int8s_matmul", x, packed, (scale, low), width, groups * channels)
-
-
-def repack(kind: str, blocks: np.ndarray, order: Optional[np.ndarray], rows: int,
-           width: int) -> Optional[tuple[torch.Tensor, ...]]:
-    """A GGUF tensor's raw blocks [rows, bytes per row] (`kind`: "Q4_K" or "Q6_K"), its rows taken in
-    `order` (int64; None: as they are), as the buffers Int4Linear (packed, scale, low: Q4_K) or
-    Int8Linear (steps, scales: Q6_K) hold: gguf_repack.c, in one pass. None where the kernels are
-    not built or the shape does not fit (rows a multiple of 16, width of 256)."""
-    built = library()
-    if built is None or rows % INT4_CHANNELS or width % 256 or blocks.shape[0] != rows:
-        return None
-    blocks = np.ascontiguousarray(blocks)
-    order = None if order is None else np.ascontiguousarray(order, dtype=np.int64)
-    where = None if order is None else order.ctypes.data
-    groups = rows // INT4_CHANNELS
-    if kind == "Q4_K":
-        packed = torch.empty((groups, width // 32, 16, INT4_CHANNELS), dtype=torch.uint8)
-        scale, low = (torch.empty((groups, width // 32, INT4_CHANNELS), dtype=torch.float32) for _ in range(2))
-        status = built.repack_q4_k(blocks.ctypes.data, where, rows, width, packed.data_ptr(), scale.data_ptr(),
-                                   low.data_ptr(), torch.get_num_threads())
-        return None if status else (packed, scale, low)
-    if kind == "Q6_K":
-        steps = torch.empty((groups, width, DENSE_CHANNELS), dtype=torch.int8)
-        scales = torch.empty((groups, width // 16, DENSE_CHANNELS), dtype=torch.float32)
-        status = built.repack_q6_k(blocks.ctypes.data, where, rows, width, steps.data_ptr(), scales.data_ptr(),
-                                   torch.get_num_threads())
-        return None if status else (steps, scales)
-    return None
 
 
 def _quant(function: str, x: torch.Tensor, packed: torch.Tensor, scales: tuple[Optional[torch.Tensor], ...],

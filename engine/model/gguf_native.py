@@ -26,7 +26,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.initialization import no_init_weights
 from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
 
-from ..kernels import native
+from ..kernels import gguf_repack, native
 from . import gguf_file
 from .gguf_embedding import BlockRows
 from .gguf_types import TYPES, Exact, Layout, split
@@ -156,21 +156,28 @@ def _exact(tensor: gguf_file.Tensor) -> Exact:
     return split(tensor.data, tensor.tensor_type, tensor.width)
 
 
+def servable_linear(model: PreTrainedModel, target: str) -> Optional[nn.Linear]:
+    """The plain Linear whose weight `target` names, where the C products can serve it (kernels built,
+    outputs a multiple of their 16-row groups); None otherwise."""
+    module_name, _, leaf = target.rpartition(".")
+    module = model.get_submodule(module_name)
+    if type(module) is not nn.Linear or leaf != "weight" or not servable() or module.out_features % 16:
+        return None
+    return module
+
+
 def repacked(model: PreTrainedModel, target: str, tensor: gguf_file.Tensor, order: Optional[np.ndarray]) -> bool:
     """`keep` for a Q4_K or Q6_K Linear weight, its blocks written into the kernels' layout in one
     pass (gguf_repack.c: the same buffers as `keep` makes of `split`, a test compares them). False
     for other types and modules (the caller splits and keeps)."""
-    if tensor.tensor_type not in REPACKED:
+    module = servable_linear(model, target) if tensor.tensor_type in REPACKED else None
+    if module is None:
         return False
-    module_name, _, leaf = target.rpartition(".")
-    module = model.get_submodule(module_name)
-    if type(module) is not nn.Linear or leaf != "weight" or not servable() or module.out_features % 16:
-        return False
-    buffers = native.repack(tensor.tensor_type.name, tensor.data, order, module.out_features, module.in_features)
+    buffers = gguf_repack.repack(tensor.tensor_type.name, tensor.data, order, module.out_features, module.in_features)
     if buffers is None:
         return False
     layer = Int4Linear.of_packed(module, *buffers) if tensor.tensor_type is Q4_K else Int8Linear.of_packed(module, *buffers)
-    put(model, module_name, layer)
+    put(model, target.rpartition(".")[0], layer)
     return True
 
 
@@ -183,18 +190,19 @@ def keep(model: PreTrainedModel, target: str, exact: Exact, order: Optional[np.n
     if isinstance(module, nn.Embedding) and leaf == "weight":
         put(model, module_name, BlockRows(module, exact, None if order is None else torch.from_numpy(order)))
         return True
-    if type(module) is not nn.Linear or leaf != "weight" or not servable() or module.out_features % 16:
+    linear = servable_linear(model, target)
+    if linear is None:
         return False
     steps, scale = torch.from_numpy(rows(exact.steps)), torch.from_numpy(rows(exact.scale))
     low = None if exact.low is None else torch.from_numpy(rows(exact.low))
     if exact.layout in (Layout.INT4, Layout.INT4_F32):
         assert low is not None
         wide = exact.layout is Layout.INT4_F32
-        layer: nn.Module = Int4Linear(module, steps, scale.float() if wide else scale.half(),
+        layer: nn.Module = Int4Linear(linear, steps, scale.float() if wide else scale.half(),
                                       low.float() if wide else low.half(), wide=wide)
     else:
         fp16 = exact.layout is Layout.Q8_0
-        layer = Int8Linear(module, (steps, scale.half() if fp16 else scale.float(), low))
+        layer = Int8Linear(linear, (steps, scale.half() if fp16 else scale.float(), low))
     put(model, module_name, layer)
     return True
 

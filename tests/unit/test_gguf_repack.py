@@ -10,7 +10,7 @@ import torch
 from gguf import GGMLQuantizationType as T
 from torch import nn
 
-from engine.kernels import native
+from engine.kernels import gguf_repack
 from engine.model import gguf_native
 from engine.model.gguf_file import Tensor
 from engine.model.gguf_types import split
@@ -67,7 +67,7 @@ def test_every_kernel_path_repacks_the_same_bytes(qtype: T, kernel_libraries: di
     made = {}
     for path, library in kernel_libraries.items():
         with kernels(library):
-            made[path] = native.repack(qtype.name, data, order, OUTPUTS, WIDTH)
+            made[path] = gguf_repack.repack(qtype.name, data, order, OUTPUTS, WIDTH)
     first, *others = made.values()
     assert first is not None
     for other in others:
@@ -79,6 +79,6 @@ def test_a_shape_the_kernel_does_not_take_is_split_instead() -> None:
     data = raw_blocks(T.Q4_K, seed=3)[:40]
     holder = Holder(outputs=40)
     tensor = Tensor("blk.0.ffn_down.weight", T.Q4_K, WIDTH, data)
-    assert native.repack("Q4_K", data, None, 40, WIDTH) is None
+    assert gguf_repack.repack("Q4_K", data, None, 40, WIDTH) is None
     assert not gguf_native.repacked(holder, "proj.weight", tensor, np.arange(40))
     assert type(holder.proj) is nn.Linear
