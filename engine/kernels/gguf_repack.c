@@ -37,8 +37,7 @@ static inline void scale_min(const uint8_t *q, int j, int *sc, int *m) {
 
 /* the buffers a row is written into, and how: one function a type */
 typedef struct {
-    void *steps;
-    float *scale, *low;
+    void *steps, *scale, *low;
 } Out;
 typedef void (*Row)(const uint8_t *src, int64_t g, int o, int64_t width, const Out *out);
 
@@ -54,24 +53,53 @@ static int each_row(const uint8_t *blocks, const int64_t *order, int64_t rows, i
     return 0;
 }
 
-/* Q4_K: packed [groups][width / 32][16 pairs][16 rows], scale and low [groups][width / 32][16 rows] */
-static void q4_k_row(const uint8_t *src, int64_t g, int o, int64_t width, const Out *out) {
+/* Q4_K's steps: packed [groups][width / 32][16 pairs][16 rows] */
+static void q4_k_steps(const uint8_t *src, int64_t g, int o, int64_t width, const Out *out) {
     const int64_t subs = width / 32;
     for (int64_t b = 0; b < subs; b++) {
-        const uint8_t *block = src + (b / 8) * Q4_K_BYTES;
-        const int j = (int)(b % 8), shift = 4 * (j & 1);
-        const uint8_t *qs = block + 16 + (j / 2) * 32;
-        int sc, m;
-        scale_min(block + 4, j, &sc, &m);
-        const int64_t at = (g * subs + b) * ROWS_PER_GROUP + o;
-        out->scale[at] = half_to_float(read_u16(block)) * (float)sc;
-        out->low[at] = -(half_to_float(read_u16(block + 2)) * (float)m);
+        const uint8_t *qs = src + (b / 8) * Q4_K_BYTES + 16 + ((b % 8) / 2) * 32;
+        const int shift = 4 * (int)(b & 1);
         uint8_t *packed = (uint8_t *)out->steps + ((g * subs + b) * 16) * ROWS_PER_GROUP + o;
         for (int p = 0; p < 16; p++) {
             const uint8_t even = (qs[2 * p] >> shift) & 0xF, odd = (qs[2 * p + 1] >> shift) & 0xF;
             packed[p * ROWS_PER_GROUP] = (uint8_t)(even | (odd << 4));
         }
     }
+}
+
+/* Q4_K: its steps (q4_k_steps), scale and low fp32 [groups][width / 32][16 rows] */
+static void q4_k_row(const uint8_t *src, int64_t g, int o, int64_t width, const Out *out) {
+    const int64_t subs = width / 32;
+    for (int64_t b = 0; b < subs; b++) {
+        const uint8_t *block = src + (b / 8) * Q4_K_BYTES;
+        int sc, m;
+        scale_min(block + 4, (int)(b % 8), &sc, &m);
+        const int64_t at = (g * subs + b) * ROWS_PER_GROUP + o;
+        ((float *)out->scale)[at] = half_to_float(read_u16(block)) * (float)sc;
+        ((float *)out->low)[at] = -(half_to_float(read_u16(block + 2)) * (float)m);
+    }
+    q4_k_steps(src, g, o, width, out);
+}
+
+/* Q4_K, its scales as the file holds them (int4k_matmul's layout): packed as q4_k_row's; `scale`
+ * fp16 [groups][width / 256][d, -dmin][16 rows], `low` u8 [groups][width / 32][sc, m][16 rows] */
+static void q4_k_own_row(const uint8_t *src, int64_t g, int o, int64_t width, const Out *out) {
+    const int64_t subs = width / 32, supers = width / SUPER;
+    uint16_t *super = out->scale;
+    uint8_t *sub = out->low;
+    for (int64_t s = 0; s < supers; s++) {
+        const uint8_t *block = src + s * Q4_K_BYTES;
+        super[((g * supers + s) * 2) * ROWS_PER_GROUP + o] = read_u16(block);
+        super[((g * supers + s) * 2 + 1) * ROWS_PER_GROUP + o] = read_u16(block + 2) ^ 0x8000;  /* -dmin: the sign bit */
+    }
+    for (int64_t b = 0; b < subs; b++) {
+        int sc, m;
+        scale_min(src + (b / 8) * Q4_K_BYTES + 4, (int)(b % 8), &sc, &m);
+        sub[((g * subs + b) * 2) * ROWS_PER_GROUP + o] = (uint8_t)sc;
+        sub[((g * subs + b) * 2 + 1) * ROWS_PER_GROUP + o] = (uint8_t)m;
+    }
+    const Out steps = {out->steps, NULL, NULL};
+    q4_k_steps(src, g, o, width, &steps);
 }
 
 /* Q6_K: steps [groups][width][16 rows], scale [groups][width / 16][16 rows]; ggml's
@@ -84,7 +112,7 @@ static void q6_k_row(const uint8_t *src, int64_t g, int o, int64_t width, const 
         const int8_t *sc = (const int8_t *)(block + 192);
         const float d = half_to_float(read_u16(block + 208));
         for (int k = 0; k < 16; k++)
-            out->scale[(g * (width / 16) + s * 16 + k) * ROWS_PER_GROUP + o] = d * (float)sc[k];
+            ((float *)out->scale)[(g * (width / 16) + s * 16 + k) * ROWS_PER_GROUP + o] = d * (float)sc[k];
         for (int half = 0; half < 2; half++)
             for (int quarter = 0; quarter < 4; quarter++)
                 for (int l = 0; l < 32; l++) {
@@ -100,6 +128,12 @@ int repack_q4_k(const uint8_t *blocks, const int64_t *order, int64_t rows, int64
                 float *scale, float *low, int threads) {
     const Out out = {packed, scale, low};
     return each_row(blocks, order, rows, width, Q4_K_BYTES, q4_k_row, &out, threads);
+}
+
+int repack_q4_k_own(const uint8_t *blocks, const int64_t *order, int64_t rows, int64_t width, uint8_t *packed,
+                    uint16_t *super, uint8_t *sub, int threads) {
+    const Out out = {packed, super, sub};
+    return each_row(blocks, order, rows, width, Q4_K_BYTES, q4_k_own_row, &out, threads);
 }
 
 int repack_q6_k(const uint8_t *blocks, const int64_t *order, int64_t rows, int64_t width, int8_t *steps,

@@ -11,12 +11,14 @@ import torch
 from .native import DENSE_CHANNELS, INT4_CHANNELS, library
 
 
-def repack(kind: str, blocks: np.ndarray, order: Optional[np.ndarray], rows: int,
-           width: int) -> Optional[tuple[torch.Tensor, ...]]:
+def repack(kind: str, blocks: np.ndarray, order: Optional[np.ndarray], rows: int, width: int,
+           own_scales: bool = False) -> Optional[tuple[torch.Tensor, ...]]:
     """A GGUF tensor's raw blocks [rows, bytes per row] (`kind`: "Q4_K" or "Q6_K"), its rows taken in
     `order` (int64; None: as they are), as the buffers Int4Linear (packed, scale, low: Q4_K) or
-    Int8Linear (steps, scales: Q6_K) hold: gguf_repack.c, in one pass. None where the kernels are
-    not built or the shape does not fit (rows a multiple of 16, width of 256)."""
+    Int8Linear (steps, scales: Q6_K) hold: gguf_repack.c, in one pass. A Q4_K's scale and low are
+    fp32, or with `own_scales` the file's own (native.int4k_matmul's fp16 d and -dmin per 256, u8
+    sc and m per 32). None where the kernels are not built or the shape does not fit (rows a
+    multiple of 16, width of 256)."""
     built = library()
     if built is None or rows % INT4_CHANNELS or width % 256 or blocks.shape[0] != rows:
         return None
@@ -24,6 +26,13 @@ def repack(kind: str, blocks: np.ndarray, order: Optional[np.ndarray], rows: int
     order = None if order is None else np.ascontiguousarray(order, dtype=np.int64)
     where = None if order is None else order.ctypes.data
     groups = rows // INT4_CHANNELS
+    if kind == "Q4_K" and own_scales:
+        packed = torch.empty((groups, width // 32, 16, INT4_CHANNELS), dtype=torch.uint8)
+        super_ = torch.empty((groups, width // 256, 2, INT4_CHANNELS), dtype=torch.float16)
+        sub = torch.empty((groups, width // 32, 2, INT4_CHANNELS), dtype=torch.uint8)
+        status = built.repack_q4_k_own(blocks.ctypes.data, where, rows, width, packed.data_ptr(), super_.data_ptr(),
+                                       sub.data_ptr(), torch.get_num_threads())
+        return None if status else (packed, super_, sub)
     if kind == "Q4_K":
         packed = torch.empty((groups, width // 32, 16, INT4_CHANNELS), dtype=torch.uint8)
         scale, low = (torch.empty((groups, width // 32, INT4_CHANNELS), dtype=torch.float32) for _ in range(2))

@@ -17,6 +17,7 @@
 #define WEIGHT_INT4_F32 1  /* int4f_matmul: 4-bit steps, fp32 scale and low per 32 (Q4_K) */
 #define WEIGHT_INT8 2      /* int8_matmul: int8 steps, fp16 scale per 32 (Q8_0, Q5_0) */
 #define WEIGHT_INT8_SUB 3  /* int8s_matmul: int8 steps, fp32 scale and low (or none) per 16 (Q5_1, Q5_K, Q6_K) */
+#define WEIGHT_INT4_K 4    /* int4k_matmul: 4-bit steps, Q4_K's own scales: 6-bit sc and m per 32, fp16 d and -dmin per 256 */
 typedef struct {
     const void *packed, *scale, *low;
     int64_t width, outputs, kind;
@@ -89,7 +90,14 @@ int int4f_matmul(const float *x, const uint8_t *packed, const float *scale, cons
                  int64_t rows, int64_t width, int64_t outputs, int threads);
 int int8s_matmul(const float *x, const int8_t *packed, const float *scale, const float *low, float *y, int64_t rows,
                  int64_t width, int64_t outputs, int threads);
-/* any of the four, as a Weight's kind says (the whole layers' products); y's rows y_stride apart */
+/* int4f_matmul's products with Q4_K's scales as the file holds them, 0.58 bytes a weight where
+ * int4f_matmul reads 0.75: `super` fp16 [outputs / 16][width / 256][2][16] (d, then -dmin, per
+ * block of 256 inputs), `sub` u8 [outputs / 16][width / 32][2][16] (sc, then m, per 32). Each
+ * scale d sc and low -dmin m is computed in fp32, where it is exact (an 11-bit by a 6-bit integer
+ * product): the very values int4f_matmul reads, so the same bits. width: a multiple of 256. */
+int int4k_matmul(const float *x, const uint8_t *packed, const uint16_t *super, const uint8_t *sub, float *y,
+                 int64_t rows, int64_t width, int64_t outputs, int threads);
+/* any of the five, as a Weight's kind says (the whole layers' products); y's rows y_stride apart */
 int weight_matmul(const float *x, const Weight *w, float *y, int64_t y_stride, int64_t rows, int threads);
 
 /* gguf_repack.c: a GGUF tensor's blocks [rows][width / 256 blocks] written into the layouts above,
@@ -98,6 +106,9 @@ int weight_matmul(const float *x, const Weight *w, float *y, int64_t y_stride, i
  * steps and fp32 scales (no low). rows: a multiple of 16; width: of 256. */
 int repack_q4_k(const uint8_t *blocks, const int64_t *order, int64_t rows, int64_t width, uint8_t *packed,
                 float *scale, float *low, int threads);
+/* Q4_K into int4k_matmul's layout: its packed steps, `super` and `sub` */
+int repack_q4_k_own(const uint8_t *blocks, const int64_t *order, int64_t rows, int64_t width, uint8_t *packed,
+                    uint16_t *super, uint8_t *sub, int threads);
 int repack_q6_k(const uint8_t *blocks, const int64_t *order, int64_t rows, int64_t width, int8_t *steps,
                 float *scale, int threads);
 

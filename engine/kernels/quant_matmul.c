@@ -6,6 +6,8 @@
  *   outputs] bytes, low nibble the pair's first input. Per block, x . w = d dx (q . qx) + m dx
  *   sum(qx), where q . qx is an integer sum (at most 15 * 32767 * 32 < 2^24, so exact in fp32 too).
  * - int4f: the same with d and m in fp32 (Q4_K's per-32 d sc and dmin m).
+ * - int4k: the same d and m, computed per block from Q4_K's own scales (u8 sc and m per 32, fp16 d
+ *   and -dmin per 256): the products are exact in fp32, so the values are int4f's.
  * - int8 (the output layer): llama.cpp's Q8_0, packed [outputs / 16][width][16] with an fp16 scale
  *   d per block of 32 inputs ([outputs / 16][blocks][16]); per block x . w = d dx (w . qx). Q5_0's
  *   d (q - 16) is the same form.
@@ -34,6 +36,8 @@
 
 #define CHANNELS 16  /* outputs per group */
 #define PAIRS (QBLOCK / 2)
+#define K_BLOCKS 8  /* blocks of 32 in a K-quant's block of 256 (int4k's d and -dmin) */
+#define OWN_SCALES 2  /* int4_tile's `wide` for int4k: Q4_K's own scales */
 
 /* x [rows, width] as int16 steps [rows][blocks * 32], each block's scale dx and dx sum(steps), and
  * where int8s weights with lows need it (else NULL), dx sum(steps) per half block (SUB inputs). */
@@ -129,6 +133,14 @@ static inline __attribute__((always_inline)) f8 scales8(const void *p, int64_t a
     return wide ? load8((const float *)p + at) : half8((const uint16_t *)p + at);
 }
 
+/* 8 bytes as fp32 */
+typedef uint8_t u8x8 __attribute__((vector_size(8)));
+static inline f8 bytes8(const uint8_t *p) {
+    u8x8 b;
+    memcpy(&b, p, sizeof b);
+    return __builtin_convertvector(b, f8);
+}
+
 /* 16 channels' values as two f8 (a: channels 0-7, b: 8-15) brought to the int8 sums' order, or
  * (the same shuffle) from that order back: where SPLIT_LANES, (0-3, 8-11) and (4-7, 12-15) */
 static inline void split_lanes(f8 *a, f8 *b) {
@@ -168,8 +180,18 @@ int4_tile(const Rows *x, const uint8_t *packed, const void *scale, const void *l
         else
 #endif
             int4_sums(packed + at * PAIRS, x->steps + r0 * stride + b * QBLOCK, stride, sums, count);
-        f8 d[2] = {scales8(scale, at, wide), scales8(scale, at + 8, wide)};
-        f8 m[2] = {scales8(low, at, wide), scales8(low, at + 8, wide)};
+        f8 d[2], m[2];
+        if (wide == OWN_SCALES) {  /* Q4_K's: d sc and -dmin m, exact in fp32 */
+            const uint16_t *dd = (const uint16_t *)scale + (group * (blocks / K_BLOCKS) + b / K_BLOCKS) * 2 * CHANNELS;
+            const uint8_t *sm = (const uint8_t *)low + (group * blocks + b) * 2 * CHANNELS;
+            for (int h = 0; h < 2; h++) {
+                d[h] = half8(dd + 8 * h) * bytes8(sm + 8 * h);
+                m[h] = half8(dd + CHANNELS + 8 * h) * bytes8(sm + CHANNELS + 8 * h);
+            }
+        } else {
+            d[0] = scales8(scale, at, wide), d[1] = scales8(scale, at + 8, wide);
+            m[0] = scales8(low, at, wide), m[1] = scales8(low, at + 8, wide);
+        }
         split_lanes(&d[0], &d[1]);
         split_lanes(&m[0], &m[1]);
         for (int h = 0; h < 2; h++)
@@ -336,16 +358,19 @@ static int product(const float *x, const Weight *w, float *y, int64_t y_stride, 
             for (int64_t r0 = 0, n = tile_rows(rows, most); r0 < rows; r0 += n, n = tile_rows(rows - r0, most)) {
 #define INT4_TILE(N) int4_tile(&q, packed, w->scale, w->low, 0, y, y_stride, group, r0, widened, N)
 #define INT4F_TILE(N) int4_tile(&q, packed, w->scale, w->low, 1, y, y_stride, group, r0, widened, N)
+#define INT4K_TILE(N) int4_tile(&q, packed, w->scale, w->low, OWN_SCALES, y, y_stride, group, r0, widened, N)
 #define INT8_TILE(N) int8_tile(&q, packed8, w->scale, y, y_stride, group, r0, widened, N)
 #define INT8S_TILE(N) int8s_tile(&q, packed8, w->scale, w->low, y, y_stride, group, r0, widened, N)
                 switch (w->kind) {
                     case WEIGHT_INT4: EACH_TILE(INT4_TILE) break;
                     case WEIGHT_INT4_F32: EACH_TILE(INT4F_TILE) break;
+                    case WEIGHT_INT4_K: EACH_TILE(INT4K_TILE) break;
                     case WEIGHT_INT8: EACH_WIDE_TILE(INT8_TILE) break;
                     case WEIGHT_INT8_SUB: EACH_TILE(INT8S_TILE) break;
                 }
 #undef INT4_TILE
 #undef INT4F_TILE
+#undef INT4K_TILE
 #undef INT8_TILE
 #undef INT8S_TILE
             }
@@ -360,7 +385,8 @@ static int product(const float *x, const Weight *w, float *y, int64_t y_stride, 
 int weight_matmul(const float *x, const Weight *w, float *y, int64_t y_stride, int64_t rows, int threads) {
     const int whole_blocks = w->kind != WEIGHT_INT8;  /* Q8_0's last block may be partial */
     if (rows < 1 || w->width < 1 || (whole_blocks && w->width % QBLOCK) || w->outputs % CHANNELS
-        || y_stride < w->outputs || w->kind < WEIGHT_INT4 || w->kind > WEIGHT_INT8_SUB)
+        || y_stride < w->outputs || w->kind < WEIGHT_INT4 || w->kind > WEIGHT_INT4_K
+        || (w->kind == WEIGHT_INT4_K && w->width % (K_BLOCKS * QBLOCK)))
         return -1;
     return product(x, w, y, y_stride, rows, threads);
 }
@@ -374,6 +400,12 @@ int int4_matmul(const float *x, const uint8_t *packed, const uint16_t *scale, co
 int int4f_matmul(const float *x, const uint8_t *packed, const float *scale, const float *low, float *y,
                  int64_t rows, int64_t width, int64_t outputs, int threads) {
     const Weight w = {packed, scale, low, width, outputs, WEIGHT_INT4_F32};
+    return weight_matmul(x, &w, y, outputs, rows, threads);
+}
+
+int int4k_matmul(const float *x, const uint8_t *packed, const uint16_t *super, const uint8_t *sub, float *y,
+                 int64_t rows, int64_t width, int64_t outputs, int threads) {
+    const Weight w = {packed, super, sub, width, outputs, WEIGHT_INT4_K};
     return weight_matmul(x, &w, y, outputs, rows, threads);
 }
 

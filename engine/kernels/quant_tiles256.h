@@ -108,7 +108,7 @@ int8_sums(const int8_t *w, const int16_t *xq, int64_t stride, int n, int32_t sum
 
 static void widen_group(const Weight *w, int64_t group, __m256i *ab) {
     const int64_t pairs = w->width / 2;
-    if (w->kind == WEIGHT_INT4 || w->kind == WEIGHT_INT4_F32) {
+    if (w->kind == WEIGHT_INT4 || w->kind == WEIGHT_INT4_F32 || w->kind == WEIGHT_INT4_K) {
         const uint8_t *steps = (const uint8_t *)w->packed + group * w->width * CHANNELS / 2;
         for (int64_t j = 0; j < pairs; j++) {
             if (j % 4 == 0) __builtin_prefetch(steps + AHEAD + j * CHANNELS);

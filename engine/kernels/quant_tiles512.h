@@ -78,6 +78,11 @@ static inline __attribute__((always_inline)) __m512 scales16(const void *p, int6
                 : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + at)));
 }
 
+/* 16 bytes as fp32 */
+static inline __attribute__((always_inline)) __m512 bytes16(const uint8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+
 /* (sum as fp32) dx d, rounded after each product */
 static inline __attribute__((always_inline)) __m512 scaled(__m512i sum, float dx, __m512 d) {
     return _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(dx)), d);
@@ -100,7 +105,15 @@ int4_tile(const Rows *x, const uint8_t *packed, const void *scale, const void *l
     for (int64_t b = 0; b < blocks; b++) {
         const int64_t at = (group * blocks + b) * CHANNELS;
         int4_sums512(packed + at * PAIRS, x->steps + r0 * stride + b * QBLOCK, stride, sums, count);
-        __m512 d = scales16(scale, at, wide), m = scales16(low, at, wide);
+        __m512 d, m;
+        if (wide == OWN_SCALES) {  /* Q4_K's: d sc and -dmin m, exact in fp32 */
+            const uint16_t *dd = (const uint16_t *)scale + (group * (blocks / K_BLOCKS) + b / K_BLOCKS) * 2 * CHANNELS;
+            const uint8_t *sm = (const uint8_t *)low + (group * blocks + b) * 2 * CHANNELS;
+            d = _mm512_mul_ps(scales16(dd, 0, 0), bytes16(sm));
+            m = _mm512_mul_ps(scales16(dd, CHANNELS, 0), bytes16(sm + CHANNELS));
+        } else {
+            d = scales16(scale, at, wide), m = scales16(low, at, wide);
+        }
         for (int r = 0; r < count; r++) {
             const int64_t xb = (r0 + r) * blocks + b;
             total[r] = _mm512_add_ps(_mm512_add_ps(total[r], scaled(sums[r], x->dx[xb], d)),

@@ -49,6 +49,7 @@ class Int4Linear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.c_kernel = self.out_features % native.INT4_CHANNELS == 0 and choose(Op.INT4_MATMUL, "int4").c
         self.wide = wide
+        self.own_scales = False  # a Q4_K's scales as its file holds them (of_packed)
         if wide and not self.c_kernel:
             raise ValueError("int4 weights with fp32 scales run in quant_matmul.c only")
         if self.c_kernel:
@@ -75,10 +76,12 @@ class Int4Linear(nn.Module):
     @classmethod
     def of_packed(cls, linear: nn.Linear, packed: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> "Int4Linear":
         """The layer of buffers already in quant_matmul.c's layout with fp32 scales and lows, as
-        `_pack_native` makes them (gguf_repack.c's of a Q4_K tensor). Only where the C kernel runs
-        (its callers check `gguf_native.servable`)."""
+        `_pack_native` makes them, or with a Q4_K's own scales (`native.int4k_matmul`'s: scale fp16
+        d and -dmin per 256, low u8 sc and m per 32): gguf_repack.c's of a Q4_K tensor. Only where
+        the C kernel runs (its callers check `gguf_native.servable`)."""
         layer = _bare(cls, linear)
         layer.wide = True
+        layer.own_scales = low.dtype == torch.uint8
         layer.adopt(packed, scale, low)
         return layer
 
@@ -97,7 +100,9 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        if self.wide:
+        if self.own_scales:
+            y = native.int4k_matmul(rows, self.packed, self.scale, self.low)
+        elif self.wide:
             y = native.int4f_matmul(rows, self.packed, self.scale, self.low)
         elif self.c_kernel:
             y = native.int4_matmul(rows, self.weights)
@@ -110,7 +115,8 @@ class Int4Linear(nn.Module):
         """`.to()` and the like may move the buffers that `weights` points at: point again."""
         module = super()._apply(fn, recurse)
         if self.c_kernel:
-            if self.packed.device.type != "cpu" or self.scale.dtype != (torch.float32 if self.wide else torch.float16):
+            scale_dtype = torch.float16 if self.own_scales else torch.float32 if self.wide else torch.float16
+            if self.packed.device.type != "cpu" or self.scale.dtype != scale_dtype:
                 scales = "fp32" if self.wide else "fp16"
                 raise ValueError(f"dtype: int4 layers run on CPU with {scales} scales; load the model again instead")
             self.repoint()

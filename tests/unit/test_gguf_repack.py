@@ -1,7 +1,9 @@
 """gguf_repack.c writes a Q4_K or Q6_K tensor's blocks straight into the kernels' layouts: the
 layer gguf_native.repacked makes holds the very buffers that `keep` makes of `split` (Python's
 way), bit for bit, with the file's rows in their order or reordered (Llama's q and k), and on
-every kernel path this CPU builds; a shape the kernel does not take is left to Python's way."""
+every kernel path this CPU builds; a shape the kernel does not take is left to Python's way. A
+Q4_K kept with its own scales (int4k_matmul's layout, AVX-512's) holds the same steps and scales
+that give `keep`'s fp32 ones exactly, and its products are `keep`'s bit for bit."""
 import ctypes
 
 import numpy as np
@@ -35,14 +37,25 @@ class Holder(nn.Module):
 def both_ways(qtype: T, data: np.ndarray, order: np.ndarray) -> tuple[nn.Module, nn.Module]:
     """(the layer repacked, the layer kept from `split`) of one tensor."""
     repacked, kept = Holder(), Holder()
+    assert WIDTH % 256 == 0 and OUTPUTS % 16 == 0
     assert gguf_native.repacked(repacked, "proj.weight", Tensor("blk.0.ffn_down.weight", qtype, WIDTH, data), order)
     assert gguf_native.keep(kept, "proj.weight", split(data, qtype, WIDTH), order)
     return repacked.proj, kept.proj
 
 
+def own_scales_as_fp32(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Q4_K layer's own scales (fp16 d and -dmin per 256, u8 sc and m per 32) as the fp32 scale and
+    low per 32 they stand for, each product in fp32 (exact)."""
+    supers = layer.scale.float().repeat_interleave(8, dim=1)  # [groups, blocks, 2, 16]
+    values = supers * layer.low.float()
+    return values[:, :, 0].contiguous(), values[:, :, 1].contiguous()
+
+
 @pytest.mark.parametrize("qtype", list(BUFFERS), ids=lambda t: t.name)
 @pytest.mark.parametrize("reordered", [False, True], ids=["in order", "reordered"])
-def test_the_repacked_layer_holds_the_buffers_of_split_and_keep(qtype: T, reordered: bool) -> None:
+def test_the_repacked_layer_holds_the_buffers_of_split_and_keep(qtype: T, reordered: bool,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gguf_native.native, "own_q4_k_scales", lambda: False)
     data = raw_blocks(qtype, seed=int(qtype) + 7)
     order = np.random.default_rng(1).permutation(OUTPUTS) if reordered else np.arange(OUTPUTS)
     repacked, kept = both_ways(qtype, data, order)
@@ -58,6 +71,24 @@ def test_the_repacked_layer_holds_the_buffers_of_split_and_keep(qtype: T, reorde
     assert torch.equal(repacked(x), kept(x))
 
 
+@pytest.mark.parametrize("reordered", [False, True], ids=["in order", "reordered"])
+def test_a_q4_k_kept_with_its_own_scales_stands_for_the_same_values_and_products(
+        reordered: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gguf_native.native, "own_q4_k_scales", lambda: True)
+    data = raw_blocks(T.Q4_K, seed=19)
+    order = np.random.default_rng(2).permutation(OUTPUTS) if reordered else np.arange(OUTPUTS)
+    own, kept = both_ways(T.Q4_K, data, order)
+    assert own.own_scales and not kept.own_scales
+    assert own.scale.dtype == torch.float16 and own.low.dtype == torch.uint8
+    assert own.scale.nbytes + own.low.nbytes < (kept.scale.nbytes + kept.low.nbytes) / 3
+    assert torch.equal(own.packed, kept.packed)
+    scale, low = own_scales_as_fp32(own)
+    assert torch.equal(scale, kept.scale) and torch.equal(low, kept.low)
+    for rows in (1, 3, 8, 17, 40):  # every tile's count, and AVX2's widened groups
+        x = torch.randn(rows, WIDTH, generator=torch.Generator().manual_seed(rows))
+        assert torch.equal(own(x), kept(x)), f"{rows} rows"
+
+
 @pytest.mark.parametrize("qtype", list(BUFFERS), ids=lambda t: t.name)
 def test_every_kernel_path_repacks_the_same_bytes(qtype: T, kernel_libraries: dict[str, ctypes.CDLL]) -> None:
     if len(kernel_libraries) < 2:
@@ -67,7 +98,8 @@ def test_every_kernel_path_repacks_the_same_bytes(qtype: T, kernel_libraries: di
     made = {}
     for path, library in kernel_libraries.items():
         with kernels(library):
-            made[path] = gguf_repack.repack(qtype.name, data, order, OUTPUTS, WIDTH)
+            made[path] = (*gguf_repack.repack(qtype.name, data, order, OUTPUTS, WIDTH),
+                          *gguf_repack.repack(qtype.name, data, order, OUTPUTS, WIDTH, own_scales=True))
     first, *others = made.values()
     assert first is not None
     for other in others:

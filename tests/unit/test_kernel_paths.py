@@ -82,6 +82,36 @@ def test_int4_and_int8_matmuls(paths, rows):
         same_on_every_path(paths, int8)
 
 
+@pytest.mark.parametrize("rows", [1, 3, 8, 17, 25])
+def test_int4_with_q4_k_own_scales_gives_int4f_bits_on_every_path(paths, rows):
+    """int4k_matmul (Q4_K's fp16 d and -dmin per 256, u8 sc and m per 32) computes each block's scale
+    and low in fp32, where they are exact: the products are int4f_matmul's of those values, bit for
+    bit, on every path (fp16 subnormal and largest d among them)."""
+    g = torch.Generator().manual_seed(rows + 100)
+    width, outputs = 768, 48
+    packed = torch.randint(0, 256, (outputs // 16, width // 32, 16, 16), dtype=torch.uint8, generator=g)
+    supers = (torch.rand(outputs // 16, width // 256, 2, 16, generator=g) * 0.002).half()
+    supers[:, :, 1] = -supers[:, :, 1]  # -dmin
+    supers[0, 0, 0, :2] = torch.tensor([6e-8, 65504.0]).half()
+    subs = torch.randint(0, 64, (outputs // 16, width // 32, 2, 16), dtype=torch.uint8, generator=g)
+    values = supers.float().repeat_interleave(8, dim=1) * subs.float()
+    scale, low = values[:, :, 0].contiguous(), values[:, :, 1].contiguous()
+    x = activations(rows, width)
+
+    def both(library):
+        ys = [torch.empty(rows, outputs), torch.empty(rows, outputs)]
+        assert library.int4k_matmul(x.data_ptr(), packed.data_ptr(), supers.data_ptr(), subs.data_ptr(),
+                                    ys[0].data_ptr(), rows, width, outputs, 2) == 0
+        assert library.int4f_matmul(x.data_ptr(), packed.data_ptr(), scale.data_ptr(), low.data_ptr(),
+                                    ys[1].data_ptr(), rows, width, outputs, 2) == 0
+        assert torch.equal(ys[0], ys[1])
+        return ys
+    same_on_every_path(paths, both)
+    y = torch.empty(rows, outputs)
+    assert paths["native"].int4k_matmul(x.data_ptr(), packed.data_ptr(), supers.data_ptr(), subs.data_ptr(),
+                                        y.data_ptr(), rows, 576, outputs, 2) == -1  # not whole blocks of 256
+
+
 @pytest.mark.parametrize("rows", [16, 25])  # 16 rows a tile, then 8 and 1
 def test_a_streamed_int8_weight_takes_wide_tiles_with_the_same_bits(paths, rows):
     """int8 weights of 8M values or more (quant_matmul.c's STREAMED: an output layer's) take 16 rows
