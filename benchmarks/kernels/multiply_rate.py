@@ -1,5 +1,6 @@
 """python -m benchmarks multiply-rate [--out DIR]: how many integer products one core multiplies a
-second, in AVX2's two forms of a quantized dot product, from registers (no memory):
+second, in the forms of a quantized dot product that AVX2 and AVX-512 have, from registers (no
+memory):
 
 - int16: `vpmaddwd` (16 products of int16 pairs, summed in pairs to int32), then `vpaddd` into an
   accumulator: the form of this service's int16 activations (quant_matmul.c);
@@ -8,15 +9,25 @@ second, in AVX2's two forms of a quantized dot product, from registers (no memor
 - int8, two `vpmaddubsw` summed in int16 before the widening: faster where the values are small
   enough not to overflow int16, which int8 products of full range do not promise.
 
-Four independent accumulators each, so that the rate is the units' and not a chain's latency.
-These are the bounds that the products' loops are measured against (docs/performance.md). AVX2
-machines only (the instructions are AVX2's); the C source is compiled with the system's `cc -O2`.
+Where the CPU has AVX-512 with VNNI, the same forms at 512 bits too:
+- int16, VNNI: `vpdpwssd` (32 products of int16 pairs, summed into the accumulator in one
+  instruction): the form of this service's AVX-512 products (quant_tiles512.h);
+- int16, `vpmaddwd` and `vpaddd` at 512 bits (AVX512BW without VNNI);
+- int8, VNNI: `vpdpbusd` (64 products of u8 and s8, summed in fours into the accumulator): the
+  form of llama.cpp's AVX512-VNNI kernels for int8 activations.
+
+Four independent accumulators each for AVX2's forms, twelve for VNNI's (one instruction a
+product's chain, so more of them in flight), so that the rate is the units' and not a chain's
+latency. These are the bounds that the products' loops are measured against (docs/performance.md).
+The C source is compiled with the system's `cc -O2`.
 """
 import argparse
 import subprocess
 import tempfile
 import time
 from pathlib import Path
+
+from engine.torch_vectors import cpu_flags
 
 from .. import RESULTS
 from ..harness.report import machine_info
@@ -51,14 +62,43 @@ int main(void) {
 }
 """
 
+# the 512-bit forms (AVX-512 with VNNI): twelve accumulators zmm0 to zmm11, zmm15 the operands
+SOURCE512 = SOURCE.split("#define LOOP")[0] + r"""
+#define LOOP(BODY) do { long it = n; double t = now(); \
+    __asm__ volatile("vpternlogd $0xff,%%zmm15,%%zmm15,%%zmm15\n vpabsb %%zmm15,%%zmm15\n" \
+                     "1:\n" BODY "dec %0\n jnz 1b\n" : "+r"(it) :: "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", \
+                     "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm15", "cc"); \
+    seconds = now() - t; } while (0)
+#define TWELVE(F) F("0") F("1") F("2") F("3") F("4") F("5") F("6") F("7") F("8") F("9") F("10") F("11")
+#define DPWSSD(A) "vpdpwssd %%zmm15,%%zmm15,%%zmm" A "\n"
+#define DPBUSD(A) "vpdpbusd %%zmm15,%%zmm15,%%zmm" A "\n"
+#define MADDWD(A) "vpmaddwd %%zmm15,%%zmm15,%%zmm12\n vpaddd %%zmm12,%%zmm" A ",%%zmm" A "\n"
+int main(void) {
+    long n = 100000000; double seconds;
+    LOOP(TWELVE(DPWSSD));
+    printf("int16, vpdpwssd (512 bits)\t%.2f\n", 12.0 * 32 * n / seconds / 1e9);
+    LOOP(MADDWD("0") MADDWD("1") MADDWD("2") MADDWD("3"));
+    printf("int16, vpmaddwd and vpaddd (512 bits)\t%.2f\n", 4.0 * 32 * n / seconds / 1e9);
+    LOOP(TWELVE(DPBUSD));
+    printf("int8, vpdpbusd (512 bits)\t%.2f\n", 12.0 * 64 * n / seconds / 1e9);
+    return 0;
+}
+"""
+
 
 def measure() -> list[tuple[str, float]]:
-    """(form, billions of products a second on one core), each form's loop run once."""
+    """(form, billions of products a second on one core), each form's loop run once: AVX2's, then
+    AVX-512's where the CPU has it with VNNI."""
+    programs = [(SOURCE, ["-mavx2"])]
+    if {"avx512bw", "avx512_vnni"} <= cpu_flags():
+        programs.append((SOURCE512, ["-mavx512f", "-mavx512bw", "-mavx512vnni"]))
+    lines: list[str] = []
     with tempfile.TemporaryDirectory() as folder:
-        source, binary = Path(folder) / "rate.c", Path(folder) / "rate"
-        source.write_text(SOURCE)
-        subprocess.run(["cc", "-O2", "-mavx2", str(source), "-o", str(binary)], check=True)
-        lines = subprocess.run([str(binary)], capture_output=True, text=True, check=True).stdout.splitlines()
+        for i, (text, flags) in enumerate(programs):
+            source, binary = Path(folder) / f"rate{i}.c", Path(folder) / f"rate{i}"
+            source.write_text(text)
+            subprocess.run(["cc", "-O2", *flags, str(source), "-o", str(binary)], check=True)
+            lines += subprocess.run([str(binary)], capture_output=True, text=True, check=True).stdout.splitlines()
     return [(form, float(rate)) for form, rate in (line.split("\t") for line in lines)]
 
 
@@ -69,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     info = machine_info()
     rows = measure()
     text = "\n".join([
-        "# Integer products a second, one core, AVX2's two forms", "",
+        "# Integer products a second, one core, in AVX2's and AVX-512's forms", "",
         f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')}, git {info['git']}, `python -m benchmarks multiply-rate`", "",
         "| form | billion products a second |", "| --- | --- |",
         *(f"| {form} | {rate:.1f} |" for form, rate in rows), ""])
