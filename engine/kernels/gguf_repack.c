@@ -105,14 +105,9 @@ static void q4_k_own_row(const uint8_t *src, int64_t g, int o, int64_t width, co
 /* Q6_K: steps [groups][width][16 rows], scale [groups][width / 16][16 rows]; ggml's
  * dequantize_row_q6_K: two halves of 128 weights, each 64 bytes of low nibbles and 32 of high bit
  * pairs, weight 32 * quarter + l of a half */
-static void q6_k_row(const uint8_t *src, int64_t g, int o, int64_t width, const Out *out) {
-    int8_t *steps = (int8_t *)out->steps;
+static void q6_k_steps(const uint8_t *src, int64_t g, int o, int64_t width, int8_t *steps) {
     for (int64_t s = 0; s < width / SUPER; s++) {
         const uint8_t *block = src + s * Q6_K_BYTES, *ql = block, *qh = block + 128;
-        const int8_t *sc = (const int8_t *)(block + 192);
-        const float d = half_to_float(read_u16(block + 208));
-        for (int k = 0; k < 16; k++)
-            ((float *)out->scale)[(g * (width / 16) + s * 16 + k) * ROWS_PER_GROUP + o] = d * (float)sc[k];
         for (int half = 0; half < 2; half++)
             for (int quarter = 0; quarter < 4; quarter++)
                 for (int l = 0; l < 32; l++) {
@@ -122,6 +117,31 @@ static void q6_k_row(const uint8_t *src, int64_t g, int o, int64_t width, const 
                     steps[(g * width + input) * ROWS_PER_GROUP + o] = (int8_t)((lo | (hi << 4)) - 32);
                 }
     }
+}
+
+/* Q6_K: its steps (q6_k_steps), scale fp32 [groups][width / 16][16 rows] */
+static void q6_k_row(const uint8_t *src, int64_t g, int o, int64_t width, const Out *out) {
+    for (int64_t s = 0; s < width / SUPER; s++) {
+        const uint8_t *block = src + s * Q6_K_BYTES;
+        const int8_t *sc = (const int8_t *)(block + 192);
+        const float d = half_to_float(read_u16(block + 208));
+        for (int k = 0; k < 16; k++)
+            ((float *)out->scale)[(g * (width / 16) + s * 16 + k) * ROWS_PER_GROUP + o] = d * (float)sc[k];
+    }
+    q6_k_steps(src, g, o, width, out->steps);
+}
+
+/* Q6_K, its scales as the file holds them (int8k_matmul's layout): steps as q6_k_row's; `scale`
+ * fp16 [groups][width / 256][16 rows] (d), `low` int8 [groups][width / 16][16 rows] (sc) */
+static void q6_k_own_row(const uint8_t *src, int64_t g, int o, int64_t width, const Out *out) {
+    const int64_t supers = width / SUPER;
+    for (int64_t s = 0; s < supers; s++) {
+        const uint8_t *block = src + s * Q6_K_BYTES;
+        ((uint16_t *)out->scale)[(g * supers + s) * ROWS_PER_GROUP + o] = read_u16(block + 208);
+        for (int k = 0; k < 16; k++)
+            ((int8_t *)out->low)[(g * (width / 16) + s * 16 + k) * ROWS_PER_GROUP + o] = (int8_t)block[192 + k];
+    }
+    q6_k_steps(src, g, o, width, out->steps);
 }
 
 int repack_q4_k(const uint8_t *blocks, const int64_t *order, int64_t rows, int64_t width, uint8_t *packed,
@@ -140,4 +160,10 @@ int repack_q6_k(const uint8_t *blocks, const int64_t *order, int64_t rows, int64
                 float *scale, int threads) {
     const Out out = {steps, scale, NULL};
     return each_row(blocks, order, rows, width, Q6_K_BYTES, q6_k_row, &out, threads);
+}
+
+int repack_q6_k_own(const uint8_t *blocks, const int64_t *order, int64_t rows, int64_t width, int8_t *steps,
+                    uint16_t *super, int8_t *sub, int threads) {
+    const Out out = {steps, super, sub};
+    return each_row(blocks, order, rows, width, Q6_K_BYTES, q6_k_own_row, &out, threads);
 }

@@ -15,10 +15,11 @@ def repack(kind: str, blocks: np.ndarray, order: Optional[np.ndarray], rows: int
            own_scales: bool = False) -> Optional[tuple[torch.Tensor, ...]]:
     """A GGUF tensor's raw blocks [rows, bytes per row] (`kind`: "Q4_K" or "Q6_K"), its rows taken in
     `order` (int64; None: as they are), as the buffers Int4Linear (packed, scale, low: Q4_K) or
-    Int8Linear (steps, scales: Q6_K) hold: gguf_repack.c, in one pass. A Q4_K's scale and low are
-    fp32, or with `own_scales` the file's own (native.int4k_matmul's fp16 d and -dmin per 256, u8
-    sc and m per 32). None where the kernels are not built or the shape does not fit (rows a
-    multiple of 16, width of 256)."""
+    Int8Linear (steps, scales: Q6_K) hold: gguf_repack.c, in one pass. Their scales (and a Q4_K's
+    lows) are fp32, or with `own_scales` the file's own: native.int4k_matmul's (fp16 d and -dmin
+    per 256, u8 sc and m per 32) and native.int8k_matmul's (fp16 d per 256, int8 sc per 16, a third
+    buffer). None where the kernels are not built or the shape does not fit (rows a multiple of
+    16, width of 256)."""
     built = library()
     if built is None or rows % INT4_CHANNELS or width % 256 or blocks.shape[0] != rows:
         return None
@@ -39,6 +40,13 @@ def repack(kind: str, blocks: np.ndarray, order: Optional[np.ndarray], rows: int
         status = built.repack_q4_k(blocks.ctypes.data, where, rows, width, packed.data_ptr(), scale.data_ptr(),
                                    low.data_ptr(), torch.get_num_threads())
         return None if status else (packed, scale, low)
+    if kind == "Q6_K" and own_scales:
+        steps = torch.empty((groups, width, DENSE_CHANNELS), dtype=torch.int8)
+        super_ = torch.empty((groups, width // 256, DENSE_CHANNELS), dtype=torch.float16)
+        sub8 = torch.empty((groups, width // 16, DENSE_CHANNELS), dtype=torch.int8)
+        status = built.repack_q6_k_own(blocks.ctypes.data, where, rows, width, steps.data_ptr(), super_.data_ptr(),
+                                       sub8.data_ptr(), torch.get_num_threads())
+        return None if status else (steps, super_, sub8)
     if kind == "Q6_K":
         steps = torch.empty((groups, width, DENSE_CHANNELS), dtype=torch.int8)
         scales = torch.empty((groups, width // 16, DENSE_CHANNELS), dtype=torch.float32)

@@ -18,6 +18,7 @@
 #define WEIGHT_INT8 2      /* int8_matmul: int8 steps, fp16 scale per 32 (Q8_0, Q5_0) */
 #define WEIGHT_INT8_SUB 3  /* int8s_matmul: int8 steps, fp32 scale and low (or none) per 16 (Q5_1, Q5_K, Q6_K) */
 #define WEIGHT_INT4_K 4    /* int4k_matmul: 4-bit steps, Q4_K's own scales: 6-bit sc and m per 32, fp16 d and -dmin per 256 */
+#define WEIGHT_INT8_SUB_K 5  /* int8k_matmul: int8 steps, Q6_K's own scales: int8 sc per 16, fp16 d per 256 */
 typedef struct {
     const void *packed, *scale, *low;
     int64_t width, outputs, kind;
@@ -97,7 +98,13 @@ int int8s_matmul(const float *x, const int8_t *packed, const float *scale, const
  * product): the very values int4f_matmul reads, so the same bits. width: a multiple of 256. */
 int int4k_matmul(const float *x, const uint8_t *packed, const uint16_t *super, const uint8_t *sub, float *y,
                  int64_t rows, int64_t width, int64_t outputs, int threads);
-/* any of the five, as a Weight's kind says (the whole layers' products); y's rows y_stride apart */
+/* int8s_matmul's products without lows, with Q6_K's scales as the file holds them, 1.07 bytes a
+ * weight where int8s_matmul reads 1.25: `super` fp16 [outputs / 16][width / 256][16] (d), `sub`
+ * int8 [outputs / 16][width / 16][16] (sc). d sc is exact in fp32 (11 by 8 bits): the same bits.
+ * width: a multiple of 256. */
+int int8k_matmul(const float *x, const int8_t *packed, const uint16_t *super, const int8_t *sub, float *y,
+                 int64_t rows, int64_t width, int64_t outputs, int threads);
+/* any of the six, as a Weight's kind says (the whole layers' products); y's rows y_stride apart */
 int weight_matmul(const float *x, const Weight *w, float *y, int64_t y_stride, int64_t rows, int threads);
 
 /* gguf_repack.c: a GGUF tensor's blocks [rows][width / 256 blocks] written into the layouts above,
@@ -111,6 +118,9 @@ int repack_q4_k_own(const uint8_t *blocks, const int64_t *order, int64_t rows, i
                     uint16_t *super, uint8_t *sub, int threads);
 int repack_q6_k(const uint8_t *blocks, const int64_t *order, int64_t rows, int64_t width, int8_t *steps,
                 float *scale, int threads);
+/* Q6_K into int8k_matmul's layout: its steps, `super` and `sub` */
+int repack_q6_k_own(const uint8_t *blocks, const int64_t *order, int64_t rows, int64_t width, int8_t *steps,
+                    uint16_t *super, int8_t *sub, int threads);
 
 /* dense_matmul.c: y = x W^T for fp32 weights packed [outputs / 16][width][16] (fp32 Linear layers;
  * as bf16 where they are bf16 values); ready: 1 (AVX2 + FMA) */

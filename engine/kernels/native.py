@@ -16,8 +16,8 @@ INT4_CHANNELS = 16  # quant_matmul.c's outputs per group
 DENSE_CHANNELS = 16  # outputs per group of dense_matmul.c (fp32, bf16 weights) and of quant_matmul.c's int8
 _Weight, LlamaLayer, LlamaStep = (build.STRUCTS[name] for name in ("Weight", "LlamaLayer", "LlamaStep"))
 # which product reads a layer's weights (kernels.h's WEIGHT_*), and the activations of ACT_*
-WEIGHT_INT4, WEIGHT_INT4_F32, WEIGHT_INT8, WEIGHT_INT8_SUB, WEIGHT_INT4_K = (
-    build.CONSTANTS[f"WEIGHT_{kind}"] for kind in ("INT4", "INT4_F32", "INT8", "INT8_SUB", "INT4_K"))
+WEIGHT_INT4, WEIGHT_INT4_F32, WEIGHT_INT8, WEIGHT_INT8_SUB, WEIGHT_INT4_K, WEIGHT_INT8_SUB_K = (
+    build.CONSTANTS[f"WEIGHT_{kind}"] for kind in ("INT4", "INT4_F32", "INT8", "INT8_SUB", "INT4_K", "INT8_SUB_K"))
 ACTIVATIONS = {"silu": build.CONSTANTS["ACT_SILU"], "gelu_tanh": build.CONSTANTS["ACT_GELU_TANH"]}
 Struct = ctypes.Structure  # a LlamaLayer or a LlamaStep, as annotations name them
 
@@ -65,12 +65,13 @@ def int4_ready() -> bool:
     return choose(Op.INT4_MATMUL, "int4").c
 
 
-def own_q4_k_scales() -> bool:
-    """Whether a Q4_K's products read its scales as the file holds them (`int4k_matmul`, 0.58 bytes a
-    weight) rather than as fp32 (`int4f_matmul`, 0.75): where they run on AVX-512, whose products
-    at one row wait for memory, so that the fewer bytes go faster (a 1-row product on a 2-core Zen
-    5: 1.19x as fast with fp16 scales as with fp32). On AVX2 the unpacking costs as much as the
-    reading saves. The values, and so the bits, are the same either way."""
+def own_k_scales() -> bool:
+    """Whether a Q4_K's and a Q6_K's products read their scales as the file holds them
+    (`int4k_matmul`, 0.58 bytes a weight; `int8k_matmul`, 1.07) rather than as fp32 (`int4f_matmul`,
+    0.75; `int8s_matmul`, 1.25): where they run on AVX-512, whose products at one row wait for
+    memory, so that the fewer bytes go faster (a 1-row product on a 2-core Zen 5 took the time of
+    its bytes with either layout). On AVX2 the unpacking costs about what the reading saves. The
+    values, and so the bits, are the same either way."""
     built = library()
     return built is not None and int(built.int4_matmul_ready()) == 3
 
@@ -105,7 +106,8 @@ def int8_weights(packed: torch.Tensor, scale: torch.Tensor, low: Optional[torch.
     """An int8 layer's (packed [outputs / 16, width, 16]): fp16 scales per 32 (Q8_0's), or fp32
     scales and lows (or none) per 16."""
     groups, width, channels = packed.shape
-    kind = WEIGHT_INT8_SUB if scale.dtype == torch.float32 else WEIGHT_INT8
+    kind = (WEIGHT_INT8_SUB_K if low is not None and low.dtype == torch.int8
+            else WEIGHT_INT8_SUB if scale.dtype == torch.float32 else WEIGHT_INT8)
     return Weights(packed.data_ptr(), scale.data_ptr(), 0 if low is None else low.data_ptr(), width,
                    groups * channels, kind)
 
@@ -156,20 +158,33 @@ def int4k_matmul(x: torch.Tensor, packed: torch.Tensor, super_: torch.Tensor, su
     / 256, 2, 16] (d, -dmin), `sub` u8 [outputs / 16, width / 32, 2, 16] (sc, m). Only where
     `int4_ready()`."""
     groups, blocks, pairs, channels = packed.shape
+    return _own("int4k_matmul", x, packed, super_, sub, blocks * pairs * 2, groups * channels)
+
+
+def int8k_matmul(x: torch.Tensor, packed: torch.Tensor, super_: torch.Tensor, sub: torch.Tensor) -> torch.Tensor:
+    """`int8s_matmul` without lows for a Q6_K's scales as the file holds them: `super_` fp16 [outputs
+    / 16, width / 256, 16] (d), `sub` int8 [outputs / 16, width / 16, 16] (sc). Only where
+    `int8_ready()`."""
+    groups, width, channels = packed.shape
+    return _own("int8k_matmul", x, packed, super_, sub, width, groups * channels)
+
+
+def _own(function: str, x: torch.Tensor, packed: torch.Tensor, super_: torch.Tensor, sub: torch.Tensor,
+         width: int, outputs: int) -> torch.Tensor:
+    """One of quant_matmul.c's products that read a K-quant's own scales (int4k, int8k)."""
     built = library()
     if built is None:
-        raise RuntimeError("int4k_matmul: the C kernels are not built (check int4_ready() first)")
+        raise RuntimeError(f"{function}: the C kernels are not built (check int4_ready() first)")
     if x.dtype != torch.float32 or not x.is_contiguous():
         x = x.float().contiguous()
-    width, outputs = blocks * pairs * 2, groups * channels
     if x.shape[1] != width:
-        raise ValueError(f"int4k_matmul: x {tuple(x.shape)} does not fit weights of {width} inputs")
+        raise ValueError(f"{function}: x {tuple(x.shape)} does not fit weights of {width} inputs")
     y = torch.empty((x.shape[0], outputs), dtype=torch.float32)
-    status = built.int4k_matmul(x.data_ptr(), packed.data_ptr(), super_.data_ptr(), sub.data_ptr(), y.data_ptr(),
-                                x.shape[0], width, outputs, torch.get_num_threads()) if x.shape[0] else 0
+    status = getattr(built, function)(x.data_ptr(), packed.data_ptr(), super_.data_ptr(), sub.data_ptr(),
+                                      y.data_ptr(), x.shape[0], width, outputs, torch.get_num_threads()) if x.shape[0] else 0
     if status:
-        raise MemoryError("int4k_matmul: out of memory") if status == -2 else ValueError(
-            f"int4k_matmul: weights {tuple(packed.shape)} do not fit its layout")
+        raise MemoryError(f"{function}: out of memory") if status == -2 else ValueError(
+            f"{function}: weights {tuple(packed.shape)} do not fit its layout")
     return y
 
 

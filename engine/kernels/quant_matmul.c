@@ -8,6 +8,8 @@
  * - int4f: the same with d and m in fp32 (Q4_K's per-32 d sc and dmin m).
  * - int4k: the same d and m, computed per block from Q4_K's own scales (u8 sc and m per 32, fp16 d
  *   and -dmin per 256): the products are exact in fp32, so the values are int4f's.
+ * - int8k: int8s without lows, its d computed per sub-block from Q6_K's own scales (int8 sc per 16,
+ *   fp16 d per 256): exact in fp32 too, so int8s's values.
  * - int8 (the output layer): llama.cpp's Q8_0, packed [outputs / 16][width][16] with an fp16 scale
  *   d per block of 32 inputs ([outputs / 16][blocks][16]); per block x . w = d dx (w . qx). Q5_0's
  *   d (q - 16) is the same form.
@@ -38,6 +40,7 @@
 #define PAIRS (QBLOCK / 2)
 #define K_BLOCKS 8  /* blocks of 32 in a K-quant's block of 256 (int4k's d and -dmin) */
 #define OWN_SCALES 2  /* int4_tile's `wide` for int4k: Q4_K's own scales */
+#define K_SUBS 16  /* sub-blocks of 16 in a K-quant's block of 256 (int8k's d) */
 
 /* x [rows, width] as int16 steps [rows][blocks * 32], each block's scale dx and dx sum(steps), and
  * where int8s weights with lows need it (else NULL), dx sum(steps) per half block (SUB inputs). */
@@ -133,10 +136,17 @@ static inline __attribute__((always_inline)) f8 scales8(const void *p, int64_t a
     return wide ? load8((const float *)p + at) : half8((const uint16_t *)p + at);
 }
 
-/* 8 bytes as fp32 */
+/* 8 bytes as fp32: unsigned, and signed */
 typedef uint8_t u8x8 __attribute__((vector_size(8)));
+typedef int8_t s8x8 __attribute__((vector_size(8)));
 static inline f8 bytes8(const uint8_t *p) {
     u8x8 b;
+    memcpy(&b, p, sizeof b);
+    return __builtin_convertvector(b, f8);
+}
+
+static inline f8 signed8(const int8_t *p) {
+    s8x8 b;
     memcpy(&b, p, sizeof b);
     return __builtin_convertvector(b, f8);
 }
@@ -248,8 +258,8 @@ int8_tile(const Rows *x, const int8_t *packed, const uint16_t *scale, float *y, 
 /* int8s: steps times an fp32 scale per sub-block of SUB inputs, plus an fp32 low (or none) per
  * sub-block: total = (total + (w . qx) dx d) + (dx sum(qx)) m, sub-block after sub-block. */
 static inline __attribute__((always_inline)) void
-int8s_tile(const Rows *x, const int8_t *packed, const float *scale, const float *low, float *y, int64_t y_stride,
-           int64_t group, int64_t r0, const void *widened, const int count) {
+int8s_tile(const Rows *x, const int8_t *packed, const void *scale, const void *low, const int own, float *y,
+           int64_t y_stride, int64_t group, int64_t r0, const void *widened, const int count) {
     const int64_t blocks = x->blocks, stride = blocks * QBLOCK, subs = 2 * blocks;
     f8 total[TILE][2];
     int32_t sums[TILE][CHANNELS];
@@ -264,8 +274,14 @@ int8s_tile(const Rows *x, const int8_t *packed, const float *scale, const float 
             int8_sums(packed + (group * x->width + s * SUB) * CHANNELS, x->steps + r0 * stride + s * SUB, stride, SUB,
                       sums, count);
         const int64_t at = (group * subs + s) * CHANNELS;
-        f8 d[2] = {load8(scale + at), load8(scale + at + 8)};
-        f8 m[2] = {low ? load8(low + at) : splat8(0.0f), low ? load8(low + at + 8) : splat8(0.0f)};
+        f8 d[2], m[2] = {splat8(0.0f), splat8(0.0f)};
+        if (own) {  /* Q6_K's: d sc, exact in fp32; no low */
+            const uint16_t *dd = (const uint16_t *)scale + (group * (subs / K_SUBS) + s / K_SUBS) * CHANNELS;
+            for (int h = 0; h < 2; h++) d[h] = half8(dd + 8 * h) * signed8((const int8_t *)low + at + 8 * h);
+        } else {
+            d[0] = load8((const float *)scale + at), d[1] = load8((const float *)scale + at + 8);
+            if (low) m[0] = load8((const float *)low + at), m[1] = load8((const float *)low + at + 8);
+        }
         split_lanes(&d[0], &d[1]);
         split_lanes(&m[0], &m[1]);
         for (int h = 0; h < 2; h++)
@@ -273,7 +289,7 @@ int8s_tile(const Rows *x, const int8_t *packed, const float *scale, const float 
                 i8 n;
                 memcpy(&n, sums[r] + 8 * h, sizeof n);
                 total[r][h] = total[r][h] + (__builtin_convertvector(n, f8) * x->dx[(r0 + r) * blocks + s / 2]) * d[h];
-                if (low) total[r][h] = total[r][h] + x->dsum16[(r0 + r) * subs + s] * m[h];
+                if (low && !own) total[r][h] = total[r][h] + x->dsum16[(r0 + r) * subs + s] * m[h];
             }
     }
     store_tile(y, y_stride, group, r0, total, count);
@@ -328,7 +344,7 @@ static inline int64_t tile_rows(int64_t left, int64_t most) {
  * quantized, then each group of outputs by one thread. Returns 0, or -2 when out of memory. */
 static int product(const float *x, const Weight *w, float *y, int64_t y_stride, int64_t rows, int threads) {
     const int64_t width = w->width, outputs = w->outputs;
-    const int int8 = w->kind == WEIGHT_INT8 || w->kind == WEIGHT_INT8_SUB;
+    const int int8 = w->kind == WEIGHT_INT8 || w->kind == WEIGHT_INT8_SUB || w->kind == WEIGHT_INT8_SUB_K;
     const int64_t parallel_from = int8 ? 1 << 16 : 1 << 18;
     const uint8_t *packed = w->packed;
     const int8_t *packed8 = w->packed;
@@ -360,19 +376,22 @@ static int product(const float *x, const Weight *w, float *y, int64_t y_stride, 
 #define INT4F_TILE(N) int4_tile(&q, packed, w->scale, w->low, 1, y, y_stride, group, r0, widened, N)
 #define INT4K_TILE(N) int4_tile(&q, packed, w->scale, w->low, OWN_SCALES, y, y_stride, group, r0, widened, N)
 #define INT8_TILE(N) int8_tile(&q, packed8, w->scale, y, y_stride, group, r0, widened, N)
-#define INT8S_TILE(N) int8s_tile(&q, packed8, w->scale, w->low, y, y_stride, group, r0, widened, N)
+#define INT8S_TILE(N) int8s_tile(&q, packed8, w->scale, w->low, 0, y, y_stride, group, r0, widened, N)
+#define INT8SK_TILE(N) int8s_tile(&q, packed8, w->scale, w->low, 1, y, y_stride, group, r0, widened, N)
                 switch (w->kind) {
                     case WEIGHT_INT4: EACH_TILE(INT4_TILE) break;
                     case WEIGHT_INT4_F32: EACH_TILE(INT4F_TILE) break;
                     case WEIGHT_INT4_K: EACH_TILE(INT4K_TILE) break;
                     case WEIGHT_INT8: EACH_WIDE_TILE(INT8_TILE) break;
                     case WEIGHT_INT8_SUB: EACH_TILE(INT8S_TILE) break;
+                    case WEIGHT_INT8_SUB_K: EACH_TILE(INT8SK_TILE) break;
                 }
 #undef INT4_TILE
 #undef INT4F_TILE
 #undef INT4K_TILE
 #undef INT8_TILE
 #undef INT8S_TILE
+#undef INT8SK_TILE
             }
         }
         free(widened);
@@ -385,8 +404,8 @@ static int product(const float *x, const Weight *w, float *y, int64_t y_stride, 
 int weight_matmul(const float *x, const Weight *w, float *y, int64_t y_stride, int64_t rows, int threads) {
     const int whole_blocks = w->kind != WEIGHT_INT8;  /* Q8_0's last block may be partial */
     if (rows < 1 || w->width < 1 || (whole_blocks && w->width % QBLOCK) || w->outputs % CHANNELS
-        || y_stride < w->outputs || w->kind < WEIGHT_INT4 || w->kind > WEIGHT_INT4_K
-        || (w->kind == WEIGHT_INT4_K && w->width % (K_BLOCKS * QBLOCK)))
+        || y_stride < w->outputs || w->kind < WEIGHT_INT4 || w->kind > WEIGHT_INT8_SUB_K
+        || ((w->kind == WEIGHT_INT4_K || w->kind == WEIGHT_INT8_SUB_K) && w->width % (K_BLOCKS * QBLOCK)))
         return -1;
     return product(x, w, y, y_stride, rows, threads);
 }
@@ -418,5 +437,11 @@ int int8_matmul(const float *x, const int8_t *packed, const uint16_t *scale, flo
 int int8s_matmul(const float *x, const int8_t *packed, const float *scale, const float *low, float *y, int64_t rows,
                  int64_t width, int64_t outputs, int threads) {
     const Weight w = {packed, scale, low, width, outputs, WEIGHT_INT8_SUB};
+    return weight_matmul(x, &w, y, outputs, rows, threads);
+}
+
+int int8k_matmul(const float *x, const int8_t *packed, const uint16_t *super, const int8_t *sub, float *y,
+                 int64_t rows, int64_t width, int64_t outputs, int threads) {
+    const Weight w = {packed, super, sub, width, outputs, WEIGHT_INT8_SUB_K};
     return weight_matmul(x, &w, y, outputs, rows, threads);
 }

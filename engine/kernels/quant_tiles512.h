@@ -150,8 +150,8 @@ int8_tile(const Rows *x, const int8_t *packed, const uint16_t *scale, float *y, 
 
 /* quant_matmul.c's int8s_tile */
 static inline __attribute__((always_inline)) void
-int8s_tile(const Rows *x, const int8_t *packed, const float *scale, const float *low, float *y, int64_t y_stride,
-           int64_t group, int64_t r0, const void *widened, const int count) {
+int8s_tile(const Rows *x, const int8_t *packed, const void *scale, const void *low, const int own, float *y,
+           int64_t y_stride, int64_t group, int64_t r0, const void *widened, const int count) {
     (void)widened;
     const int64_t blocks = x->blocks, stride = blocks * QBLOCK, subs = 2 * blocks;
     __m512 total[TILE];
@@ -161,10 +161,18 @@ int8s_tile(const Rows *x, const int8_t *packed, const float *scale, const float 
         int8_sums512(packed + (group * x->width + s * SUB) * CHANNELS, x->steps + r0 * stride + s * SUB, stride, SUB,
                      sums, count);
         const int64_t at = (group * subs + s) * CHANNELS;
-        __m512 d = _mm512_loadu_ps(scale + at), m = low ? _mm512_loadu_ps(low + at) : _mm512_setzero_ps();
+        __m512 d, m = _mm512_setzero_ps();
+        if (own) {  /* Q6_K's: d sc, exact in fp32; no low */
+            const uint16_t *dd = (const uint16_t *)scale + (group * (subs / K_SUBS) + s / K_SUBS) * CHANNELS;
+            d = _mm512_mul_ps(scales16(dd, 0, 0),
+                              _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((const int8_t *)low + at)))));
+        } else {
+            d = _mm512_loadu_ps((const float *)scale + at);
+            if (low) m = _mm512_loadu_ps((const float *)low + at);
+        }
         for (int r = 0; r < count; r++) {
             total[r] = _mm512_add_ps(total[r], scaled(sums[r], x->dx[(r0 + r) * blocks + s / 2], d));
-            if (low) total[r] = _mm512_add_ps(total[r], _mm512_mul_ps(_mm512_set1_ps(x->dsum16[(r0 + r) * subs + s]), m));
+            if (low && !own) total[r] = _mm512_add_ps(total[r], _mm512_mul_ps(_mm512_set1_ps(x->dsum16[(r0 + r) * subs + s]), m));
         }
     }
     store_tile(total, y, y_stride, group, r0, count);

@@ -10,8 +10,8 @@ int4/int8 layers for the quantized Linear weights, the embedding table as the fi
 A processor may reorder a tensor's rows (Llama's q and k): that order is read by passing the
 row numbers through it, and the blocks are reordered to match, which is exact. Q4_K and Q6_K
 tensors (most of a Q4_K_M file) go straight from the file's blocks into the kernels' layouts, in
-one C pass (gguf_repack.c), a Q4_K's scales as the file holds them where the products run on
-AVX-512 (native.own_q4_k_scales); the other types through `split` (gguf_types.py). A tensor that a
+one C pass (gguf_repack.c), their scales as the file holds them where the products run on
+AVX-512 (native.own_k_scales); the other types through `split` (gguf_types.py). A tensor that a
 processor changes otherwise is dequantized and processed as transformers does.
 """
 import logging
@@ -175,7 +175,7 @@ def repacked(model: PreTrainedModel, target: str, tensor: gguf_file.Tensor, orde
     if module is None:
         return False
     buffers = gguf_repack.repack(tensor.tensor_type.name, tensor.data, order, module.out_features, module.in_features,
-                                 own_scales=native.own_q4_k_scales())
+                                 own_scales=native.own_k_scales())
     if buffers is None:
         return False
     layer = Int4Linear.of_packed(module, *buffers) if tensor.tensor_type is Q4_K else Int8Linear.of_packed(module, *buffers)

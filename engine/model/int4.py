@@ -160,13 +160,21 @@ class Int8Linear(nn.Module):
         self.bias = linear.bias
 
     @classmethod
-    def of_packed(cls, linear: nn.Linear, steps: torch.Tensor, scales: torch.Tensor) -> "Int8Linear":
+    def of_packed(cls, linear: nn.Linear, steps: torch.Tensor, scales: torch.Tensor,
+                  own: Optional[torch.Tensor] = None) -> "Int8Linear":
         """The layer of buffers already in quant_matmul.c's layout, steps [out / 16, in, 16] with fp32
-        scales per 16 inputs and no lows (gguf_repack.c's of a Q6_K tensor)."""
+        scales per 16 inputs and no lows, or with a Q6_K's own scales (`native.int8k_matmul`'s:
+        `scales` fp16 d per 256, `own` its int8 sc per 16, held as `lows`): gguf_repack.c's of a Q6_K
+        tensor."""
         layer = _bare(cls, linear)
         layer.sub = True
-        layer.adopt(steps, scales, None)
+        layer.adopt(steps, scales, own)
         return layer
+
+    @property
+    def own_scales(self) -> bool:
+        """Whether the buffers hold a Q6_K's scales as its file does (of_packed)."""
+        return self.lows is not None and self.lows.dtype == torch.int8
 
     @property
     def weights(self) -> native.Weights:
@@ -180,7 +188,10 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        if self.sub:
+        if self.own_scales:
+            assert self.lows is not None
+            y = native.int8k_matmul(rows, self.weight_int8, self.scales, self.lows)
+        elif self.sub:
             y = native.int8s_matmul(rows, self.weight_int8, self.scales, self.lows)
         elif self.c_kernel:
             y = native.int8_matmul(rows, self.weight_int8, self.scales)

@@ -2,8 +2,9 @@
 layer gguf_native.repacked makes holds the very buffers that `keep` makes of `split` (Python's
 way), bit for bit, with the file's rows in their order or reordered (Llama's q and k), and on
 every kernel path this CPU builds; a shape the kernel does not take is left to Python's way. A
-Q4_K kept with its own scales (int4k_matmul's layout, AVX-512's) holds the same steps and scales
-that give `keep`'s fp32 ones exactly, and its products are `keep`'s bit for bit."""
+Q4_K or Q6_K kept with its own scales (int4k_matmul's and int8k_matmul's layouts, AVX-512's) holds
+the same steps and scales that give `keep`'s fp32 ones exactly, and its products are `keep`'s bit
+for bit."""
 import ctypes
 
 import numpy as np
@@ -55,7 +56,7 @@ def own_scales_as_fp32(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("reordered", [False, True], ids=["in order", "reordered"])
 def test_the_repacked_layer_holds_the_buffers_of_split_and_keep(qtype: T, reordered: bool,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gguf_native.native, "own_q4_k_scales", lambda: False)
+    monkeypatch.setattr(gguf_native.native, "own_k_scales", lambda: False)
     data = raw_blocks(qtype, seed=int(qtype) + 7)
     order = np.random.default_rng(1).permutation(OUTPUTS) if reordered else np.arange(OUTPUTS)
     repacked, kept = both_ways(qtype, data, order)
@@ -72,9 +73,26 @@ def test_the_repacked_layer_holds_the_buffers_of_split_and_keep(qtype: T, reorde
 
 
 @pytest.mark.parametrize("reordered", [False, True], ids=["in order", "reordered"])
+def test_a_q6_k_kept_with_its_own_scales_stands_for_the_same_values_and_products(
+        reordered: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gguf_native.native, "own_k_scales", lambda: True)
+    data = raw_blocks(T.Q6_K, seed=23)
+    order = np.random.default_rng(3).permutation(OUTPUTS) if reordered else np.arange(OUTPUTS)
+    own, kept = both_ways(T.Q6_K, data, order)
+    assert own.own_scales and not kept.own_scales and kept.lows is None
+    assert own.scales.dtype == torch.float16 and own.lows.dtype == torch.int8
+    assert torch.equal(own.weight_int8, kept.weight_int8)
+    scales = own.scales.float().repeat_interleave(16, dim=1) * own.lows.float()  # d sc per 16, exact
+    assert torch.equal(scales, kept.scales)
+    for rows in (1, 3, 8, 17, 40):
+        x = torch.randn(rows, WIDTH, generator=torch.Generator().manual_seed(rows))
+        assert torch.equal(own(x), kept(x)), f"{rows} rows"
+
+
+@pytest.mark.parametrize("reordered", [False, True], ids=["in order", "reordered"])
 def test_a_q4_k_kept_with_its_own_scales_stands_for_the_same_values_and_products(
         reordered: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gguf_native.native, "own_q4_k_scales", lambda: True)
+    monkeypatch.setattr(gguf_native.native, "own_k_scales", lambda: True)
     data = raw_blocks(T.Q4_K, seed=19)
     order = np.random.default_rng(2).permutation(OUTPUTS) if reordered else np.arange(OUTPUTS)
     own, kept = both_ways(T.Q4_K, data, order)

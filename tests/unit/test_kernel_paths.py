@@ -83,10 +83,11 @@ def test_int4_and_int8_matmuls(paths, rows):
 
 
 @pytest.mark.parametrize("rows", [1, 3, 8, 17, 25])
-def test_int4_with_q4_k_own_scales_gives_int4f_bits_on_every_path(paths, rows):
-    """int4k_matmul (Q4_K's fp16 d and -dmin per 256, u8 sc and m per 32) computes each block's scale
-    and low in fp32, where they are exact: the products are int4f_matmul's of those values, bit for
-    bit, on every path (fp16 subnormal and largest d among them)."""
+def test_q4_k_and_q6_k_own_scales_give_int4f_and_int8s_bits_on_every_path(paths, rows):
+    """int4k_matmul (Q4_K's fp16 d and -dmin per 256, u8 sc and m per 32) and int8k_matmul (Q6_K's
+    fp16 d per 256, int8 sc per 16) compute each block's scale and low in fp32, where they are exact:
+    the products are int4f_matmul's and int8s_matmul's of those values, bit for bit, on every path
+    (fp16 subnormal and largest d among them)."""
     g = torch.Generator().manual_seed(rows + 100)
     width, outputs = 768, 48
     packed = torch.randint(0, 256, (outputs // 16, width // 32, 16, 16), dtype=torch.uint8, generator=g)
@@ -107,6 +108,20 @@ def test_int4_with_q4_k_own_scales_gives_int4f_bits_on_every_path(paths, rows):
         assert torch.equal(ys[0], ys[1])
         return ys
     same_on_every_path(paths, both)
+    steps = torch.randint(-32, 32, (outputs // 16, width, 16), dtype=torch.int8, generator=g)
+    d = supers[:, :, 0].contiguous()  # fp16 d per 256
+    sc = torch.randint(-128, 128, (outputs // 16, width // 16, 16), dtype=torch.int8, generator=g)
+    sub_scale = (d.float().repeat_interleave(16, dim=1) * sc.float()).contiguous()
+
+    def q6_k(library):  # int8k_matmul: Q6_K's own scales, against int8s_matmul of the same values
+        ys = [torch.empty(rows, outputs), torch.empty(rows, outputs)]
+        assert library.int8k_matmul(x.data_ptr(), steps.data_ptr(), d.data_ptr(), sc.data_ptr(), ys[0].data_ptr(),
+                                    rows, width, outputs, 2) == 0
+        assert library.int8s_matmul(x.data_ptr(), steps.data_ptr(), sub_scale.data_ptr(), None, ys[1].data_ptr(),
+                                    rows, width, outputs, 2) == 0
+        assert torch.equal(ys[0], ys[1])
+        return ys
+    same_on_every_path(paths, q6_k)
     y = torch.empty(rows, outputs)
     assert paths["native"].int4k_matmul(x.data_ptr(), packed.data_ptr(), supers.data_ptr(), subs.data_ptr(),
                                         y.data_ptr(), rows, 576, outputs, 2) == -1  # not whole blocks of 256
