@@ -158,7 +158,7 @@ def int4k_matmul(x: torch.Tensor, packed: torch.Tensor, super_: torch.Tensor, su
     / 256, 2, 16] (d, -dmin), `sub` u8 [outputs / 16, width / 32, 2, 16] (sc, m). Only where
     `int4_ready()`."""
     groups, blocks, pairs, channels = packed.shape
-    return _own("int4k_matmul", x, packed, super_, sub, blocks * pairs * 2, groups * channels)
+    return _quant("int4k_matmul", x, packed, (super_, sub), blocks * pairs * 2, groups * channels, fp32=False)
 
 
 def int8k_matmul(x: torch.Tensor, packed: torch.Tensor, super_: torch.Tensor, sub: torch.Tensor) -> torch.Tensor:
@@ -166,26 +166,7 @@ def int8k_matmul(x: torch.Tensor, packed: torch.Tensor, super_: torch.Tensor, su
     / 16, width / 256, 16] (d), `sub` int8 [outputs / 16, width / 16, 16] (sc). Only where
     `int8_ready()`."""
     groups, width, channels = packed.shape
-    return _own("int8k_matmul", x, packed, super_, sub, width, groups * channels)
-
-
-def _own(function: str, x: torch.Tensor, packed: torch.Tensor, super_: torch.Tensor, sub: torch.Tensor,
-         width: int, outputs: int) -> torch.Tensor:
-    """One of quant_matmul.c's products that read a K-quant's own scales (int4k, int8k)."""
-    built = library()
-    if built is None:
-        raise RuntimeError(f"{function}: the C kernels are not built (check int4_ready() first)")
-    if x.dtype != torch.float32 or not x.is_contiguous():
-        x = x.float().contiguous()
-    if x.shape[1] != width:
-        raise ValueError(f"{function}: x {tuple(x.shape)} does not fit weights of {width} inputs")
-    y = torch.empty((x.shape[0], outputs), dtype=torch.float32)
-    status = getattr(built, function)(x.data_ptr(), packed.data_ptr(), super_.data_ptr(), sub.data_ptr(),
-                                      y.data_ptr(), x.shape[0], width, outputs, torch.get_num_threads()) if x.shape[0] else 0
-    if status:
-        raise MemoryError(f"{function}: out of memory") if status == -2 else ValueError(
-            f"{function}: weights {tuple(packed.shape)} do not fit its layout")
-    return y
+    return _quant("int8k_matmul", x, packed, (super_, sub), width, groups * channels, fp32=False)
 
 
 def int8s_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
@@ -197,13 +178,14 @@ def int8s_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
 
 
 def _quant(function: str, x: torch.Tensor, packed: torch.Tensor, scales: tuple[Optional[torch.Tensor], ...],
-           width: int, outputs: int) -> torch.Tensor:
-    """One of quant_matmul.c's products with fp32 scales (None: a NULL pointer)."""
+           width: int, outputs: int, fp32: bool = True) -> torch.Tensor:
+    """One of quant_matmul.c's products with fp32 scales (None: a NULL pointer), or with a K-quant's
+    own (`fp32` False: int4k, int8k)."""
     built = library()
     if built is None:
         raise RuntimeError(f"{function}: the C kernels are not built (check int4_ready() first)")
-    if any(t is not None and (t.dtype != torch.float32 or not t.is_contiguous()) for t in scales):
-        raise ValueError(f"{function}: scales must be contiguous fp32")
+    if any(t is not None and ((fp32 and t.dtype != torch.float32) or not t.is_contiguous()) for t in scales):
+        raise ValueError(f"{function}: scales must be contiguous" + (" fp32" if fp32 else ""))
     if x.dtype != torch.float32 or not x.is_contiguous():
         x = x.float().contiguous()
     if x.shape[1] != width:

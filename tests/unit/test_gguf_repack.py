@@ -17,6 +17,7 @@ from engine.kernels import gguf_repack
 from engine.model import gguf_native
 from engine.model.gguf_file import Tensor
 from engine.model.gguf_types import split
+from engine.model.int4 import Int4Linear
 from testing.golden import kernels
 from tests.unit.test_gguf_types import OUTPUTS, WIDTH, raw_blocks
 
@@ -44,12 +45,14 @@ def both_ways(qtype: T, data: np.ndarray, order: np.ndarray) -> tuple[nn.Module,
     return repacked.proj, kept.proj
 
 
-def own_scales_as_fp32(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-    """A Q4_K layer's own scales (fp16 d and -dmin per 256, u8 sc and m per 32) as the fp32 scale and
-    low per 32 they stand for, each product in fp32 (exact)."""
-    supers = layer.scale.float().repeat_interleave(8, dim=1)  # [groups, blocks, 2, 16]
-    values = supers * layer.low.float()
-    return values[:, :, 0].contiguous(), values[:, :, 1].contiguous()
+def own_scales_as_fp32(layer: nn.Module) -> tuple[torch.Tensor, ...]:
+    """A layer's own scales as the fp32 scale (and low) they stand for, each product in fp32 (exact):
+    a Q4_K's fp16 d and -dmin per 256 by its u8 sc and m per 32; a Q6_K's fp16 d per 256 by its int8
+    sc per 16."""
+    if isinstance(layer, Int4Linear):
+        values = layer.scale.float().repeat_interleave(8, dim=1) * layer.low.float()  # [groups, blocks, 2, 16]
+        return values[:, :, 0].contiguous(), values[:, :, 1].contiguous()
+    return (layer.scales.float().repeat_interleave(16, dim=1) * layer.lows.float(),)
 
 
 @pytest.mark.parametrize("qtype", list(BUFFERS), ids=lambda t: t.name)
@@ -72,36 +75,21 @@ def test_the_repacked_layer_holds_the_buffers_of_split_and_keep(qtype: T, reorde
     assert torch.equal(repacked(x), kept(x))
 
 
+@pytest.mark.parametrize("qtype", list(BUFFERS), ids=lambda t: t.name)
 @pytest.mark.parametrize("reordered", [False, True], ids=["in order", "reordered"])
-def test_a_q6_k_kept_with_its_own_scales_stands_for_the_same_values_and_products(
-        reordered: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_k_quant_kept_with_its_own_scales_stands_for_the_same_values_and_products(
+        qtype: T, reordered: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(gguf_native.native, "own_k_scales", lambda: True)
-    data = raw_blocks(T.Q6_K, seed=23)
-    order = np.random.default_rng(3).permutation(OUTPUTS) if reordered else np.arange(OUTPUTS)
-    own, kept = both_ways(T.Q6_K, data, order)
-    assert own.own_scales and not kept.own_scales and kept.lows is None
-    assert own.scales.dtype == torch.float16 and own.lows.dtype == torch.int8
-    assert torch.equal(own.weight_int8, kept.weight_int8)
-    scales = own.scales.float().repeat_interleave(16, dim=1) * own.lows.float()  # d sc per 16, exact
-    assert torch.equal(scales, kept.scales)
-    for rows in (1, 3, 8, 17, 40):
-        x = torch.randn(rows, WIDTH, generator=torch.Generator().manual_seed(rows))
-        assert torch.equal(own(x), kept(x)), f"{rows} rows"
-
-
-@pytest.mark.parametrize("reordered", [False, True], ids=["in order", "reordered"])
-def test_a_q4_k_kept_with_its_own_scales_stands_for_the_same_values_and_products(
-        reordered: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gguf_native.native, "own_k_scales", lambda: True)
-    data = raw_blocks(T.Q4_K, seed=19)
+    data = raw_blocks(qtype, seed=int(qtype) + 19)
     order = np.random.default_rng(2).permutation(OUTPUTS) if reordered else np.arange(OUTPUTS)
-    own, kept = both_ways(T.Q4_K, data, order)
+    own, kept = both_ways(qtype, data, order)
     assert own.own_scales and not kept.own_scales
-    assert own.scale.dtype == torch.float16 and own.low.dtype == torch.uint8
-    assert own.scale.nbytes + own.low.nbytes < (kept.scale.nbytes + kept.low.nbytes) / 3
-    assert torch.equal(own.packed, kept.packed)
-    scale, low = own_scales_as_fp32(own)
-    assert torch.equal(scale, kept.scale) and torch.equal(low, kept.low)
+    steps, *scales = BUFFERS[qtype]
+    assert torch.equal(getattr(own, steps), getattr(kept, steps))
+    assert sum(getattr(own, name).nbytes for name in scales) < sum(
+        getattr(kept, name).nbytes for name in scales if getattr(kept, name) is not None) / 3
+    theirs = [getattr(kept, name) for name in scales if getattr(kept, name) is not None]
+    assert all(torch.equal(a, b) for a, b in zip(own_scales_as_fp32(own), theirs, strict=True))
     for rows in (1, 3, 8, 17, 40):  # every tile's count, and AVX2's widened groups
         x = torch.randn(rows, WIDTH, generator=torch.Generator().manual_seed(rows))
         assert torch.equal(own(x), kept(x)), f"{rows} rows"
