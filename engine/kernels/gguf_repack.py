@@ -21,36 +21,29 @@ def repack(kind: str, blocks: np.ndarray, order: Optional[np.ndarray], rows: int
     buffer). None where the kernels are not built or the shape does not fit (rows a multiple of
     16, width of 256)."""
     built = library()
-    if built is None or rows % INT4_CHANNELS or width % 256 or blocks.shape[0] != rows:
+    if built is None or rows % INT4_CHANNELS or width % 256 or blocks.shape[0] != rows or kind not in ("Q4_K", "Q6_K"):
         return None
     blocks = np.ascontiguousarray(blocks)
     order = None if order is None else np.ascontiguousarray(order, dtype=np.int64)
     where = None if order is None else order.ctypes.data
-    groups = rows // INT4_CHANNELS
-    if kind == "Q4_K" and own_scales:
-        packed = torch.empty((groups, width // 32, 16, INT4_CHANNELS), dtype=torch.uint8)
-        super_ = torch.empty((groups, width // 256, 2, INT4_CHANNELS), dtype=torch.float16)
-        sub = torch.empty((groups, width // 32, 2, INT4_CHANNELS), dtype=torch.uint8)
-        status = built.repack_q4_k_own(blocks.ctypes.data, where, rows, width, packed.data_ptr(), super_.data_ptr(),
-                                       sub.data_ptr(), torch.get_num_threads())
-        return None if status else (packed, super_, sub)
+    function, shapes = _layout(kind, own_scales, rows // INT4_CHANNELS, width)
+    buffers = tuple(torch.empty(shape, dtype=dtype) for shape, dtype in shapes)
+    status = getattr(built, function)(blocks.ctypes.data, where, rows, width, *(b.data_ptr() for b in buffers),
+                                      torch.get_num_threads())
+    return None if status else buffers
+
+
+def _layout(kind: str, own_scales: bool, groups: int, width: int) -> tuple[str, list[tuple[tuple[int, ...], torch.dtype]]]:
+    """gguf_repack.c's function for the type and scales, and the (shape, dtype) of each buffer it writes."""
+    steps: tuple[tuple[int, ...], torch.dtype]
     if kind == "Q4_K":
-        packed = torch.empty((groups, width // 32, 16, INT4_CHANNELS), dtype=torch.uint8)
-        scale, low = (torch.empty((groups, width // 32, INT4_CHANNELS), dtype=torch.float32) for _ in range(2))
-        status = built.repack_q4_k(blocks.ctypes.data, where, rows, width, packed.data_ptr(), scale.data_ptr(),
-                                   low.data_ptr(), torch.get_num_threads())
-        return None if status else (packed, scale, low)
-    if kind == "Q6_K" and own_scales:
-        steps = torch.empty((groups, width, DENSE_CHANNELS), dtype=torch.int8)
-        super_ = torch.empty((groups, width // 256, DENSE_CHANNELS), dtype=torch.float16)
-        sub8 = torch.empty((groups, width // 16, DENSE_CHANNELS), dtype=torch.int8)
-        status = built.repack_q6_k_own(blocks.ctypes.data, where, rows, width, steps.data_ptr(), super_.data_ptr(),
-                                       sub8.data_ptr(), torch.get_num_threads())
-        return None if status else (steps, super_, sub8)
-    if kind == "Q6_K":
-        steps = torch.empty((groups, width, DENSE_CHANNELS), dtype=torch.int8)
-        scales = torch.empty((groups, width // 16, DENSE_CHANNELS), dtype=torch.float32)
-        status = built.repack_q6_k(blocks.ctypes.data, where, rows, width, steps.data_ptr(), scales.data_ptr(),
-                                   torch.get_num_threads())
-        return None if status else (steps, scales)
-    return None
+        steps = ((groups, width // 32, 16, INT4_CHANNELS), torch.uint8)
+        if own_scales:  # fp16 d and -dmin per 256; u8 sc and m per 32
+            return "repack_q4_k_own", [steps, ((groups, width // 256, 2, INT4_CHANNELS), torch.float16),
+                                       ((groups, width // 32, 2, INT4_CHANNELS), torch.uint8)]
+        return "repack_q4_k", [steps, *[((groups, width // 32, INT4_CHANNELS), torch.float32)] * 2]
+    steps = ((groups, width, DENSE_CHANNELS), torch.int8)
+    if own_scales:  # fp16 d per 256; int8 sc per 16
+        return "repack_q6_k_own", [steps, ((groups, width // 256, DENSE_CHANNELS), torch.float16),
+                                   ((groups, width // 16, DENSE_CHANNELS), torch.int8)]
+    return "repack_q6_k", [steps, ((groups, width // 16, DENSE_CHANNELS), torch.float32)]

@@ -49,7 +49,6 @@ class Int4Linear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.c_kernel = self.out_features % native.INT4_CHANNELS == 0 and choose(Op.INT4_MATMUL, "int4").c
         self.wide = wide
-        self.own_scales = False  # a Q4_K's scales as its file holds them (of_packed)
         if wide and not self.c_kernel:
             raise ValueError("int4 weights with fp32 scales run in quant_matmul.c only")
         if self.c_kernel:
@@ -81,9 +80,14 @@ class Int4Linear(nn.Module):
         the C kernel runs (its callers check `gguf_native.servable`)."""
         layer = _bare(cls, linear)
         layer.wide = True
-        layer.own_scales = low.dtype == torch.uint8
         layer.adopt(packed, scale, low)
         return layer
+
+    @property
+    def own_scales(self) -> bool:
+        """Whether the buffers hold a Q4_K's scales as its file does (of_packed: u8 sc and m)."""
+        low = getattr(self, "low", None)
+        return low is not None and low.dtype == torch.uint8
 
     def adopt(self, packed: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> None:
         """Hold these buffers instead (the same values: views into buffers that several layers'
@@ -115,9 +119,9 @@ class Int4Linear(nn.Module):
         """`.to()` and the like may move the buffers that `weights` points at: point again."""
         module = super()._apply(fn, recurse)
         if self.c_kernel:
-            scale_dtype = torch.float16 if self.own_scales else torch.float32 if self.wide else torch.float16
+            scale_dtype = torch.float32 if self.wide and not self.own_scales else torch.float16
             if self.packed.device.type != "cpu" or self.scale.dtype != scale_dtype:
-                scales = "fp32" if self.wide else "fp16"
+                scales = "the file's own" if self.own_scales else "fp32" if self.wide else "fp16"
                 raise ValueError(f"dtype: int4 layers run on CPU with {scales} scales; load the model again instead")
             self.repoint()
         return module
