@@ -3,7 +3,6 @@ torch tensors, and returns None where the tensors do not fit the kernel (a dtype
 shape), so the caller runs PyTorch's op for that call. table.py decides, once per setup, which
 operations run in C here at all.
 """
-import ctypes
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -14,12 +13,9 @@ from .table import Op, choose
 
 INT4_CHANNELS = 16  # quant_matmul.c's outputs per group
 DENSE_CHANNELS = 16  # outputs per group of dense_matmul.c (fp32, bf16 weights) and of quant_matmul.c's int8
-_Weight, LlamaLayer, LlamaStep = (build.STRUCTS[name] for name in ("Weight", "LlamaLayer", "LlamaStep"))
-# which product reads a layer's weights (kernels.h's WEIGHT_*), and the activations of ACT_*
+# which product reads a layer's weights (kernels.h's WEIGHT_*)
 WEIGHT_INT4, WEIGHT_INT4_F32, WEIGHT_INT8, WEIGHT_INT8_SUB, WEIGHT_INT4_K, WEIGHT_INT8_SUB_K = (
     build.CONSTANTS[f"WEIGHT_{kind}"] for kind in ("INT4", "INT4_F32", "INT8", "INT8_SUB", "INT4_K", "INT8_SUB_K"))
-ACTIVATIONS = {"silu": build.CONSTANTS["ACT_SILU"], "gelu_tanh": build.CONSTANTS["ACT_GELU_TANH"]}
-Struct = ctypes.Structure  # a LlamaLayer or a LlamaStep, as annotations name them
 
 
 def library() -> Any:
@@ -234,114 +230,11 @@ def _dense(function: str, x: torch.Tensor, packed: torch.Tensor, *between: int) 
     return y
 
 
-@dataclass(frozen=True)
-class LlamaLayerSizes:
-    hidden: int
-    heads: int
-    kv_heads: int
-    dim: int
-    inter: int
-    scale: float  # the attention's
-
-
-@dataclass(frozen=True)
-class LlamaKin:
-    """What a Llama-shaped layer of another family adds (None, 0: not this one's)."""
-
-    qkv_bias: Optional[torch.Tensor] = None  # [q, k, v outputs] (Qwen2)
-    qk_norms: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # [dim] each (Qwen3, Gemma 3)
-    eps_qk: float = 0.0
-    window: int = 0  # a sliding window in keys
-    out_norms: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # [hidden]: attention's, MLP's output (Gemma)
-    eps_out: float = 0.0
-    act: str = "silu"  # ACTIVATIONS' name
-    rope: int = 0  # which rotary table of the step turns this layer (Gemma 3: its local or global one)
-    softcap: float = 0.0  # attention scores' cap (Gemma 2)
-
-
-def llama_layer_args(qkv: list[Weights], o: Weights, gate_up: list[Weights], down: Weights,
-                     norms: tuple[torch.Tensor, torch.Tensor], eps: tuple[float, float],
-                     sizes: LlamaLayerSizes, kin: LlamaKin = LlamaKin()) -> Optional[Struct]:
-    """A layer for `llama_layers`, or None where it does not run here. qkv: q, k and v end to end in
-    one part or three; gate_up likewise in one or two. The norms' weights (and the kin's tensors)
-    must stay where they are (the caller keeps them), as the layers' buffers do."""
-    extra = [t for t in (kin.qkv_bias, *(kin.qk_norms or ()), *(kin.out_norms or ())) if t is not None]
-    if (library() is None or not _cpu_fp32(*norms, *extra) or not all(t.is_contiguous() for t in (*norms, *extra))
-            or not 1 <= len(qkv) <= 3 or not 1 <= len(gate_up) <= 2):
-        return None
-    weight = (lambda w: _Weight(w.packed, w.scale, w.low or None, w.width, w.outputs, w.kind))
-    padded = (lambda ws, n: (_Weight * n)(*map(weight, ws)))  # absent parts: zeros, 0 outputs
-    q_norm, k_norm = kin.qk_norms or (None, None)
-    attn_out, mlp_out = kin.out_norms or (None, None)
-    pointer = (lambda t: None if t is None else t.data_ptr())
-    return LlamaLayer(padded(qkv, 3), weight(o), padded(gate_up, 2), weight(down), norms[0].data_ptr(),
-                      norms[1].data_ptr(), eps[0], eps[1], sizes.scale, sizes.hidden, sizes.heads, sizes.kv_heads,
-                      sizes.dim, sizes.inter, pointer(kin.qkv_bias), pointer(q_norm), pointer(k_norm), kin.eps_qk,
-                      kin.window, pointer(attn_out), pointer(mlp_out), kin.eps_out, ACTIVATIONS[kin.act], kin.rope,
-                      kin.softcap)
-
-
-def llama_step(lengths: tuple[torch.Tensor, ...], block: int,
-               groups: list[tuple[torch.Tensor, torch.Tensor, int]]) -> Struct:
-    """A step for `llama_layers`: paged_attention's q_starts, q_lens, ctx_lens, and each KV cache group's
-    slots [tokens] int64, tables [sequences, width] int32 and window (0: full attention). LlamaStep
-    holds one group of each kind: llama_layer.c reads a layer with a window through the windowed
-    group's, any other through the full group's. The caller keeps the tensors alive for the step."""
-    by_kind = {bool(window): (slots, tables) for slots, tables, window in groups}
-    assert len(by_kind) == len(groups) and False in by_kind, "one full group, and at most one windowed"
-    (q_starts, q_lens, ctx_lens), (slots, tables), windowed = lengths, by_kind[False], by_kind.get(True)
-    window = (windowed[0].data_ptr(), windowed[1].data_ptr(), windowed[1].shape[1]) if windowed else (None, None, 0)
-    return LlamaStep(slots.data_ptr(), q_starts.data_ptr(), q_lens.data_ptr(), ctx_lens.data_ptr(),
-                     tables.data_ptr(), slots.shape[0], tables.shape[0], tables.shape[1], block, *window)
-
-
-Rotary = tuple[torch.Tensor, torch.Tensor]  # cos and sin [1, tokens, head_dim]
-
-
-def llama_stack(layers: list[Struct]) -> Any:
-    """A model's layers for `llama_layers`, in order, built once (a ctypes array)."""
-    array: Any = LlamaLayer * len(layers)  # type: ignore[operator]
-    return array(*layers)
-
-
-def llama_layers(stack: Any, step: Struct, tables: list[Rotary], x: torch.Tensor, k_pools: list[torch.Tensor],
-                 v_pools: list[torch.Tensor]) -> Optional[torch.Tensor]:
-    """Every layer of `stack` for a step in one call (llama_layer.c): x [1, tokens, hidden] fp32 in,
-    the last layer's output out; tables: the step's rotary tables (cos and sin), each layer's `rope`
-    naming its own; k_pools and v_pools: each layer's keys and values (KVPool.all_layers), fp32 or
-    fp16. None where the kernels do not take these tensors."""
-    if len(k_pools) != len(stack) or len(v_pools) != len(stack):
-        return None
-    return _layers(stack, len(stack), stack[0], step, tables, x, k_pools, v_pools)
-
-
-def _layers(layers: Any, count: int, first: Struct, step: Struct, tables: list[Rotary], x: torch.Tensor,
-            k_pools: list[torch.Tensor], v_pools: list[torch.Tensor]) -> Optional[torch.Tensor]:
-    built = library()
-    cos, sin = ((table[0] if len(tables) == 1 else torch.stack(table)).float().contiguous()
-                for table in zip(*tables, strict=True))
-    half = k_pools[0].dtype == torch.float16
-    if (built is None or not _cpu_fp32(x) or not x.is_contiguous()
-            or not all(_kv_pool(k, v) and k.is_contiguous() and v.is_contiguous() and (k.dtype == torch.float16) == half
-                       for k, v in zip(k_pools, v_pools, strict=True))
-            or x.shape[-1] != first.hidden or x.numel() != step.tokens * first.hidden
-            or cos.shape[-2] != step.tokens or cos.shape[-1] != first.dim):
-        return None
-    pointers: Any = ctypes.c_void_p * count
-    k_array, v_array = pointers(*(k.data_ptr() for k in k_pools)), pointers(*(v.data_ptr() for v in v_pools))
-    out = torch.empty_like(x)
-    status = built.llama_layers(layers, count, ctypes.byref(step), cos.data_ptr(), sin.data_ptr(), len(tables),
-                                x.data_ptr(), out.data_ptr(), k_array, v_array, int(half), torch.get_num_threads())
-    if status == -2:
-        raise MemoryError("llama layer: out of memory")
-    return out if status == 0 else None
-
-
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> Optional[torch.Tensor]:
     """LlamaRMSNorm over x's last dimension, as llama_layer.c computes it; None where it cannot
     (not built, not fp32 on CPU)."""
     built = library()
-    if built is None or not _cpu_fp32(x, weight) or not weight.is_contiguous():
+    if built is None or not cpu_fp32(x, weight) or not weight.is_contiguous():
         return None
     x = x.contiguous()
     y = torch.empty_like(x)
@@ -362,7 +255,7 @@ def gelu_tanh(x: torch.Tensor) -> Optional[torch.Tensor]:
 def _each_value(x: torch.Tensor, call: Any) -> Optional[torch.Tensor]:
     """An activation of llama_layer.c over every value of x: call(library, n, x's, y's address)."""
     built = library()
-    if built is None or not _cpu_fp32(x) or x.numel() == 0:
+    if built is None or not cpu_fp32(x) or x.numel() == 0:
         return None
     x = x.contiguous()
     y = torch.empty_like(x)
@@ -403,16 +296,16 @@ def _logit_rows(logits: torch.Tensor) -> tuple[Any, torch.Tensor]:
     """greedy.c's library and the logits as it reads them ([rows, vocab] fp32 on CPU,
     contiguous), or (None, logits) where it does not take them."""
     built = library()
-    if built is None or not choose(Op.GREEDY).c or not _cpu_fp32(logits) or logits.dim() != 2:
+    if built is None or not choose(Op.GREEDY).c or not cpu_fp32(logits) or logits.dim() != 2:
         return None, logits
     return built, logits.contiguous()
 
 
-def _cpu_fp32(*tensors: torch.Tensor) -> bool:
+def cpu_fp32(*tensors: torch.Tensor) -> bool:
     return all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
 
 
-def _kv_pool(k_pool: torch.Tensor, v_pool: torch.Tensor) -> bool:
+def kv_pool_fits(k_pool: torch.Tensor, v_pool: torch.Tensor) -> bool:
     """Keys and values the kernels read: both fp32 or both fp16, on CPU."""
     return (k_pool.dtype == v_pool.dtype and k_pool.dtype in (torch.float32, torch.float16)
             and k_pool.device.type == v_pool.device.type == "cpu")
@@ -420,6 +313,6 @@ def _kv_pool(k_pool: torch.Tensor, v_pool: torch.Tensor) -> bool:
 
 def _fits(query: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> bool:
     tensors = (query, k_pool, v_pool)
-    return (_cpu_fp32(query) and _kv_pool(k_pool, v_pool) and all(t.stride(-1) == 1 for t in tensors)
+    return (cpu_fp32(query) and kv_pool_fits(k_pool, v_pool) and all(t.stride(-1) == 1 for t in tensors)
             and k_pool.is_contiguous() and v_pool.is_contiguous()
             and k_pool.shape == v_pool.shape[:1] + v_pool.shape[2:] + v_pool.shape[1:2])

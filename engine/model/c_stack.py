@@ -30,7 +30,7 @@ from transformers.models.phi3 import modeling_phi3 as phi3
 from transformers.models.qwen2 import modeling_qwen2 as qwen2
 from transformers.models.qwen3 import modeling_qwen3 as qwen3
 
-from ..kernels import native
+from ..kernels import llama_layer, native
 from ..kernels.table import Op, choose
 from .int4 import Int4Linear, Int8Linear
 from .paged_attention import PagedStep
@@ -43,7 +43,7 @@ STACKS = {LlamaForCausalLM: LlamaModel, mistral.MistralForCausalLM: mistral.Mist
           qwen2.Qwen2ForCausalLM: qwen2.Qwen2Model, qwen3.Qwen3ForCausalLM: qwen3.Qwen3Model,
           phi3.Phi3ForCausalLM: phi3.Phi3Model, gemma2.Gemma2ForCausalLM: gemma2.Gemma2Model,
           gemma3.Gemma3ForCausalLM: gemma3.Gemma3TextModel}
-ACTIVATIONS = {SiLUActivation: "silu", GELUTanh: "gelu_tanh"}  # transformers' module: native.ACTIVATIONS' name
+ACTIVATIONS = {SiLUActivation: "silu", GELUTanh: "gelu_tanh"}  # transformers' module: llama_layer.ACTIVATIONS' name
 QKV = ("q_proj", "k_proj", "v_proj")
 
 
@@ -70,7 +70,7 @@ class DecoderLayer:
     """One decoder layer as llama_layer.c runs it: its arguments, the tensors they point at (kept
     alive here), and its features by name, for the load's log."""
 
-    struct: native.Struct
+    struct: llama_layer.Struct
     tensors: tuple[Optional[torch.Tensor], ...]
     features: frozenset[str]
 
@@ -81,7 +81,7 @@ class CStack:
     model's embedding, rotary embedding, final norm and output layer around them."""
 
     layers: list[DecoderLayer]
-    array: Any  # the layers' structs, for llama_layers (native.llama_stack)
+    array: Any  # the layers' structs, for llama_layers (llama_layer.llama_stack)
     embed: nn.Module
     rotary: nn.Module
     rope_kinds: Optional[list[str]]  # the rotary tables a step computes (Gemma 3's local, global); None: one
@@ -103,7 +103,7 @@ class CStack:
         hidden = self.embed(ids)
         tables = ([self.rotary(hidden, positions)] if self.rope_kinds is None
                   else [self.rotary(hidden, positions, kind) for kind in self.rope_kinds])
-        out = native.llama_layers(self.array, step.native_step, tables, hidden, *step.pool.all_layers())
+        out = llama_layer.llama_layers(self.array, step.native_step, tables, hidden, *step.pool.all_layers())
         if out is None:
             raise RuntimeError("llama_layer.c refused a step's tensors that the load planned it for")
         step.counted.extend(range(len(self.layers)))
@@ -142,7 +142,7 @@ def build(model: nn.Module) -> tuple[Optional[CStack], str]:
             return None, "llama_layer.c does not take its tensors"
         built.append(one)
     gemma = type(layers[0]) in GEMMA_LAYERS
-    return CStack(built, native.llama_stack([b.struct for b in built]), decoder.embed_tokens, decoder.rotary_emb,
+    return CStack(built, llama_layer.llama_stack([b.struct for b in built]), decoder.embed_tokens, decoder.rotary_emb,
                   rope_kinds, (norm_scale(decoder.norm, gemma), _eps(decoder.norm, gemma)),
                   cast(Any, model).lm_head, getattr(cast(Any, model).config, "final_logit_softcapping", None)), ""
 
@@ -213,13 +213,13 @@ def _layer(layer: Any, rope_kinds: Optional[list[str]]) -> Optional[DecoderLayer
     qk = None if q_norm is None else (norm_scale(q_norm, gemma), norm_scale(k_norm, gemma))
     out_scales = None if outs is None else (norm_scale(outs[0], gemma), norm_scale(outs[1], gemma))
     scales = (norm_scale(norms[0], gemma), norm_scale(norms[1], gemma))
-    sizes = native.LlamaLayerSizes(config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
+    sizes = llama_layer.LlamaLayerSizes(config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
                                    attn.head_dim, config.intermediate_size, attn.scaling)
-    kin = native.LlamaKin(bias, qk, 0.0 if q_norm is None else _eps(q_norm, gemma), window(attn), out_scales,
+    kin = llama_layer.LlamaKin(bias, qk, 0.0 if q_norm is None else _eps(q_norm, gemma), window(attn), out_scales,
                           0.0 if outs is None else _eps(outs[0], gemma), ACTIVATIONS[type(parts.act)],
                           0 if rope_kinds is None else rope_kinds.index(config.layer_types[attn.layer_idx]),
                           float(getattr(attn, "attn_logit_softcapping", None) or 0.0))
-    struct = native.llama_layer_args(qkv, parts.o.weights, gate_up, parts.down.weights, scales,
+    struct = llama_layer.llama_layer_args(qkv, parts.o.weights, gate_up, parts.down.weights, scales,
                                      (_eps(norms[0], gemma), _eps(norms[1], gemma)), sizes, kin)
     if struct is None:
         return None
@@ -276,7 +276,7 @@ def _lows(layer: Any) -> Optional[torch.Tensor]:
     return getattr(layer, _buffer_names(layer)[2])
 
 
-def _features(parts: Parts, kin: native.LlamaKin, gemma: bool, two_tables: bool) -> frozenset[str]:
+def _features(parts: Parts, kin: llama_layer.LlamaKin, gemma: bool, two_tables: bool) -> frozenset[str]:
     """The layer's features beyond Llama's: the C layer's flags that it sets, by name."""
     flags = {"q, k, v biases": kin.qkv_bias is not None, "q and k norms": kin.qk_norms is not None,
              "a sliding window": bool(kin.window), "fused projections": len(parts.qkv) == 1,

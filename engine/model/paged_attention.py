@@ -40,7 +40,7 @@ from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward
 from contract import MAX_SPECULATIVE_TOKENS
 
 from ..core.kv_pool import BLOCK_SIZE, NULL_BLOCK, KVPool
-from ..kernels import native
+from ..kernels import llama_layer
 from ..kernels.native import paged_attention as c_paged_attention
 
 NAME = "paged"
@@ -96,12 +96,12 @@ class PagedStep:
         return (torch.tensor(self.q_starts), torch.tensor(self.q_lens), torch.tensor(self.ctx_lens), tables)
 
     @cached_property
-    def native_step(self) -> native.Struct:
+    def native_step(self) -> llama_layer.Struct:
         """This step for llama_layer.c: each group's slots and tables with its window (it points at
         `slots` and `c_args` of every group's view, which live as long as this)."""
         groups = [(step.slots, step.c_args[3], group.window)
                   for step, group in zip(self.groups or [self], self.pool.groups, strict=True)]
-        return native.llama_step(self.c_args[:3], self.pool.shape.block_size, groups)
+        return llama_layer.llama_step(self.c_args[:3], self.pool.shape.block_size, groups)
 
     @cached_property
     def where(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,7 +8,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from contract import EngineConfig, SamplingParams
-from engine.kernels import build, native
+from engine.kernels import build, llama_layer, native
 from engine.model import loader, paged_attention
 from engine.model.int4 import Int4Linear, Int8Linear, _quantize, dequantize, int16_blocks, q8_0, quantize
 from engine.model.loader import load_model, pick_dtype
@@ -225,7 +225,7 @@ async def test_int4_prefill_and_decode_steps_run_the_c_kernels(four_bit_llama, m
         return call
 
     if whole_layers:  # one call a step, the probe's included
-        monkeypatch.setattr(native, "llama_layers", spy(native.llama_layers))
+        monkeypatch.setattr(llama_layer, "llama_layers", spy(llama_layer.llama_layers))
     else:
         monkeypatch.setattr(loader, "plan", native_reference.reference_plan)
         monkeypatch.setattr(paged_attention, "c_paged_attention", spy(native.paged_attention))
@@ -273,8 +273,8 @@ async def test_whole_c_layers_give_the_numbers_of_transformers_layers(four_bit_l
     assert any(isinstance(m, native_reference.NativeRMSNorm) for m in reference.core.loaded.model.modules())
     assert not any(isinstance(m, native_reference.NativeRMSNorm) for m in stack.core.loaded.model.modules())
     widths: list[int] = []
-    real = native.llama_layers
-    monkeypatch.setattr(native, "llama_layers", lambda stack, step, *rest: widths.append(step.tokens) or
+    real = llama_layer.llama_layers
+    monkeypatch.setattr(llama_layer, "llama_layers", lambda stack, step, *rest: widths.append(step.tokens) or
                         real(stack, step, *rest))
     answers = await _answers(stack, requests)
     assert (max(widths) >= 128) == (prefill > 16)  # llama_layer.c's parallel loops from 64 tokens (SiLU: 16384 values)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from contract import EngineConfig, SamplingParams, ValidationError
-from engine.kernels import native
+from engine.kernels import llama_layer, native
 from engine.policies.logprobs import log_softmax
 from testing import golden
 from testing.native_reference import as_the_engine_computes
@@ -84,8 +84,8 @@ async def test_whole_c_layers_write_fp16_keys_as_transformers_layers_do(four_bit
     stack, reference, requests = _stack_and_reference(four_bit_llama, make_engine, monkeypatch,
                                                       kv_cache_dtype="fp16")
     ran: list[bool] = []
-    real = native.llama_layers
-    monkeypatch.setattr(native, "llama_layers", lambda *args: ran.append((out := real(*args)) is not None) or out)
+    real = llama_layer.llama_layers
+    monkeypatch.setattr(llama_layer, "llama_layers", lambda *args: ran.append((out := real(*args)) is not None) or out)
     answers = await _answers(stack, requests)
     assert ran and all(ran)  # every step in C, with the fp16 pool
     assert answers == await _answers(reference, requests) and all(ids for ids, _ in answers)

@@ -10,7 +10,7 @@ from engine.core import kv_manager
 from engine.core.block_pool import BlockPool
 from engine.core.kv_groups import FullAttentionManager, SlidingWindowManager, managers_for
 from engine.core.kv_pool import NULL_BLOCK, KVPool, KVShape
-from engine.kernels import native
+from engine.kernels import llama_layer
 from engine.model.paged_attention import PagedStep
 
 B = 4  # tokens per block in these tests
@@ -119,5 +119,5 @@ def test_each_layer_reads_its_own_groups_slots_and_tables():
     assert address(c_step.slots) == full.slots.data_ptr() and address(c_step.tables) == full.c_args[3].data_ptr()
     assert address(c_step.window_slots) == windowed.slots.data_ptr()
     assert address(c_step.window_tables) == windowed.c_args[3].data_ptr() and c_step.window_table_width == 3
-    lone = native.llama_step(full.c_args[:3], B, [(full.slots, full.c_args[3], 0)])
+    lone = llama_layer.llama_step(full.c_args[:3], B, [(full.slots, full.c_args[3], 0)])
     assert not lone.window_tables and lone.window_table_width == 0
