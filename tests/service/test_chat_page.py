@@ -236,7 +236,7 @@ def test_new_chat_and_another_conversation_stop_the_answer(page):
     assert page.url.endswith(f"#/c/{story}")
     expect(page.locator(".message.assistant").last).to_have_attribute("data-finish", "cancelled")
     other_id = page.locator(f".conversation:not([data-id='{story}'])").first.get_attribute("data-id")
-    start_long_answer(page, "Now tell it again, at greater length.")
+    start_long_answer(page, "Write another long story, about a sailor and a whale, with many chapters.")
     page.locator(f".conversation[data-id='{other_id}'] .open").click()
     expect(page.locator("body")).to_have_attribute("data-state", "idle", timeout=30000)
     assert page.url.endswith(f"#/c/{other_id}")
