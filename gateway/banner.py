@@ -4,7 +4,9 @@ Jina's banner (printed when the Flow is ready) lists Swagger UI (/docs) and Redo
 every HTTP gateway, whatever it serves; this gateway serves them only with LLM_HTTP_DEBUG=1
 (gateway/edge/http_guard.py), so without it those links are 404s to whoever follows them. The
 banner keeps Jina's panels, less that one unless the pages are served (jina_patches'
-filter_summary_table replaces Jina's method, which no setting reaches).
+filter_summary_table replaces Jina's method, which no setting reaches). It lists no public address:
+Jina looked one up online as it printed the banner, and lost a Ctrl-C pressed meanwhile
+(jina_patches' skip_public_address).
 
 flows/llm.yml names this module in its `py_modules`, which Jina imports in the Flow's process
 as it reads the file (that process prints the banner); the gateway's process, which serves the
@@ -25,3 +27,4 @@ def shown(panel: Any) -> bool:
 
 
 jina_patches.filter_summary_table(shown)
+jina_patches.skip_public_address()

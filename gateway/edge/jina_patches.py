@@ -224,6 +224,28 @@ def filter_summary_table(keep: Callable[[Any], bool]) -> None:
     Flow._get_summary_table = summary_table
 
 
+# --- Patch "no public address": BaseOrchestrator.address_public, replaced ------------------------
+
+def _no_public_address(orchestrator: Any) -> None:
+    return None
+
+
+def skip_public_address() -> None:
+    """The start banner without the "Public" rows, and without looking them up.
+
+    Jina's `address_public` asks three web services (api.ipify.org, ident.me,
+    checkip.amazonaws.com; 0.3 s each) for the machine's public address whenever the banner reads
+    it, as often as none answers (twice for flows/llm.yml's banner: once per port), and its bare `except:`
+    swallows whatever comes meanwhile, Ctrl-C included: a Ctrl-C pressed while the banner was made
+    (the gateway answers by then) was lost, the Flow's executors and gateway stopped, and `jina flow`
+    waited in `Flow.block()` forever. Behind a firewall that drops the packets, each start also
+    waited up to 1.8 s for nothing. What web services see says nothing of whether the ports are
+    reachable from there, so the banner lists the local and private addresses only."""
+    from jina.orchestrate.orchestrator import BaseOrchestrator
+
+    BaseOrchestrator.address_public = property(_no_public_address)
+
+
 # --- Patch "discovery": TopologyGraph._get_all_endpoints, wrapped ---------------------------------
 
 # Jina's own method, also where this module is imported a second time under another name

@@ -13,7 +13,7 @@ from tests.conftest import ROOT
 def flow():
     from jina import Flow
     flow = Flow.load_config(str(ROOT / "flows" / "llm.yml"))
-    flow._internal_ip, flow._public_ip = "10.0.0.2", "203.0.113.2"  # Jina would look the public one up online
+    flow._internal_ip = "10.0.0.2"
     return flow
 
 
@@ -44,3 +44,26 @@ def test_the_banner_lists_no_debug_page_that_is_not_served(flow, monkeypatch, de
 def test_the_banner_lists_the_debug_pages_where_they_are_served(flow, monkeypatch):
     text = banner(flow, monkeypatch, "1")
     assert ":12346/docs" in text and ":12346/redoc" in text and "Swagger UI" in text, text
+
+
+def test_the_banner_looks_up_no_public_address_online(monkeypatch):
+    """Jina's lookup asked web services for the public address, and its bare `except:` swallowed a
+    Ctrl-C pressed meanwhile (`jina flow` then waited forever): the banner lists no public address,
+    and asks nothing to find one."""
+    from jina import Flow
+    from jina.orchestrate import orchestrator
+
+    def online(*args, **kwargs):
+        raise AssertionError("the banner looked up the public address online")
+
+    monkeypatch.setattr(orchestrator, "get_public_ip", online)
+    flow = Flow.load_config(str(ROOT / "flows" / "llm.yml"))
+    flow._internal_ip = "10.0.0.2"
+    panels: list = []
+    flow._get_summary_table(panels)
+    assert flow.address_public is None
+    from rich.console import Console
+    console = Console(file=io.StringIO(), width=200, record=True)
+    console.print(*panels)
+    text = console.export_text()
+    assert "10.0.0.2:12346" in text and "Public" not in text, text

@@ -244,6 +244,17 @@ def test_the_banner_replaces_a_method_jina_still_calls_with_its_signature():
     assert Flow._get_summary_table.__wrapped__ is jina_patches._jinas_summary_table
 
 
+def test_no_public_address_replaces_the_property_jinas_banner_still_reads():
+    from jina import Flow
+    from jina.orchestrate.orchestrator import BaseOrchestrator
+    jinas = pristine(importlib.import_module("jina.orchestrate.orchestrator")).BaseOrchestrator
+    assert "get_public_ip()" in source(jinas.address_public.fget)
+    assert "self.address_public" in source(jina_patches._jinas_summary_table)
+    import gateway.banner  # noqa: F401 - as flows/llm.yml's py_modules imports it
+    assert BaseOrchestrator.address_public.fget is jina_patches._no_public_address
+    assert issubclass(Flow, BaseOrchestrator)
+
+
 # --- discovery: TopologyGraph._get_all_endpoints, after the executors listen ----------------------
 
 def test_the_discovery_gate_wraps_a_method_jina_still_has_with_its_signature():
