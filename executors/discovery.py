@@ -9,6 +9,10 @@ The answer depends on the executor's class alone (its endpoints and their docume
 computed once, on a thread started as the executor begins to load its model (a wait for another
 process, seconds, while this one is idle), and each call answers a copy.
 
+The same thread imports uvloop, which Jina's first call of an endpoint that is not a coroutine
+function (an async generator's, as /stream's, or a plain function's) imports (`get_or_reuse_loop`):
+0.1 s of the event loop, which held the first request after every start and reload.
+
 The one place where an executor replaces a part of Jina, written against the Jina that
 gateway/edge/jina_patches.py names; tests/unit/test_jina_patches.py checks, with the gateway's
 patches, that what it wraps and reads is still there.
@@ -48,6 +52,10 @@ def prepare(executor: Executor) -> None:
             future.set_result(asyncio.run(_answer(handler)))
         except BaseException as exc:  # noqa: BLE001 - the first call computes it again, and fails as Jina's would
             future.set_exception(exc)
+        try:
+            import uvloop  # noqa: F401 - imported here, off the first request's path
+        except ImportError:  # Jina then warns and goes on without it, as before
+            pass
     threading.Thread(target=compute, name="llm-endpoints-answer", daemon=True).start()
 
 

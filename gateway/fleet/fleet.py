@@ -53,17 +53,22 @@ class Fleet:
 
     # ----- choosing -----
     async def pick(self, keys: list[int], exclude: frozenset[Replica], count: bool = True) -> Replica:
-        """The router's choice; when no replica takes work now, wait (reports keep coming) up to
-        `wait` seconds for one, then NoReplica."""
+        """The router's choice; when no replica takes work now, ask those that do not for their
+        reports at once, then again every 0.1 s (or LLM_ROUTER_POLL_MS, if less) up to `wait` seconds,
+        then NoReplica. Asked at once: the first request after the start found no report yet (the
+        poller starts with it) and waited 0.1 s for nothing, twice (its /info, then its stream)."""
         self._start_polling()
         deadline = time.monotonic() + self.wait
+        asked = False
         while True:
             try:
                 return self.router.pick(keys, exclude, count)
             except NoReplica:
                 if time.monotonic() >= deadline or all(r in exclude for r in self.replicas):
                     raise
-            await asyncio.sleep(min(self.poll, 0.1))
+            if asked:
+                await asyncio.sleep(min(self.poll, 0.1))
+            asked = True
             await asyncio.gather(*(r.report() for r in self.replicas if not r.serving and r not in exclude))
 
     async def one(self, endpoint: str, timeout: float = 10.0) -> str:

@@ -7,6 +7,8 @@ import importlib.util
 import inspect
 import json
 import re
+import subprocess
+import sys
 from types import ModuleType
 
 import jina
@@ -360,3 +362,33 @@ def test_the_launcher_skips_only_the_warnings_with_nothing_to_warn_of(monkeypatc
     with pytest.warns(UserWarning, match="--no-such-argument"):
         jina.helper.warn_unknown_args({"--no-such-argument"})
     assert built == [1]
+
+
+def test_the_executor_imports_what_jinas_first_streaming_call_would_while_its_model_loads():
+    """Jina's first call of an endpoint that is no coroutine function (an async generator's, as
+    /stream's) imports uvloop (`get_or_reuse_loop`: 0.1 s of the executor's event loop, which held
+    the first request after a start): prepare()'s thread imports it first. In a fresh interpreter."""
+    from jina import helper
+    from jina.serve import executors as jina_executors
+    assert "import uvloop" in source(helper._update_policy)
+    assert "get_or_reuse_loop()" in source(jina_executors.BaseExecutor.__acall_endpoint__)
+    script = """
+import sys, time
+from jina import Executor, requests
+from executors import discovery
+from schemas import ModelOutputDocument, PromptDocument
+
+class Tiny(Executor):
+    @requests(on="/stream")
+    async def stream(self, doc: PromptDocument, **kwargs) -> ModelOutputDocument:
+        return ModelOutputDocument()
+
+assert "uvloop" not in sys.modules
+discovery.prepare(Tiny())
+deadline = time.monotonic() + 20
+while "uvloop" not in sys.modules and time.monotonic() < deadline:
+    time.sleep(0.01)
+print("uvloop" in sys.modules)
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip().splitlines()[-1:] == ["True"], done.stdout + done.stderr
