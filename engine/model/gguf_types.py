@@ -168,7 +168,10 @@ def split(data: np.ndarray, qtype: T, width: int) -> Exact:
         if sub == 32:
             scale, low, sub = np.repeat(scale, 2, axis=1), None if low is None else np.repeat(low, 2, axis=1), 16
     dtype = np.uint8 if fields.layout in (Layout.INT4, Layout.INT4_F32) else np.int8
-    return Exact(fields.layout, steps.astype(dtype, copy=qtype is T.Q8_0), scale, low, sub)
+    # Q8_0's steps are still the file's bytes where its rows are one block each (a view): copied
+    # then, and only then (the reshape of rows of several blocks copied them already, and a second
+    # copy of Gemma 3's 167 MB embedding was its load's time for nothing)
+    return Exact(fields.layout, steps.astype(dtype, copy=np.may_share_memory(steps, data)), scale, low, sub)
 
 
 def weights(exact: Exact) -> torch.Tensor:

@@ -188,3 +188,14 @@ def test_the_integer_unpacking_gives_the_packages_steps(tensor: tuple[T, np.ndar
     monkeypatch.setattr(gguf_types, "_unpacked", lambda qtype, blocks: None)
     slow = split(data, qtype, WIDTH)
     assert fast.steps.dtype == slow.steps.dtype and np.array_equal(fast.steps, slow.steps)
+
+
+@pytest.mark.parametrize("width", [32, 96])
+def test_q8_0_steps_are_a_copy_of_the_files_bytes_made_once(width: int) -> None:
+    """Rows of one block are a view of the file's bytes until copied; rows of several were copied by
+    the reshape that joins their blocks. Either way the steps own their memory (the file is mapped)."""
+    rng = np.random.default_rng(3)
+    data = gguf.quants.quantize(rng.standard_normal((16, width), dtype=np.float32), T.Q8_0)
+    exact = split(data, T.Q8_0, width)
+    assert not np.shares_memory(exact.steps, data)
+    assert np.array_equal(exact.steps, data.reshape(-1, 34)[:, 2:].view(np.int8).reshape(16, width))
