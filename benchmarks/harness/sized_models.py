@@ -155,6 +155,20 @@ def folder(name: str, cache: Path = CACHE) -> Path:
     return path
 
 
+# The converter, run with SmolLM2's tokenizer read as its file has it whatever the family:
+# transformers' AutoTokenizer takes a family's own class by its model_type (Qwen2Tokenizer for
+# qwen2), which rebuilds the pipeline with that family's pre-tokenizer, and the converter then
+# recognizes no pre-tokenizer it knows and stops (the llama family's is the file's as it is).
+CONVERT = """
+import os, runpy, sys
+from transformers.models.auto import tokenization_auto
+tokenization_auto.TOKENIZER_MAPPING_NAMES["qwen2"] = "TokenizersBackend"
+sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(sys.argv[0]))  # as running the script puts its folder first
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
 def gguf(name: str, quant: str, cache: Path = CACHE) -> Path:
     """The named model as a GGUF file of `quant` (QUANTS, or F16): converted by the pinned
     llama.cpp's converter, quantized by its llama-quantize; each made once."""
@@ -169,7 +183,7 @@ def gguf(name: str, quant: str, cache: Path = CACHE) -> Path:
         partial = f16.with_suffix(".partial")
         # its own gguf-py, and sentencepiece, which the converter imports and .venv does not pin
         env = {"PYTHONPATH": f"{source / 'gguf-py'}:{llama_cpp.DEPS}", "PATH": "/usr/bin:/bin"}
-        subprocess.run([sys.executable, str(source / "convert_hf_to_gguf.py"), str(folder(name, cache)),
+        subprocess.run([sys.executable, "-c", CONVERT, str(source / "convert_hf_to_gguf.py"), str(folder(name, cache)),
                         "--outtype", "f16", "--outfile", str(partial)], check=True, env=env)
         partial.rename(f16)
     if quant != "F16":

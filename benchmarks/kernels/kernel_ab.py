@@ -17,8 +17,9 @@ shapes (SmolLM2-135M: hidden 576, 9 heads, 3 kv heads of 64, 1,536 MLP, 49,152 o
 - int8 output layer (Q8_0) at 1 and 16 rows, Gemma 3 270M's gate and up (Q5_0, int8's form) at 1,
   16 and 512 rows, and its output layer at 16 rows;
 - attention: a decode step of 16 sequences of 300 to 600 keys, and a 1,286-token prompt as the
-  engine runs it, in chunks of 512 tokens; and a decode step and eight 70-token prompts in Gemma 3
-  270M's shape (4 heads sharing 1 kv head of 256);
+  engine runs it, in chunks of 512 tokens; a decode step and eight 70-token prompts in Gemma 3
+  270M's shape (4 heads sharing 1 kv head of 256); the decode step and the prompt in Qwen 2.5
+  1.5B's (12 heads sharing 2 kv heads of 128);
 - greedy rows (each row's token and log probability) over Gemma 3 270M's 262,144 logits, 1 and 16 rows.
 """
 import argparse
@@ -45,6 +46,7 @@ PROG = "python -m benchmarks kernel-ab"
 
 HIDDEN, HEADS, KV_HEADS, DIM, INTER, VOCAB, BLOCK = 576, 9, 3, 64, 1536, 49152, 16
 GEMMA_HEADS = (4, 1, 256)  # Gemma 3 270M's attention: heads, kv heads, head dim
+QWEN_HEADS = (12, 2, 128)  # Qwen 2.5 1.5B's: six heads share each kv head
 GEMMA_GATE_UP = (640, 2 * 2048)  # Gemma 3 270M's gate and up (Q5_0 in its Q4_K_M file): inputs, outputs
 GEMMA_OUTPUT = (640, 262144)  # and its output layer (Q8_0)
 LAYER = [(HIDDEN, (HEADS + 2 * KV_HEADS) * DIM), (HIDDEN, HIDDEN), (HIDDEN, 2 * INTER), (INTER, HIDDEN)]
@@ -159,6 +161,10 @@ CASES: dict[str, Callable[[], Case]] = {  # each makes its inputs when it runs
         partial(attention_case, [[(1, 100 + 20 * i) for i in range(16)]], GEMMA_HEADS),
     "attention, Gemma's shape, eight 70-token prompts":
         partial(attention_case, [[(70, 70)] * 8], GEMMA_HEADS),
+    "attention, Qwen 2.5 1.5B's shape, decode step of 16 sequences (300 to 600 keys)":
+        partial(attention_case, [[(1, 300 + 20 * i) for i in range(16)]], QWEN_HEADS),
+    "attention, Qwen 2.5 1.5B's shape, a 1,286-token prompt in chunks of 512":
+        partial(attention_case, [[(512, 512)], [(512, 1024)], [(262, 1286)]], QWEN_HEADS),
     **{f"greedy rows, Gemma's 262,144 logits, {rows} rows": partial(greedy_case, rows, GEMMA_OUTPUT[1])
        for rows in (1, 16)},
 }

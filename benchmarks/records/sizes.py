@@ -1,10 +1,11 @@
 """python -m benchmarks sizes: this service against llama.cpp at every model size, one table.
 
-    python -m benchmarks sizes [--sizes 135m,270m,1b,3b,8b] [--out DIR]
+    python -m benchmarks sizes [--sizes 135m,270m,1b,1.5b,3b,8b] [--out DIR]
 
 Each size is one GGUF file, served by both: the default model's own Q4_1 GGUF (135M), Gemma 3
-270M Q4_K_M, and the random-weight Llama shapes that `python -m benchmarks sized-models NAME
---quant Q4_K_M` makes (1B, 3B, 8B; a size whose file is not made is skipped, and said so).
+270M Q4_K_M, and the random-weight shapes that `python -m benchmarks sized-models NAME --quant
+Q4_K_M` makes (Llama's 1B, 3B and 8B, Qwen 2.5's 1.5B; a size whose file is not made is skipped,
+and said so).
 
 For each size, each system is a fresh server on the same file, one after the other: this
 service (`make serve`'s Flow, its defaults) and llama.cpp's server (2 threads, 16 slots), both
@@ -40,7 +41,8 @@ from .gguf_record import GEMMA, gguf_file, serve
 
 SYSTEMS = ("this", "llama-cpp")
 SIZES = {"135m": "smollm2-q4_1", "270m": str(GEMMA), "1b": str(CACHE / "llama-1b-Q4_K_M.gguf"),
-         "3b": str(CACHE / "llama-3b-Q4_K_M.gguf"), "8b": str(CACHE / "llama-8b-Q4_K_M.gguf")}
+         "1.5b": str(CACHE / "qwen2.5-1.5b-Q4_K_M.gguf"), "3b": str(CACHE / "llama-3b-Q4_K_M.gguf"),
+         "8b": str(CACHE / "llama-8b-Q4_K_M.gguf")}
 COLD_PARAGRAPHS, COLD_PROMPTS, CONTEXT = 30, 3, 64  # 30 paragraphs: about 1,600 tokens (SmolLM2's tokenizer)
 
 

@@ -275,3 +275,25 @@ def test_kernel_abs_case_filter_names_the_cases_when_none_matches(capsys):
     with pytest.raises(SystemExit):
         kernel_ab.main(["--base", "HEAD", "--case", "no such case"])
     assert "--case: no case's name contains 'no such case'" in capsys.readouterr().err
+
+
+def test_the_products_benchmark_times_every_kind_of_a_ggufs_layers(gguf_model, monkeypatch):
+    """`python -m benchmarks products` on Gemma 3 270M's file (briefly): each kind of quantized layer
+    that its load made, the bytes a weight they read, and each row count's rate as a fraction of the
+    multiply bound, and at one row of the read bandwidth (a kernel at no cost would give fractions far
+    over 1; at none, 0)."""
+    from pathlib import Path
+
+    from benchmarks.kernels import products_rate
+    monkeypatch.setattr(products_rate, "SECONDS", 0.05)
+    monkeypatch.setattr(products_rate, "read_bandwidth", lambda threads: 1e12)
+    result = products_rate.measure(Path(gguf_model), [1, 16])
+    assert result["bound_g_s"] > 0 and result["form"].startswith("int16")
+    assert len(result["kinds"]) >= 2  # Gemma's file: Q4_K's int4 layers and int8 ones (Q5_0, Q6_K, Q8_0)
+    for kind, entry in result["kinds"].items():
+        assert entry["layers"] > 0 and 0.4 < entry["bytes_a_weight"] < 1.5, (kind, entry)
+        assert 0 < entry["rows"]["1"]["of_bound"] < entry["rows"]["16"]["of_bound"] < 1.5, (kind, entry)
+        one = entry["rows"]["1"]
+        assert one["gb_s"] > 0 and abs(one["of_bandwidth"] - one["gb_s"] / 1000) < 0.002, (kind, entry)
+    text = products_rate.table(result, "python -m benchmarks products", "abc1234")
+    assert text.count("\n| ") == 1 + 2 * len(result["kinds"])  # the header, then a row per kind and count

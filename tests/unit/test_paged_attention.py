@@ -78,7 +78,8 @@ def reference(query, k_pool, v_pool, tables, q_lens, ctx_lens, scale, window=0, 
 MIXED = [(37, 1), (130, 1), (1, 1), (40, 40), (70, 23), (16, 16), (200, 1), (33, 5)]  # decode, prefill, chunks
 
 
-@pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (4, 2, 16), (8, 8, 128), (2, 1, 80)])
+@pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (4, 2, 16), (8, 8, 128), (2, 1, 80), (12, 2, 128),
+                                                (10, 2, 32), (7, 1, 64), (16, 2, 64), (9, 1, 16)])
 def test_it_gives_what_sdpa_gives_over_each_sequences_own_keys(built, heads, kv_heads, dim):
     query, k_pool, v_pool, tables, q_lens, ctx_lens = step(MIXED, heads, kv_heads, dim)
     out = native.paged_attention(query, k_pool, v_pool, c_args(tables, q_lens, ctx_lens), dim ** -0.5, 0)
@@ -87,10 +88,11 @@ def test_it_gives_what_sdpa_gives_over_each_sequences_own_keys(built, heads, kv_
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("heads,kv_heads", [(9, 3), (12, 2), (14, 2)])  # groups of 3, 6 (Qwen 2.5 1.5B) and 7
 @pytest.mark.parametrize("threads", [1, 2])
-def test_a_sequence_comes_out_bit_for_bit_as_alone_whatever_the_step(built, threads):
+def test_a_sequence_comes_out_bit_for_bit_as_alone_whatever_the_step(built, threads, heads, kv_heads):
     seqs = MIXED + [(600, 1), (600, 64)]  # wide enough to run on both threads
-    query, k_pool, v_pool, tables, q_lens, ctx_lens = step(seqs, 9, 3, 64, seed=1)
+    query, k_pool, v_pool, tables, q_lens, ctx_lens = step(seqs, heads, kv_heads, 64, seed=1)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
