@@ -95,7 +95,8 @@ async def test_requests_share_decode_steps(gpt2_model, make_engine):
 
 async def test_overloaded_beyond_waiting_limit_and_fair_within(gpt2_model, make_engine):
     engine = make_engine(gpt2_model, max_running=2, max_waiting=2)
-    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    # long enough that the two running are still running when the fifth comes, on a fast CPU too
+    params = SamplingParams(max_tokens=300, ignore_eos=True)
     streams = [engine.generate("hello", params) for _ in range(2)]
     while engine.stats()["running"] < 2:
         await asyncio.sleep(0.005)
@@ -103,8 +104,8 @@ async def test_overloaded_beyond_waiting_limit_and_fair_within(gpt2_model, make_
     with pytest.raises(OverloadedError, match="overloaded"):
         engine.generate("hello", params)
     results = await asyncio.gather(*(_drain(s) for s in streams))
-    assert all(len(ids) == 40 for ids in results)
-    assert len(await _drain(engine.generate("hello", params))) == 40  # room again
+    assert all(len(ids) == 300 for ids in results)
+    assert len(await _drain(engine.generate("hello", SamplingParams(max_tokens=40, ignore_eos=True)))) == 40  # room again
 
 
 async def _drain(stream) -> list[int]:
