@@ -194,20 +194,22 @@ static inline float softmax_row(float *scores, int64_t lo, int64_t hi, float cap
 /* (heads, vectors): up to 32 sums in flight, AVX-512's registers (AVX2's 16 spill a few, and
  * measured no slower than slices of 16 sums) */
 #define SLICES(X) X(1, 1) X(1, 2) X(1, 4) X(1, 8) X(1, 16) X(2, 1) X(2, 2) X(2, 4) X(2, 8) \
-    X(3, 1) X(3, 2) X(3, 4) X(3, 8) X(4, 1) X(4, 2) X(4, 4) X(4, 8)
+    X(3, 1) X(3, 2) X(3, 4) X(3, 8) X(4, 1) X(4, 2) X(4, 4) X(4, 8) X(5, 1) X(5, 2) X(5, 4) X(6, 1) X(6, 2) \
+    X(6, 4) X(7, 1) X(7, 2) X(7, 4) X(8, 1) X(8, 2) X(8, 4)
 SLICES(WEIGH_SLICE)
 
 /* One query's `group` heads: softmax of each head's scores row (rows `stride` apart) over [lo, hi],
- * then each head's output (dim floats, the heads' outputs adjacent): up to 4 heads at a time,
+ * then each head's output (dim floats, the heads' outputs adjacent): up to 8 heads at a time
+ * (a group of 6 read each value twice as 4 and 2 heads: its prompts' attention 0.89x as fast),
  * each through its dims in the widest slices that fit the registers. */
 static void weigh(float *scores, int64_t stride, int64_t lo, int64_t hi, float cap, pages v, int64_t group,
                   int64_t dim, float *out) {
     float total[group];
     for (int64_t g = 0; g < group; g++) total[g] = softmax_row(scores + g * stride, lo, hi, cap);
-    for (int64_t g0 = 0; g0 < group; g0 += 4) {
-        int64_t heads = group - g0 < 4 ? group - g0 : 4, vectors = dim / LANES;
+    for (int64_t g0 = 0; g0 < group; g0 += 8) {
+        int64_t heads = group - g0 < 8 ? group - g0 : 8, vectors = dim / LANES;
         for (int64_t c0 = 0; c0 < vectors;) {
-            int64_t width = heads == 1 ? 16 : 8;  /* the most vectors of these heads' slices */
+            int64_t width = heads == 1 ? 16 : heads <= 4 ? 8 : 4;  /* the most vectors of these heads' slices */
             while (width > vectors - c0) width /= 2;
             pages slice = {v.pool + c0 * LANES, v.table, v.block, v.token};
             const float *rows = scores + g0 * stride;
