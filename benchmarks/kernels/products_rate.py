@@ -82,14 +82,15 @@ def measure(model_file: Path, rows: list[int]) -> dict[str, Any]:
                               "kinds": {}}
     for kind, layers in kinds(loaded.model).items():
         products = sum(layer.in_features * layer.out_features for layer in layers)
-        entry: dict[str, Any] = {"layers": len(layers), "bytes_a_weight": round(sum(map(layer_bytes, layers)) / products, 3),
+        stored = sum(map(layer_bytes, layers))
+        entry: dict[str, Any] = {"layers": len(layers), "bytes_a_weight": round(stored / products, 3),
                                  "rows": {}}
         for n in rows:
             seconds = timed(layers, n)
             rate = n * products / seconds / 1e9
             figures = {"g_products_s": round(rate, 1), "of_bound": round(rate / result["bound_g_s"], 3)}
             if n == 1:
-                read = sum(map(layer_bytes, layers)) / seconds
+                read = stored / seconds
                 figures |= {"gb_s": round(read / 1e9, 1), "of_bandwidth": round(read / bandwidth, 3)}
             entry["rows"][str(n)] = figures
         result["kinds"][kind] = entry

@@ -43,6 +43,17 @@ def fleet(replicas: list[Replica], wait_s: float) -> Fleet:
     return made
 
 
+def first_pick(running: Fleet) -> Replica:
+    """The fleet's first pick, on a loop of its own; its poller (started by the pick) stopped after."""
+    async def pick() -> Replica:
+        try:
+            return await running.pick([], frozenset())
+        finally:
+            if running._poller is not None:
+                running._poller.cancel()
+    return on_a_new_loop(pick())
+
+
 @pytest.fixture
 def sleeps(monkeypatch) -> list[float]:
     """The seconds each of pick's sleeps asked for (each is taken, shortened to none)."""
@@ -58,30 +69,14 @@ def sleeps(monkeypatch) -> list[float]:
 
 def test_the_first_pick_asks_for_reports_at_once_and_does_not_sleep(sleeps):
     replica = Reporting(0, answers=True)
-    running = fleet([replica], wait_s=15.0)
-
-    async def first() -> Replica:
-        try:
-            return await running.pick([], frozenset())
-        finally:
-            if running._poller is not None:
-                running._poller.cancel()
-    assert on_a_new_loop(first()) is replica
+    assert first_pick(fleet([replica], wait_s=15.0)) is replica
     assert replica.asked >= 1
     assert sleeps.count(0.1) == 0, sleeps
 
 
 def test_a_replica_that_never_answers_is_asked_after_each_sleep_up_to_the_wait(sleeps):
     replica = Reporting(0, answers=False)
-    running = fleet([replica], wait_s=0.05)
-
-    async def first() -> None:
-        try:
-            await running.pick([], frozenset())
-        finally:
-            if running._poller is not None:
-                running._poller.cancel()
     with pytest.raises(NoReplica):
-        on_a_new_loop(first())
+        first_pick(fleet([replica], wait_s=0.05))
     assert 0.1 in sleeps
     assert replica.asked >= 2
