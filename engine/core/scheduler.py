@@ -191,8 +191,9 @@ class Scheduler:
                     break
                 self._waiting.remove(req)
                 if req.state is RequestState.WAITING:
+                    # of its prompt: a continued answer's own tokens can be cached too
                     for row in [req, *(req.parent.children if req.parent is not None else [])]:
-                        row.cached_tokens = req.computed
+                        row.cached_tokens = min(req.computed, len(req.prompt_ids))
                     self.kv.count_lookup(req, req.computed)
                     plan.admitted.append(req)
                 req.state = RequestState.RUNNING

@@ -56,7 +56,8 @@ def usage(evs: list[dict]) -> list:
     """The usage reports, but for what the prefix cache held: that depends on the requests before
     (the unbroken run's prompt was new; the cut run's was cached by then)."""
     reports = [json.loads(e["data"]).get("usage") for e in evs if e.get("data", "[DONE]") != "[DONE]"]
-    return [{k: v for k, v in r.items() if "cache" not in k and k != "prompt_tokens_details"} for r in reports if r]
+    return [{k: v + (r.get("cache_read_input_tokens") or 0) if k == "input_tokens" else v  # Anthropic's: less the cached
+             for k, v in r.items() if "cache" not in k and k != "prompt_tokens_details"} for r in reports if r]
 
 
 @pytest.mark.parametrize("path", list(BODIES))

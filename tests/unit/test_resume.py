@@ -88,3 +88,18 @@ async def test_a_continued_request_is_refused_naming_the_field_when_it_cannot_go
         with pytest.raises(ValidationError) as err:
             await engine.open(PROMPT, SamplingParams(**params, resume_tokens=tokens))
         assert err.value.field == "resume_tokens", (params, str(err.value))
+
+
+async def test_a_continued_request_counts_only_its_prompt_as_cached(looping_llama, make_engine):  # noqa: F811
+    """The prefix cache can hold the prompt and the answer's first tokens; a request continued
+    from them computes none of those again, but what it reports as cached is of its prompt (the
+    usage an unbroken run reports: Anthropic's input_tokens are the prompt less what was cached)."""
+    params = {"max_tokens": 40, "ignore_eos": True}
+    engine = make_engine(looping_llama)
+    uncut = await run(engine, SamplingParams(**params))
+    tokens = [t for out in uncut for t in out.token_ids]
+    prompt = uncut[-1].prompt_tokens
+    assert prompt + len(tokens) >= prompt // 16 * 16 + 32, "the answer fills a block of its own"
+    again = await run(engine, SamplingParams(**params, resume_tokens=tokens[:-1]))
+    assert again[-1].prompt_tokens == prompt
+    assert prompt // 16 * 16 <= again[-1].cached_tokens <= prompt, (again[-1].cached_tokens, prompt)
