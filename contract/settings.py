@@ -146,6 +146,9 @@ _DECLARED = (
     Setting("LLM_KERNEL_CACHE", str, None, "where the C kernels, compiled for this CPU at the first start, are "
             "kept for the next ([cpu-weights.md](cpu-weights.md#the-c-kernels))", (ENGINE,),
             shown="`~/.cache/llm-stream/kernels`"),
+    Setting("LLM_IMPORTS_CACHE", str, None, "where transformers' index of its model folders is kept, so that "
+            "its import does not read its 1,700 model files at each start", (ENGINE,),
+            shown="`~/.cache/llm-stream/imports`"),
     Setting("LLM_KERNEL_FLAGS", str, "", "compiler flags after the kernels' own (`-O3 -march=native "
             "-ffp-contract=off ...`): `-mno-avx512f` builds the AVX2 path on an AVX-512 CPU, `-mno-avx -mno-avx2 "
             "-mno-fma -mno-f16c` the plain C one; every path gives the same bits "

@@ -10,9 +10,10 @@ there cost each Flow's start about 4 s of CPU.
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from . import torch_vectors
+from . import torch_vectors, transformers_index
 
 torch_vectors.pin()  # before PyTorch's first operation: the same bits on every x86 CPU
+transformers_index.install()  # before transformers' first import: its index read, not made
 
 if TYPE_CHECKING:
     from .embedder_info import EmbedderInfo, describe_embedder
