@@ -15,6 +15,17 @@ from .outputs import RequestOutput
 
 # ----- executor -> engine process -----
 @dataclass
+class LoadModel:
+    """The first command: the model to load. `tokenizer_from`: the folder where the model's
+    tokenizer is kept from an earlier load (gguf_file.kept_tokenizer), which the executor's side
+    builds itself while the engine process imports and loads: the engine process then answers
+    TokenizerKept instead of pickling its own."""
+
+    config: EngineConfig
+    tokenizer_from: Optional[str] = None
+
+
+@dataclass
 class Prepared:
     """What the decode loop needs to run a request (prepare.py makes it); plain data, so it
     pickles. The grammar is compiled where the decode loop runs."""
@@ -42,7 +53,7 @@ class Shutdown:
     """Fail what is in flight and exit."""
 
 
-Command = Union[EngineConfig, AddRequest, AbortRequest, Shutdown]  # the config comes first, once
+Command = Union[LoadModel, AddRequest, AbortRequest, Shutdown]  # LoadModel comes first, once
 
 
 # ----- observer events (metrics), recorded in the engine process and replayed -----
@@ -134,11 +145,17 @@ class TokenizerLoaded:
 
 
 @dataclass
+class TokenizerKept:
+    """In place of TokenizerLoaded: the load's tokenizer is the one kept in LoadModel's
+    `tokenizer_from`, the same object the executor's side builds from there."""
+
+
+@dataclass
 class Ready:
     """The model loaded: what the executor's side needs to prepare requests."""
 
     info: Any  # loader.ModelInfo
-    tokenizer: Any  # a transformers tokenizer; None when a TokenizerLoaded came before
+    tokenizer: Any  # a transformers tokenizer; None when a TokenizerLoaded or TokenizerKept came before
     stats: dict
     stages: dict = field(default_factory=dict)  # time.monotonic() at each stage of its start (core_process.py)
 
@@ -175,4 +192,4 @@ class StepOutputs:
     stats: dict = field(default_factory=dict)
 
 
-Reply = Union[Ready, LoadFailed, StepOutputs]
+Reply = Union[TokenizerLoaded, TokenizerKept, Ready, LoadFailed, StepOutputs]

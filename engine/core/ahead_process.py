@@ -12,7 +12,7 @@ It listens on NAME, a Unix socket of the abstract namespace that the launcher ha
 in LLM_ENGINE_AHEAD, from its first milliseconds, and a thread accepts while the imports run. The
 first process of this user (SO_PEERCRED) that connects claims it: it answers `Claimed` at once,
 stops listening, and from then on serves that executor as an engine process that the executor
-started would (core_process.py: the EngineConfig first, then the steps), over the socket. A
+started would (core_process.py: LoadModel first, then the steps), over the socket. A
 connection that comes after is refused, and its executor starts an engine process of its own,
 as does every executor when there is none to claim. Unclaimed after CLAIM_WAIT_S (a Flow with no
 generating executor, or whose engine runs in the executor's process), it exits. It dies with the

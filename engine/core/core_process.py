@@ -1,12 +1,12 @@
 """The engine process: EngineCore's step loop, fed and drained through two pipes.
 
 Run as `python -m engine.core.core_process CMD_FD OUT_FD` by EngineProcess, which
-sends the EngineConfig first. It answers `Ready` or `LoadFailed`, then, after every step or
+sends `LoadModel` first. It answers `Ready` or `LoadFailed`, then, after every step or
 batch of commands, one `StepOutputs`. Commands are `AddRequest`, `AbortRequest` and
 `Shutdown` (messages.py). When the other end goes away (even killed with SIGKILL), the pipe
 reads EOF and this process exits: none is left behind.
 
-Its imports (torch, transformers, the engine: seconds) come before the EngineConfig is read, so a
+Its imports (torch, transformers, the engine: seconds) come before `LoadModel` is read, so a
 process started ahead of its model (a spare: spare.py) has them done when the config comes. `Ready`
 says when each stage ended (time.monotonic(), which every process of the machine shares), for the
 frontend to log what a load cost and where.
@@ -35,11 +35,13 @@ from ..messages import (
     Ack,
     AddRequest,
     LoadFailed,
+    LoadModel,
     Prepared,
     Ready,
     Recorder,
     Shutdown,
     StepOutputs,
+    TokenizerKept,
     TokenizerLoaded,
 )
 from ..model import unused_integrations
@@ -165,12 +167,16 @@ def prewarm() -> None:
 def serve(commands: Connection, outputs: Connection) -> None:
     prewarm()
     stages = {"imported": time.monotonic()}
-    config: EngineConfig = commands.recv()
+    load: LoadModel = commands.recv()
+    config = load.config
     stages["config"] = time.monotonic()
     sent: list[bool] = []
 
-    def early(tokenizer: Any) -> None:  # the executor's side unpickles it while the weights load
-        outputs.send(TokenizerLoaded(tokenizer))
+    def early(tokenizer: Any) -> None:  # the executor's side has it while the weights load
+        if load.tokenizer_from is not None and getattr(tokenizer, "name_or_path", None) == load.tokenizer_from:
+            outputs.send(TokenizerKept())  # it built the same from there: nothing to pickle
+        else:
+            outputs.send(TokenizerLoaded(tokenizer))
         sent.append(True)
     try:
         loaded = load_model(config, early)

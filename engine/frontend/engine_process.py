@@ -46,10 +46,12 @@ from ..messages import (
     AddRequest,
     Command,
     LoadFailed,
+    LoadModel,
     Prepared,
     Ready,
     Shutdown,
     StepOutputs,
+    TokenizerKept,
     TokenizerLoaded,
     replay,
 )
@@ -57,6 +59,7 @@ from ..observer import EngineObserver
 from ..outputs import RequestOutput
 from .ahead import EXIT_UNKNOWN
 from .async_engine import EngineClient
+from .kept_tokenizer import KeptTokenizer
 from .prepare import Preparer
 from .spare import CoreProcess, SpareCore, spawn_core
 from .streams import RequestStream, run_on
@@ -96,14 +99,17 @@ class EngineProcess(EngineClient):
         asked = time.monotonic()
         core = (self._spare.take() if self._spare is not None else None) or spawn_core()
         self._process, self._commands, self._outputs = core.process, core.commands, core.outputs
-        self._commands.send(self.config)
+        kept = KeptTokenizer(self.config.model)
+        self._commands.send(LoadModel(self.config, kept.folder))
         sent = time.monotonic()
-        early: Any = None  # the tokenizer, when it came before the weights loaded (TokenizerLoaded)
+        early: Any = None  # the tokenizer, when it came before the weights loaded
         try:
-            while isinstance(reply := self._outputs.recv(), TokenizerLoaded):
-                early = reply.tokenizer
+            while isinstance(reply := self._outputs.recv(), (TokenizerLoaded, TokenizerKept)):
+                early = reply.tokenizer if isinstance(reply, TokenizerLoaded) else kept.result()
         except EOFError:
             reply = LoadFailed(f"the engine process exited{exit_code(self._process.wait())} while loading")
+        except RuntimeError as exc:  # the kept tokenizer could not be built on this side
+            reply = LoadFailed(str(exc))
         match reply:
             case Ready(info, tokenizer, stats, stages):
                 tokenizer = early if tokenizer is None else tokenizer

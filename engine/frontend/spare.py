@@ -1,7 +1,7 @@
 """Engine processes, and one started ahead of the next load (a spare).
 
 An engine process spends about 3 s importing torch, transformers and the engine before it reads its
-EngineConfig (core_process.py), and about 1 s loading a small model after. A model that its
+LoadModel (core_process.py), and about 1 s loading a small model after. A model that its
 keep-alive unloaded would make its next request wait for both. So when a model unloads, a spare
 engine process starts: it does its imports and waits, blocked on its pipe, for the config of the
 next load, which takes it and waits for the model alone.
@@ -54,7 +54,7 @@ def engine_env() -> dict[str, str]:
 
 
 def spawn_core() -> CoreProcess:
-    """Start an engine process (milliseconds): it imports, then waits for its EngineConfig."""
+    """Start an engine process (milliseconds): it imports, then waits for its LoadModel."""
     cmd_read, cmd_write = os.pipe()
     out_read, out_write = os.pipe()
     env = engine_env()

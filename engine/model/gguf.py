@@ -11,28 +11,11 @@ import logging
 import shutil
 import zipfile
 from pathlib import Path
-from typing import Optional
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 log = logging.getLogger(__name__)
-
-
-def find_gguf(source: str) -> Optional[tuple[str, str]]:
-    """(folder, file name) when `source` is a .gguf file, or a folder holding exactly one
-    .gguf and no config.json; None for anything else (a hub id, a transformers folder)."""
-    path = Path(source)
-    if path.is_file() and path.suffix == ".gguf":
-        return str(path.parent), path.name
-    if path.is_dir() and not (path / "config.json").exists():
-        found = sorted(path.glob("*.gguf"))
-        if len(found) > 1:
-            raise ValueError(f"model: {source!r} holds {len(found)} .gguf files; "
-                             f"point LLM_MODEL at one of them")
-        if found:
-            return str(path), found[0].name
-    return None
 
 
 def load_gguf(folder: str, name: str, dtype: torch.dtype):

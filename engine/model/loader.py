@@ -18,7 +18,8 @@ from ..kernels.table import report as kernel_report
 from . import gguf_native, huge_pages, int4_cache, quantize_on_load, shared_weights
 from . import lora as lora_layers
 from .fp32 import install as fp32_layers
-from .gguf import find_gguf, load_gguf
+from .gguf import load_gguf
+from .gguf_file import find_gguf
 from .info import ModelInfo
 from .int4 import quantize
 from .paged_attention import attention_name
