@@ -42,7 +42,9 @@ from .gguf_record import GEMMA, gguf_file, serve
 SYSTEMS = ("this", "llama-cpp")
 SIZES = {"135m": "smollm2-q4_1", "270m": str(GEMMA), "1b": str(CACHE / "llama-1b-Q4_K_M.gguf"),
          "1.5b": str(CACHE / "qwen2.5-1.5b-Q4_K_M.gguf"), "3b": str(CACHE / "llama-3b-Q4_K_M.gguf"),
-         "8b": str(CACHE / "llama-8b-Q4_K_M.gguf")}
+         "8b": str(CACHE / "llama-8b-Q4_K_M.gguf"),
+         # the 1.17B's other quantizations (`python -m benchmarks sized-models llama-1b --quant Q4_0 --quant Q8_0`)
+         "1b-q4_0": str(CACHE / "llama-1b-Q4_0.gguf"), "1b-q8_0": str(CACHE / "llama-1b-Q8_0.gguf")}
 COLD_PARAGRAPHS, COLD_PROMPTS, CONTEXT = 30, 3, 64  # 30 paragraphs: about 1,600 tokens (SmolLM2's tokenizer)
 
 
@@ -150,7 +152,8 @@ def table(result: dict) -> str:
 
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks sizes", description=__doc__.splitlines()[0])
-    p.add_argument("--sizes", default=",".join(SIZES), help=f"of {', '.join(SIZES)}")
+    p.add_argument("--sizes", default=",".join(s for s in SIZES if "-" not in s),  # the Q4_K_M files
+                   help=f"of {', '.join(SIZES)}")
     p.add_argument("--systems", default=",".join(SYSTEMS),
                    help="of this, llama-cpp and this-engine (the engine alone, in this process: what serving costs)")
     p.add_argument("--max-tokens", type=int, default=64)
