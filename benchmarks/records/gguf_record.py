@@ -59,10 +59,9 @@ Complete = Callable[[str], Awaitable[str]]  # a prompt's greedy completion, its 
 
 
 @contextlib.asynccontextmanager
-async def serve(system: str, gguf: Path, logs: Path, env: Optional[dict] = None
-                ) -> AsyncIterator[tuple[Target, Optional[Complete]]]:
+async def serve(system: str, gguf: Path, logs: Path) -> AsyncIterator[tuple[Target, Optional[Complete]]]:
     """A fresh server of `system` on `gguf`, ready (its health check answers); no completer for
-    the engine alone. `env` adds to this service's environment."""
+    the engine alone."""
     if system == "this-engine":
         async with raw_engine(gguf, logs, [], sampling={"ignore_eos": True}) as transports:
             yield Target(transports["in-process"], _uncounted), None
@@ -72,7 +71,7 @@ async def serve(system: str, gguf: Path, logs: Path, env: Optional[dict] = None
                                 gguf=gguf) as (port, http):
             yield await _measured(http, port, gguf)
         return
-    with flow_server(gguf, logs, name=f"gguf-{system}", env=env) as (_, port):
+    with flow_server(gguf, logs, name=f"gguf-{system}") as (_, port):
         async with http_session() as http:
             yield await _measured(http, port, gguf)
 

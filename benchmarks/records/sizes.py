@@ -8,9 +8,8 @@ Q4_K_M` makes (Llama's 1B, 3B and 8B, Qwen 2.5's 1.5B; a size whose file is not 
 and said so).
 
 For each size, each system is a fresh server on the same file, one after the other: this
-service (`make serve`'s Flow, its defaults but one: no prompt-lookup speculation, NO_SPECULATION)
-and llama.cpp's server (2 threads, 16 slots, which drafts nothing), both over OpenAI streaming
-completions, greedy, `--max-tokens` (64) with ignore_eos:
+service (`make serve`'s Flow, its defaults) and llama.cpp's server (2 threads, 16 slots), both
+over OpenAI streaming completions, greedy, `--max-tokens` (64) with ignore_eos:
 - one stream and sixteen: closed loops, output tokens a second (each request's prefill included);
 - one stream's decode: the tokens a second after the first (1 / the median time per output token);
 - a cold prompt of about 1,600 tokens that no earlier one shares, one at a time: its tokens over
@@ -46,11 +45,6 @@ SIZES = {"135m": "smollm2-q4_1", "270m": str(GEMMA), "1b": str(CACHE / "llama-1b
          "8b": str(CACHE / "llama-8b-Q4_K_M.gguf"),
          # the 1.17B's other quantizations (`python -m benchmarks sized-models llama-1b --quant Q4_0 --quant Q8_0`)
          "1b-q4_0": str(CACHE / "llama-1b-Q4_0.gguf"), "1b-q8_0": str(CACHE / "llama-1b-Q8_0.gguf")}
-# Random weights answer in loops, and prompt lookup's drafts of a loop are accepted: a greedy
-# request took 20 ms a token where a step takes 30 (the 1.17B's Q8_0, 2026-12-07), more tokens a
-# step than a real model's answers give, and past the memory roofline. Without speculation every
-# token is one step, as llama.cpp's are.
-NO_SPECULATION = {"LLM_SPECULATIVE_TOKENS": "0"}
 COLD_PARAGRAPHS, COLD_PROMPTS, CONTEXT = 30, 3, 64  # 30 paragraphs: about 1,600 tokens (SmolLM2's tokenizer)
 
 
@@ -86,7 +80,7 @@ async def measure(system: str, gguf: Path, args: argparse.Namespace) -> dict:
     started = time.perf_counter()
     row: dict = {"system": system}
     try:
-        async with serve(system, gguf, args.out / "logs", NO_SPECULATION) as (target, _):
+        async with serve(system, gguf, args.out / "logs") as (target, _):
             row["ready_s"] = round(time.perf_counter() - started, 1)
             for prompt in ("Warm-up: the first call", "Warm-up: and the second"):
                 async for _ in target.plain(prompt, 4):
