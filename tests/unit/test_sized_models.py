@@ -120,3 +120,16 @@ def test_the_benchmarks_flow_listens_on_the_ports_it_is_given(tmp_path, monkeypa
     with systems.flow_server(tmp_path / "model", tmp_path) as (grpc_port, http_port):
         flow = yaml.safe_load(Path(started[0][-1]).read_text())
     assert flow["gateway"]["port"] == [grpc_port, http_port] and started[0][-3:-1] == ["flow", "--uses"]
+
+
+def test_the_sizes_rooflines_use_the_runs_highest_bandwidth_reading():
+    """The bandwidth is read before the run and after each server; every size's roofline takes the
+    highest reading (one low reading at the start put a decode at 120% of its roofline), and the
+    table says how many readings there were and the lowest."""
+    from benchmarks.records import sizes
+    step = roofline.StepBytes(weights=10**9, kv_per_token=0)
+    result: dict = {"date": "2026-12-07", "git": "abc", "cpu": "a CPU, AVX-512", "command": "c", "notes": [],
+                    "sizes": {"1b": {"file": "f.gguf", "this": {"c1_tok_s": 40.0}, "llama-cpp": {"c1_tok_s": 30.0}}}}
+    sizes.with_rooflines(result, {"1b": step}, [44e9, 51e9, 47e9])
+    assert result["bandwidth_gb_s"] == 51.0 and result["sizes"]["1b"]["roofline_tok_s"] == 51.0
+    assert "the highest of 3 readings" in sizes.table(result) and "the lowest 44.0" in sizes.table(result)
