@@ -119,14 +119,18 @@ class Scheduler:
                                        f"the server's KV cache of {self.kv.capacity} tokens (max_batch_tokens)")
 
     def submit(self, request: Request) -> None:
-        """Called from any thread; fails at once instead of queueing without bound."""
+        """Called from any thread; fails at once instead of queueing without bound. `max_waiting`
+        counts the requests queued behind the running ones: those that arrived since the last step
+        while batch rows are free start at the next step, and queue behind nobody (two requests
+        arriving together at an idle server with max_waiting 1 were refused one of them)."""
         self.check_fits(request.row_tokens, request.rows)
         with self._lock:
             if self.closed:
                 raise EngineDeadError("the engine is shutting down")
-            if len(self._waiting) >= self.config.max_waiting:
+            free = max(0, self.config.max_running - sum(r.rows for r in self.running))
+            if len(self._waiting) >= self.config.max_waiting + free:
                 raise OverloadedError(
-                    f"overloaded: {len(self._waiting)} requests already waiting, retry later")
+                    f"overloaded: {len(self._waiting) - free} requests already waiting, retry later")
             self._waiting.append(request)
 
     # ----- one step: the work -----

@@ -88,10 +88,17 @@ def test_submit_refuses_what_never_fits_and_what_overflows_the_queue():
     with pytest.raises(ValidationError) as err:
         sched.submit(_rows(request("many", 8, 8), 3))  # 3 x 4 blocks
     assert err.value.field == "n"
-    sched.submit(request("a", 1, 1))
+    for rid in "abc":  # two start at the next step, on the free rows; one waits behind them
+        sched.submit(request(rid, 1, 1))
     with pytest.raises(OverloadedError):
-        sched.submit(request("b", 1, 1))
-    assert [r.request_id for r in sched.abort({"a"})] == ["a"] and not sched.has_work
+        sched.submit(request("d", 1, 1))
+    assert sorted(r.request_id for r in sched.abort({"a", "b", "c"})) == ["a", "b", "c"] and not sched.has_work
+    sched.submit(request("e", 1, 1))
+    sched.submit(request("f", 1, 1))
+    sched.schedule()  # both run: no row is free, and one may wait
+    sched.submit(request("g", 1, 1))
+    with pytest.raises(OverloadedError):
+        sched.submit(request("h", 1, 1))
 
 
 def _rows(req: Request, n: int) -> Request:
