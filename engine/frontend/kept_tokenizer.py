@@ -30,15 +30,16 @@ class KeptTokenizer:
         self._tokenizer: Any = None
         self._error: Optional[BaseException] = None
         self._thread: Optional[threading.Thread] = None
-        if self.folder is not None:
-            self._thread = threading.Thread(target=self._build, name="llm-kept-tokenizer", daemon=True)
+        if found is not None:
+            self._thread = threading.Thread(target=self._build, args=(found,), name="llm-kept-tokenizer",
+                                            daemon=True)
             self._thread.start()
 
-    def _build(self) -> None:
+    def _build(self, found: Path) -> None:
         from ..model.gguf_file import saved_tokenizer
 
         try:
-            self._tokenizer = saved_tokenizer(Path(self.folder)) if self.folder else None
+            self._tokenizer = saved_tokenizer(found)
         except BaseException as exc:  # noqa: BLE001 - raised where the load waits for it
             self._error = exc
 

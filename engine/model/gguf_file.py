@@ -176,7 +176,12 @@ def kept_tokenizer(source: str) -> Optional[Path]:
     if found is None:
         return None
     folder = metadata_cache(Path(found[0]) / found[1])
-    return folder if folder is not None and (folder / "config.json").exists() else None
+    return folder if folder is not None and _kept(folder) else None
+
+
+def _kept(folder: Path) -> bool:
+    """Whether a metadata_cache entry is there, whole (it appears by a rename, all or nothing)."""
+    return (folder / "config.json").exists()
 
 
 def config_and_tokenizer(path: Path, metadata_end: Optional[int] = None) -> tuple[Any, Any]:
@@ -185,7 +190,7 @@ def config_and_tokenizer(path: Path, metadata_end: Optional[int] = None) -> tupl
     from transformers import AutoConfig, AutoTokenizer  # transformers is slow to import: only here
 
     cached = metadata_cache(path, metadata_end)
-    if cached is not None and (cached / "config.json").exists():
+    if cached is not None and _kept(cached):
         return AutoConfig.from_pretrained(cached), saved_tokenizer(cached)
     log.info("%s: reading its config and tokenizer from the file, once (kept under %s)", path.name,
              cached.parent if cached is not None else "no cache folder")
