@@ -107,10 +107,10 @@ int int8k_matmul(const float *x, const int8_t *packed, const uint16_t *super, co
 /* any of the six, as a Weight's kind says (the whole layers' products); y's rows y_stride apart */
 int weight_matmul(const float *x, const Weight *w, float *y, int64_t y_stride, int64_t rows, int threads);
 
-/* gguf_repack.c: a GGUF tensor's blocks [rows][width / 256 blocks] written into the layouts above,
+/* gguf_repack.c: a GGUF tensor's blocks [rows][width / its block] written into the layouts above,
  * as gguf_types.py splits them and int4.py packs them, in one pass; the file's row `order[r]` (NULL:
  * r) becomes row r. Q4_K: int4f_matmul's packed steps, fp32 scale and low; Q6_K: int8s_matmul's
- * steps and fp32 scales (no low). rows: a multiple of 16; width: of 256. */
+ * steps and fp32 scales (no low). rows: a multiple of 16; width: of 256 (K-quants). */
 int repack_q4_k(const uint8_t *blocks, const int64_t *order, int64_t rows, int64_t width, uint8_t *packed,
                 float *scale, float *low, int threads);
 /* Q4_K into int4k_matmul's layout: its packed steps, `super` and `sub` */
@@ -121,6 +121,16 @@ int repack_q6_k(const uint8_t *blocks, const int64_t *order, int64_t rows, int64
 /* Q6_K into int8k_matmul's layout: its steps, `super` and `sub` */
 int repack_q6_k_own(const uint8_t *blocks, const int64_t *order, int64_t rows, int64_t width, int8_t *steps,
                     uint16_t *super, int8_t *sub, int threads);
+/* the types of blocks of 32 (width: a multiple of 32): Q4_0 and Q4_1 into int4_matmul's packed steps
+ * and fp16 scale and low; Q8_0 and Q5_0 into int8_matmul's steps and fp16 scale */
+int repack_q4_0(const uint8_t *blocks, const int64_t *order, int64_t rows, int64_t width, uint8_t *packed,
+                uint16_t *scale, uint16_t *low, int threads);
+int repack_q4_1(const uint8_t *blocks, const int64_t *order, int64_t rows, int64_t width, uint8_t *packed,
+                uint16_t *scale, uint16_t *low, int threads);
+int repack_q8_0(const uint8_t *blocks, const int64_t *order, int64_t rows, int64_t width, int8_t *steps,
+                uint16_t *scale, int threads);
+int repack_q5_0(const uint8_t *blocks, const int64_t *order, int64_t rows, int64_t width, int8_t *steps,
+                uint16_t *scale, int threads);
 
 /* dense_matmul.c: y = x W^T for fp32 weights packed [outputs / 16][width][16] (fp32 Linear layers;
  * as bf16 where they are bf16 values); ready: 1 (AVX2 + FMA) */

@@ -8,11 +8,12 @@ int4/int8 layers for the quantized Linear weights, the embedding table as the fi
 (gguf_embedding.py), and fp32 for the rest (norms, biases).
 
 A processor may reorder a tensor's rows (Llama's q and k): that order is read by passing the
-row numbers through it, and the blocks are reordered to match, which is exact. Q4_K and Q6_K
-tensors (most of a Q4_K_M file) go straight from the file's blocks into the kernels' layouts, in
-one C pass (gguf_repack.c), their scales as the file holds them where the products run on
-AVX-512 (native.own_k_scales); the other types through `split` (gguf_types.py). A tensor that a
-processor changes otherwise is dequantized and processed as transformers does.
+row numbers through it, and the blocks are reordered to match, which is exact. Q4_K, Q6_K, Q4_0,
+Q4_1, Q5_0 and Q8_0 Linear weights go straight from the file's blocks into the kernels' layouts, in
+one C pass (gguf_repack.c), a K-quant's scales as the file holds them where the products run on
+AVX-512 (native.own_k_scales); the other types, and the embedding table, through `split`
+(gguf_types.py). A tensor that a processor changes otherwise is dequantized and processed as
+transformers does.
 """
 import logging
 from collections.abc import Callable
@@ -37,8 +38,6 @@ from .placement import put
 log = logging.getLogger(__name__)
 
 ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's per-frequency rotary factors (Llama 3's scaling)
-Q4_K, Q6_K = gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K
-REPACKED = (Q4_K, Q6_K)  # the types gguf_repack.c writes into the kernels' layouts
 
 
 def servable() -> bool:
@@ -109,7 +108,8 @@ def _fill(model: PreTrainedModel, header: gguf_file.Header, config: Any) -> None
         if tied and target.endswith("embed_tokens.weight") and exact is not None:
             output = model.get_output_embeddings()
             for lm_name, module in model.named_modules():
-                if module is output and keep(model, lm_name + ".weight", exact, order):
+                if module is output and (repacked(model, lm_name + ".weight", tensor, order)
+                                         or keep(model, lm_name + ".weight", exact, order)):
                     wanted.discard(lm_name + ".weight")
     if tied:
         wanted = {n for n in wanted if not n.startswith("lm_head.")}
@@ -153,6 +153,11 @@ def target_of(processor: TensorProcessor, tensor: gguf_file.Tensor, names: dict[
     return names.get(result.name), moved[:, 0].astype(np.int64)
 
 
+def reordering(order: Optional[np.ndarray]) -> Optional[np.ndarray]:
+    """target_of's order, or None where every row stays where it is (most tensors): no copy then."""
+    return None if order is None or np.array_equal(order, np.arange(len(order))) else order
+
+
 def _exact(tensor: gguf_file.Tensor) -> Exact:
     return split(tensor.data, tensor.tensor_type, tensor.width)
 
@@ -168,17 +173,18 @@ def servable_linear(model: PreTrainedModel, target: str) -> Optional[nn.Linear]:
 
 
 def repacked(model: PreTrainedModel, target: str, tensor: gguf_file.Tensor, order: Optional[np.ndarray]) -> bool:
-    """`keep` for a Q4_K or Q6_K Linear weight, its blocks written into the kernels' layout in one
-    pass (gguf_repack.c: the same buffers as `keep` makes of `split`, a test compares them). False
+    """`keep` for a Linear weight of a type gguf_repack.c takes, its blocks written into the kernels'
+    layout in one pass (the same buffers as `keep` makes of `split`, a test compares them). False
     for other types and modules (the caller splits and keeps)."""
-    module = servable_linear(model, target) if tensor.tensor_type in REPACKED else None
+    kind = tensor.tensor_type.name
+    module = servable_linear(model, target) if kind in gguf_repack.BLOCK else None
     if module is None:
         return False
-    buffers = gguf_repack.repack(tensor.tensor_type.name, tensor.data, order, module.out_features, module.in_features,
-                                 own_scales=native.own_k_scales())
+    buffers = gguf_repack.repack(kind, tensor.data, reordering(order), module.out_features,
+                                 module.in_features, own_scales=native.own_k_scales())
     if buffers is None:
         return False
-    layer = Int4Linear.of_packed(module, *buffers) if tensor.tensor_type is Q4_K else Int8Linear.of_packed(module, *buffers)
+    layer = Int4Linear.of_packed(module, *buffers) if kind in gguf_repack.INT4 else Int8Linear.of_packed(module, *buffers)
     put(model, target.rpartition(".")[0], layer)
     return True
 
@@ -188,6 +194,7 @@ def keep(model: PreTrainedModel, target: str, exact: Exact, order: Optional[np.n
     Embedding gets its fp32 weights. False where it does not fit (the caller dequantizes)."""
     module_name, _, leaf = target.rpartition(".")
     module = model.get_submodule(module_name)
+    order = reordering(order)
     rows = (lambda a: a) if order is None else (lambda a: a[order])
     if isinstance(module, nn.Embedding) and leaf == "weight":
         put(model, module_name, BlockRows(module, exact, None if order is None else torch.from_numpy(order)))

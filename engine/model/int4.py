@@ -74,12 +74,12 @@ class Int4Linear(nn.Module):
 
     @classmethod
     def of_packed(cls, linear: nn.Linear, packed: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> "Int4Linear":
-        """The layer of buffers already in quant_matmul.c's layout with fp32 scales and lows, as
-        `_pack_native` makes them, or with a Q4_K's own scales (`native.int4k_matmul`'s: scale fp16
-        d and -dmin per 256, low u8 sc and m per 32): gguf_repack.c's of a Q4_K tensor. Only where
-        the C kernel runs (its callers check `gguf_native.servable`)."""
+        """The layer of buffers already in quant_matmul.c's layout with fp16 or fp32 scales and lows,
+        as `_pack_native` makes them, or with a Q4_K's own scales (`native.int4k_matmul`'s: scale
+        fp16 d and -dmin per 256, low u8 sc and m per 32): gguf_repack.c's of a Q4_0, Q4_1 or Q4_K
+        tensor. Only where the C kernel runs (its callers check `gguf_native.servable`)."""
         layer = _bare(cls, linear)
-        layer.wide = True
+        layer.wide = not (scale.dtype == low.dtype == torch.float16)
         layer.adopt(packed, scale, low)
         return layer
 
@@ -167,11 +167,11 @@ class Int8Linear(nn.Module):
     def of_packed(cls, linear: nn.Linear, steps: torch.Tensor, scales: torch.Tensor,
                   own: Optional[torch.Tensor] = None) -> "Int8Linear":
         """The layer of buffers already in quant_matmul.c's layout, steps [out / 16, in, 16] with fp32
-        scales per 16 inputs and no lows, or with a Q6_K's own scales (`native.int8k_matmul`'s:
-        `scales` fp16 d per 256, `own` its int8 sc per 16, held as `lows`): gguf_repack.c's of a Q6_K
-        tensor."""
+        scales per 16 inputs and no lows, with a Q6_K's own scales (`native.int8k_matmul`'s:
+        `scales` fp16 d per 256, `own` its int8 sc per 16, held as `lows`), or with Q8_0's fp16
+        scales per 32 (no `own`): gguf_repack.c's of a Q6_K, Q5_0 or Q8_0 tensor."""
         layer = _bare(cls, linear)
-        layer.sub = True
+        layer.sub = own is not None or scales.dtype == torch.float32
         layer.adopt(steps, scales, own)
         return layer
 

@@ -1,6 +1,6 @@
-"""gguf_repack.c writes a Q4_K or Q6_K tensor's blocks straight into the kernels' layouts: the
-layer gguf_native.repacked makes holds the very buffers that `keep` makes of `split` (Python's
-way), bit for bit, with the file's rows in their order or reordered (Llama's q and k), and on
+"""gguf_repack.c writes a Q4_K, Q6_K, Q4_0, Q4_1, Q5_0 or Q8_0 tensor's blocks straight into the
+kernels' layouts: the layer gguf_native.repacked makes holds the very buffers that `keep` makes of
+`split` (Python's way), bit for bit, with the file's rows in their order or reordered (Llama's q and k), and on
 every kernel path this CPU builds; a shape the kernel does not take is left to Python's way. A
 Q4_K or Q6_K kept with its own scales (int4k_matmul's and int8k_matmul's layouts, AVX-512's) holds
 the same steps and scales that give `keep`'s fp32 ones exactly, and its products are `keep`'s bit
@@ -21,7 +21,9 @@ from engine.model.int4 import Int4Linear
 from testing.golden import kernels
 from tests.unit.test_gguf_types import OUTPUTS, WIDTH, raw_blocks
 
-BUFFERS = {T.Q4_K: ("packed", "scale", "low"), T.Q6_K: ("weight_int8", "scales", "lows")}
+INT4, INT8 = ("packed", "scale", "low"), ("weight_int8", "scales", "lows")
+BUFFERS = {T.Q4_K: INT4, T.Q6_K: INT8, T.Q4_0: INT4, T.Q4_1: INT4, T.Q5_0: INT8, T.Q8_0: INT8}
+K_QUANTS = (T.Q4_K, T.Q6_K)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -75,7 +77,7 @@ def test_the_repacked_layer_holds_the_buffers_of_split_and_keep(qtype: T, reorde
     assert torch.equal(repacked(x), kept(x))
 
 
-@pytest.mark.parametrize("qtype", list(BUFFERS), ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", K_QUANTS, ids=lambda t: t.name)
 @pytest.mark.parametrize("reordered", [False, True], ids=["in order", "reordered"])
 def test_a_k_quant_kept_with_its_own_scales_stands_for_the_same_values_and_products(
         qtype: T, reordered: bool, monkeypatch: pytest.MonkeyPatch) -> None:
