@@ -229,11 +229,14 @@ def saved_tokenizer(folder: Path) -> Any:
     262,144 tokens in Python to rebuild the pipeline that the file already holds, 2.6 s against
     1.2 on a 2-core machine, and the rebuilt object also pickled to twice the size (the engine
     process sends it to the executor's). The tokens, ids, texts and chat template are the same
-    (tests/real_model/test_saved_tokenizer.py)."""
-    from transformers import AutoTokenizer, TokenizersBackend
+    (tests/real_model/test_saved_tokenizer.py). AutoTokenizer is imported only where it is used:
+    its module imports PyTorch (transformers' configuration code does), 0.4 s of the executor's
+    start that its own tokenizer does not need."""
+    from transformers import TokenizersBackend
 
     settings = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
     if not (folder / "tokenizer.json").exists() or set(settings) - _PLAIN_SETTINGS - _NOT_SETTINGS:
+        from transformers import AutoTokenizer
         return AutoTokenizer.from_pretrained(folder)
     template = folder / "chat_template.jinja"
     if template.exists():
