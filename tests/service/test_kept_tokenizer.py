@@ -1,7 +1,11 @@
 """A GGUF model loaded here before: the executor's side builds the tokenizer kept from that load
 itself, while the engine process loads, and the engine process sends none (TokenizerKept). The
-answers are the ones a first load, whose tokenizer came through the pipe, gives. A kept tokenizer
+answers are the ones a first load, whose tokenizer came through the pipe, gives. Building it
+imports no PyTorch (the executor's process has none: 0.4 s of its start). A kept tokenizer
 that this side cannot build fails the load naming its folder, with no engine process left."""
+import subprocess
+import sys
+
 import pytest
 
 from contract import EngineConfig, SamplingParams
@@ -67,3 +71,17 @@ def test_a_kept_tokenizer_this_side_cannot_build_fails_the_load_naming_it(defaul
     with pytest.raises(RuntimeError, match=r"tokenizer kept in .*llm-stream/gguf.*a torn tokenizer\.json"):
         EngineProcess(EngineConfig(model=default_gguf))
     assert len(started) == 1 and started[0].process.wait(timeout=30) is not None
+
+
+def test_the_kept_tokenizer_is_built_without_pytorch(default_gguf, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    gguf_file.config_and_tokenizer(gguf_file.Path(default_gguf))
+    folder = gguf_file.kept_tokenizer(default_gguf)
+    assert folder is not None
+    code = ("import sys\nfrom engine.frontend.kept_tokenizer import KeptTokenizer\n"
+            f"tokenizer = KeptTokenizer({default_gguf!r}).result()\n"
+            f"print(tokenizer.name_or_path, 'torch' in sys.modules, tokenizer({PROMPT!r})['input_ids'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
+    name, torch_loaded, ids = out.strip().split(" ", 2)
+    assert (name, torch_loaded) == (str(folder), "False")
+    assert ids == str(gguf_file.saved_tokenizer(folder)(PROMPT)["input_ids"])
