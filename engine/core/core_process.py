@@ -179,7 +179,7 @@ def serve(commands: Connection, outputs: Connection) -> None:
             outputs.send(TokenizerLoaded(tokenizer))
         sent.append(True)
     try:
-        loaded = load_model(config, early)
+        loaded = load_model(config, early, load.tokenizer_from)  # the executor's side encodes: this one decodes
         stages["loaded"] = time.monotonic()
     except Exception as exc:  # noqa: BLE001 - the frontend raises it at start-up
         outputs.send(LoadFailed(str(exc)))

@@ -102,6 +102,7 @@ class EngineProcess(EngineClient):
         kept = KeptTokenizer(self.config.model)
         self._commands.send(LoadModel(self.config, kept.folder))
         sent = time.monotonic()
+        kept.start()  # after the send: its parse holds the interpreter
         early: Any = None  # the tokenizer, when it came before the weights loaded
         try:
             while isinstance(reply := self._outputs.recv(), (TokenizerLoaded, TokenizerKept)):

@@ -28,6 +28,8 @@ import gguf
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from . import decoding_tokenizer
+
 log = logging.getLogger(__name__)
 
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
@@ -184,14 +186,17 @@ def _kept(folder: Path) -> bool:
     return (folder / "config.json").exists()
 
 
-def config_and_tokenizer(path: Path, metadata_end: Optional[int] = None) -> tuple[Any, Any]:
+def config_and_tokenizer(path: Path, metadata_end: Optional[int] = None,
+                         decoding_from: Optional[str] = None) -> tuple[Any, Any]:
     """transformers' config and tokenizer for the file, from the cache when they are there
-    (`metadata_end`: as metadata_cache takes it)."""
+    (`metadata_end`: as metadata_cache takes it). decoding_from: the kept folder whose tokenizer
+    another process encodes with (the executor's, kept_tokenizer): where it is this file's, the
+    tokenizer is built for decoding (decoding_tokenizer.py)."""
     from transformers import AutoConfig, AutoTokenizer  # transformers is slow to import: only here
 
     cached = metadata_cache(path, metadata_end)
     if cached is not None and _kept(cached):
-        return AutoConfig.from_pretrained(cached), saved_tokenizer(cached)
+        return AutoConfig.from_pretrained(cached), saved_tokenizer(cached, decoding=str(cached) == decoding_from)
     log.info("%s: reading its config and tokenizer from the file, once (kept under %s)", path.name,
              cached.parent if cached is not None else "no cache folder")
     with _one_reading(path):
@@ -205,6 +210,7 @@ def config_and_tokenizer(path: Path, metadata_end: Optional[int] = None) -> tupl
             partial = cached.with_name(cached.name + ".partial")
             config.save_pretrained(partial)
             tokenizer.save_pretrained(partial)
+            decoding_tokenizer.write(partial)
             partial.rename(cached)  # all or nothing
         if (cached / "config.json").exists():
             tokenizer = saved_tokenizer(cached)  # the same object as every later start's
@@ -220,8 +226,10 @@ _PLAIN_SETTINGS = frozenset({"bos_token", "eos_token", "unk_token", "pad_token",
 _NOT_SETTINGS = frozenset({"tokenizer_class", "backend", "is_local", "local_files_only"})
 
 
-def saved_tokenizer(folder: Path) -> Any:
-    """The tokenizer kept in `folder`, built by the tokenizers library from its tokenizer.json.
+def saved_tokenizer(folder: Path, decoding: bool = False) -> Any:
+    """The tokenizer kept in `folder`, built by the tokenizers library from its tokenizer.json
+    (`decoding`: without its merges until it encodes, decoding_tokenizer.py, where the folder has
+    them apart; a folder kept before they were gets them apart now, for its next start).
 
     transformers' classes for the GGUF architectures (GemmaTokenizer, LlamaTokenizer,
     Qwen2Tokenizer) differ from their base, TokenizersBackend, only in an __init__ that builds the
@@ -242,6 +250,10 @@ def saved_tokenizer(folder: Path) -> Any:
     if template.exists():
         settings.setdefault("chat_template", template.read_text(encoding="utf-8"))
     plain = {key: value for key, value in settings.items() if key in _PLAIN_SETTINGS}
+    if decoding:
+        if (built := decoding_tokenizer.build(folder, plain)) is not None:
+            return built
+        decoding_tokenizer.write(folder)
     return TokenizersBackend(tokenizer_file=str(folder / "tokenizer.json"), name_or_path=str(folder), **plain)
 
 

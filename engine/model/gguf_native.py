@@ -45,12 +45,14 @@ def servable() -> bool:
     return native.int4_ready() and native.int8_ready()
 
 
-def load(folder: str, name: str, on_tokenizer: Callable[[Any], None] = lambda tokenizer: None) -> tuple[Any, Any, int]:
+def load(folder: str, name: str, on_tokenizer: Callable[[Any], None] = lambda tokenizer: None,
+         decoding_from: Optional[str] = None) -> tuple[Any, Any, int]:
     """(tokenizer, model, its weights' count) with the file's quantized Linear weights kept as blocks;
-    on_tokenizer has the tokenizer before the weights load."""
+    on_tokenizer has the tokenizer before the weights load; decoding_from: as
+    gguf_file.config_and_tokenizer takes it."""
     path = Path(folder) / name
     header = gguf_file.read(path)
-    config, tokenizer = gguf_file.config_and_tokenizer(path, header.metadata_end)
+    config, tokenizer = gguf_file.config_and_tokenizer(path, header.metadata_end, decoding_from)
     on_tokenizer(tokenizer)
     with no_init_weights():
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

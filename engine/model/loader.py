@@ -119,8 +119,11 @@ def pick_attention_backends(device: torch.device) -> None:
         torch.backends.cuda.enable_cudnn_sdp(False)
 
 
-def load_model(config: EngineConfig, on_tokenizer: Callable[[Any], None] = lambda tokenizer: None) -> LoadedModel:
-    """on_tokenizer: called with the tokenizer as soon as the load has it, before the weights."""
+def load_model(config: EngineConfig, on_tokenizer: Callable[[Any], None] = lambda tokenizer: None,
+               decoding_from: Optional[str] = None) -> LoadedModel:
+    """on_tokenizer: called with the tokenizer as soon as the load has it, before the weights.
+    decoding_from: the folder of a kept GGUF tokenizer that another process encodes with, where
+    this process only decodes until it asks (model/decoding_tokenizer.py)."""
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
     device = pick_device(config.device)
@@ -135,7 +138,7 @@ def load_model(config: EngineConfig, on_tokenizer: Callable[[Any], None] = lambd
         if blocks:
             assert gguf is not None
             log.info("%s is GGUF: its quantized weights kept as the file's blocks", source)
-            tokenizer, model, parameters = gguf_native.load(*gguf, on_tokenizer)
+            tokenizer, model, parameters = gguf_native.load(*gguf, on_tokenizer, decoding_from)
         elif quant is not None:
             log.info("%s: its weights served as %s blocks (quant: %s)", source, quant, config.quant)
             tokenizer, model, parameters = quantize_on_load.load(source, quant, config.trust_remote_code, on_tokenizer)

@@ -16,6 +16,8 @@ from typing import Any, Optional
 
 from contract import ValidationError
 
+from ..model.decoding_tokenizer import with_merges
+
 AUTO_MARKERS = ("<think>", "</think>")
 
 
@@ -50,7 +52,7 @@ class ReasoningMarkers:
 
 
 def _one_token(tokenizer: Any, text: str) -> Optional[int]:
-    ids = tokenizer.encode(text, add_special_tokens=False)
+    ids = with_merges(tokenizer).encode(text, add_special_tokens=False)
     return ids[0] if len(ids) == 1 else None
 
 

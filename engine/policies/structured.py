@@ -18,6 +18,7 @@ from llguidance import LLMatcher, LLParserLimits
 
 from contract import RequestLimits, SamplingParams, ValidationError
 
+from ..model.decoding_tokenizer import with_merges
 from .tools import ToolSpec
 
 # llguidance's input format for each structured-output request field
@@ -110,7 +111,7 @@ def _first_lines(message: str, lines: int = 4) -> str:
 
 def _llguidance_tokenizer(tokenizer: Any) -> tuple[Optional[llguidance.LLTokenizer], str]:
     try:
-        return llguidance.hf.from_tokenizer(tokenizer), ""
+        return llguidance.hf.from_tokenizer(with_merges(tokenizer)), ""
     except Exception as exc:  # noqa: BLE001 - a tokenizer llguidance cannot read: refuse constraints
         return None, f"{type(exc).__name__}: {exc}"
 

@@ -1,6 +1,8 @@
 """A GGUF model loaded here before: the executor's side builds the tokenizer kept from that load
 itself, while the engine process loads, and the engine process sends none (TokenizerKept). The
-answers are the ones a first load, whose tokenizer came through the pipe, gives. Building it
+answers, plain and constrained, are the ones a first load, whose tokenizer came through the pipe,
+gives (the engine process then decodes with the kept tokenizer less its merges, and takes them
+to encode: model/decoding_tokenizer.py). Building it
 imports no PyTorch (the executor's process has none: 0.4 s of its start). A kept tokenizer
 that this side cannot build fails the load naming its folder, with no engine process left."""
 import subprocess
@@ -15,6 +17,7 @@ from engine.frontend.kept_tokenizer import KeptTokenizer
 from engine.model import gguf_file
 
 GREEDY = SamplingParams(max_tokens=12, ignore_eos=True)
+CONSTRAINED = SamplingParams(max_tokens=12, regex=r"[A-Z][a-z]+ (is|was) [a-z]+")  # the engine process encodes for it
 PROMPT = "The capital of France is"
 
 
@@ -26,8 +29,8 @@ class Watched(KeptTokenizer):
         return super().result()
 
 
-async def answer(engine: EngineProcess) -> tuple[str, list[int]]:
-    chunks = [c async for c in await engine.open(PROMPT, GREEDY)]
+async def answer(engine: EngineProcess, params: SamplingParams = GREEDY) -> tuple[str, list[int]]:
+    chunks = [c async for c in await engine.open(PROMPT, params)]
     return "".join(c.text for c in chunks), [t for c in chunks for t in c.token_ids]
 
 
@@ -39,6 +42,7 @@ async def test_a_second_load_builds_the_kept_tokenizer_here(default_gguf, tmp_pa
     try:
         assert Watched.built == []  # nothing kept yet: the engine process sent its own
         sent = await answer(first)
+        constrained = await answer(first, CONSTRAINED)
         ids = first.preparer.tokenizer(PROMPT)["input_ids"]
     finally:
         first.shutdown()
@@ -50,6 +54,9 @@ async def test_a_second_load_builds_the_kept_tokenizer_here(default_gguf, tmp_pa
         assert second.preparer.tokenizer.name_or_path == str(folder)
         assert second.preparer.tokenizer(PROMPT)["input_ids"] == ids
         assert await answer(second) == sent and len(sent[1]) == GREEDY.max_tokens
+        # its engine process decodes with the kept tokenizer less its merges, and takes them to encode
+        assert (folder / "decoding.json").exists()
+        assert await answer(second, CONSTRAINED) == constrained and constrained[0][0].isupper()
     finally:
         second.shutdown()
 
@@ -79,7 +86,7 @@ def test_the_kept_tokenizer_is_built_without_pytorch(default_gguf, tmp_path, mon
     folder = gguf_file.kept_tokenizer(default_gguf)
     assert folder is not None
     code = ("import sys\nfrom engine.frontend.kept_tokenizer import KeptTokenizer\n"
-            f"tokenizer = KeptTokenizer({default_gguf!r}).result()\n"
+            f"tokenizer = KeptTokenizer({default_gguf!r}).start().result()\n"
             f"print(tokenizer.name_or_path, 'torch' in sys.modules, tokenizer({PROMPT!r})['input_ids'])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
     name, torch_loaded, ids = out.strip().split(" ", 2)
