@@ -84,7 +84,7 @@ def _write_atomically(path: Path, text: str) -> None:
 @dataclass(frozen=True)
 class Stored:
     """One tensor of an entry: `kind` is a GGML type's name for blocks ([rows, bytes per row]
-    uint8), "F32" for values."""
+    uint8), "F32" for values, or the class of the layer whose buffer it is (int4_cache.py)."""
 
     name: str
     kind: str
