@@ -43,3 +43,18 @@ def test_a_read_header_gives_the_same_entry_without_a_second_walk(tmp_path, monk
     header = read(path)
     assert metadata_cache(path, header.metadata_end) == metadata_cache(path)
     assert metadata_cache(path, header.metadata_end - 1) != metadata_cache(path)  # the bytes it hashes
+
+
+def test_a_file_unchanged_is_walked_once_per_process(tmp_path, monkeypatch):
+    """The executor asks where a file's tokenizer is kept at every reload: its header is walked
+    once, and again only after the file changes."""
+    from engine.model import gguf_file
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    path = write(tmp_path / "model.gguf", "tiny", ["a", "b", "c"], np.ones((4, 8), dtype=np.float32))
+    walks = []
+    real = gguf_file._fields
+    monkeypatch.setattr(gguf_file, "_fields", lambda f, p: walks.append(p) or real(f, p))
+    first = metadata_cache(path)
+    assert metadata_cache(path) == first and len(walks) == 1
+    write(path, "other", ["a", "b", "c"], np.ones((4, 8), dtype=np.float32))
+    assert metadata_cache(path) != first and len(walks) == 2
