@@ -5,8 +5,9 @@ Each round starts `python deploy/serve.py flows/llm.yml` (what `make serve` runs
 set, and, on the same file, llama.cpp's server with the harness's arguments (2 threads, 16 slots,
 16,384 tokens of context), one after the other, and times each from its start to the first
 completion it answers (`/v1/completions`, 4 tokens, asked every 20 ms until it is answered). The
-systems alternate, round by round, on a machine otherwise quiet. Models: the default one (llama.cpp
-on the GGUF it was made from), Gemma 3 270M Q4_K_M (`make gemma`), and the random-weight 1.17B
+systems alternate, round by round, on a machine otherwise quiet. Models: the default one (its folder
+here, llama.cpp on the GGUF it was made from; `default-gguf`: that GGUF here too), Gemma 3 270M
+Q4_K_M (`make gemma`), and the random-weight 1.17B
 Llama-shaped Q4_K_M of the sizes record (made on demand). The goal it checks: this service within
 2x llama.cpp's time + 2 s. Writes RESULTS/results.json and prints a table.
 """
@@ -86,8 +87,10 @@ def models(names: list[str]) -> dict[str, tuple[Path, Path]]:
     """name -> (what this service serves, the GGUF llama.cpp serves)."""
     found: dict[str, tuple[Path, Path]] = {}
     for name in names:
-        if name == "default":
+        if name == "default":  # its folder, as `make serve` serves it
             found[name] = (DEFAULT, gguf_of(DEFAULT))
+        elif name == "default-gguf":  # the Q4_1 GGUF it was made from, llama.cpp's file, served here too
+            found[name] = (gguf_of(DEFAULT), gguf_of(DEFAULT))
         elif name == "gemma":
             found[name] = (GEMMA, GEMMA)
         else:
@@ -98,7 +101,8 @@ def models(names: list[str]) -> dict[str, tuple[Path, Path]]:
 
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
-    p.add_argument("--models", default="default,gemma,llama-1b", help="default, gemma, or a sized model's name")
+    p.add_argument("--models", default="default,default-gguf,gemma,llama-1b",
+                   help="default (its folder), default-gguf (its Q4_1 file), gemma, or a sized model's name")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--pause", type=float, default=3.0, help="seconds between two starts")
     p.add_argument("--results", type=Path, default=HERE / "results" / "start")
