@@ -18,11 +18,14 @@ import contextlib
 import json
 import os
 import threading
+import weakref
 from pathlib import Path
 from typing import Any
 
 DECODING = "decoding.json"  # beside a kept tokenizer.json: the same without its merges
-_FULL = "_merges_from"  # on a tokenizer built here: the tokenizer.json whose model it lacks
+# each tokenizer built here, until with_merges: the tokenizer.json whose model it lacks, and its own
+# pre-tokenizer (held here, not on the tokenizer: the engine sets no attribute of another's object)
+_WITHOUT: "weakref.WeakKeyDictionary[Any, tuple[Path, Any]]" = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
 
@@ -60,7 +63,8 @@ def build(folder: Path, settings: dict[str, Any]) -> Any:
         return None
     tokenizer = TokenizersBackend(tokenizer_file=str(folder / DECODING), name_or_path=str(folder), **settings)
     backend = tokenizer.backend_tokenizer
-    setattr(tokenizer, _FULL, (folder / "tokenizer.json", backend.pre_tokenizer))
+    with _LOCK:
+        _WITHOUT[tokenizer] = (folder / "tokenizer.json", backend.pre_tokenizer)
     backend.pre_tokenizer = PreTokenizer.custom(_Refuse())
     return tokenizer
 
@@ -69,7 +73,7 @@ def with_merges(tokenizer: Any) -> Any:
     """The tokenizer, able to encode: one built by `build` gets its file's BPE model, merges and
     all, and its own pre-tokenizer back (once; thread-safe). Any other is returned as it is."""
     with _LOCK:
-        full = getattr(tokenizer, _FULL, None)
+        full = _WITHOUT.get(tokenizer)
         if full is not None:
             from tokenizers import Tokenizer
 
@@ -77,5 +81,5 @@ def with_merges(tokenizer: Any) -> Any:
             backend = tokenizer.backend_tokenizer
             backend.model = Tokenizer.from_file(str(path)).model
             backend.pre_tokenizer = pre_tokenizer
-            delattr(tokenizer, _FULL)
+            del _WITHOUT[tokenizer]
     return tokenizer
