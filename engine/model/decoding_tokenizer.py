@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 DECODING = "decoding.json"  # beside a kept tokenizer.json: the same without its merges
+NOTHING = "decoding.none"  # instead, where there is nothing to leave out: a folder looked at once
 # each tokenizer built here, until with_merges: the tokenizer.json whose model it lacks, and its own
 # pre-tokenizer (held here, not on the tokenizer: the engine sets no attribute of another's object)
 _WITHOUT: "weakref.WeakKeyDictionary[Any, tuple[Path, Any]]" = weakref.WeakKeyDictionary()
@@ -37,17 +38,24 @@ class _Refuse:
         raise RuntimeError("this engine process's tokenizer decodes only until with_merges(tokenizer)")
 
 
+def written(folder: Path) -> bool:
+    """Whether `write` has looked at this folder's tokenizer (its JSON is not read again)."""
+    return (folder / DECODING).exists() or (folder / NOTHING).exists()
+
+
 def write(folder: Path) -> None:
     """decoding.json beside folder's tokenizer.json, where its model has merges (a BPE's) and it has
-    a pre-tokenizer (`build` stands a refusing one in for it); written
-    beside its final name and renamed, so a reader finds it whole or not at all. Best effort: a
-    folder it cannot write keeps the full parse."""
+    a pre-tokenizer (`build` stands a refusing one in for it), else an empty decoding.none, so that
+    no later load reads the JSON to find that out again; written beside its final name and renamed,
+    so a reader finds it whole or not at all. Best effort: a folder it cannot write keeps the full
+    parse."""
     spec = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
-    if not spec.get("model", {}).get("merges") or spec.get("pre_tokenizer") is None:
-        return  # nothing to leave out; or no pre-tokenizer to stand in for
-    spec["model"]["merges"] = []
-    partial = folder / (DECODING + ".partial")
     with contextlib.suppress(OSError):
+        if not spec.get("model", {}).get("merges") or spec.get("pre_tokenizer") is None:
+            (folder / NOTHING).touch()  # nothing to leave out; or no pre-tokenizer to stand in for
+            return
+        spec["model"]["merges"] = []
+        partial = folder / (DECODING + ".partial")
         partial.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
         os.replace(partial, folder / DECODING)
 

@@ -262,7 +262,8 @@ def saved_tokenizer(folder: Path, decoding: bool = False) -> Any:
     if decoding:
         if (built := decoding_tokenizer.build(folder, plain)) is not None:
             return built
-        decoding_tokenizer.write(folder)
+        if not decoding_tokenizer.written(folder):
+            decoding_tokenizer.write(folder)
     return TokenizersBackend(tokenizer_file=str(folder / "tokenizer.json"), name_or_path=str(folder), **plain)
 
 

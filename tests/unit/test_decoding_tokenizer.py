@@ -78,12 +78,13 @@ def test_a_folder_kept_before_gets_its_merges_apart_at_its_next_decoding_load(ke
         gguf_file.saved_tokenizer(kept, decoding=True).encode(TEXTS[0])
 
 
-def test_a_tokenizer_without_merges_writes_nothing(kept, tmp_path):
+def test_a_tokenizer_without_merges_writes_no_decoding_file_and_is_looked_at_once(kept, monkeypatch):
     import json
     spec = json.loads((kept / "tokenizer.json").read_text())
     spec["model"]["merges"] = []
-    other = tmp_path / "other"
-    other.mkdir()
-    (other / "tokenizer.json").write_text(json.dumps(spec))
-    decoding_tokenizer.write(other)
-    assert not (other / DECODING).exists()
+    (kept / "tokenizer.json").write_text(json.dumps(spec))
+    (kept / DECODING).unlink()
+    decoding_tokenizer.write(kept)
+    assert not (kept / DECODING).exists() and decoding_tokenizer.written(kept)
+    monkeypatch.setattr(decoding_tokenizer, "write", lambda folder: pytest.fail("its JSON read again"))
+    assert gguf_file.saved_tokenizer(kept, decoding=True).encode(TEXTS[0])  # the full one: it encodes
