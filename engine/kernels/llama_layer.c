@@ -168,11 +168,18 @@ static void activate(int64_t act, const float *x, float *y, int64_t n) {
     else silu_span(x, y, n);
 }
 
-/* in, out [tokens, hidden]; cos, sin [tables][tokens, dim] (the layer's `rope` picks one). Returns
- * 0, -1 for shapes the kernels do not take (before anything is written but this step's keys and
- * values, which a retry rewrites), -2 when out of memory. */
-int llama_layer(const LlamaLayer *layer, const LlamaStep *step, const float *cos, const float *sin,
-                int64_t tables, const float *in, float *out, void *k_pool, void *v_pool, int kv_half, int threads) {
+/* the floats a layer's step needs between its products (llama_layer's `buffer`) */
+static int64_t scratch_of(const LlamaLayer *layer, int64_t tokens) {
+    const int64_t qkv_width = outputs_of(layer->qkv, 3), q_width = layer->heads * layer->dim;
+    return tokens * (2 * layer->hidden + qkv_width + q_width + 3 * layer->inter);
+}
+
+/* llama_layer's work in `buffer`, scratch_of(layer, tokens) floats: every layer of a step shares
+ * one. A prompt's chunk of 512 tokens takes 69 MB at 1B, which malloc maps anew for each call
+ * above its threshold: a buffer per layer made its pages fault in and be zeroed 16 times a chunk. */
+static int layer_in(const LlamaLayer *layer, const LlamaStep *step, const float *cos, const float *sin,
+                    int64_t tables, const float *in, float *out, void *k_pool, void *v_pool, int kv_half,
+                    int threads, float *buffer) {
     const int64_t n = step->tokens, hidden = layer->hidden, dim = layer->dim, heads = layer->heads;
     const int64_t qkv_width = outputs_of(layer->qkv, 3), inter = layer->inter, q_width = heads * dim;
     const int64_t kv_width = layer->kv_heads * dim;
@@ -183,15 +190,13 @@ int llama_layer(const LlamaLayer *layer, const LlamaStep *step, const float *cos
     if (n < 1 || dim % 2 || layer->rope < 0 || layer->rope >= tables || qkv_width != q_width + 2 * kv_width
         || outputs_of(layer->gate_up, 2) != 2 * inter || layer->o.outputs != hidden || layer->down.outputs != hidden)
         return -1;
-    float *buffer = malloc(n * (2 * hidden + qkv_width + q_width + 3 * inter) * sizeof(float));
-    if (!buffer) return -2;
     float *normed = buffer, *qkv = normed + n * hidden, *attended = qkv + n * qkv_width;
     float *gate_up = attended + n * q_width, *act = gate_up + n * 2 * inter, *sum = act + n * inter;
     cos += layer->rope * n * dim, sin += layer->rope * n * dim;
     int status = 0;
     const int wide = n >= PARALLEL_TOKENS;  /* a prompt's chunk: the loops between the matmuls in parallel too */
     norm_tokens(in, layer->norm_in, normed, n, hidden, layer->eps_in, wide, threads);
-    if ((status = products(layer->qkv, 3, normed, qkv, n, threads))) goto done;
+    if ((status = products(layer->qkv, 3, normed, qkv, n, threads))) return status;
     #pragma omp parallel for schedule(static) num_threads(threads) if (wide)
     for (int64_t t = 0; t < n; t++) {
         float *row = qkv + t * qkv_width;
@@ -211,12 +216,12 @@ int llama_layer(const LlamaLayer *layer, const LlamaStep *step, const float *cos
                      : paged_attention(qkv, qkv_width, dim, k_pool, v_pool, attended, step->q_starts, step->q_lens,
                                        step->ctx_lens, blocks, width, step->sequences, heads, layer->kv_heads, dim,
                                        step->block, layer->window, layer->scale, layer->softcap, threads);
-    if (status || (status = weight_matmul(attended, &layer->o, sum, hidden, n, threads))) goto done;
+    if (status || (status = weight_matmul(attended, &layer->o, sum, hidden, n, threads))) return status;
     if (layer->norm_attn_out) norm_tokens(sum, layer->norm_attn_out, sum, n, hidden, layer->eps_out, wide, threads);
     #pragma omp parallel for schedule(static) num_threads(threads) if (wide)
     for (int64_t i = 0; i < n * hidden; i++) sum[i] += in[i];  /* x + y rounds as y + x */
     norm_tokens(sum, layer->norm_post, normed, n, hidden, layer->eps_post, wide, threads);
-    if ((status = products(layer->gate_up, 2, normed, gate_up, n, threads))) goto done;
+    if ((status = products(layer->gate_up, 2, normed, gate_up, n, threads))) return status;
     #pragma omp parallel for schedule(static) num_threads(threads) if (n * inter >= 16384)
     for (int64_t t = 0; t < n; t++) {  /* act_fn(gate) * up */
         float *a = act + t * inter;
@@ -224,11 +229,21 @@ int llama_layer(const LlamaLayer *layer, const LlamaStep *step, const float *cos
         activate(layer->act, gate_up + t * 2 * inter, a, inter);
         for (int64_t i = 0; i < inter; i++) a[i] *= up[i];
     }
-    if ((status = weight_matmul(act, &layer->down, out, hidden, n, threads))) goto done;
+    if ((status = weight_matmul(act, &layer->down, out, hidden, n, threads))) return status;
     if (layer->norm_mlp_out) norm_tokens(out, layer->norm_mlp_out, out, n, hidden, layer->eps_out, wide, threads);
     #pragma omp parallel for schedule(static) num_threads(threads) if (wide)
     for (int64_t i = 0; i < n * hidden; i++) out[i] += sum[i];
-done:
+    return 0;
+}
+
+/* in, out [tokens, hidden]; cos, sin [tables][tokens, dim] (the layer's `rope` picks one). Returns
+ * 0, -1 for shapes the kernels do not take (before anything is written but this step's keys and
+ * values, which a retry rewrites), -2 when out of memory. */
+int llama_layer(const LlamaLayer *layer, const LlamaStep *step, const float *cos, const float *sin,
+                int64_t tables, const float *in, float *out, void *k_pool, void *v_pool, int kv_half, int threads) {
+    float *buffer = step->tokens > 0 ? malloc(scratch_of(layer, step->tokens) * sizeof(float)) : NULL;
+    if (step->tokens > 0 && !buffer) return -2;
+    int status = layer_in(layer, step, cos, sin, tables, in, out, k_pool, v_pool, kv_half, threads, buffer);
     free(buffer);
     return status;
 }
@@ -241,17 +256,22 @@ done:
 int llama_layers(const LlamaLayer *layers, int64_t count, const LlamaStep *step, const float *cos, const float *sin,
                  int64_t tables, const float *in, float *out, void *const *k_pools, void *const *v_pools,
                  int kv_half, int threads) {
-    if (count < 1) return -1;
+    if (count < 1 || step->tokens < 1) return -1;
     const int64_t size = step->tokens * layers[0].hidden;
-    float *between = count > 1 ? malloc(size * sizeof(float)) : NULL;
-    if (count > 1 && !between) return -2;
+    int64_t scratch = 0;
+    for (int64_t i = 0; i < count; i++) {
+        const int64_t need = scratch_of(layers + i, step->tokens);
+        scratch = need > scratch ? need : scratch;
+    }
+    float *between = malloc((size + scratch) * sizeof(float));
+    if (!between) return -2;
     int status = 0;
     for (int64_t i = 0; i < count && !status; i++) {  /* the last layer writes `out`; the others alternate */
         float *target = (count - 1 - i) % 2 == 0 ? out : between;
         const float *source = i == 0 ? in : (target == out ? between : out);
         if (layers[i].hidden != layers[0].hidden) status = -1;
-        else status = llama_layer(layers + i, step, cos, sin, tables, source, target, k_pools[i], v_pools[i],
-                                  kv_half, threads);
+        else status = layer_in(layers + i, step, cos, sin, tables, source, target, k_pools[i], v_pools[i], kv_half,
+                               threads, between + size);
     }
     free(between);
     return status;

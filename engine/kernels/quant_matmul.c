@@ -101,6 +101,7 @@ static inline __attribute__((always_inline)) void fetch_ahead(const void *w, int
 #include "quant_tiles256.h"
 #else
 #define PATH 1
+#define TWO_GROUPS 0
 #define WIDENS 0
 #define SPLIT_LANES 0  /* int8 sums in channel order */
 #define TILE 4
@@ -334,11 +335,35 @@ int int8_matmul_ready(void) { return PATH; }
  * fast at 6 rows, 0.99x at 16, 1.01x at 24, 1.07x at 64, 1.08x at 512). */
 #define WIDEN_FROM (8 * TILE)
 
+/* rows from which int4 weights take two groups a tile where the path has int4_tile_two (TWO_GROUPS):
+ * each group's weights then serve four tiles or more from the caches */
+#define TWO_GROUPS_FROM (4 * TILE)
+
 /* the rows of a weight's next tile, `left` rows from the end: `most` (WIDE_TILE or TILE)
  * while that many are left, then TILE where `most` is wider, then what is left */
 static inline int64_t tile_rows(int64_t left, int64_t most) {
     return left >= most ? most : left >= TILE ? TILE : left;
 }
+
+#if TWO_GROUPS
+/* groups `group` and `group + 1` of an int4 weight, every row, a tile at a time */
+static inline void int4_two_groups(const Rows *q, const Weight *w, float *y, int64_t y_stride, int64_t group,
+                                   int64_t rows) {
+    for (int64_t r0 = 0, n = tile_rows(rows, TILE); r0 < rows; r0 += n, n = tile_rows(rows - r0, TILE)) {
+#define INT4_TWO(N) int4_tile_two(q, w->packed, w->scale, w->low, 0, y, y_stride, group, r0, N)
+#define INT4F_TWO(N) int4_tile_two(q, w->packed, w->scale, w->low, 1, y, y_stride, group, r0, N)
+#define INT4K_TWO(N) int4_tile_two(q, w->packed, w->scale, w->low, OWN_SCALES, y, y_stride, group, r0, N)
+        switch (w->kind) {
+            case WEIGHT_INT4: EACH_TILE(INT4_TWO) break;
+            case WEIGHT_INT4_F32: EACH_TILE(INT4F_TWO) break;
+            default: EACH_TILE(INT4K_TWO) break;
+        }
+#undef INT4_TWO
+#undef INT4F_TWO
+#undef INT4K_TWO
+    }
+}
+#endif
 
 /* x [rows, width], contiguous fp32, and y [rows, outputs], its rows y_stride apart: x's rows
  * quantized, then each group of outputs by one thread. Returns 0, or -2 when out of memory. */
@@ -356,6 +381,9 @@ static int product(const float *x, const Weight *w, float *y, int64_t y_stride, 
     const int64_t most = w->kind == WEIGHT_INT8 && width * outputs >= STREAMED ? WIDE_TILE : TILE;  /* a tile's rows */
     int parallel = threads > 1 && rows * width * outputs > parallel_from;  /* below, starting threads costs more */
     const int widen = WIDENS && rows >= WIDEN_FROM && (w->kind != WEIGHT_INT8 || width % QBLOCK == 0);
+    const int two = TWO_GROUPS && rows >= TWO_GROUPS_FROM
+                    && (w->kind == WEIGHT_INT4 || w->kind == WEIGHT_INT4_F32 || w->kind == WEIGHT_INT4_K);
+    const int64_t groups = outputs / CHANNELS, units = two ? (groups + 1) / 2 : groups;  /* a thread's unit of work */
     #pragma omp parallel num_threads(threads) if (parallel)
     {
         /* a thread's widened group: 32 bytes an input (without it, where memory is short, the
@@ -367,7 +395,14 @@ static int product(const float *x, const Weight *w, float *y, int64_t y_stride, 
          * threads seldom meet at the shared counter), then shorter ones, so they end together.
          * Against (dynamic, 4), Gemma 3 270M's engine made 1.2x the tokens with one stream. */
         #pragma omp for schedule(guided)
-        for (int64_t group = 0; group < outputs / CHANNELS; group++) {
+        for (int64_t unit = 0; unit < units; unit++) {
+            const int64_t group = two ? 2 * unit : unit;
+#if TWO_GROUPS
+            if (two && group + 1 < groups) {
+                int4_two_groups(&q, w, y, y_stride, group, rows);
+                continue;
+            }
+#endif
 #if WIDENS
             if (widened) widen_group(w, group, widened);
 #endif

@@ -10,6 +10,7 @@
 #define PATH 2
 #define TILE 3  /* rows that share one unpacking of a block's weights */
 #define WIDE_TILE TILE
+#define TWO_GROUPS 0  /* int4 tiles take one group (quant_tiles512.h has int4_tile_two) */
 
 /* int8 sums leave pmaddwd's lanes as they are: channels 0-3 and 8-11 in the first 8, 4-7 and 12-15
  * in the second. The tiles bring each block's scales to that order (one shuffle for all the rows)
