@@ -2,8 +2,8 @@
 
 No real weights of that size can be fetched here, and random weights measure speed honestly: a
 decode step reads every weight whatever their values. Quality stays measured on the real small
-models. Each shape is a real model's layers (Llama 3.2 1B and 3B, Llama 3.1 8B, Qwen 2.5 1.5B)
-over SmolLM2's tokenizer, whose vocabulary (49,152) the converter knows; `llama-1b` is thus the
+models. Each shape is a real model's layers (Llama 3.2 1B and 3B, Llama 3.1 8B, Qwen 2.5 1.5B,
+Gemma 3 1B) over SmolLM2's tokenizer, whose vocabulary (49,152) the converter knows; `llama-1b` is thus the
 1.17B model of the published 1B figures. Its weights are drawn with a seed of their own per
 tensor, so a folder is the same bytes wherever it is made, and written as fp16 safetensors one
 shard at a time (an 8B never sits whole in memory).
@@ -36,7 +36,7 @@ TOKENIZER = HERE.parent / "models" / "SmolLM2-135M-Instruct"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 QUANTS = ("Q4_K_M", "Q4_0", "Q8_0")
 SHARD_BYTES = 2 << 30
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
 STD = 0.02  # transformers' initializer range
 
 
@@ -44,19 +44,21 @@ STD = 0.02  # transformers' initializer range
 class Shape:
     """A decoder's sizes, as its family's transformers config names them."""
 
-    family: str  # a transformers model_type: llama, qwen2
+    family: str  # a transformers model_type: llama, qwen2, gemma3_text
     hidden: int
     layers: int
     intermediate: int
     heads: int
     kv_heads: int
     tied: bool  # the output layer is the embeddings
-    rope_theta: float
+    rope_theta: float  # 0: the family's own (Gemma 3's local and global bases)
     about: str
+    head_dim: int = 0  # 0: hidden / heads
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
+    def norm(self) -> float:
+        """What a norm's weights hold: 1, or 0 where the family scales by 1 + w (Gemma)."""
+        return 0.0 if self.family.startswith("gemma") else 1.0
 
 
 SHAPES = {
@@ -66,18 +68,23 @@ SHAPES = {
     "llama-8b": Shape("llama", 4096, 32, 14336, 32, 8, False, 500000.0, "Llama 3.1 8B's layers"),
     "qwen2.5-1.5b": Shape("qwen2", 1536, 28, 8960, 12, 2, True, 1000000.0,
                           "Qwen 2.5 1.5B's layers: q, k and v with biases"),
+    "gemma3-1b": Shape("gemma3_text", 1152, 26, 6912, 4, 1, True, 0.0,
+                       "Gemma 3 1B's layers: heads of 256, q and k normed, 5 of 6 layers in a window of 512",
+                       head_dim=256),
 }
 
 
 def config(shape: Shape, vocab: int, bos: int, eos: int) -> Any:
     """The transformers config of the shape, fp16, over a vocabulary of `vocab`."""
     from transformers import AutoConfig
+    own: dict[str, Any] = {"rope_theta": shape.rope_theta, "rms_norm_eps": 1e-5} if shape.rope_theta else {}
+    if shape.head_dim:
+        own["head_dim"] = shape.head_dim
     return AutoConfig.for_model(
         shape.family, vocab_size=vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
         num_hidden_layers=shape.layers, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
-        max_position_embeddings=8192, rope_theta=shape.rope_theta, rms_norm_eps=1e-5,
-        tie_word_embeddings=shape.tied, bos_token_id=bos, eos_token_id=eos, torch_dtype="float16",
-        architectures=[ARCHITECTURES[shape.family]])  # what llama.cpp's converter reads the family by
+        max_position_embeddings=8192, tie_word_embeddings=shape.tied, bos_token_id=bos, eos_token_id=eos,
+        torch_dtype="float16", architectures=[ARCHITECTURES[shape.family]], **own)  # the converter reads the family by its architecture
 
 
 def tensors(cfg: Any) -> list[tuple[str, tuple[int, ...]]]:
@@ -90,11 +97,11 @@ def tensors(cfg: Any) -> list[tuple[str, tuple[int, ...]]]:
             if not (cfg.tie_word_embeddings and name == "lm_head.weight")]
 
 
-def draw(name: str, shape: tuple[int, ...], special: list[int]) -> torch.Tensor:
-    """One weight, fp16, from a seed of its own (the name's hash): norms are ones, the rest
-    normal(0, 0.02); the special tokens' output rows are zero (the embeddings', where tied)."""
+def draw(name: str, shape: tuple[int, ...], special: list[int], norm: float = 1.0) -> torch.Tensor:
+    """One weight, fp16, from a seed of its own (the name's hash): norms are `norm` (Shape.norm),
+    the rest normal(0, 0.02); the special tokens' output rows are zero (the embeddings', where tied)."""
     if name.endswith("norm.weight"):
-        return torch.ones(shape, dtype=torch.float16)
+        return torch.full(shape, norm, dtype=torch.float16)
     seed = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little") & (2**63 - 1)
     values = torch.empty(shape, dtype=torch.float32).normal_(0.0, STD, generator=torch.Generator().manual_seed(seed))
     if name in ("lm_head.weight", "model.embed_tokens.weight") and special:
@@ -132,7 +139,7 @@ def write_folder(shape: Shape, folder: Path) -> None:
     index: dict[str, str] = {}
     for i, shard in enumerate(shards, 1):
         file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        save_file({name: draw(name, dims, special) for name, dims in shard}, str(folder / file),
+        save_file({name: draw(name, dims, special, shape.norm) for name, dims in shard}, str(folder / file),
                   metadata={"format": "pt"})
         index.update(dict.fromkeys((name for name, _ in shard), file))
     total = sum(2 * int(torch.Size(dims).numel()) for shard in shards for _, dims in shard)

@@ -4,8 +4,8 @@
 
 Each size is one GGUF file, served by both: the default model's own Q4_1 GGUF (135M), Gemma 3
 270M Q4_K_M, and the random-weight shapes that `python -m benchmarks sized-models NAME --quant
-Q4_K_M` makes (Llama's 1B, 3B and 8B, Qwen 2.5's 1.5B; a size whose file is not made is skipped,
-and said so).
+Q4_K_M` makes (Llama's 1B, 3B and 8B, Qwen 2.5's 1.5B, Gemma 3 1B's layers as `1b-gemma3`; a size whose file
+is not made is skipped, and said so).
 
 For each size, each system is a fresh server on the same file, one after the other: this
 service (`make serve`'s Flow, its defaults) and llama.cpp's server (2 threads, 16 slots), both
@@ -42,7 +42,7 @@ from .gguf_record import GEMMA, gguf_file, serve
 SYSTEMS = ("this", "llama-cpp")
 SIZES = {"135m": "smollm2-q4_1", "270m": str(GEMMA), "1b": str(CACHE / "llama-1b-Q4_K_M.gguf"),
          "1.5b": str(CACHE / "qwen2.5-1.5b-Q4_K_M.gguf"), "3b": str(CACHE / "llama-3b-Q4_K_M.gguf"),
-         "8b": str(CACHE / "llama-8b-Q4_K_M.gguf"),
+         "8b": str(CACHE / "llama-8b-Q4_K_M.gguf"), "1b-gemma3": str(CACHE / "gemma3-1b-Q4_K_M.gguf"),
          # the 1.17B's other quantizations (`python -m benchmarks sized-models llama-1b --quant Q4_0 --quant Q8_0`)
          "1b-q4_0": str(CACHE / "llama-1b-Q4_0.gguf"), "1b-q8_0": str(CACHE / "llama-1b-Q8_0.gguf")}
 COLD_PARAGRAPHS, COLD_PROMPTS, CONTEXT = 30, 3, 64  # 30 paragraphs: about 1,600 tokens (SmolLM2's tokenizer)
