@@ -49,6 +49,33 @@ typedef uint16_t kv_t;  /* IEEE fp16 bits */
 static inline vec load_kv(const uint16_t *p) { return half8(p); }  /* widened to fp32, exactly */
 #endif
 
+/* Two vectors' lanes side by side: a block's 16 keys, or 16 dims of a value, in one AVX-512
+ * register where `vec` took two (AVX2 splits it in two again; plain C in scalars). Each lane's
+ * chain of products and sums is the one it has in two `vec`s, so the same numbers; on this
+ * project's Zen 5 machine a 1,286-token prompt's attention took [measured below] as long. */
+typedef float wide_vec __attribute__((vector_size(2 * sizeof(vec))));
+#define WIDE_LANES (2 * LANES)
+
+static inline wide_vec load_kv_wide(const kv_t *p) {
+#if defined(KV_HALF) && defined(__AVX512F__)
+    return (wide_vec)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));  /* exact, as half8 */
+#else
+    vec halves[2] = {load_kv(p), load_kv(p + LANES)};
+    wide_vec v;
+    memcpy(&v, halves, sizeof v);
+    return v;
+#endif
+}
+
+/* A function's vectors: (type, count, load, lanes) for C vectors of LANES keys or dims: wide ones
+ * where C is even */
+#define VECTORS_1 vec, 1, load_kv, LANES
+#define VECTORS_2 wide_vec, 1, load_kv_wide, WIDE_LANES
+#define VECTORS_4 wide_vec, 2, load_kv_wide, WIDE_LANES
+#define VECTORS_8 wide_vec, 4, load_kv_wide, WIDE_LANES
+#define VECTORS_16 wide_vec, 8, load_kv_wide, WIDE_LANES
+#define EXPAND(MACRO, ...) MACRO(__VA_ARGS__)
+
 /* Where one sequence's values of one kv head lie: value j at
  * pool + (table[j / block] * block + j % block) * token. */
 typedef struct {
@@ -68,26 +95,27 @@ typedef struct {
  * each. The Q x G x C sums run side by side, independent chains of products and sums in
  * registers (fixed sizes: a macro makes one function per shape). Every variant computes each
  * score with the same chain, so how many queries share a call changes no number. */
-#define BLOCK_SCORES(Q, G, C)                                                                               \
+#define BLOCK_SCORES(Q, G, C) EXPAND(BLOCK_SCORES_OF, Q, G, C, VECTORS_##C)
+#define BLOCK_SCORES_OF(Q, G, C, T, N, LOAD, W)                                                             \
     static void block_scores_##Q##_##G##_##C(const float *q, int64_t q_tok, int64_t q_head, const kv_t *kt,  \
                                               int64_t block, int64_t dim, float scale, float *scores,        \
                                               int64_t stride) {                                              \
-        vec acc[Q][G][C];                                                                                   \
+        T acc[Q][G][N];                                                                                     \
         memset(acc, 0, sizeof acc);                                                                         \
         for (int64_t d = 0; d < dim; d++) {                                                                 \
-            vec kd[C];                                                                                      \
-            for (int c = 0; c < C; c++) kd[c] = load_kv(kt + d * block + c * LANES);                        \
+            T kd[N];                                                                                        \
+            for (int c = 0; c < N; c++) kd[c] = LOAD(kt + d * block + c * W);                               \
             for (int i = 0; i < Q; i++)                                                                     \
                 for (int g = 0; g < G; g++) {                                                               \
                     float qd = q[i * q_tok + g * q_head + d];                                               \
-                    for (int c = 0; c < C; c++) acc[i][g][c] += qd * kd[c];                                 \
+                    for (int c = 0; c < N; c++) acc[i][g][c] += qd * kd[c];                                 \
                 }                                                                                           \
         }                                                                                                   \
         for (int i = 0; i < Q; i++)                                                                         \
             for (int g = 0; g < G; g++)                                                                     \
-                for (int c = 0; c < C; c++) {                                                               \
-                    vec out = acc[i][g][c] * scale;                                                         \
-                    memcpy(scores + (i * G + g) * stride + c * LANES, &out, sizeof out);                    \
+                for (int c = 0; c < N; c++) {                                                               \
+                    T out = acc[i][g][c] * scale;                                                           \
+                    memcpy(scores + (i * G + g) * stride + c * W, &out, sizeof out);                        \
                 }                                                                                           \
     }
 
@@ -167,28 +195,29 @@ static inline float softmax_row(float *scores, int64_t lo, int64_t hi, float cap
  * are literal sizes (a macro makes one function per shape), so the sums stay in registers; the
  * chain of each element is the same in every shape, so how heads and dims are sliced changes no
  * number. */
-#define WEIGH_SLICE(G, CH)                                                                                   \
+#define WEIGH_SLICE(G, CH) EXPAND(WEIGH_SLICE_OF, G, CH, VECTORS_##CH)
+#define WEIGH_SLICE_OF(G, CH, T, N, LOAD, W)                                                                 \
     static void weigh_##G##_##CH(const float *scores, int64_t stride, int64_t lo, int64_t hi,                \
                                  const float *total, pages v, int64_t dim, float *out) {                     \
-        vec acc[G][CH];                                                                                     \
+        T acc[G][N];                                                                                        \
         _Pragma("GCC unroll 16") for (int g = 0; g < G; g++)                                                \
-            _Pragma("GCC unroll 16") for (int c = 0; c < CH; c++) acc[g][c] = (vec){0};                    \
+            _Pragma("GCC unroll 16") for (int c = 0; c < N; c++) acc[g][c] = (T){0};                       \
         for (int64_t j = lo; j <= hi;) {  /* block by block: one table read per block */                   \
             int64_t b = j / v.block, stop = (b + 1) * v.block <= hi ? (b + 1) * v.block : hi + 1;           \
             const kv_t *base = v.pool + ((int64_t)v.table[b] * v.block - b * v.block) * v.token;            \
             for (; j < stop; j++) {                                                                         \
                 float w[G];                                                                                 \
                 _Pragma("GCC unroll 16") for (int g = 0; g < G; g++) w[g] = scores[g * stride + j];        \
-                _Pragma("GCC unroll 16") for (int c = 0; c < CH; c++) {                                    \
-                    vec x = load_kv(base + j * v.token + c * LANES);                                        \
+                _Pragma("GCC unroll 16") for (int c = 0; c < N; c++) {                                     \
+                    T x = LOAD(base + j * v.token + c * W);                                                 \
                     _Pragma("GCC unroll 16") for (int g = 0; g < G; g++) acc[g][c] += w[g] * x;            \
                 }                                                                                           \
             }                                                                                               \
         }                                                                                                   \
         _Pragma("GCC unroll 16") for (int g = 0; g < G; g++)                                                \
-            _Pragma("GCC unroll 16") for (int c = 0; c < CH; c++) {                                        \
-                vec o = acc[g][c] / total[g];                                                               \
-                memcpy(out + g * dim + c * LANES, &o, sizeof o);                                            \
+            _Pragma("GCC unroll 16") for (int c = 0; c < N; c++) {                                         \
+                T o = acc[g][c] / total[g];                                                                 \
+                memcpy(out + g * dim + c * W, &o, sizeof o);                                                \
             }                                                                                               \
     }
 /* (heads, vectors): up to 32 sums in flight, AVX-512's registers (AVX2's 16 spill a few, and

@@ -30,6 +30,19 @@ def test_the_1b_is_the_published_figures_model_and_the_others_their_sizes():
     assert round(parameters(SHAPES["qwen2.5-1.5b"]) / 1e9, 2) == 1.39
 
 
+def test_gemma_3_1b_has_its_heads_windows_and_norms_of_one_plus_w():
+    shape = SHAPES["gemma3-1b"]
+    cfg = sized_models.config(shape, VOCAB, 1, 2)
+    assert cfg.head_dim == 256 and cfg.sliding_window == 512 and cfg.layer_types.count("full_attention") == 4
+    names = dict(sized_models.tensors(cfg))
+    assert names["model.layers.0.self_attn.q_proj.weight"] == (4 * 256, 1152)  # 4 heads of 256, one kv head
+    assert names["model.layers.0.self_attn.k_proj.weight"] == (256, 1152)
+    assert "model.layers.0.self_attn.q_norm.weight" in names and "lm_head.weight" not in names
+    assert round(parameters(shape) / 1e9, 2) == 0.75  # 1.0B with Gemma's 262K vocabulary
+    norm = sized_models.draw("model.layers.0.input_layernorm.weight", (8,), [], shape.norm)
+    assert not norm.any()  # Gemma scales by 1 + w: 1, as transformers initializes it
+
+
 def test_weights_are_drawn_the_same_each_time_and_special_output_rows_are_zero():
     special = [0, 2, 7]
     first = sized_models.draw("lm_head.weight", (16, 8), special)
