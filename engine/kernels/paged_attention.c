@@ -57,13 +57,14 @@ typedef float wide_vec __attribute__((vector_size(2 * sizeof(vec))));
 #define WIDE_LANES (2 * LANES)
 
 static inline wide_vec load_kv_wide(const kv_t *p) {
-#if defined(KV_HALF) && defined(__AVX512F__)
+#if !defined(KV_HALF)
+    wide_vec v;
+    memcpy(&v, p, sizeof v);
+    return v;
+#elif defined(__AVX512F__)
     return (wide_vec)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));  /* exact, as half8 */
 #else
-    vec halves[2] = {load_kv(p), load_kv(p + LANES)};
-    wide_vec v;
-    memcpy(&v, halves, sizeof v);
-    return v;
+    return __builtin_shufflevector(load_kv(p), load_kv(p + LANES), 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
 #endif
 }
 
