@@ -227,10 +227,19 @@ static inline float softmax_row(float *scores, int64_t lo, int64_t hi, float cap
             }                                                                                               \
     }
 /* (heads, vectors): up to 32 sums in flight, AVX-512's registers (AVX2's 16 spill a few, and
- * measured no slower than slices of 16 sums) */
+ * measured no slower than slices of 16 sums). With AVX-512's wide vectors a slice holds twice the
+ * dims in as many registers: up to 24 sums, a head of 128 dims goes in one pass for groups of up to
+ * 3 heads and in two for groups of 5 and 6, where each pass reads every value again. */
+#if defined(__AVX512F__)
+#define WIDER_SLICES(X) X(2, 16) X(3, 16) X(5, 8) X(6, 8)
+#define SLICE_WIDTH(heads) ((heads) <= 3 ? 16 : (heads) <= 6 ? 8 : 4)
+#else
+#define WIDER_SLICES(X)
+#define SLICE_WIDTH(heads) ((heads) == 1 ? 16 : (heads) <= 4 ? 8 : 4)
+#endif
 #define SLICES(X) X(1, 1) X(1, 2) X(1, 4) X(1, 8) X(1, 16) X(2, 1) X(2, 2) X(2, 4) X(2, 8) \
     X(3, 1) X(3, 2) X(3, 4) X(3, 8) X(4, 1) X(4, 2) X(4, 4) X(4, 8) X(5, 1) X(5, 2) X(5, 4) X(6, 1) X(6, 2) \
-    X(6, 4) X(7, 1) X(7, 2) X(7, 4) X(8, 1) X(8, 2) X(8, 4)
+    X(6, 4) X(7, 1) X(7, 2) X(7, 4) X(8, 1) X(8, 2) X(8, 4) WIDER_SLICES(X)
 SLICES(WEIGH_SLICE)
 
 /* One query's `group` heads: softmax of each head's scores row (rows `stride` apart) over [lo, hi],
@@ -244,7 +253,7 @@ static void weigh(float *scores, int64_t stride, int64_t lo, int64_t hi, float c
     for (int64_t g0 = 0; g0 < group; g0 += 8) {
         int64_t heads = group - g0 < 8 ? group - g0 : 8, vectors = dim / LANES;
         for (int64_t c0 = 0; c0 < vectors;) {
-            int64_t width = heads == 1 ? 16 : heads <= 4 ? 8 : 4;  /* the most vectors of these heads' slices */
+            int64_t width = SLICE_WIDTH(heads);  /* the most vectors of these heads' slices */
             while (width > vectors - c0) width /= 2;
             pages slice = {v.pool + c0 * LANES, v.table, v.block, v.token};
             const float *rows = scores + g0 * stride;
