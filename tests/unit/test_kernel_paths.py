@@ -158,7 +158,8 @@ def _rows_alone(library: ctypes.CDLL, x: torch.Tensor, weights: torch.Tensor, sc
 
 
 @pytest.mark.parametrize("cap", [0.0, 2.0], ids=["plain", "softcapped"])
-@pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (4, 2, 16), (2, 1, 80)])
+@pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (4, 2, 16), (2, 1, 80), (4, 2, 256), (6, 2, 128),
+                                                 (10, 2, 128), (12, 2, 128)])  # the last four: AVX-512's widest slices
 def test_attention_over_fp32_and_fp16_pools(paths, heads, kv_heads, dim, cap):
     query, k_pool, v_pool, tables, q_lens, ctx_lens = step(MIXED, heads, kv_heads, dim, seed=7)
     starts, lens, ctx, table = c_args(tables, q_lens, ctx_lens)
