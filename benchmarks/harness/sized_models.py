@@ -22,7 +22,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,7 @@ class Shape:
     rope_theta: float  # 0: the family's own (Gemma 3's local and global bases)
     about: str
     head_dim: int = 0  # 0: hidden / heads
+    window: int = 0  # the sliding window of the family's windowed layers (0: none, or the family's own)
 
     @property
     def norm(self) -> float:
@@ -70,7 +71,7 @@ SHAPES = {
                           "Qwen 2.5 1.5B's layers: q, k and v with biases"),
     "gemma3-1b": Shape("gemma3_text", 1152, 26, 6912, 4, 1, True, 0.0,
                        "Gemma 3 1B's layers: heads of 256, q and k normed, 5 of 6 layers in a window of 512",
-                       head_dim=256),
+                       head_dim=256, window=512),
 }
 
 
@@ -80,6 +81,8 @@ def config(shape: Shape, vocab: int, bos: int, eos: int) -> Any:
     own: dict[str, Any] = {"rope_theta": shape.rope_theta, "rms_norm_eps": 1e-5} if shape.rope_theta else {}
     if shape.head_dim:
         own["head_dim"] = shape.head_dim
+    if shape.window:
+        own["sliding_window"] = shape.window
     return AutoConfig.for_model(
         shape.family, vocab_size=vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
         num_hidden_layers=shape.layers, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
@@ -147,16 +150,30 @@ def write_folder(shape: Shape, folder: Path) -> None:
         json.dumps({"metadata": {"total_size": total}, "weight_map": index}, indent=1))
 
 
+SHAPE_FILE = "shape.json"  # the Shape a folder was made from
+
+
+def _made_from(path: Path) -> dict | None:
+    """The Shape fields a folder records (None: it records none, made before they were kept)."""
+    file = path / SHAPE_FILE
+    return json.loads(file.read_text()) if file.exists() else None
+
+
 def folder(name: str, cache: Path = CACHE) -> Path:
-    """The named model's Hugging Face folder, made (atomically) the first time."""
+    """The named model's Hugging Face folder, made (atomically) the first time, and made again, its
+    GGUF files with it, where the folder records another shape than SHAPES's (a shape changed)."""
     if name not in SHAPES:
         raise ValueError(f"unknown model {name!r}; choose from {', '.join(SHAPES)}")
-    path = cache / name
+    path, shape = cache / name, asdict(SHAPES[name])
     if (path / "model.safetensors.index.json").exists():
-        return path
+        if _made_from(path) in (None, shape):
+            return path
+        for stale in cache.glob(f"{name}-*.gguf"):
+            stale.unlink()
     building = cache / f".{name}.building"
     shutil.rmtree(building, ignore_errors=True)
     write_folder(SHAPES[name], building)
+    (building / SHAPE_FILE).write_text(json.dumps(shape, indent=1))
     shutil.rmtree(path, ignore_errors=True)
     building.rename(path)
     return path
@@ -181,6 +198,7 @@ def gguf(name: str, quant: str, cache: Path = CACHE) -> Path:
     llama.cpp's converter, quantized by its llama-quantize; each made once."""
     if quant not in (*QUANTS, "F16"):
         raise ValueError(f"unknown quantization {quant!r}; choose from {', '.join((*QUANTS, 'F16'))}")
+    source_folder = folder(name, cache)  # first: a changed shape's files go with its old folder
     target = cache / f"{name}-{quant}.gguf"
     if target.exists():
         return target
@@ -190,7 +208,7 @@ def gguf(name: str, quant: str, cache: Path = CACHE) -> Path:
         partial = f16.with_suffix(".partial")
         # its own gguf-py, and sentencepiece, which the converter imports and .venv does not pin
         env = {"PYTHONPATH": f"{source / 'gguf-py'}:{llama_cpp.DEPS}", "PATH": "/usr/bin:/bin"}
-        subprocess.run([sys.executable, "-c", CONVERT, str(source / "convert_hf_to_gguf.py"), str(folder(name, cache)),
+        subprocess.run([sys.executable, "-c", CONVERT, str(source / "convert_hf_to_gguf.py"), str(source_folder),
                         "--outtype", "f16", "--outfile", str(partial)], check=True, env=env)
         partial.rename(f16)
     if quant != "F16":

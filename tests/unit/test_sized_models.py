@@ -2,6 +2,7 @@
 beside their figures (benchmarks/harness/roofline.py): the shapes are the real models', the
 weights the same wherever they are drawn, the special tokens never win a greedy step, and a
 GGUF's step bytes are its layers' and output layer's."""
+import json
 from pathlib import Path
 
 import gguf
@@ -146,3 +147,18 @@ def test_the_sizes_rooflines_use_the_runs_highest_bandwidth_reading():
     sizes.with_rooflines(result, {"1b": step}, [44e9, 51e9, 47e9])
     assert result["bandwidth_gb_s"] == 51.0 and result["sizes"]["1b"]["roofline_tok_s"] == 51.0
     assert "the highest of 3 readings" in sizes.table(result) and "the lowest 44.0" in sizes.table(result)
+
+
+def test_a_folder_is_made_again_with_its_gguf_files_when_its_shape_changes(tmp_path: Path, monkeypatch):
+    tiny = Shape("llama", 64, 1, 128, 4, 2, True, 10000.0, "a tiny shape")
+    monkeypatch.setitem(SHAPES, "tiny", tiny)
+    made = sized_models.folder("tiny", tmp_path)
+    index = made / "model.safetensors.index.json"
+    first = index.stat().st_mtime_ns
+    assert sized_models.folder("tiny", tmp_path) == made and index.stat().st_mtime_ns == first  # kept
+    stale = tmp_path / "tiny-Q4_0.gguf"
+    stale.write_bytes(b"a file of the old shape")
+    monkeypatch.setitem(SHAPES, "tiny", Shape("llama", 64, 2, 128, 4, 2, True, 10000.0, "one layer more"))
+    sized_models.folder("tiny", tmp_path)
+    assert not stale.exists()  # went with its folder
+    assert "model.layers.1.mlp.up_proj.weight" in json.loads(index.read_text())["weight_map"]
