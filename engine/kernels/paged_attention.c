@@ -13,7 +13,8 @@
  * prefill or in a chunk after cached keys. Each score is one chain of products and sums over the
  * head dim, each weight sum and weighted value one chain over the keys in order, whichever
  * function computes it (one query, or several at once through a block's keys), in arith.h's
- * arithmetic: 8 lanes, each operation rounded on its own (no fused multiply-adds), one
+ * arithmetic: 8 lanes (the scores and weighted values 16 where the CPU has AVX-512: the same
+ * chains, side by side), each operation rounded on its own (no fused multiply-adds), one
  * exponential, so every CPU computes the same bits.
  * It runs in the OpenMP runtime that torch already loaded (its libgomp), so it shares torch's
  * threads.
