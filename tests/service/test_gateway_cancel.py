@@ -67,13 +67,18 @@ def _read_then_leave(method: str, url: str, body: dict, events: int = 2) -> None
     # leaving the with-block closes the connection mid-stream
 
 
+# every request runs to LONG tokens unless cancelled: sampled from the random model, one may
+# otherwise draw its end-of-sequence token early and be answered before the client leaves
 STREAMS = {
-    "jina_sse": ("GET", "/stream", {"prompt": "hello", "max_tokens": LONG}),
-    "tgi_generate_stream": ("POST", "/generate_stream", {"inputs": "hello", "parameters": {"max_new_tokens": LONG}}),
-    "tgi_root_stream": ("POST", "/", {"inputs": "hello", "stream": True, "parameters": {"max_new_tokens": LONG}}),
-    "openai_completions": ("POST", "/v1/completions", {"prompt": "hello", "max_tokens": LONG, "stream": True}),
+    "jina_sse": ("GET", "/stream", {"prompt": "hello", "max_tokens": LONG, "ignore_eos": True}),
+    "tgi_generate_stream": ("POST", "/generate_stream",
+                            {"inputs": "hello", "parameters": {"max_new_tokens": LONG, "ignore_eos": True}}),
+    "tgi_root_stream": ("POST", "/", {"inputs": "hello", "stream": True,
+                                      "parameters": {"max_new_tokens": LONG, "ignore_eos": True}}),
+    "openai_completions": ("POST", "/v1/completions",
+                           {"prompt": "hello", "max_tokens": LONG, "ignore_eos": True, "stream": True}),
     "openai_chat": ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
-                                                    "max_tokens": LONG, "stream": True}),
+                                                    "max_tokens": LONG, "ignore_eos": True, "stream": True}),
 }
 
 
@@ -87,8 +92,8 @@ def test_stream_disconnect_cancels_generation(limited_flow, route):
 
 
 UNARY = {
-    "tgi_generate": ("/generate", {"inputs": "hello", "parameters": {"max_new_tokens": LONG}}),
-    "openai_completions": ("/v1/completions", {"prompt": "hello", "max_tokens": LONG}),
+    "tgi_generate": ("/generate", {"inputs": "hello", "parameters": {"max_new_tokens": LONG, "ignore_eos": True}}),
+    "openai_completions": ("/v1/completions", {"prompt": "hello", "max_tokens": LONG, "ignore_eos": True}),
 }
 
 
