@@ -57,7 +57,7 @@ def _raw_http_then_abort(port: int, path: str, body: dict) -> None:
 
 async def _ws(port: int, abort: bool) -> None:
     ws = await websockets.connect(f"ws://127.0.0.1:{port}/chat")
-    await ws.send(json.dumps({"prompt": "hello", "max_tokens": LONG}))
+    await ws.send(json.dumps({"prompt": "hello", "max_tokens": LONG, "ignore_eos": True}))
     assert json.loads(await ws.recv())["type"] == "token"
     if abort:
         ws.transport.abort()  # TCP reset, no close frame
@@ -67,7 +67,7 @@ async def _ws(port: int, abort: bool) -> None:
 
 def _request() -> SingleDocumentRequest:
     req = SingleDocumentRequest()
-    req.data.doc = PromptDocument(prompt="hello", max_tokens=LONG)
+    req.data.doc = PromptDocument(prompt="hello", max_tokens=LONG, ignore_eos=True)
     req.header.exec_endpoint = "/stream"
     return req
 
@@ -94,13 +94,13 @@ def _threads(fn, *args) -> list:
 
 CASES = {
     "openai-stream-close": lambda g, h: _threads(_first_event_then_leave, "POST", f"http://127.0.0.1:{h}/v1/completions",
-                                                 {"prompt": "hello", "max_tokens": LONG, "stream": True}),
+                                                 {"prompt": "hello", "max_tokens": LONG, "ignore_eos": True, "stream": True}),
     "tgi-stream-close": lambda g, h: _threads(_first_event_then_leave, "POST", f"http://127.0.0.1:{h}/generate_stream",
-                                              {"inputs": "hello", "parameters": {"max_new_tokens": LONG}}),
+                                              {"inputs": "hello", "parameters": {"max_new_tokens": LONG, "ignore_eos": True}}),
     "jina-sse-close": lambda g, h: _threads(_first_event_then_leave, "GET", f"http://127.0.0.1:{h}/stream",
-                                            {"prompt": "hello", "max_tokens": LONG}),
+                                            {"prompt": "hello", "max_tokens": LONG, "ignore_eos": True}),
     "openai-unary-tcp-reset": lambda g, h: _threads(_raw_http_then_abort, h, "/v1/completions",
-                                                    {"prompt": "hello", "max_tokens": LONG}),
+                                                    {"prompt": "hello", "max_tokens": LONG, "ignore_eos": True}),
     "websocket-close": lambda g, h: [_ws(h, abort=False) for _ in range(N)],
     "websocket-tcp-reset": lambda g, h: [_ws(h, abort=True) for _ in range(N)],
     "grpc-cancel": lambda g, h: [_grpc_cancel(g) for _ in range(N)],

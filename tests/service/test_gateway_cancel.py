@@ -115,7 +115,7 @@ async def test_websocket_stop_and_close_cancel(limited_flow):
     _, http_port, _ = limited_flow
     before = aborted(http_port)
     async with websockets.connect(f"ws://127.0.0.1:{http_port}/chat") as ws:
-        await ws.send(json.dumps({"prompt": "hello", "max_tokens": LONG}))
+        await ws.send(json.dumps({"prompt": "hello", "max_tokens": LONG, "ignore_eos": True}))
         assert json.loads(await ws.recv())["type"] == "token"
         await ws.send(json.dumps({"type": "stop"}))
         while (event := json.loads(await ws.recv()))["type"] == "token":
@@ -128,7 +128,7 @@ async def test_websocket_stop_and_close_cancel(limited_flow):
         while (event := json.loads(await ws.recv()))["type"] == "token":
             pass
         assert event["finish_reason"] == "length" and event["generated_tokens"] == 2
-        await ws.send(json.dumps({"prompt": "and a long one", "max_tokens": LONG}))
+        await ws.send(json.dumps({"prompt": "and a long one", "max_tokens": LONG, "ignore_eos": True}))
         assert json.loads(await ws.recv())["type"] == "token"
     assert_freed(http_port, before, 2)  # closing the socket cancelled it
 
@@ -142,7 +142,7 @@ def test_overload_is_429_everywhere(limited_flow):
 
     def hold() -> None:  # a long stream, open until the test ends
         r = requests.post(f"{url}/generate_stream", json={"inputs": "hold", "parameters": {
-            "max_new_tokens": LONG}}, stream=True, timeout=60)
+            "max_new_tokens": LONG, "ignore_eos": True}}, stream=True, timeout=60)
         statuses.append(r.status_code)
         done.wait(60)
         r.close()
@@ -229,14 +229,15 @@ def test_executor_failure_mid_stream_sends_an_error_event(limited_flow):
 
     def tgi() -> None:
         with requests.post(f"{url}/generate_stream", json={"inputs": "hello", "parameters": {
-                "max_new_tokens": LONG}}, stream=True, timeout=60) as r:
+                "max_new_tokens": LONG, "ignore_eos": True}}, stream=True, timeout=60) as r:
             results["tgi"] = list(sse_data(r.iter_lines(decode_unicode=True)))
 
     def oai() -> None:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
         chunks = []
         try:
-            for c in client.completions.create(model="slow", prompt="hello", max_tokens=LONG, stream=True):
+            for c in client.completions.create(model="slow", prompt="hello", max_tokens=LONG, stream=True,
+                                               extra_body={"ignore_eos": True}):
                 chunks.append(c)
         except openai.APIError as exc:
             results["oai_error"] = exc
