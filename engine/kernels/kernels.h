@@ -143,8 +143,6 @@ int bf16_matmul(const float *x, const uint16_t *packed, float *y, int64_t rows, 
 /* llama_layer.c: whole decoder layers, and the norms and activations the model's modules share with
  * them; the pool's keys and values in fp32 (kv_half 0) or fp16 (1), one pool per layer for
  * llama_layers; cos and sin [tables][tokens][dim], a layer's `rope` picking its table */
-int llama_layer(const LlamaLayer *layer, const LlamaStep *step, const float *cos, const float *sin,
-                int64_t tables, const float *in, float *out, void *k_pool, void *v_pool, int kv_half, int threads);
 int llama_layers(const LlamaLayer *layers, int64_t count, const LlamaStep *step, const float *cos, const float *sin,
                  int64_t tables, const float *in, float *out, void *const *k_pools, void *const *v_pools,
                  int kv_half, int threads);

@@ -168,15 +168,18 @@ static void activate(int64_t act, const float *x, float *y, int64_t n) {
     else silu_span(x, y, n);
 }
 
-/* the floats a layer's step needs between its products (llama_layer's `buffer`) */
+/* the floats a layer's step needs between its products (layer_in's `buffer`) */
 static int64_t scratch_of(const LlamaLayer *layer, int64_t tokens) {
     const int64_t qkv_width = outputs_of(layer->qkv, 3), q_width = layer->heads * layer->dim;
     return tokens * (2 * layer->hidden + qkv_width + q_width + 3 * layer->inter);
 }
 
-/* llama_layer's work in `buffer`, scratch_of(layer, tokens) floats: every layer of a step shares
- * one. A prompt's chunk of 512 tokens takes 69 MB at 1B, which malloc maps anew for each call
- * above its threshold: a buffer per layer made its pages fault in and be zeroed 16 times a chunk. */
+/* One layer of a step: in, out [tokens, hidden]; cos, sin [tables][tokens, dim] (the layer's `rope`
+ * picks one); its work in `buffer`, scratch_of(layer, tokens) floats, which every layer of a step
+ * shares (llama_layers). A prompt's chunk of 512 tokens takes 69 MB at 1B, which malloc maps anew
+ * above its threshold: a buffer per layer made its pages fault in and be zeroed 16 times a chunk.
+ * Returns 0, or -1 for shapes the kernels do not take (before anything is written but this step's
+ * keys and values, which a retry rewrites). */
 static int layer_in(const LlamaLayer *layer, const LlamaStep *step, const float *cos, const float *sin,
                     int64_t tables, const float *in, float *out, void *k_pool, void *v_pool, int kv_half,
                     int threads, float *buffer) {
@@ -236,23 +239,12 @@ static int layer_in(const LlamaLayer *layer, const LlamaStep *step, const float 
     return 0;
 }
 
-/* in, out [tokens, hidden]; cos, sin [tables][tokens, dim] (the layer's `rope` picks one). Returns
- * 0, -1 for shapes the kernels do not take (before anything is written but this step's keys and
- * values, which a retry rewrites), -2 when out of memory. */
-int llama_layer(const LlamaLayer *layer, const LlamaStep *step, const float *cos, const float *sin,
-                int64_t tables, const float *in, float *out, void *k_pool, void *v_pool, int kv_half, int threads) {
-    float *buffer = step->tokens > 0 ? malloc(scratch_of(layer, step->tokens) * sizeof(float)) : NULL;
-    if (step->tokens > 0 && !buffer) return -2;
-    int status = layer_in(layer, step, cos, sin, tables, in, out, k_pool, v_pool, kv_half, threads, buffer);
-    free(buffer);
-    return status;
-}
-
 /* Every layer of a step, one after another: layer i reads layer i - 1's output and its own
  * keys and values, k_pools[i] and v_pools[i] (a model with sliding-window layers keeps theirs in a
  * pool of their own). One call per step instead of one per layer: with one stream, Python's share
- * of a step (calls, checks, views of the pool) was a sixth of it. The same numbers as llama_layer
- * layer by layer. Returns as llama_layer does. */
+ * of a step (calls, checks, views of the pool) was a sixth of it. The same numbers as layer_in
+ * layer by layer. Returns 0, -1 for shapes the kernels do not take (as layer_in), -2 when out of
+ * memory. */
 int llama_layers(const LlamaLayer *layers, int64_t count, const LlamaStep *step, const float *cos, const float *sin,
                  int64_t tables, const float *in, float *out, void *const *k_pools, void *const *v_pools,
                  int kv_half, int threads) {

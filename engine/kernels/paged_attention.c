@@ -50,15 +50,15 @@ typedef uint16_t kv_t;  /* IEEE fp16 bits */
 static inline vec load_kv(const uint16_t *p) { return half8(p); }  /* widened to fp32, exactly */
 #endif
 
-/* A function's vectors, (type, count, load, lanes), for C vectors of LANES keys or dims. Where the
- * CPU has AVX-512, two vectors' lanes side by side in one register (`wide_vec`): a block's 16 keys,
- * or 16 dims of a value. Each lane's chain of products and sums is the one it has in two `vec`s,
- * so the same numbers, in half the instructions: on this project's Zen 5 machine a 1,286-token
- * prompt's attention 1.39x as fast, a decode step's 1.24x to 1.39x. Elsewhere `vec`s: GCC takes
- * a 16-lane vector without AVX-512 through memory, 0.1x as fast on AVX2. */
+/* A function's vectors, (type, load), for C vectors of LANES keys or dims; its count of them and
+ * their lanes follow from the type's size (COUNT, WIDTH). Where the CPU has AVX-512 and C is even,
+ * two vectors' lanes side by side in one register (`wide_vec`): a block's 16 keys, or 16 dims of a
+ * value. Each lane's chain of products and sums is the one it has in two `vec`s, so the same
+ * numbers, in half the instructions: on this project's Zen 5 machine a 1,286-token prompt's
+ * attention 1.39x as fast, a decode step's 1.24x to 1.39x. Elsewhere `vec`s: GCC takes a 16-lane
+ * vector without AVX-512 through memory, 0.1x as fast on AVX2. */
 #if defined(__AVX512F__)
 typedef float wide_vec __attribute__((vector_size(2 * sizeof(vec))));
-#define WIDE_LANES (2 * LANES)
 
 static inline wide_vec load_kv_wide(const kv_t *p) {
 #if !defined(KV_HALF)
@@ -69,18 +69,17 @@ static inline wide_vec load_kv_wide(const kv_t *p) {
     return (wide_vec)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));  /* exact, as half8 */
 #endif
 }
-
-#define VECTORS_2 wide_vec, 1, load_kv_wide, WIDE_LANES
-#define VECTORS_4 wide_vec, 2, load_kv_wide, WIDE_LANES
-#define VECTORS_8 wide_vec, 4, load_kv_wide, WIDE_LANES
-#define VECTORS_16 wide_vec, 8, load_kv_wide, WIDE_LANES
+#define EVEN_VECTORS wide_vec, load_kv_wide
 #else
-#define VECTORS_2 vec, 2, load_kv, LANES
-#define VECTORS_4 vec, 4, load_kv, LANES
-#define VECTORS_8 vec, 8, load_kv, LANES
-#define VECTORS_16 vec, 16, load_kv, LANES
+#define EVEN_VECTORS vec, load_kv
 #endif
-#define VECTORS_1 vec, 1, load_kv, LANES
+#define VECTORS_1 vec, load_kv
+#define VECTORS_2 EVEN_VECTORS
+#define VECTORS_4 EVEN_VECTORS
+#define VECTORS_8 EVEN_VECTORS
+#define VECTORS_16 EVEN_VECTORS
+#define WIDTH(T) ((int)(sizeof(T) / sizeof(float)))  /* lanes of a vector of type T */
+#define COUNT(C, T) ((C) * LANES / WIDTH(T))         /* vectors of type T in C of LANES */
 #define EXPAND(MACRO, ...) MACRO(__VA_ARGS__)
 
 /* Where one sequence's values of one kv head lie: value j at
@@ -103,10 +102,11 @@ typedef struct {
  * registers (fixed sizes: a macro makes one function per shape). Every variant computes each
  * score with the same chain, so how many queries share a call changes no number. */
 #define BLOCK_SCORES(Q, G, C) EXPAND(BLOCK_SCORES_OF, Q, G, C, VECTORS_##C)
-#define BLOCK_SCORES_OF(Q, G, C, T, N, LOAD, W)                                                             \
+#define BLOCK_SCORES_OF(Q, G, C, T, LOAD)                                                                   \
     static void block_scores_##Q##_##G##_##C(const float *q, int64_t q_tok, int64_t q_head, const kv_t *kt,  \
                                               int64_t block, int64_t dim, float scale, float *scores,        \
                                               int64_t stride) {                                              \
+        enum { N = COUNT(C, T), W = WIDTH(T) };  /* its vectors, and their lanes */                       \
         T acc[Q][G][N];                                                                                     \
         memset(acc, 0, sizeof acc);                                                                         \
         for (int64_t d = 0; d < dim; d++) {                                                                 \
@@ -203,9 +203,10 @@ static inline float softmax_row(float *scores, int64_t lo, int64_t hi, float cap
  * chain of each element is the same in every shape, so how heads and dims are sliced changes no
  * number. */
 #define WEIGH_SLICE(G, CH) EXPAND(WEIGH_SLICE_OF, G, CH, VECTORS_##CH)
-#define WEIGH_SLICE_OF(G, CH, T, N, LOAD, W)                                                                 \
+#define WEIGH_SLICE_OF(G, CH, T, LOAD)                                                                       \
     static void weigh_##G##_##CH(const float *scores, int64_t stride, int64_t lo, int64_t hi,                \
                                  const float *total, pages v, int64_t dim, float *out) {                     \
+        enum { N = COUNT(CH, T), W = WIDTH(T) };  /* its vectors, and their lanes */                      \
         T acc[G][N];                                                                                        \
         _Pragma("GCC unroll 16") for (int g = 0; g < G; g++)                                                \
             _Pragma("GCC unroll 16") for (int c = 0; c < N; c++) acc[g][c] = (T){0};                       \

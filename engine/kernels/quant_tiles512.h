@@ -46,17 +46,20 @@ static inline __attribute__((always_inline)) __m512i dot_pairs_broadcast(__m512i
 #endif
 }
 
-/* int4: one block's q . qx for 16 outputs and `count` rows. Pair j's 16 bytes hold its two inputs'
- * steps, low nibble first; widened to 32 bits, (b | b << 12) & 0x000F000F puts them in a lane's
- * low and high int16. */
+/* int4: a pair of inputs' steps for 16 outputs, from its 16 bytes (low nibble first): widened to
+ * 32 bits, (b | b << 12) & 0x000F000F puts them in a lane's low and high int16. */
+static inline __attribute__((always_inline)) __m512i int4_pair(const uint8_t *w) {
+    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)w));
+    return _mm512_and_si512(_mm512_or_si512(bytes, _mm512_slli_epi32(bytes, 12)), _mm512_set1_epi32(0x000F000F));
+}
+
+/* int4: one block's q . qx for 16 outputs and `count` rows, pair j's bytes at w + 16 j */
 static inline __attribute__((always_inline)) void
 int4_sums512(const uint8_t *w, const int16_t *xq, int64_t stride, __m512i acc[], const int count) {
-    const __m512i nibbles = _mm512_set1_epi32(0x000F000F);
     fetch_ahead(w, PAIRS * CHANNELS);
     for (int r = 0; r < count; r++) acc[r] = _mm512_setzero_si512();
     for (int j = 0; j < PAIRS; j++) {
-        __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w + j * CHANNELS)));
-        __m512i q = _mm512_and_si512(_mm512_or_si512(bytes, _mm512_slli_epi32(bytes, 12)), nibbles);
+        const __m512i q = int4_pair(w + j * CHANNELS);
         for (int r = 0; r < count; r++) acc[r] = dot_pairs(acc[r], q, xq + r * stride + 2 * j);
     }
 }
@@ -66,16 +69,11 @@ int4_sums512(const uint8_t *w, const int16_t *xq, int64_t stride, __m512i acc[],
 static inline __attribute__((always_inline)) void
 int4_sums512_two(const uint8_t *w0, const uint8_t *w1, const int16_t *xq, int64_t stride, __m512i acc[][2],
                  const int count) {
-    const __m512i nibbles = _mm512_set1_epi32(0x000F000F);
     fetch_ahead(w0, PAIRS * CHANNELS);
     fetch_ahead(w1, PAIRS * CHANNELS);
     for (int r = 0; r < count; r++) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
     for (int j = 0; j < PAIRS; j++) {
-        __m512i q[2];
-        for (int g = 0; g < 2; g++) {
-            __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)((g ? w1 : w0) + j * CHANNELS)));
-            q[g] = _mm512_and_si512(_mm512_or_si512(bytes, _mm512_slli_epi32(bytes, 12)), nibbles);
-        }
+        const __m512i q[2] = {int4_pair(w0 + j * CHANNELS), int4_pair(w1 + j * CHANNELS)};
         for (int r = 0; r < count; r++) {
             int32_t pair;
             memcpy(&pair, xq + r * stride + 2 * j, sizeof pair);
