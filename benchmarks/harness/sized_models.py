@@ -193,13 +193,26 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def gguf(name: str, quant: str, cache: Path = CACHE) -> Path:
+def _lean_record(name: str, cache: Path) -> Path:
+    """Where a model made `lean` records its Shape, its folder gone"""
+    return cache / f"{name}.{SHAPE_FILE}"
+
+
+def gguf(name: str, quant: str, cache: Path = CACHE, lean: bool = False) -> Path:
     """The named model as a GGUF file of `quant` (QUANTS, or F16): converted by the pinned
-    llama.cpp's converter, quantized by its llama-quantize; each made once."""
+    llama.cpp's converter, quantized by its llama-quantize; each made once. `lean`: the folder and
+    the F16 file are deleted as soon as they are used (an 8B's come to 32 GB beside its 5 GB
+    Q4_K_M); the Shape they were made from is kept beside the file instead."""
     if quant not in (*QUANTS, "F16"):
         raise ValueError(f"unknown quantization {quant!r}; choose from {', '.join((*QUANTS, 'F16'))}")
+    target, record = cache / f"{name}-{quant}.gguf", _lean_record(name, cache)
+    if target.exists() and not (cache / name).exists() and record.exists():
+        if json.loads(record.read_text()) == asdict(SHAPES[name]):
+            return target
+        for stale in cache.glob(f"{name}-*.gguf"):  # made lean from another shape
+            stale.unlink()
+    record.unlink(missing_ok=True)
     source_folder = folder(name, cache)  # first: a changed shape's files go with its old folder
-    target = cache / f"{name}-{quant}.gguf"
     if target.exists():
         return target
     f16 = cache / f"{name}-F16.gguf"
@@ -211,8 +224,13 @@ def gguf(name: str, quant: str, cache: Path = CACHE) -> Path:
         subprocess.run([sys.executable, "-c", CONVERT, str(source / "convert_hf_to_gguf.py"), str(source_folder),
                         "--outtype", "f16", "--outfile", str(partial)], check=True, env=env)
         partial.rename(f16)
+    if lean:
+        record.write_text(json.dumps(asdict(SHAPES[name]), indent=1))
+        shutil.rmtree(source_folder)
     if quant != "F16":
         llama_cpp.quantize(f16, target, quant)
+        if lean:
+            f16.unlink()
     return target
 
 
@@ -222,9 +240,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("models", nargs="*", default=["llama-1b"], help=f"of {', '.join(SHAPES)} (default: llama-1b)")
     p.add_argument("--quant", action="append", choices=(*QUANTS, "F16"),
                    help="GGUF files to make too (repeatable; none: the folder only)")
+    p.add_argument("--lean", action="store_true",
+                   help="keep only the GGUF files asked for: the folder and the F16 file are deleted once used")
     args = p.parse_args(argv)
     for name in args.models:
-        print(f"{name}: {SHAPES[name].about}: {folder(name)}", flush=True)
+        if not args.lean:
+            print(f"{name}: {SHAPES[name].about}: {folder(name)}", flush=True)
         for quant in args.quant or []:
-            print(f"{name} {quant}: {gguf(name, quant)}", flush=True)
+            print(f"{name} {quant}: {gguf(name, quant, lean=args.lean)}", flush=True)
     return 0

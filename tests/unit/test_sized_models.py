@@ -162,3 +162,29 @@ def test_a_folder_is_made_again_with_its_gguf_files_when_its_shape_changes(tmp_p
     sized_models.folder("tiny", tmp_path)
     assert not stale.exists()  # went with its folder
     assert "model.layers.1.mlp.up_proj.weight" in json.loads(index.read_text())["weight_map"]
+
+
+def test_a_lean_gguf_keeps_only_its_file_and_its_shape_until_the_shape_changes(tmp_path: Path, monkeypatch):
+    monkeypatch.setitem(SHAPES, "tiny", Shape("llama", 64, 1, 128, 4, 2, True, 10000.0, "a tiny shape"))
+    made: list[str] = []
+
+    def convert(command: list[str], **_: object) -> None:  # the converter: its --outfile written
+        made.append("F16")
+        Path(command[command.index("--outfile") + 1]).write_bytes(b"F16")
+
+    def quantize(source: Path, target: Path, kind: str) -> Path:
+        assert source.read_bytes() == b"F16" and not (tmp_path / "tiny").exists()  # the folder went first
+        made.append(kind)
+        target.write_bytes(kind.encode())
+        return target
+
+    monkeypatch.setattr(sized_models.subprocess, "run", convert)
+    monkeypatch.setattr(sized_models.llama_cpp, "quantize", quantize)
+    monkeypatch.setattr(sized_models.llama_cpp, "source", lambda: tmp_path)
+    target = sized_models.gguf("tiny", "Q4_0", tmp_path, lean=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny-Q4_0.gguf", "tiny.shape.json"]
+    assert sized_models.gguf("tiny", "Q4_0", tmp_path) == target and made == ["F16", "Q4_0"]  # kept, not made again
+    assert not (tmp_path / "tiny").exists()
+    monkeypatch.setitem(SHAPES, "tiny", Shape("llama", 64, 2, 128, 4, 2, True, 10000.0, "one layer more"))
+    sized_models.gguf("tiny", "Q4_0", tmp_path, lean=True)
+    assert made == ["F16", "Q4_0", "F16", "Q4_0"]  # the old shape's file went, and was made again
