@@ -12,14 +12,20 @@ passes. The buffer sits on 2 MB pages where the kernel allows, as the engine's w
 (engine/model/huge_pages.py): on 4 KB pages the same sum read at about half the rate here.
 """
 import argparse
+import json
+import statistics
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
+import psutil
 import torch
 
 from engine.model import huge_pages
+
+from .report import machine_info
 
 GIB = 1 << 30
 EMBEDDINGS = "token_embd.weight"  # llama.cpp's name of the input embeddings
@@ -85,12 +91,92 @@ def fraction(tokens_per_s: float, bandwidth: float, step: StepBytes, context: in
     return tokens_per_s / bound(bandwidth, step, context)
 
 
+def _quiet(limit: float = 60.0) -> None:
+    """Waits (at most `limit` s) until this process and its children use under a tenth of a core:
+    the load's copy of the weights onto huge pages runs on after the engine answers."""
+    me, ends = psutil.Process(), time.monotonic() + limit
+
+    def used() -> float:
+        return sum(sum(p.cpu_times()[:2]) for p in [me, *me.children(recursive=True)])
+
+    before = used()
+    while time.monotonic() < ends:
+        time.sleep(1.0)
+        after = used()
+        if after - before < 0.1:
+            return
+        before = after
+
+
+def decode_rounds(path: Path, rounds: int, tokens: int, threads: int) -> list[dict[str, float]]:
+    """One stream's decode, in this process's engine, and the read bandwidth, in alternating rounds:
+    a busy neighbour on a shared machine slows both within a round, and a round's fraction (its
+    decode over the roofline of its own reading) is what the goal compares. The step's bytes are
+    taken at the stream's middle position."""
+    import asyncio
+
+    from contract import EngineConfig, SamplingParams
+    from engine import AsyncEngine
+
+    step = step_bytes(path)
+
+    async def decode(engine: AsyncEngine, i: int) -> tuple[float, int]:
+        times: list[float] = []
+        prompt = f"Story {i}: the river runs past the old mill"
+        async for out in engine.generate(prompt, SamplingParams(max_tokens=tokens, ignore_eos=True)):
+            times.extend([time.perf_counter()] * len(out.token_ids))
+        return (len(times) - 1) / (times[-1] - times[0]), len(engine.tokenizer(prompt).input_ids)
+
+    async def alternate() -> list[dict[str, float]]:
+        engine = AsyncEngine(EngineConfig(model=str(path)))
+        try:
+            await decode(engine, -1)  # warm: the threads, the kernels' first calls
+            _quiet()
+            return [await round_of(engine, i) for i in range(rounds)]
+        finally:
+            engine.shutdown()
+
+    async def round_of(engine: AsyncEngine, i: int) -> dict[str, float]:
+        bandwidth = read_bandwidth(threads=threads)  # the engine idle meanwhile
+        tok_s, prompt = await decode(engine, i)
+        middle = prompt + tokens // 2
+        found = {"bandwidth_gb_s": round(bandwidth / 1e9, 1), "decode_tok_s": round(tok_s, 2),
+                 "roofline_tok_s": round(bound(bandwidth, step, middle), 2),
+                 "fraction": round(fraction(tok_s, bandwidth, step, middle), 3)}
+        print(f"round {i + 1}: {found}", flush=True)
+        return found
+
+    return asyncio.run(alternate())
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks roofline", description=__doc__.splitlines()[0])
     p.add_argument("gguf", nargs="*", type=Path, help="GGUF files whose one-stream bound to give")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--context", type=int, default=64, help="positions in the cache (default 64)")
+    p.add_argument("--decode-rounds", type=int, default=0,
+                   help="also run each file's one-stream decode in this process, alternating with the "
+                        "bandwidth reading, this many rounds, and give each round's fraction of its roofline")
+    p.add_argument("--tokens", type=int, default=128, help="a decode round's tokens")
+    p.add_argument("--out", type=Path, help="where --decode-rounds writes results.json and results.md")
     args = p.parse_args(argv)
+    if args.decode_rounds:
+        lines: list[str] = []
+        result: dict[str, Any] = {"command": "python -m benchmarks roofline " + " ".join(argv or sys.argv[1:]),
+                                  "machine": machine_info(), "files": {}}
+        for path in args.gguf:
+            found = decode_rounds(path, args.decode_rounds, args.tokens, args.threads)
+            fractions = sorted(r["fraction"] for r in found)
+            lines.append(f"{path.name}: one stream's decode, {statistics.median(fractions):.0%} of its roofline "
+                         f"(median of {len(found)} rounds; {fractions[0]:.0%} to {fractions[-1]:.0%})")
+            result["files"][path.name] = {"median_fraction": statistics.median(fractions), "rounds": found}
+            print(lines[-1], flush=True)
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
+            (args.out / "results.md").write_text(f"{time.strftime('%Y-%m-%d')}, git {result['machine'].get('git')}, "
+                                                 f"`{result['command']}`\n\n" + "\n".join(f"- {x}" for x in lines) + "\n")
+        return 0
     bandwidth = read_bandwidth(threads=args.threads)
     print(f"read bandwidth, {args.threads} threads: {bandwidth / 1e9:.1f} GB/s")
     for path in args.gguf:
