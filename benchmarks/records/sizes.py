@@ -15,8 +15,11 @@ over OpenAI streaming completions, greedy, `--max-tokens` (64) with ignore_eos:
 - a cold prompt of about 1,600 tokens that no earlier one shares, one at a time: its tokens over
   the time to its first token;
 - the peak resident memory of every process of the server, sampled while it runs;
+- before the measures, each server decodes one stream until its speed is steady
+  (`--steady-limit`): memory a process has just filled reads slowly for a while on a virtual
+  machine whose host backs it with huge pages later (harness/roofline.py);
 - one stream, and its decode, as fractions of the memory roofline (harness/roofline.py: the read
-  bandwidth, measured once, over the bytes a step reads of the file's weights and 64 positions'
+  bandwidth, its settled rate, over the bytes a step reads of the file's weights and 64 positions'
   KV). The roofline bounds a decode step; the end-to-end figure also waits for prefills.
 """
 import argparse
@@ -32,8 +35,8 @@ from engine.torch_vectors import cpu_flags
 from testing.procs import ROOT, settle
 
 from ..harness import roofline
-from ..harness.load import closed_loop, make_prompts
-from ..harness.metrics import summarize
+from ..harness.load import closed_loop, make_prompts, run_request
+from ..harness.metrics import RequestRecord, summarize
 from ..harness.report import machine_info
 from ..harness.sized_models import CACHE
 from .cpu_record import cold_prompt
@@ -74,6 +77,21 @@ async def _peak_rss(peak: list[int], stop: asyncio.Event) -> None:
             pass
 
 
+async def warm_until_steady(target: Any, limit: float, seed: int) -> dict:
+    """One-stream requests of 64 tokens until their decode rates are steady (roofline.steady), or
+    for `limit` seconds; a peer that maps its model's file from the page cache starts on memory
+    the host settled long before."""
+    rates: list[float] = []
+    prompts, started = make_prompts(64, seed, draw="steady"), time.perf_counter()
+    while not roofline.steady(rates) and time.perf_counter() - started < limit:
+        records: list[RequestRecord] = []
+        await run_request(target.plain, prompts[len(rates) % len(prompts)], 64, records)
+        tpot = records[0].tpot if records[0].ok else None
+        if tpot:
+            rates.append(round(1 / tpot, 1))
+    return {"warm_s": round(time.perf_counter() - started, 1), "warm_decode_tok_s": rates}
+
+
 async def measure(system: str, gguf: Path, args: argparse.Namespace) -> dict:
     peak, stop = [0], asyncio.Event()
     sampler = asyncio.create_task(_peak_rss(peak, stop))
@@ -86,6 +104,8 @@ async def measure(system: str, gguf: Path, args: argparse.Namespace) -> dict:
                 async for _ in target.plain(prompt, 4):
                     pass
             await settle()
+            if args.steady_limit:
+                row |= await warm_until_steady(target, args.steady_limit, args.seed)
             for c, n in ((1, args.one_stream_requests), (16, args.sixteen_stream_requests)):
                 prompts = make_prompts(256, args.seed, draw=f"closed {c}")
                 records, duration, cut = await closed_loop(target.plain, prompts, c, n, args.max_tokens, 900)
@@ -167,6 +187,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--sixteen-stream-requests", type=int, default=32,
                    help="16: one request each, what an 8B allows within the loop's 900 s on two cores")
     p.add_argument("--cold-prompts", type=int, default=COLD_PROMPTS)
+    p.add_argument("--steady-limit", type=float, default=180.0,
+                   help="seconds each server may decode one stream before the measures, until its speed is "
+                        "steady (0: measure at once, as before)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "sizes")
     args = p.parse_args(argv)
