@@ -7,7 +7,8 @@ Each size is one GGUF file, served by both: the default model's own Q4_1 GGUF (1
 Q4_K_M` makes (Llama's 1B, 3B and 8B, Qwen 2.5's 1.5B, Gemma 3 1B's layers as `1b-gemma3`; a size whose file
 is not made is skipped, and said so).
 
-For each size, each system is a fresh server on the same file, one after the other: this
+For each size, each system is a fresh server on the same file, one after the other (`--rounds`:
+again and again, the order reversed every other round, each figure the median): this
 service (`make serve`'s Flow, its defaults) and llama.cpp's server (2 threads, 16 slots), both
 over OpenAI streaming completions, greedy, `--max-tokens` (64) with ignore_eos:
 - one stream and sixteen: closed loops, output tokens a second (each request's prefill included);
@@ -25,6 +26,7 @@ over OpenAI streaming completions, greedy, `--max-tokens` (64) with ignore_eos:
 import argparse
 import asyncio
 import json
+import statistics
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -77,13 +79,17 @@ async def _peak_rss(peak: list[int], stop: asyncio.Event) -> None:
             pass
 
 
+WARM_AT_LEAST = 20.0  # seconds: the 1.17B's decode in a fresh engine rose over its first 10
+
+
 async def warm_until_steady(target: Any, limit: float, seed: int) -> dict:
-    """One-stream requests of 64 tokens until their decode rates are steady (roofline.steady), or
-    for `limit` seconds; a peer that maps its model's file from the page cache starts on memory
-    the host settled long before."""
+    """One-stream requests of 64 tokens for WARM_AT_LEAST seconds and then until their decode rates
+    are steady (roofline.steady), or for `limit` seconds; a peer that maps its model's file from
+    the page cache starts on memory the host settled long before."""
     rates: list[float] = []
     prompts, started = make_prompts(64, seed, draw="steady"), time.perf_counter()
-    while not roofline.steady(rates) and time.perf_counter() - started < limit:
+    while (time.perf_counter() - started < min(WARM_AT_LEAST, limit) or not roofline.steady(rates)) \
+            and time.perf_counter() - started < limit:
         records: list[RequestRecord] = []
         await run_request(target.plain, prompts[len(rates) % len(prompts)], 64, records)
         tpot = records[0].tpot if records[0].ok else None
@@ -191,6 +197,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                    help="seconds each server may decode one stream before the measures, until its speed is "
                         "steady (0: measure at once, as before)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="fresh servers each round, the systems' order reversed every other round (ABBA); "
+                        "each figure the median of its rounds")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "sizes")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -205,13 +214,31 @@ def main(argv: Optional[list[str]] = None) -> int:
         steps[size] = roofline.step_bytes(gguf)
         entry = {"file": gguf.name, "step_gb": round(steps[size].at(CONTEXT) / 1e9, 3)}
         print(f"{size}: {gguf.name}, {entry['step_gb']} GB a step", flush=True)
-        for system in args.systems.split(","):
-            entry[system] = asyncio.run(measure(system, gguf, args))
-            readings.append(roofline.read_bandwidth())
+        systems, rounds = args.systems.split(","), {}
+        for r in range(args.rounds):  # ABBA...: a drift of the machine's speed falls on both alike
+            for system in systems if r % 2 == 0 else systems[::-1]:
+                rounds.setdefault(system, []).append(asyncio.run(measure(system, gguf, args)))
+                readings.append(roofline.read_bandwidth())
+        for system in systems:
+            entry[system] = median_row(rounds[system])
+            if args.rounds > 1:
+                entry[f"{system}_rounds"] = rounds[system]
         result["sizes"][size] = entry
     with_rooflines(result, steps, readings)
     publish(args.out, result, table(result))
     return 0
+
+
+def median_row(rows: list[dict]) -> dict:
+    """Each figure's median over a system's rounds (None where a round has none)."""
+    merged = dict(rows[0])
+    for key, value in rows[0].items():
+        values = [row.get(key) for row in rows]
+        if isinstance(value, (int, float)) and all(isinstance(v, (int, float)) for v in values):
+            merged[key] = round(statistics.median(values), 2)
+        elif any(v is None for v in values):
+            merged[key] = None
+    return merged
 
 
 def with_rooflines(result: dict, steps: dict[str, "roofline.StepBytes"], readings: list[float]) -> None:

@@ -188,3 +188,17 @@ def test_a_lean_gguf_keeps_only_its_file_and_its_shape_until_the_shape_changes(t
     monkeypatch.setitem(SHAPES, "tiny", Shape("llama", 64, 2, 128, 4, 2, True, 10000.0, "one layer more"))
     sized_models.gguf("tiny", "Q4_0", tmp_path, lean=True)
     assert made == ["F16", "Q4_0", "F16", "Q4_0"]  # the old shape's file went, and was made again
+
+
+def test_a_sizes_figure_is_the_median_of_its_rounds_and_none_where_a_round_has_none():
+    from benchmarks.records.sizes import median_row
+    rows = [{"system": "this", "c1_tok_s": 40.0, "c16_tok_s": 100.0, "warm_decode_tok_s": [1.0]},
+            {"system": "this", "c1_tok_s": 50.0, "c16_tok_s": None, "warm_decode_tok_s": [2.0]},
+            {"system": "this", "c1_tok_s": 70.0, "c16_tok_s": 110.0, "warm_decode_tok_s": [3.0]}]
+    assert median_row(rows) == {"system": "this", "c1_tok_s": 50.0, "c16_tok_s": None, "warm_decode_tok_s": [1.0]}
+
+
+def test_warm_up_decodes_until_three_rates_in_a_row_agree():
+    assert not roofline.steady([50.0, 80.0])
+    assert not roofline.steady([61.0, 75.0, 80.0])
+    assert roofline.steady([61.0, 78.8, 79.1, 80.1])
