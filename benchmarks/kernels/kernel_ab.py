@@ -14,7 +14,8 @@ median of `--repeats` each. `--case` runs only the cases whose names contain one
 (the Gemma output layer's inputs alone take seconds to make). Cases, on the default model's
 shapes (SmolLM2-135M: hidden 576, 9 heads, 3 kv heads of 64, 1,536 MLP, 49,152 outputs):
 - int4 matmul: one layer's four calls (q+k+v, o, gate+up, down) at 1, 16 and 512 rows, and Q4_K's
-  form in the 1.17B's 16 layers (0.54 GB, streamed from memory) at 1 and 16 rows;
+  form in the 1.17B's 16 layers (0.54 GB, streamed from memory) at 1 and 16 rows, and in one 2048 x
+  8192 weight the caches hold at 1, 2 and 16 rows;
 - int8 output layer (Q8_0) at 1 and 16 rows, Gemma 3 270M's gate and up (Q5_0, int8's form) at 1,
   16 and 512 rows, and its output layer at 16 rows;
 - attention: a decode step of 16 sequences of 300 to 600 keys, and a 1,286-token prompt as the
@@ -90,9 +91,9 @@ def int4_case(rows: int) -> Case:
 def int4k_model_case(rows: int, layers: int = 16) -> Case:
     """Q4_K's form (int4k: its own 6-bit scales) in the 1.17B's layers (hidden 2048, MLP 8192, q and k
     of 2048 and 512, v left out as its Q6_K is), all 16: 0.54 GB of weights, which stream from
-    memory as a decode step reads them."""
+    memory as a decode step reads them; `layers` 0: one 2048 x 8192 weight, which the caches hold."""
     g = torch.Generator().manual_seed(rows)
-    shapes = [(2048, 2048 + 512), (2048, 2048), (2048, 2 * 8192), (8192, 2048)] * layers
+    shapes = [(2048, 2048 + 512), (2048, 2048), (2048, 2 * 8192), (8192, 2048)] * layers or [(2048, 8192)]
     weights = [(torch.randint(0, 256, (n // 16, k // 32, 16, 16), dtype=torch.uint8, generator=g),
                 (torch.rand(n // 16, k // 256, 2, 16, generator=g) / 100).half(),
                 torch.randint(0, 64, (n // 16, k // 32, 2, 16), dtype=torch.uint8, generator=g), k, n)
@@ -173,6 +174,8 @@ def greedy_case(rows: int, vocab: int) -> Case:
 CASES: dict[str, Callable[[], Case]] = {  # each makes its inputs when it runs
     **{f"int4, a layer's 4 matmuls, {rows} rows": partial(int4_case, rows) for rows in (1, 16, 512)},
     **{f"int4 (Q4_K's form), the 1.17B's 16 layers, {rows} rows": partial(int4k_model_case, rows) for rows in (1, 16)},
+    **{f"int4 (Q4_K's form), a 2048 x 8192 weight in the caches, {rows} rows": partial(int4k_model_case, rows, 0)
+       for rows in (1, 2, 16)},
     **{f"int8 output layer, {rows} rows": partial(int8_case, rows) for rows in (1, 16)},
     **{f"int8 (Q5_0's form), Gemma's gate and up, {rows} rows": partial(int8_case, rows, *GEMMA_GATE_UP)
        for rows in (1, 16, 512)},
