@@ -82,7 +82,7 @@ def test_int4_and_int8_matmuls(paths, rows):
         same_on_every_path(paths, int8)
 
 
-@pytest.mark.parametrize("rows", [1, 3, 8, 17, 25, 32, 38])  # from 32, AVX-512's int4 tiles of two groups
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 17, 25, 32, 38])  # from 32, AVX-512's int4 tiles of two groups
 # (48 outputs: a pair of groups, then one alone)
 def test_q4_k_and_q6_k_own_scales_give_int4f_and_int8s_bits_on_every_path(paths, rows):
     """int4k_matmul (Q4_K's fp16 d and -dmin per 256, u8 sc and m per 32) and int8k_matmul (Q6_K's
