@@ -9,7 +9,8 @@ rate instead (`python -m benchmarks multiply-rate`).
 The bandwidth is measured as STREAM's read kernel measures it: a sum over a buffer far larger
 than the caches (1 GiB), with the threads the servers run (2 by default), the best of several
 passes, which go on until the rate settles: on this project's virtual machines the host backs
-memory just filled with huge pages of its own within seconds, and it then reads 1.6x as fast. The buffer sits on 2 MB pages where the kernel allows, as the engine's weights do
+memory just filled with huge pages of its own within seconds, and it then reads 1.6x as fast.
+The buffer sits on 2 MB pages where the kernel allows, as the engine's weights do
 (engine/model/huge_pages.py): on 4 KB pages the same sum read at about half the rate here.
 """
 import argparse
@@ -108,7 +109,7 @@ STEADY = 0.05  # three decodes in a row within 5% of each other: a server's stea
 def steady(rates: list[float]) -> bool:
     """Whether the last three of a warm-up's decode rates agree within STEADY. Memory that a process
     has just filled reads slowly for a while on this project's virtual machines (read_bandwidth):
-    the 1.17B's one-stream decode went from 61 to 80 tokens a second over its first 20 s. A
+    the 1.17B's one-stream decode in a fresh engine went from 61 to 80 tokens a second over its first 10 s. A
     server's steady speed is what its users see."""
     last = rates[-3:]
     return len(last) == 3 and max(last) - min(last) < STEADY * max(last)

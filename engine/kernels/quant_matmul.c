@@ -88,9 +88,10 @@ static void quantize_row(const float *x, const Rows *q, int64_t r) {
  * waiting for it: eight rows of Q8_0 products on one Zen 4 core ran at 63 billion a second from
  * memory, 90 from cache. Asking for the bytes AHEAD past a block while its products run brought
  * them to 90 from memory too; the products are the same. One row (a stream's decode) reads
- * fastest from further ahead: on this project's 2-core Zen 5 machine, a 8192 x 16384 Q4_K weight
- * at one row went from 99.9 to 111.3 billion products a second (4,096 to 16,384 bytes ahead; 8,192:
- * 109.1), a Q6_K one 1.06x, and 16 and 64 rows the same as before. */
+ * faster from further ahead: on this project's 2-core Zen 5 machine, 16,384 bytes ahead instead of
+ * 4,096 took a Q8_0 output layer at one row 1.31x (`kernel-ab`), and one 8192 x 16384 Q4_K weight
+ * from 99.9 to 111.3 billion products a second where the machine read fast (a scratch driver);
+ * 16 and 64 rows the same as before. */
 #ifndef AHEAD
 #define AHEAD 16384
 #endif

@@ -55,8 +55,8 @@ static inline __attribute__((always_inline)) __m512i int4_pair(const uint8_t *w)
 
 /* rows below which a tile is a decode's (one or two streams): nothing shares its unpacking, and
  * int4_sums512 splits each row's chain of `vpdpwssd` in SPLITS, int4_tile converts Q4_K's d and
- * -dmin once a block of 256. At one row of a 2048 x 8192 Q4_K weight the caches hold, on this
- * project's 2-core Zen 5 machine: 141.5 to 158.8 billion products a second (split alone: 154.7). */
+ * -dmin once a block of 256. A 2048 x 8192 Q4_K weight the caches hold, on this project's 2-core
+ * Zen 5 machine (`kernel-ab`): 1.08x at one and two rows; from memory the same as before. */
 #define FEW_ROWS 3
 #define SPLITS 4
 
