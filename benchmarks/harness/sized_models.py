@@ -153,6 +153,12 @@ def write_folder(shape: Shape, folder: Path) -> None:
 SHAPE_FILE = "shape.json"  # the Shape a folder was made from
 
 
+def _drop_ggufs(name: str, cache: Path) -> None:
+    """The named model's GGUF files, made from a shape it no longer has"""
+    for stale in cache.glob(f"{name}-*.gguf"):
+        stale.unlink()
+
+
 def _made_from(path: Path) -> dict | None:
     """The Shape fields a folder records (None: it records none, made before they were kept)."""
     file = path / SHAPE_FILE
@@ -168,8 +174,7 @@ def folder(name: str, cache: Path = CACHE) -> Path:
     if (path / "model.safetensors.index.json").exists():
         if _made_from(path) in (None, shape):
             return path
-        for stale in cache.glob(f"{name}-*.gguf"):
-            stale.unlink()
+        _drop_ggufs(name, cache)
     building = cache / f".{name}.building"
     shutil.rmtree(building, ignore_errors=True)
     write_folder(SHAPES[name], building)
@@ -205,12 +210,11 @@ def gguf(name: str, quant: str, cache: Path = CACHE, lean: bool = False) -> Path
     Q4_K_M); the Shape they were made from is kept beside the file instead."""
     if quant not in (*QUANTS, "F16"):
         raise ValueError(f"unknown quantization {quant!r}; choose from {', '.join((*QUANTS, 'F16'))}")
-    target, record = cache / f"{name}-{quant}.gguf", _lean_record(name, cache)
+    target, record, shape = cache / f"{name}-{quant}.gguf", _lean_record(name, cache), asdict(SHAPES[name])
     if target.exists() and not (cache / name).exists() and record.exists():
-        if json.loads(record.read_text()) == asdict(SHAPES[name]):
+        if json.loads(record.read_text()) == shape:
             return target
-        for stale in cache.glob(f"{name}-*.gguf"):  # made lean from another shape
-            stale.unlink()
+        _drop_ggufs(name, cache)  # made lean from another shape
     record.unlink(missing_ok=True)
     source_folder = folder(name, cache)  # first: a changed shape's files go with its old folder
     if target.exists():
@@ -225,7 +229,7 @@ def gguf(name: str, quant: str, cache: Path = CACHE, lean: bool = False) -> Path
                         "--outtype", "f16", "--outfile", str(partial)], check=True, env=env)
         partial.rename(f16)
     if lean:
-        record.write_text(json.dumps(asdict(SHAPES[name]), indent=1))
+        record.write_text(json.dumps(shape, indent=1))
         shutil.rmtree(source_folder)
     if quant != "F16":
         llama_cpp.quantize(f16, target, quant)

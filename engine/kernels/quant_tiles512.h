@@ -149,6 +149,13 @@ store_tile(const __m512 total[], float *y, int64_t y_stride, int64_t group, int6
     for (int r = 0; r < count; r++) _mm512_storeu_ps(y + (r0 + r) * y_stride + group * CHANNELS, total[r]);
 }
 
+/* Q4_K's d and -dmin of the block of 256 that holds block b of a group's 16 outputs */
+static inline __attribute__((always_inline)) void
+block256_scales(const void *scale, int64_t group, int64_t blocks, int64_t b, __m512 *d256, __m512 *m256) {
+    const uint16_t *dd = (const uint16_t *)scale + (group * (blocks / K_BLOCKS) + b / K_BLOCKS) * 2 * CHANNELS;
+    *d256 = scales16(dd, 0, 0), *m256 = scales16(dd, CHANNELS, 0);
+}
+
 /* Q4_K's d sc and -dmin m of block b of a group's 16 outputs (exact in fp32), given its block of
  * 256's d and -dmin */
 static inline __attribute__((always_inline)) void
@@ -164,8 +171,9 @@ static inline __attribute__((always_inline)) void
 int4_scales(const void *scale, const void *low, const int wide, int64_t group, int64_t blocks, int64_t b, __m512 *d,
             __m512 *m) {
     if (wide == OWN_SCALES) {
-        const uint16_t *dd = (const uint16_t *)scale + (group * (blocks / K_BLOCKS) + b / K_BLOCKS) * 2 * CHANNELS;
-        own_scales(scales16(dd, 0, 0), scales16(dd, CHANNELS, 0), low, group, blocks, b, d, m);
+        __m512 d256, m256;
+        block256_scales(scale, group, blocks, b, &d256, &m256);
+        own_scales(d256, m256, low, group, blocks, b, d, m);
     } else {
         const int64_t at = (group * blocks + b) * CHANNELS;
         *d = scales16(scale, at, wide), *m = scales16(low, at, wide);
@@ -193,10 +201,7 @@ int4_tile(const Rows *x, const uint8_t *packed, const void *scale, const void *l
         int4_sums512(packed + at * PAIRS, x->steps + r0 * stride + b * QBLOCK, stride, sums, count);
         __m512 d, m;
         if (wide == OWN_SCALES && count < FEW_ROWS) {  /* int4_scales's, the block of 256's converted once */
-            if (b % K_BLOCKS == 0) {
-                const uint16_t *dd = (const uint16_t *)scale + (group * (blocks / K_BLOCKS) + b / K_BLOCKS) * 2 * CHANNELS;
-                d256 = scales16(dd, 0, 0), m256 = scales16(dd, CHANNELS, 0);
-            }
+            if (b % K_BLOCKS == 0) block256_scales(scale, group, blocks, b, &d256, &m256);
             own_scales(d256, m256, low, group, blocks, b, &d, &m);
         } else {
             int4_scales(scale, low, wide, group, blocks, b, &d, &m);
