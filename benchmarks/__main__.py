@@ -41,6 +41,7 @@ SUBCOMMANDS = {
     "commit-ab": Subcommand("kernels.commit_ab", "two commits' engines alone, in alternating rounds"),
     "multiply-rate": Subcommand("kernels.multiply_rate", "one core's integer products a second, AVX2's and AVX-512's forms"),
     "products": Subcommand("kernels.products_rate", "a GGUF's quantized products alone, against the multiply bound and the bandwidth"),
+    "steps": Subcommand("kernels.step_split", "the engine's passes under sixteen streams and a cold prompt, against the multiply bound"),
     "paths": Subcommand("kernels.paths_agree", "every kernel path's greedy tokens and top-5 logprobs at real sizes, bit for bit"),
     "roofline": Subcommand("harness.roofline", "the memory's read bandwidth, and a GGUF model's one-stream bound"),
     "sized-models": Subcommand("harness.sized_models", "random-weight models of 1B to 8B shapes, as folders and GGUF"),

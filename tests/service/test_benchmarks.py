@@ -297,3 +297,40 @@ def test_the_products_benchmark_times_every_kind_of_a_ggufs_layers(gguf_model, m
         assert one["gb_s"] > 0 and abs(one["of_bandwidth"] - one["gb_s"] / 1000) < 0.002, (kind, entry)
     text = products_rate.table(result, "python -m benchmarks products", "abc1234")
     assert text.count("\n| ") == 1 + 2 * len(result["kinds"])  # the header, then a row per kind and count
+
+
+def test_the_steps_benchmark_splits_passes_by_what_they_held():
+    """Passes with prompt tokens and decoding-only ones are summed apart; each position costs the
+    layers' products, and each sampling one the output layer's too."""
+    from benchmarks.kernels.step_split import Pass, split
+    passes = [Pass(1.0, 500, 3, 4), Pass(0.5, 0, 16, 16), Pass(0.25, 0, 16, 16)]
+    result = split(passes, layers=10**9, output=10**8, bound=100.0)
+    prompt, decode = result["with prompt tokens"], result["decoding only"]
+    assert (prompt["passes"], prompt["prompt_tokens"], prompt["positions_s"]) == (1, 500, 503.0)
+    assert prompt["g_products_s"] == 503.4 and prompt["of_bound"] == 5.034  # 503 x 1e9 + 4 x 1e8 in a second
+    assert (decode["passes"], decode["seconds"], decode["positions_s"]) == (2, 0.75, 42.7)
+    assert decode["g_products_s"] == 46.9 and decode["median_ms_at_16_rows"] == 375.0
+    assert "decoding only" not in split(passes[:1], 1, 1, 1.0)
+
+
+def test_the_steps_benchmark_times_the_engines_passes(gguf_model, monkeypatch):
+    """`python -m benchmarks steps` on Gemma 3 270M's file, its loads made small: every prompt
+    token of the cold prompt is in a pass that held prompt tokens, and the table has a row per kind
+    of pass of each load."""
+    from pathlib import Path
+
+    from benchmarks.kernels import step_split
+    monkeypatch.setattr(step_split, "SIXTEEN", 2)
+    monkeypatch.setattr(step_split, "REQUESTS", 3)
+    monkeypatch.setattr(step_split, "TOKENS", 3)
+    monkeypatch.setattr(step_split, "COLD_PARAGRAPHS", 1)
+    monkeypatch.setattr(step_split, "multiply_rates", lambda: [("int16", 1e11), ("int16, vpdpwssd (512 bits)", 1e11)])
+    result = step_split.measure(Path(gguf_model))
+    assert (result["layer_products"], result["output_products"]) == (100_270_080, 262_144 * 640)  # Gemma 3 270M's
+    cold = result["cold"]
+    assert cold["split"]["with prompt tokens"]["prompt_tokens"] == cold["prompt_tokens"] > 20
+    sixteen = result["sixteen"]["split"]
+    assert sixteen["with prompt tokens"]["passes"] >= 1 and sixteen["decoding only"]["passes"] >= 1
+    assert result["sixteen"]["tok_s"] > 0
+    text = step_split.table(result, "python -m benchmarks steps", "abc1234")
+    assert text.count("\n| ") == 1 + len(sixteen) + len(cold["split"])
