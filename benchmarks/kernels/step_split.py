@@ -126,7 +126,7 @@ def measure(model_file: Path, seed: int = 0) -> dict[str, Any]:
         passes = record_passes(engine)
         layers, output = products_a_position(engine.core.loaded.model)
         form, per_core = our_form(multiply_rates())
-        bound = per_core * torch.get_num_threads() / 1e9
+        bound = per_core * torch.get_num_threads()  # billions a second
         result: dict[str, Any] = {"model": model_file.name, "threads": torch.get_num_threads(), "form": form,
                                   "bound_g_s": round(bound, 1), "layer_products": layers, "output_products": output}
         for name, load in asyncio.run(loads(engine, passes, seed)).items():

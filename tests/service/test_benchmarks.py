@@ -324,13 +324,15 @@ def test_the_steps_benchmark_times_the_engines_passes(gguf_model, monkeypatch):
     monkeypatch.setattr(step_split, "REQUESTS", 3)
     monkeypatch.setattr(step_split, "TOKENS", 3)
     monkeypatch.setattr(step_split, "COLD_PARAGRAPHS", 1)
-    monkeypatch.setattr(step_split, "multiply_rates", lambda: [("int16", 1e11), ("int16, vpdpwssd (512 bits)", 1e11)])
+    monkeypatch.setattr(step_split, "multiply_rates", lambda: [("int16", 500.0), ("int16, vpdpwssd (512 bits)", 500.0)])
     result = step_split.measure(Path(gguf_model))
     assert (result["layer_products"], result["output_products"]) == (100_270_080, 262_144 * 640)  # Gemma 3 270M's
     cold = result["cold"]
     assert cold["split"]["with prompt tokens"]["prompt_tokens"] == cold["prompt_tokens"] > 20
     sixteen = result["sixteen"]["split"]
     assert sixteen["with prompt tokens"]["passes"] >= 1 and sixteen["decoding only"]["passes"] >= 1
-    assert result["sixteen"]["tok_s"] > 0
+    assert result["sixteen"]["tok_s"] > 0 and result["bound_g_s"] == 500.0 * result["threads"]
+    for kind in (*sixteen.values(), *cold["split"].values()):  # billions a second, as the bound
+        assert 0 < kind["g_products_s"] and 0 < kind["of_bound"] < 1.5, kind
     text = step_split.table(result, "python -m benchmarks steps", "abc1234")
     assert text.count("\n| ") == 1 + len(sixteen) + len(cold["split"])
