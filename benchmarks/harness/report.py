@@ -36,6 +36,16 @@ def machine_info() -> dict:
     }
 
 
+def write_results(out: Path, text: str, result: Optional[dict] = None) -> None:
+    """A benchmark's table (results.md, also printed) and, where given, its figures (results.json)
+    into `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    if result is not None:
+        (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "results.md").write_text(text)
+    print(text)
+
+
 def _git() -> Optional[str]:
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,

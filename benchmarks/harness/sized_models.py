@@ -16,6 +16,7 @@ request early on EOS, and every request must run its full length.
 servers are measured on. Everything is made on demand under `benchmarks/.models/sized`, never
 committed.
 """
+import argparse
 import hashlib
 import json
 import shutil
@@ -24,7 +25,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -201,6 +202,19 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 def _lean_record(name: str, cache: Path) -> Path:
     """Where a model made `lean` records its Shape, its folder gone"""
     return cache / f"{name}.{SHAPE_FILE}"
+
+
+def model_parser(prog: str, description: str, out: Path) -> argparse.ArgumentParser:
+    """A benchmark's options for one GGUF file (default: the sized 1.17B Q4_K_M, made on demand)
+    and its results folder; `model_file` reads the first."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--model", type=Path, default=None, help="a GGUF file (default: the sized 1.17B Q4_K_M)")
+    parser.add_argument("--out", type=Path, default=out)
+    return parser
+
+
+def model_file(model: Optional[Path]) -> Path:
+    return model or gguf("llama-1b", "Q4_K_M")
 
 
 def gguf(name: str, quant: str, cache: Path = CACHE, lean: bool = False) -> Path:

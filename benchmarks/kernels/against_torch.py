@@ -36,6 +36,7 @@ from engine.model import paged_attention
 from engine.model.int4 import Int4Linear, Int8Linear, _quantize, dequantize, int16_blocks, q8_0
 
 from .. import RESULTS
+from ..harness.report import write_results
 
 SHAPES = [(576, 576), (576, 192), (576, 1536), (1536, 576)]  # (in, out): q/o, k/v, gate/up, down
 ROWS = [1, 16, 512]
@@ -204,7 +205,5 @@ def main(argv: Optional[list[str]] = None) -> None:
         kv = ["| the C attention | fp32 pool (us) | fp16 pool (us) | fp16 speed-up | bit for bit fp32's on the same values |",
               "| --- | --- | --- | --- | --- |"] + kv_dtype_rows(args.repeats)
         text += "\n## The KV cache's dtype\n\n" + "\n".join(kv) + "\n"
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.md").write_text(text)
-    print(text)
+    write_results(args.out, text)
 

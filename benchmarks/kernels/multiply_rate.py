@@ -30,7 +30,7 @@ from pathlib import Path
 from engine.torch_vectors import cpu_flags
 
 from .. import RESULTS
-from ..harness.report import machine_info
+from ..harness.report import machine_info, write_results
 
 SOURCE = r"""
 #include <stdio.h>
@@ -113,7 +113,5 @@ def main(argv: list[str] | None = None) -> int:
         f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')}, git {info['git']}, `python -m benchmarks multiply-rate`", "",
         "| form | billion products a second |", "| --- | --- |",
         *(f"| {form} | {rate:.1f} |" for form, rate in rows), ""])
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.md").write_text(text)
-    print(text)
+    write_results(args.out, text)
     return 0

@@ -15,8 +15,6 @@ It says how far the kernels are from the machine's limits without the rest of a 
 norms, the scheduler, the prompts' share of a served load). The model: the random-weight 1.17B
 Llama-shaped Q4_K_M of the sizes record by default (made on demand).
 """
-import argparse
-import json
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -30,7 +28,7 @@ from engine.torch_vectors import cpu_flags
 
 from .. import RESULTS
 from ..harness import sized_models
-from ..harness.report import machine_info
+from ..harness.report import machine_info, write_results
 from ..harness.roofline import read_bandwidth
 from .multiply_rate import measure as multiply_rates
 
@@ -113,19 +111,13 @@ def table(result: dict[str, Any], command: str, git: Optional[str]) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks products", description=__doc__.splitlines()[0])
-    p.add_argument("--model", type=Path, default=None, help="a GGUF file (default: the sized 1.17B Q4_K_M)")
+    p = sized_models.model_parser("python -m benchmarks products", __doc__.splitlines()[0], RESULTS / "products")
     p.add_argument("--rows", default="1,16,64,512")
-    p.add_argument("--out", type=Path, default=RESULTS / "products")
     args = p.parse_args(argv)
-    model_file = args.model or sized_models.gguf("llama-1b", "Q4_K_M")
-    result = measure(model_file, [int(n) for n in args.rows.split(",")])
+    result = measure(sized_models.model_file(args.model), [int(n) for n in args.rows.split(",")])
     command = "python -m benchmarks products " + " ".join(argv or [])
     text = table(result, command.strip(), machine_info().get("git"))
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
-    (args.out / "results.md").write_text(text)
-    print(text)
+    write_results(args.out, text, result)
     return 0
 
 

@@ -12,9 +12,7 @@ Why: sixteen streams' tokens a second counts generated tokens only, but about ha
 time is spent on the requests' prompts; this says how much, and how far each kind of pass is from
 what the CPU's integer products allow. The model: the sized 1.17B Q4_K_M by default.
 """
-import argparse
 import asyncio
-import json
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -29,7 +27,7 @@ from engine import AsyncEngine
 from .. import RESULTS
 from ..harness import sized_models
 from ..harness.load import closed_loop, make_prompts
-from ..harness.report import machine_info
+from ..harness.report import machine_info, write_results
 from ..records.cpu_record import cold_prompt
 from ..records.sizes import COLD_PARAGRAPHS
 from .multiply_rate import measure as multiply_rates
@@ -154,19 +152,13 @@ def table(result: dict[str, Any], command: str, git: Optional[str]) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks steps", description=__doc__.splitlines()[0])
-    p.add_argument("--model", type=Path, default=None, help="a GGUF file (default: the sized 1.17B Q4_K_M)")
+    p = sized_models.model_parser("python -m benchmarks steps", __doc__.splitlines()[0], RESULTS / "steps")
     p.add_argument("--seed", type=int, default=0, help="the prompts' seed (the sizes record's default)")
-    p.add_argument("--out", type=Path, default=RESULTS / "steps")
     args = p.parse_args(argv)
-    model_file = args.model or sized_models.gguf("llama-1b", "Q4_K_M")
-    result = measure(model_file, args.seed)
+    result = measure(sized_models.model_file(args.model), args.seed)
     command = ("python -m benchmarks steps " + " ".join(argv or [])).strip()
     text = table(result, command, machine_info().get("git"))
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
-    (args.out / "results.md").write_text(text)
-    print(text)
+    write_results(args.out, text, result)
     return 0
 
 
