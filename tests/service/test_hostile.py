@@ -248,3 +248,29 @@ def test_origins_are_opened_deliberately(monkeypatch):
     finally:
         monkeypatch.undo()
         config.cache_clear()
+
+
+def test_a_flow_whose_port_was_taken_meanwhile_starts_on_fresh_ones(tmp_path, monkeypatch):
+    """A random port can be taken between being picked and being bound (another test's process
+    shares the ephemeral range): the Flow then exits ("address already in use"), and the starter
+    tries fresh ports instead of failing the test."""
+    import socket
+    import urllib.request
+
+    from testing import flows, procs
+    taken = socket.socket()
+    taken.bind(("0.0.0.0", 0))
+    taken.listen()
+    picks = iter([procs.free_port(), taken.getsockname()[1]])  # the first try's HTTP port is taken
+    monkeypatch.setattr(flows, "free_port", lambda: next(picks, None) or procs.free_port())
+    try:
+        server, _, http_port = flows.start_flow("unused", tmp_path, executor={
+            "uses": str(ROOT / "tests/fixtures/faulty.yml"), "uses_with": {}})
+        try:
+            assert http_port != taken.getsockname()[1]
+            with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/", timeout=10) as answer:
+                assert answer.status == 200
+        finally:
+            server.stop()
+    finally:
+        taken.close()
