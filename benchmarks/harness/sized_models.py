@@ -204,10 +204,10 @@ def _lean_record(name: str, cache: Path) -> Path:
     return cache / f"{name}.{SHAPE_FILE}"
 
 
-def model_parser(prog: str, description: str, out: Path) -> argparse.ArgumentParser:
+def model_parser(prog: str, doc: str, out: Path) -> argparse.ArgumentParser:
     """A benchmark's options for one GGUF file (default: the sized 1.17B Q4_K_M, made on demand)
-    and its results folder; `model_file` reads the first."""
-    parser = argparse.ArgumentParser(prog=prog, description=description)
+    and its results folder, described by its module's first paragraph; `model_file` reads the first."""
+    parser = argparse.ArgumentParser(prog=prog, description=" ".join(doc.split("\n\n")[0].split()))
     parser.add_argument("--model", type=Path, default=None, help="a GGUF file (default: the sized 1.17B Q4_K_M)")
     parser.add_argument("--out", type=Path, default=out)
     return parser

@@ -111,7 +111,7 @@ def table(result: dict[str, Any], command: str, git: Optional[str]) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = sized_models.model_parser("python -m benchmarks products", __doc__.splitlines()[0], RESULTS / "products")
+    p = sized_models.model_parser("python -m benchmarks products", __doc__ or "", RESULTS / "products")
     p.add_argument("--rows", default="1,16,64,512")
     args = p.parse_args(argv)
     result = measure(sized_models.model_file(args.model), [int(n) for n in args.rows.split(",")])

@@ -152,7 +152,7 @@ def table(result: dict[str, Any], command: str, git: Optional[str]) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = sized_models.model_parser("python -m benchmarks steps", __doc__.splitlines()[0], RESULTS / "steps")
+    p = sized_models.model_parser("python -m benchmarks steps", __doc__ or "", RESULTS / "steps")
     p.add_argument("--seed", type=int, default=0, help="the prompts' seed (the sizes record's default)")
     args = p.parse_args(argv)
     result = measure(sized_models.model_file(args.model), args.seed)
