@@ -14,7 +14,6 @@ The buffer sits on 2 MB pages where the kernel allows, as the engine's weights d
 (engine/model/huge_pages.py): on 4 KB pages the same sum read at about half the rate here.
 """
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -27,7 +26,7 @@ import torch
 
 from engine.model import huge_pages
 
-from .report import machine_info
+from .report import machine_info, write_results
 
 GIB = 1 << 30
 EMBEDDINGS = "token_embd.weight"  # llama.cpp's name of the input embeddings
@@ -199,10 +198,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             result["files"][path.name] = {"median_fraction": statistics.median(fractions), "rounds": found}
             print(lines[-1], flush=True)
         if args.out:
-            args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
-            (args.out / "results.md").write_text(f"{time.strftime('%Y-%m-%d')}, git {result['machine'].get('git')}, "
-                                                 f"`{result['command']}`\n\n" + "\n".join(f"- {x}" for x in lines) + "\n")
+            write_results(args.out, f"{time.strftime('%Y-%m-%d')}, git {result['machine'].get('git')}, "
+                                    f"`{result['command']}`\n\n" + "\n".join(f"- {x}" for x in lines) + "\n", result)
         return 0
     bandwidth = read_bandwidth(threads=args.threads)
     print(f"read bandwidth, {args.threads} threads: {bandwidth / 1e9:.1f} GB/s")

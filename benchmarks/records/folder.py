@@ -30,8 +30,9 @@ import numpy as np
 
 from testing.procs import ROOT
 
+from ..harness.report import write_results
 from ..harness.sized_models import CACHE, folder, gguf
-from .sizes import head, measure, publish, ratio
+from .sizes import head, measure, ratio
 
 SERVED = ("folder, first start", "folder, second start", "gguf")
 
@@ -125,5 +126,5 @@ def main(argv: Optional[list[str]] = None) -> int:
     result["blocks"] = same_blocks(cache, file)
     from engine.model.to_gguf import write
     result["written"] = same_files(write(str(source), args.out / f"{args.model}-written.gguf", args.quant.lower()), file)
-    publish(args.out, result, table(result))
+    write_results(args.out, table(result), result)
     return 0

@@ -24,9 +24,10 @@ from testing.procs import ROOT, settle
 
 from ..harness.load import closed_loop, make_prompts
 from ..harness.metrics import summarize
+from ..harness.report import write_results
 from ..harness.systems import flow_server, http_session, openai_model_id
 from .cpu_record import _http_target
-from .sizes import head, publish, ratio
+from .sizes import head, ratio
 
 MODEL = ROOT / "models" / "SmolLM2-135M-Instruct"
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -93,5 +94,5 @@ def main(argv: Optional[list[str]] = None) -> int:
     for name, env, asked in zip(SERVED, ({}, configured, configured), (None, None, f"r{args.rank}"), strict=True):
         print(name, flush=True)
         result["rows"].append(asyncio.run(measure(name, env, asked, args)))
-    publish(args.out, result, table(result))
+    write_results(args.out, table(result), result)
     return 0

@@ -28,8 +28,9 @@ from testing.fleet import LocalFleet
 from testing.flows import start_flow
 from testing.procs import ROOT
 
+from ..harness.report import write_results
 from ..harness.sized_models import CACHE
-from .sizes import head, publish
+from .sizes import head
 
 CASES = (("shared", 1), ("shared", 2), ("off", 1), ("off", 2))
 
@@ -141,5 +142,5 @@ def main(argv: Optional[list[str]] = None) -> int:
         result["rows"].append(measure_flow(args.model, replicas, args.out / "logs"))
     for sharing, replicas in CASES:
         result["rows"].append(measure(args.model, sharing, replicas, args.out / "logs"))
-    publish(args.out, result, table(result))
+    write_results(args.out, table(result), result)
     return 0

@@ -25,7 +25,6 @@ over OpenAI streaming completions, greedy, `--max-tokens` (64) with ignore_eos:
 """
 import argparse
 import asyncio
-import json
 import statistics
 import time
 from pathlib import Path
@@ -39,7 +38,7 @@ from testing.procs import ROOT, settle
 from ..harness import roofline
 from ..harness.load import closed_loop, make_prompts, run_request
 from ..harness.metrics import RequestRecord, summarize
-from ..harness.report import machine_info
+from ..harness.report import machine_info, write_results
 from ..harness.sized_models import CACHE
 from .cpu_record import cold_prompt
 from .gguf_record import GEMMA, gguf_file, serve
@@ -140,13 +139,6 @@ def head(subcommand: str, argv: Optional[list[str]], **fields: Any) -> dict:
             "command": f"python -m benchmarks {subcommand} " + " ".join(argv or []), **fields}
 
 
-def publish(out: Path, result: dict, text: str) -> None:
-    """results.json and results.md (`text`, the record's table) under `out`; the table printed too."""
-    (out / "results.json").write_text(json.dumps(result, indent=1))
-    (out / "results.md").write_text(text)
-    print("\n" + text)
-
-
 def ratio(a: Optional[float], b: Optional[float]) -> str:
     return f"{a / b:.2f}x" if a and b else "n/a"
 
@@ -225,7 +217,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 entry[f"{system}_rounds"] = rounds[system]
         result["sizes"][size] = entry
     with_rooflines(result, steps, readings)
-    publish(args.out, result, table(result))
+    write_results(args.out, table(result), result)
     return 0
 
 
