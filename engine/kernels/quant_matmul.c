@@ -47,6 +47,7 @@
 typedef struct {
     int16_t *steps;
     float *dx, *dsum, *dsum16;
+    uint8_t *planes;  /* the steps as byte planes (quant_tiles512.h's BYTE_PLANES), or NULL */
     int64_t blocks, width;
 } Rows;
 
@@ -59,6 +60,7 @@ static int rows_alloc(Rows *q, int64_t rows, int64_t width, int halves) {
     q->dx = malloc(rows * q->blocks * sizeof(float));
     q->dsum = malloc(rows * q->blocks * sizeof(float));
     q->dsum16 = halves ? malloc(rows * q->blocks * 2 * sizeof(float)) : NULL;
+    q->planes = NULL;
     return q->steps && q->dx && q->dsum && (q->dsum16 || !halves) ? 0 : -2;
 }
 
@@ -67,6 +69,7 @@ static void rows_free(Rows *q) {
     free(q->dx);
     free(q->dsum);
     free(q->dsum16);
+    free(q->planes);
 }
 
 static void quantize_row(const float *x, const Rows *q, int64_t r) {
@@ -132,6 +135,9 @@ static inline void int8_sums(const int8_t *w, const int16_t *xq, int64_t stride,
         memcpy(sums[r], acc, sizeof acc);
     }
 }
+#endif
+#ifndef BYTE_PLANES
+#define BYTE_PLANES 0
 #endif
 
 #if !defined(__AVX512BW__)  /* the AVX2 and plain C sums' tiles */
@@ -378,15 +384,19 @@ static int product(const float *x, const Weight *w, float *y, int64_t y_stride, 
     const uint8_t *packed = w->packed;
     const int8_t *packed8 = w->packed;
     Rows q;
-    if (rows_alloc(&q, rows, width, w->kind == WEIGHT_INT8_SUB && w->low)) {
+    const int int4 = w->kind == WEIGHT_INT4 || w->kind == WEIGHT_INT4_F32 || w->kind == WEIGHT_INT4_K;
+    int short_of_memory = rows_alloc(&q, rows, width, w->kind == WEIGHT_INT8_SUB && w->low);
+#if BYTE_PLANES
+    if (int4 && rows < FEW_ROWS && !short_of_memory) short_of_memory = !(q.planes = malloc(rows * width * 2));
+#endif
+    if (short_of_memory) {
         rows_free(&q);
         return -2;
     }
     const int64_t most = w->kind == WEIGHT_INT8 && width * outputs >= STREAMED ? WIDE_TILE : TILE;  /* a tile's rows */
     int parallel = threads > 1 && rows * width * outputs > parallel_from;  /* below, starting threads costs more */
     const int widen = WIDENS && rows >= WIDEN_FROM && (w->kind != WEIGHT_INT8 || width % QBLOCK == 0);
-    const int two = TWO_GROUPS && rows >= TWO_GROUPS_FROM
-                    && (w->kind == WEIGHT_INT4 || w->kind == WEIGHT_INT4_F32 || w->kind == WEIGHT_INT4_K);
+    const int two = TWO_GROUPS && rows >= TWO_GROUPS_FROM && int4;
     const int64_t groups = outputs / CHANNELS, units = two ? (groups + 1) / 2 : groups;  /* a thread's unit of work */
     #pragma omp parallel num_threads(threads) if (parallel)
     {
@@ -394,7 +404,12 @@ static int product(const float *x, const Weight *w, float *y, int64_t y_stride, 
          * tiles unpack as they go: the same bits) */
         void *widened = widen ? aligned_alloc(64, (width * 32 + 63) / 64 * 64) : NULL;
         #pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; r++) quantize_row(x, &q, r);
+        for (int64_t r = 0; r < rows; r++) {
+            quantize_row(x, &q, r);
+#if BYTE_PLANES
+            if (q.planes) byte_planes(q.steps + r * q.blocks * QBLOCK, q.planes + r * q.blocks * 2 * QBLOCK, q.blocks);
+#endif
+        }
         /* guided: each thread first takes a long run of groups (its prefetches stay its own, and
          * threads seldom meet at the shared counter), then shorter ones, so they end together.
          * Against (dynamic, 4), Gemma 3 270M's engine made 1.2x the tokens with one stream. */
