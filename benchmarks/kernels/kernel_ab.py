@@ -126,6 +126,23 @@ def int8_case(rows: int, width: int = HIDDEN, outputs: int = VOCAB) -> Case:
     return run
 
 
+def int8k_case(rows: int, width: int, outputs: int) -> Case:
+    """Q6_K's form (int8k: int8 steps, its own int8 scale per 16 inputs and fp16 d per 256): the
+    1.17B's output layer (2048 x 49152, 108 MB, from memory), or a weight the caches hold."""
+    g = torch.Generator().manual_seed(rows)
+    steps = torch.randint(-32, 32, (outputs // 16, width, 16), dtype=torch.int8, generator=g)
+    super_ = (torch.rand(outputs // 16, width // 256, 16, generator=g) / 100).half()
+    sub = torch.randint(-128, 128, (outputs // 16, width // 16, 16), dtype=torch.int8, generator=g)
+    x = torch.randn(rows, width, generator=g)
+
+    def run(lib: ctypes.CDLL) -> list[torch.Tensor]:
+        y = torch.empty(rows, outputs)
+        assert lib.int8k_matmul(x.data_ptr(), steps.data_ptr(), super_.data_ptr(), sub.data_ptr(), y.data_ptr(), rows,
+                                width, outputs, torch.get_num_threads()) == 0
+        return [y]
+    return run
+
+
 def attention_case(steps: list[list[tuple[int, int]]], shape: tuple[int, int, int] = (HEADS, KV_HEADS, DIM)) -> Case:
     """Steps of sequences (new tokens, keys), each sequence's blocks at random places in one pool;
     `shape`: heads, kv heads, head dim."""
@@ -175,8 +192,11 @@ CASES: dict[str, Callable[[], Case]] = {  # each makes its inputs when it runs
     **{f"int4, a layer's 4 matmuls, {rows} rows": partial(int4_case, rows) for rows in (1, 16, 512)},
     **{f"int4 (Q4_K's form), the 1.17B's 16 layers, {rows} rows": partial(int4k_model_case, rows) for rows in (1, 16)},
     **{f"int4 (Q4_K's form), a 2048 x 8192 weight in the caches, {rows} rows": partial(int4k_model_case, rows, 0)
-       for rows in (1, 2, 16)},
+       for rows in (1, 2, 4, 8, 16)},
     **{f"int8 output layer, {rows} rows": partial(int8_case, rows) for rows in (1, 16)},
+    **{f"int8 (Q6_K's form), the 1.17B's output layer, {rows} rows": partial(int8k_case, rows, 2048, VOCAB)
+       for rows in (1, 2, 16)},
+    "int8 (Q6_K's form), a 2048 x 4096 weight in the caches, 1 rows": partial(int8k_case, 1, 2048, 4096),
     **{f"int8 (Q5_0's form), Gemma's gate and up, {rows} rows": partial(int8_case, rows, *GEMMA_GATE_UP)
        for rows in (1, 16, 512)},
     "int8 output layer, Gemma's shape, 16 rows": partial(int8_case, 16, *GEMMA_OUTPUT),

@@ -387,7 +387,7 @@ static int product(const float *x, const Weight *w, float *y, int64_t y_stride, 
     const int int4 = w->kind == WEIGHT_INT4 || w->kind == WEIGHT_INT4_F32 || w->kind == WEIGHT_INT4_K;
     int short_of_memory = rows_alloc(&q, rows, width, w->kind == WEIGHT_INT8_SUB && w->low);
 #if BYTE_PLANES
-    if (int4 && rows < FEW_ROWS && !short_of_memory) short_of_memory = !(q.planes = malloc(rows * width * 2));
+    if (int4 && rows < TWO_GROUPS_FROM && !short_of_memory) short_of_memory = !(q.planes = malloc(rows * width * 2));
 #endif
     if (short_of_memory) {
         rows_free(&q);

@@ -7,9 +7,9 @@
  * broadcast from memory. A block's integer sums stay in registers, and its scales are applied
  * there, 16 lanes an instruction: the AVX2 tiles store the sums and reload them as two halves.
  * Eight rows share each unpacking of the weights (32 registers; AVX2 has 16), sixteen where an
- * int8 weight is large enough to stream from memory (quant_matmul.c's STREAMED). One or two rows
- * (a decode's), where nothing shares the unpacking, take int4 weights in byte products
- * (`vpdpbusd`) where the CPU has AVX512-VBMI and VNNI: the same integers (int4_sums_bytes).
+ * int8 weight is large enough to stream from memory (quant_matmul.c's STREAMED). A decode's few rows,
+ * where little shares the unpacking, take int4 weights in byte products (`vpdpbusd`) where the CPU
+ * has AVX512-VBMI and VNNI: the same integers (int4_sums_bytes).
  *
  * Every sum is exact (|w| <= 128, |x| <= 32767, 32 products: under 2^31), and each lane's fp32
  * sequence is the one of quant_matmul.c's f8 tiles: convert, times dx, times d, plus the total
@@ -90,19 +90,22 @@ int4_sums512(const uint8_t *w, const int16_t *xq, int64_t stride, __m512i acc[],
 }
 
 #if defined(__AVX512VBMI__) && defined(__AVX512VNNI__)
-/* Below FEW_ROWS, int4 sums in byte products (`vpdpbusd`: four u8 by s8 products a lane) where
- * the CPU has them, with `vpermb` to bring a lane its weights. The same integers: with x = 256 hi
- * + lo (hi = x >> 8, a signed byte; lo = x & 255, an unsigned one), q . x = 256 (q . hi) + q . lo,
- * and a step q (0 to 15) is a valid byte either way, so q . hi takes q as the unsigned side and
- * q . lo as the signed one. Each sum is exact (|q . hi| <= 15 * 128 * 32), so int4_sums512's.
+/* Below TWO_GROUPS_FROM rows (a decode's), int4 sums in byte products (`vpdpbusd`: four u8 by s8
+ * products a lane) where the CPU has them, with `vpermb` to bring a lane its weights. The same
+ * integers: with x = 256 hi + lo (hi = x >> 8, a signed byte; lo = x & 255, an unsigned one),
+ * q . x = 256 (q . hi) + q . lo, and a step q (0 to 15) is a valid byte either way, so q . hi takes
+ * q as the unsigned side and q . lo as the signed one. Each sum is exact (|q . hi| <= 15 * 128 *
+ * 32), so int4_sums512's.
  *
- * Why: at one row nothing shares the unpacking, and int4_sums512 spends four instructions (one a
- * shuffle) on each 16 bytes of weights before its one `vpdpwssd`; here 64 bytes (four pairs of
- * inputs, 16 outputs) take a shuffle and three bit operations, then four `vpdpbusd` a row. On
- * this project's 2-core Zen 5 machine (`kernel-ab`), a 2048 x 8192 Q4_K weight the caches hold:
- * 1.22x at one row, 1.16x at two; SmolLM2-135M's layer 1.13x at one; the 1.17B's 16 layers, which
- * stream from memory, as before (their time is the bytes). With 8 rows sharing the unpacking the
- * same sums ran 1.02x, not worth the planes' memory at a prompt's rows. */
+ * Why: with few rows little shares the unpacking, and int4_sums512 spends four instructions (one a
+ * shuffle) on each 16 bytes of weights before its `vpdpwssd`; here 64 bytes (four pairs of inputs,
+ * 16 outputs) take a shuffle and three bit operations, then four `vpdpbusd` a row. On this
+ * project's 2-core Zen 5 machine (`kernel-ab`), a 2048 x 8192 Q4_K weight the caches hold: 1.22x at
+ * one row, 1.16x at two, 1.12x at four, 1.03x at eight, 1.02x at sixteen; SmolLM2-135M's layer
+ * 1.13x at one. The 1.17B's 16 layers, which stream from memory where the machine reads at its
+ * usual rate, as before (their time is the bytes); where it reads faster, the 1.17B's one-stream
+ * decode went 1.26x. The int8 weights' sums in bytes (hi + 128 against signed steps, 128 sum(w)
+ * given back) ran 1.03x at one row (their float work per 16 inputs dominates): not kept. */
 #define BYTE_PLANES 1
 
 /* x's block of 32 steps as four words per eight inputs (pairs 4k to 4k + 3): the even inputs'
@@ -132,33 +135,37 @@ static inline __attribute__((always_inline)) __m512i dot_bytes_unsigned(__m512i 
     return acc;
 }
 
-/* int4_sums512's sums for count < FEW_ROWS rows, from x's byte planes (`planes`, a row's `stride`
- * bytes apart). A lane (an output) takes bytes 16 s + o of pairs 4k to 4k + 3 (s: the pair,
- * o: the output): one `vpermb` of 64 bytes. */
+/* int4_sums512's sums from x's byte planes (`planes`, a row's `stride` bytes apart). A lane (an
+ * output) takes bytes 16 s + o of pairs 4k to 4k + 3 (s: the pair, o: the output): one `vpermb`
+ * of 64 bytes. Below FEW_ROWS each row sums in four chains, else in two (the registers). */
 static inline __attribute__((always_inline)) void
 int4_sums_bytes(const uint8_t *w, const uint8_t *planes, int64_t stride, __m512i acc[], const int count) {
     uint8_t order[64];
     for (int o = 0; o < CHANNELS; o++)
         for (int s = 0; s < 4; s++) order[4 * o + s] = (uint8_t)(CHANNELS * s + o);
     const __m512i index = _mm512_loadu_si512(order), nibble = _mm512_set1_epi8(0x0F);
+    const int chains = count < FEW_ROWS ? 4 : 2;
     fetch_ahead(w, PAIRS * CHANNELS);
-    __m512i part[FEW_ROWS - 1][4];
+    __m512i part[TILE][4];
     for (int r = 0; r < count; r++)
-        for (int i = 0; i < 4; i++) part[r][i] = _mm512_setzero_si512();
+        for (int i = 0; i < chains; i++) part[r][i] = _mm512_setzero_si512();
     for (int k = 0; k < 4; k++) {
         const __m512i q = _mm512_permutexvar_epi8(index, _mm512_loadu_si512(w + 64 * k));
         const __m512i even = _mm512_and_si512(q, nibble), odd = _mm512_and_si512(_mm512_srli_epi16(q, 4), nibble);
         for (int r = 0; r < count; r++) {
             const uint8_t *x = planes + r * stride + 16 * k;
-            part[r][0] = dot_bytes(part[r][0], even, x);
-            part[r][1] = dot_bytes(part[r][1], odd, x + 4);
-            part[r][2] = dot_bytes_unsigned(part[r][2], x + 8, even);
-            part[r][3] = dot_bytes_unsigned(part[r][3], x + 12, odd);
+            __m512i *hi = &part[r][0], *lo = &part[r][chains / 2];
+            hi[0] = dot_bytes(hi[0], even, x);
+            hi[chains / 2 - 1] = dot_bytes(hi[chains / 2 - 1], odd, x + 4);
+            lo[0] = dot_bytes_unsigned(lo[0], x + 8, even);
+            lo[chains / 2 - 1] = dot_bytes_unsigned(lo[chains / 2 - 1], x + 12, odd);
         }
     }
-    for (int r = 0; r < count; r++)
-        acc[r] = _mm512_add_epi32(_mm512_slli_epi32(_mm512_add_epi32(part[r][0], part[r][1]), 8),
-                                  _mm512_add_epi32(part[r][2], part[r][3]));
+    for (int r = 0; r < count; r++) {
+        __m512i hi = part[r][0], lo = part[r][chains / 2];
+        if (chains == 4) hi = _mm512_add_epi32(hi, part[r][1]), lo = _mm512_add_epi32(lo, part[r][3]);
+        acc[r] = _mm512_add_epi32(_mm512_slli_epi32(hi, 8), lo);
+    }
 }
 #endif
 
@@ -274,7 +281,7 @@ int4_tile(const Rows *x, const uint8_t *packed, const void *scale, const void *l
     for (int64_t b = 0; b < blocks; b++) {
         const int64_t at = (group * blocks + b) * CHANNELS;
 #if BYTE_PLANES
-        if (count < FEW_ROWS && x->planes)
+        if (x->planes)
             int4_sums_bytes(packed + at * PAIRS, x->planes + (r0 * blocks + b) * 2 * QBLOCK, 2 * stride, sums, count);
         else
 #endif
