@@ -103,8 +103,9 @@ int4_sums512(const uint8_t *w, const int16_t *xq, int64_t stride, __m512i acc[],
  * project's 2-core Zen 5 machine (`kernel-ab`), a 2048 x 8192 Q4_K weight the caches hold: 1.22x at
  * one row, 1.16x at two, 1.12x at four, 1.03x at eight, 1.02x at sixteen; SmolLM2-135M's layer
  * 1.13x at one. The 1.17B's 16 layers, which stream from memory where the machine reads at its
- * usual rate, as before (their time is the bytes); where it reads faster, the 1.17B's one-stream
- * decode went 1.26x. The int8 weights' sums in bytes (hi + 128 against signed steps, 128 sum(w)
+ * usual rate, as before (their time is the bytes); where it reads faster the products' speed
+ * shows: the 1.17B's one-stream decode against llama.cpp's went from 0.90x and 0.99x to 1.15x and
+ * 1.12x (`benchmarks sizes`, two ABBA runs each). The int8 weights' sums in bytes (hi + 128 against signed steps, 128 sum(w)
  * given back) ran 1.03x at one row (their float work per 16 inputs dominates): not kept. */
 #define BYTE_PLANES 1
 
@@ -127,7 +128,7 @@ static inline __attribute__((always_inline)) __m512i dot_bytes(__m512i acc, __m5
     return acc;
 }
 
-/* acc + u . s per 32-bit lane, `u`'s four bytes broadcast from memory */
+/* acc + u . s per 32-bit lane, `u`'s four bytes broadcast (the instruction broadcasts its signed side only) */
 static inline __attribute__((always_inline)) __m512i dot_bytes_unsigned(__m512i acc, const uint8_t *u, __m512i s) {
     int32_t four;
     memcpy(&four, u, sizeof four);
