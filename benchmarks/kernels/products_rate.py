@@ -33,6 +33,7 @@ from ..harness.roofline import read_bandwidth
 from .multiply_rate import measure as multiply_rates
 
 SECONDS = 2.0
+MIN_PASSES = 3
 
 
 def our_form(rates: list[tuple[str, float]]) -> tuple[str, float]:
@@ -57,12 +58,14 @@ def layer_bytes(layer: torch.nn.Module) -> int:
 
 
 def timed(layers: list[torch.nn.Module], rows: int) -> float:
-    """Seconds a pass over `layers` takes at `rows` rows (the best of the passes in SECONDS)."""
+    """Seconds a pass over `layers` takes at `rows` rows: the best of the passes in SECONDS, and of
+    MIN_PASSES at least, so that one pass a neighbour's process delayed does not decide it."""
     inputs = {layer.in_features: torch.randn(rows, layer.in_features) for layer in layers}
     for layer in layers:  # warm: the products' buffers and the threads
         layer(inputs[layer.in_features])
-    best, ends = float("inf"), time.perf_counter() + SECONDS
-    while time.perf_counter() < ends:
+    best, ends, passes = float("inf"), time.perf_counter() + SECONDS, 0
+    while time.perf_counter() < ends or passes < MIN_PASSES:
+        passes += 1
         started = time.perf_counter()
         for layer in layers:
             layer(inputs[layer.in_features])

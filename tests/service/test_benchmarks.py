@@ -281,7 +281,8 @@ def test_the_products_benchmark_times_every_kind_of_a_ggufs_layers(gguf_model, m
     """`python -m benchmarks products` on Gemma 3 270M's file (briefly): each kind of quantized layer
     that its load made, the bytes a weight they read, and each row count's rate as a fraction of the
     multiply bound, and at one row of the read bandwidth (a kernel at no cost would give fractions far
-    over 1; at none, 0)."""
+    over 1; at none, 0). Which row count is faster is the benchmark's to show, not a test's: a
+    neighbour's load on a shared machine can turn it."""
     from pathlib import Path
 
     from benchmarks.kernels import products_rate
@@ -292,7 +293,10 @@ def test_the_products_benchmark_times_every_kind_of_a_ggufs_layers(gguf_model, m
     assert len(result["kinds"]) >= 2  # Gemma's file: Q4_K's int4 layers and int8 ones (Q5_0, Q6_K, Q8_0)
     for kind, entry in result["kinds"].items():
         assert entry["layers"] > 0 and 0.4 < entry["bytes_a_weight"] < 1.5, (kind, entry)
-        assert 0 < entry["rows"]["1"]["of_bound"] < entry["rows"]["16"]["of_bound"] < 1.5, (kind, entry)
+        for n in ("1", "16"):
+            figures = entry["rows"][n]
+            assert 0 < figures["of_bound"] < 1.5, (kind, n, entry)
+            assert abs(figures["of_bound"] - figures["g_products_s"] / result["bound_g_s"]) < 0.002, (kind, n, entry)
         one = entry["rows"]["1"]
         assert one["gb_s"] > 0 and abs(one["of_bandwidth"] - one["gb_s"] / 1000) < 0.002, (kind, entry)
     text = products_rate.table(result, "python -m benchmarks products", "abc1234")
