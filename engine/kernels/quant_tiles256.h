@@ -1,4 +1,4 @@
-/* quant_matmul.c's integer sums on AVX2 (`pmaddwd`, 16 products an instruction): the same
+/* quant_tiles8.h's integer sums on AVX2 (`pmaddwd`, 16 products an instruction): the same
  * integers as the plain C and AVX-512 sums, so the same bits. A register holds an input pair's
  * weights for 8 of a group's 16 outputs, each output's two steps side by side as int16; x's pair
  * is broadcast from memory, and `pmaddwd` takes a row's 16 products. Three rows share each

@@ -12,7 +12,7 @@
  * has AVX512-VBMI and VNNI: the same integers (int4_sums_bytes).
  *
  * Every sum is exact (|w| <= 128, |x| <= 32767, 32 products: under 2^31), and each lane's fp32
- * sequence is the one of quant_matmul.c's f8 tiles: convert, times dx, times d, plus the total
+ * sequence is the one of quant_tiles8.h's f8 tiles: convert, times dx, times d, plus the total
  * (int4: then plus dx sum(x) times m), each operation rounded on its own (-ffp-contract=off). */
 #ifndef ENGINE_KERNELS_QUANT_TILES512_H
 #define ENGINE_KERNELS_QUANT_TILES512_H
@@ -269,7 +269,7 @@ static inline __attribute__((always_inline)) __m512 int4_total(__m512 total, __m
     return _mm512_add_ps(_mm512_add_ps(total, scaled(sum, dx, d)), _mm512_mul_ps(_mm512_set1_ps(dsum), m));
 }
 
-/* Outputs [group * 16, +16) for rows [r0, r0 + count): quant_matmul.c's int4_tile */
+/* Outputs [group * 16, +16) for rows [r0, r0 + count): quant_tiles8.h's int4_tile */
 static inline __attribute__((always_inline)) void
 int4_tile(const Rows *x, const uint8_t *packed, const void *scale, const void *low, const int wide, float *y,
           int64_t y_stride, int64_t group, int64_t r0, const void *widened, const int count) {
@@ -329,7 +329,7 @@ int4_tile_two(const Rows *x, const uint8_t *packed, const void *scale, const voi
         for (int r = 0; r < count; r++) _mm512_storeu_ps(y + (r0 + r) * y_stride + (group + g) * CHANNELS, total[r][g]);
 }
 
-/* quant_matmul.c's int8_block: block b's first n inputs */
+/* quant_tiles8.h's int8_block: block b's first n inputs */
 static inline __attribute__((always_inline)) void
 int8_block(const Rows *x, const int8_t *packed, const uint16_t *scale, int64_t group, int64_t r0, int64_t b,
            const int n, __m512 total[], const int count) {
@@ -341,7 +341,7 @@ int8_block(const Rows *x, const int8_t *packed, const uint16_t *scale, int64_t g
     for (int r = 0; r < count; r++) total[r] = _mm512_add_ps(total[r], scaled(sums[r], x->dx[(r0 + r) * blocks + b], d));
 }
 
-/* quant_matmul.c's int8_tile: the whole blocks with a constant count of inputs, then a partial one */
+/* quant_tiles8.h's int8_tile: the whole blocks with a constant count of inputs, then a partial one */
 static inline __attribute__((always_inline)) void
 int8_tile(const Rows *x, const int8_t *packed, const uint16_t *scale, float *y, int64_t y_stride, int64_t group,
           int64_t r0, const void *widened, const int count) {
@@ -354,7 +354,7 @@ int8_tile(const Rows *x, const int8_t *packed, const uint16_t *scale, float *y, 
     store_tile(total, y, y_stride, group, r0, count);
 }
 
-/* quant_matmul.c's int8s_tile */
+/* quant_tiles8.h's int8s_tile */
 static inline __attribute__((always_inline)) void
 int8s_tile(const Rows *x, const int8_t *packed, const void *scale, const void *low, const int own, float *y,
            int64_t y_stride, int64_t group, int64_t r0, const void *widened, const int count) {
