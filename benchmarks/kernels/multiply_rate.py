@@ -14,7 +14,12 @@ Where the CPU has AVX-512 with VNNI, the same forms at 512 bits too:
   instruction): the form of this service's AVX-512 products (quant_tiles512.h);
 - int16, `vpmaddwd` and `vpaddd` at 512 bits (AVX512BW without VNNI);
 - int8, VNNI: `vpdpbusd` (64 products of u8 and s8, summed in fours into the accumulator): the
-  form of llama.cpp's AVX512-VNNI kernels for int8 activations.
+  form of llama.cpp's AVX512-VNNI kernels for int8 activations;
+- int16, VNNI, with 2, 3, 4 or 6 fp32 multiplies (`vmulps`) beside each 16 `vpdpwssd`: the one
+  arithmetic's own bound. Each row's block of 32 inputs takes 16 `vpdpwssd` for a group's 16
+  outputs and then its scales (int4: (sum dx) d and dx sum(x) times m, three multiplies); where
+  `vmulps` runs on the pipes that `vpdpwssd` does (a Zen 5 core's two), the products go no faster
+  than this (benchmarks.kernels.products_rate.multiplies counts each kind's).
 
 Four independent accumulators each for AVX2's forms, twelve for VNNI's (one instruction a
 product's chain, so more of them in flight), so that the rate is the units' and not a chain's
@@ -73,6 +78,20 @@ SOURCE512 = SOURCE.split("#define LOOP")[0] + r"""
 #define DPWSSD(A) "vpdpwssd %%zmm15,%%zmm15,%%zmm" A "\n"
 #define DPBUSD(A) "vpdpbusd %%zmm15,%%zmm15,%%zmm" A "\n"
 #define MADDWD(A) "vpmaddwd %%zmm15,%%zmm15,%%zmm12\n vpaddd %%zmm12,%%zmm" A ",%%zmm" A "\n"
+/* 16 accumulators for 16 `vpdpwssd` a pass, beside M fp32 multiplies (by 1.0, on 1.0: no
+ * subnormals), each on a chain of its own in zmm20 to zmm25 */
+#define SIXTEEN(F) TWELVE(F) F("16") F("17") F("18") F("19")
+#define MULPS(A) "vmulps %%zmm14,%%zmm" A ",%%zmm" A "\n"
+#define SCALED(M, BODY) do { long it = n; double t = now(); \
+    __asm__ volatile("vpternlogd $0xff,%%zmm15,%%zmm15,%%zmm15\n vpsrld $25,%%zmm15,%%zmm14\n" \
+                     "vpslld $23,%%zmm14,%%zmm14\n vpabsb %%zmm15,%%zmm15\n vmovaps %%zmm14,%%zmm20\n" \
+                     "vmovaps %%zmm14,%%zmm21\n vmovaps %%zmm14,%%zmm22\n vmovaps %%zmm14,%%zmm23\n" \
+                     "vmovaps %%zmm14,%%zmm24\n vmovaps %%zmm14,%%zmm25\n" \
+                     "1:\n" SIXTEEN(DPWSSD) BODY "dec %0\n jnz 1b\n" : "+r"(it) :: "xmm0", "xmm1", "xmm2", "xmm3", \
+                     "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm14", "xmm15", "xmm16", \
+                     "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "cc"); \
+    printf("int16, vpdpwssd (512 bits), %d fp32 multiplies a 16\t%.2f\n", M, 16.0 * 32 * n / (now() - t) / 1e9); \
+    } while (0)
 int main(void) {
     long n = 100000000; double seconds;
     LOOP(TWELVE(DPWSSD));
@@ -81,6 +100,10 @@ int main(void) {
     printf("int16, vpmaddwd and vpaddd (512 bits)\t%.2f\n", 4.0 * 32 * n / seconds / 1e9);
     LOOP(TWELVE(DPBUSD));
     printf("int8, vpdpbusd (512 bits)\t%.2f\n", 12.0 * 64 * n / seconds / 1e9);
+    SCALED(2, MULPS("20") MULPS("21"));
+    SCALED(3, MULPS("20") MULPS("21") MULPS("22"));
+    SCALED(4, MULPS("20") MULPS("21") MULPS("22") MULPS("23"));
+    SCALED(6, MULPS("20") MULPS("21") MULPS("22") MULPS("23") MULPS("24") MULPS("25"));
     return 0;
 }
 """

@@ -8,6 +8,11 @@ inputs x outputs), and:
 - against the multiply bound: one core's rate in the form this service's products take
   (benchmarks.multiply_rate: VNNI's `vpdpwssd` where the CPU has it, else `vpmaddwd` and `vpaddd`),
   times the threads. Batched rows (sixteen streams, a prompt) are bound by it;
+- where that form is VNNI's, against the one arithmetic's bound too: the fp32 multiplies that the
+  arithmetic asks of each row beside each block's `vpdpwssd` (int4: dx, d and dx sum(x) times m,
+  three a block of 32) run on the same two pipes of a Zen 5 core as `vpdpwssd`, so the products
+  can go no faster than `vpdpwssd` beside them (multiply_rate measures that rate for 2 to 6
+  multiplies a 16 `vpdpwssd`);
 - at one row, the bytes of the layers' buffers read a second, against the read bandwidth that
   `benchmarks.harness.roofline` measures: one stream's decode is bound by that.
 
@@ -43,6 +48,33 @@ def our_form(rates: list[tuple[str, float]]) -> tuple[str, float]:
     return wanted, found[wanted]
 
 
+def multiplies(layer: torch.nn.Module) -> int:
+    """The fp32 multiplies a row's 16 `vpdpwssd` (512 products: a block of 32 inputs, 16 outputs)
+    carry in the one arithmetic: int4, (sum dx) d and dx sum(x) times m: 3; int8 by blocks of 32
+    (Q8_0's form), (sum dx) d: 2; by sub-blocks of 16 (Q6_K's, Q5_K's), twice that, and with lows
+    (dx sum(x) times m) three a sub-block. The scales' own products (Q4_K's d sc), shared by a
+    tile's rows, are left out."""
+    if isinstance(layer, Int4Linear):
+        return 3
+    if layer.own_scales or layer.sub:
+        return 6 if layer.lows is not None and not layer.own_scales else 4
+    return 2
+
+
+def arithmetic_seconds(layers: list[torch.nn.Module], rows: int, rates: list[tuple[str, float]],
+                       threads: int) -> Optional[float]:
+    """Seconds a pass over `layers` at `rows` rows takes at the one arithmetic's bound: each
+    layer's products at one core's rate of `vpdpwssd` beside its multiplies, times the threads
+    (None where multiply_rate has no such rate: no VNNI)."""
+    found, seconds = dict(rates), 0.0
+    for layer in layers:
+        rate = found.get(f"int16, vpdpwssd (512 bits), {multiplies(layer)} fp32 multiplies a 16")
+        if rate is None:
+            return None
+        seconds += rows * layer.in_features * layer.out_features / (rate * threads * 1e9)
+    return seconds
+
+
 def kinds(model: torch.nn.Module) -> dict[str, list[torch.nn.Module]]:
     """The model's quantized layers by kind: the class and the scales' form."""
     found: dict[str, list[torch.nn.Module]] = {}
@@ -76,7 +108,8 @@ def timed(layers: list[torch.nn.Module], rows: int) -> float:
 def measure(model_file: Path, rows: list[int]) -> dict[str, Any]:
     loaded = load_model(EngineConfig(model=str(model_file)))
     threads = torch.get_num_threads()
-    form, per_core = our_form(multiply_rates())
+    rates = multiply_rates()
+    form, per_core = our_form(rates)
     bandwidth = read_bandwidth(threads=threads)
     result: dict[str, Any] = {"model": model_file.name, "threads": threads, "form": form,
                               "bound_g_s": round(per_core * threads, 1), "bandwidth_gb_s": round(bandwidth / 1e9, 1),
@@ -90,6 +123,8 @@ def measure(model_file: Path, rows: list[int]) -> dict[str, Any]:
             seconds = timed(layers, n)
             rate = n * products / seconds / 1e9
             figures = {"g_products_s": round(rate, 1), "of_bound": round(rate / result["bound_g_s"], 3)}
+            if form.startswith("int16, vpdpwssd") and (at_bound := arithmetic_seconds(layers, n, rates, threads)):
+                figures["of_arithmetic"] = round(at_bound / seconds, 3)
             if n == 1:
                 read = stored / seconds
                 figures |= {"gb_s": round(read / 1e9, 1), "of_bandwidth": round(read / bandwidth, 3)}
@@ -102,14 +137,17 @@ def table(result: dict[str, Any], command: str, git: Optional[str]) -> str:
     lines = [f"# The quantized products of {result['model']}, alone", "",
              f"{time.strftime('%Y-%m-%d')}, git {git}, `{command}`; {result['threads']} threads. Multiply bound: "
              f"{result['bound_g_s']} billion products a second ({result['form']}, one core's rate times the threads); "
-             f"read bandwidth {result['bandwidth_gb_s']} GB/s.", "",
-             "| layers | bytes a weight | rows | billion products a second | of the multiply bound | one row: GB/s read, of the bandwidth |",
-             "|---|---|---|---|---|---|"]
+             f"read bandwidth {result['bandwidth_gb_s']} GB/s. The arithmetic's bound: `vpdpwssd` beside the fp32 "
+             "multiplies each kind's blocks carry (products_rate.multiplies).", "",
+             "| layers | bytes a weight | rows | billion products a second | of the multiply bound "
+             "| of the arithmetic's bound | one row: GB/s read, of the bandwidth |",
+             "|---|---|---|---|---|---|---|"]
     for kind, entry in result["kinds"].items():
         for n, figures in entry["rows"].items():
             read = f"{figures['gb_s']} ({figures['of_bandwidth']:.0%})" if "gb_s" in figures else ""
+            arithmetic = f"{figures['of_arithmetic']:.0%}" if "of_arithmetic" in figures else ""
             lines.append(f"| {kind}, {entry['layers']} | {entry['bytes_a_weight']} | {n} | {figures['g_products_s']} "
-                         f"| {figures['of_bound']:.0%} | {read} |")
+                         f"| {figures['of_bound']:.0%} | {arithmetic} | {read} |")
     return "\n".join(lines) + "\n"
 
 

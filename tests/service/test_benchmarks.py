@@ -297,10 +297,40 @@ def test_the_products_benchmark_times_every_kind_of_a_ggufs_layers(gguf_model, m
             figures = entry["rows"][n]
             assert 0 < figures["of_bound"] < 1.5, (kind, n, entry)
             assert abs(figures["of_bound"] - figures["g_products_s"] / result["bound_g_s"]) < 0.002, (kind, n, entry)
+            assert ("of_arithmetic" in figures) == result["form"].startswith("int16, vpdpwssd"), (kind, n, entry)
+            assert 0 < figures.get("of_arithmetic", 1) < 1.5, (kind, n, entry)
         one = entry["rows"]["1"]
         assert one["gb_s"] > 0 and abs(one["of_bandwidth"] - one["gb_s"] / 1000) < 0.002, (kind, entry)
     text = products_rate.table(result, "python -m benchmarks products", "abc1234")
     assert text.count("\n| ") == 1 + 2 * len(result["kinds"])  # the header, then a row per kind and count
+
+
+def test_the_arithmetics_bound_counts_each_kinds_multiplies():
+    """Each kind's layers at the rate of `vpdpwssd` beside the fp32 multiplies its blocks carry:
+    int4 3 a block of 32, Q8_0's int8 2, int8 by sub-blocks of 16 4, and 6 with lows; none without
+    VNNI's rates."""
+    import torch
+
+    from benchmarks.kernels import products_rate
+    from engine.kernels import native
+    from engine.model.int4 import Int4Linear, Int8Linear, _quantize
+    if not native.int8_ready():
+        import pytest
+        pytest.skip("quant_matmul.c does not run here (no compiler)")
+    g = torch.Generator().manual_seed(0)
+    linear = torch.nn.Linear(64, 32, bias=False)
+    steps, scale, low, _ = _quantize(torch.randn(32, 64, generator=g))
+    sub = torch.randint(-32, 32, (32, 64), generator=g, dtype=torch.int8)
+    scales = torch.rand(32, 4, generator=g) + 0.1
+    layers = [Int4Linear(linear, steps, scale, low), Int8Linear(linear), Int8Linear(linear, (sub, scales, None)),
+              Int8Linear(linear, (sub, scales, -scales))]
+    assert [products_rate.multiplies(layer) for layer in layers] == [3, 2, 4, 6]
+    rates = [(f"int16, vpdpwssd (512 bits), {m} fp32 multiplies a 16", rate)
+             for m, rate in ((2, 200.0), (3, 150.0), (4, 100.0), (6, 50.0))]
+    seconds = products_rate.arithmetic_seconds(layers, 8, rates, threads=2)
+    assert seconds is not None
+    assert abs(seconds - 8 * 64 * 32 * (1 / 150 + 1 / 200 + 1 / 100 + 1 / 50) / 2e9) < 1e-15
+    assert products_rate.arithmetic_seconds(layers, 8, rates[:3], threads=2) is None
 
 
 def test_the_steps_benchmark_splits_passes_by_what_they_held():
