@@ -35,6 +35,7 @@ from .. import RESULTS
 from ..harness import sized_models
 from ..harness.report import machine_info, write_results
 from ..harness.roofline import read_bandwidth
+from .multiply_rate import SCALED_FORM
 from .multiply_rate import measure as multiply_rates
 
 SECONDS = 2.0
@@ -68,7 +69,7 @@ def arithmetic_seconds(layers: list[torch.nn.Module], rows: int, rates: list[tup
     (None where multiply_rate has no such rate: no VNNI)."""
     found, seconds = dict(rates), 0.0
     for layer in layers:
-        rate = found.get(f"int16, vpdpwssd (512 bits), {multiplies(layer)} fp32 multiplies a 16")
+        rate = found.get(SCALED_FORM.format(multiplies(layer)))
         if rate is None:
             return None
         seconds += rows * layer.in_features * layer.out_features / (rate * threads * 1e9)

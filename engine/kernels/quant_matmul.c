@@ -21,9 +21,9 @@
  * total = (total + (q . qx) dx d) + (dx sum(qx)) m (int8: total + (w . qx) dx d). The integer
  * sums run in AVX-512's `vpdpwssd` or `vpmaddwd` (32 products an instruction, quant_tiles512.h)
  * where the CPU has AVX512BW, in AVX2's `pmaddwd` (16, quant_tiles256.h) where it has AVX2, else
- * in plain C (both with quant_tiles8.h's tiles); each gives the same integers, and every path applies the scales with the same fp32
- * operations per output, so every path gives the same bits. `int4_matmul_ready` and `int8_matmul_ready` say
- * which: 3 (AVX-512), 2 (AVX2), 1 (plain C).
+ * in plain C (both with quant_tiles8.h's tiles); each gives the same integers, and every path
+ * applies the scales with the same fp32 operations per output, so every path gives the same bits.
+ * `int4_matmul_ready` and `int8_matmul_ready` say which: 3 (AVX-512), 2 (AVX2), 1 (plain C).
  *
  * Against float64 on the same inputs, x's rounding errs by at most 2^-16 of its block's largest
  * magnitude (bf16 rounding: 2^-9 of each value; int8: 2^-8 of the largest). Each output is

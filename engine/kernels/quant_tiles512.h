@@ -105,8 +105,9 @@ int4_sums512(const uint8_t *w, const int16_t *xq, int64_t stride, __m512i acc[],
  * 1.13x at one. The 1.17B's 16 layers, which stream from memory where the machine reads at its
  * usual rate, as before (their time is the bytes); where it reads faster the products' speed
  * shows: the 1.17B's one-stream decode against llama.cpp's went from 0.90x and 0.99x to 1.15x and
- * 1.12x (`benchmarks sizes`, two ABBA runs each). The int8 weights' sums in bytes (hi + 128 against signed steps, 128 sum(w)
- * given back) ran 1.03x at one row (their float work per 16 inputs dominates): not kept. */
+ * 1.12x (`benchmarks sizes`, two ABBA runs each). The int8 weights' sums in bytes (hi + 128
+ * against signed steps, 128 sum(w) given back) ran 1.03x at one row (their float work per 16
+ * inputs dominates): not kept. */
 #define BYTE_PLANES 1
 
 /* x's block of 32 steps as four words per eight inputs (pairs 4k to 4k + 3): the even inputs'

@@ -325,7 +325,7 @@ def test_the_arithmetics_bound_counts_each_kinds_multiplies():
     layers = [Int4Linear(linear, steps, scale, low), Int8Linear(linear), Int8Linear(linear, (sub, scales, None)),
               Int8Linear(linear, (sub, scales, -scales))]
     assert [products_rate.multiplies(layer) for layer in layers] == [3, 2, 4, 6]
-    rates = [(f"int16, vpdpwssd (512 bits), {m} fp32 multiplies a 16", rate)
+    rates = [(products_rate.SCALED_FORM.format(m), rate)
              for m, rate in ((2, 200.0), (3, 150.0), (4, 100.0), (6, 50.0))]
     seconds = products_rate.arithmetic_seconds(layers, 8, rates, threads=2)
     assert seconds is not None
