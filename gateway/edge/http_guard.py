@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from contract import ErrorKind, RequestLimits
 from contract.transport import ANTHROPIC_ERROR_TYPE, HTTP_STATUS, OPENAI_ERROR_TYPE
 from gateway.config import config
+from gateway.protocols.chat_page import ASSETS
 
 DEBUG_PATHS = {"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/dry_run"}
 
@@ -48,16 +49,14 @@ def origin_allowed(origin: Optional[str], host: Optional[str]) -> bool:
     return bool(host) and urlsplit(origin).netloc == host
 
 
-# GET: what probes, scrapers and browsers need (the chat page and its scripts; not its settings,
-# which name the models: the page sends its key for those)
-OPEN_PATHS = {"/", "/health", "/metrics", "/chat-ui", "/chat-ui/chat.js", "/chat-ui/chat-settings.js"}
-OPEN_PREFIX = "/chat-ui/vendor/"  # GET: the chat page's libraries
+# GET: what probes, scrapers and browsers need (the chat page and the files it loads; not its
+# settings, which name the models: the page sends its key for those)
+OPEN_PATHS = {"/", "/health", "/metrics", "/chat-ui", *(f"/chat-ui/{name}" for name in ASSETS)}
 
 
 def _open(scope: Scope) -> bool:
-    """An HTTP request that needs no key: a GET of OPEN_PATHS or of the chat page's libraries."""
-    path = scope["path"]
-    return scope["method"] in ("GET", "HEAD") and (path in OPEN_PATHS or path.startswith(OPEN_PREFIX))
+    """An HTTP request that needs no key: a GET of OPEN_PATHS."""
+    return scope["method"] in ("GET", "HEAD") and scope["path"] in OPEN_PATHS
 
 
 def error_body(path: str, message: str, param: Optional[str], kind: ErrorKind = ErrorKind.VALIDATION) -> bytes:

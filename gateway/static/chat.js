@@ -6,6 +6,7 @@
 // drops mid-answer reconnects and resumes it from the last event received. The conversation shown
 // is named in the URL (#/c/<id>), so a reload or a link opens it; a page without one opens an empty
 // new chat. New chat, or another conversation, while an answer streams stops that answer first.
+// The store and the message tree are chat-store.js's, which loads before this file.
 // Settings (chat-settings.js) are checked as typed against the server's bounds; an invalid one
 // holds back questions until it is fixed.
 // Model output is markdown rendered by marked with its HTML escaped (never parsed), then
@@ -22,52 +23,13 @@ let conversations = [], current = null, socket = null;
 let answer = null;  // the answer being streamed: {conv, node, el, tokens, started, lastId, stopping}
 let notKept = null;  // {conv, id}: the new chat opened for a URL naming a conversation this browser lacks
 
-// ----- storage: one IndexedDB store of conversations -----
-let database = null;
-function openDatabase() {
-  return new Promise((resolve, reject) => {
-    const request = indexedDB.open("llm-stream-chat", 1);
-    request.onupgradeneeded = () => request.result.createObjectStore("conversations", { keyPath: "id" });
-    request.onsuccess = () => resolve(request.result);
-    request.onerror = () => reject(request.error);
-  });
-}
-function store(mode, work) {
-  return new Promise((resolve, reject) => {
-    const t = database.transaction("conversations", mode), request = work(t.objectStore("conversations"));
-    t.oncomplete = () => resolve(request.result);
-    t.onerror = () => reject(t.error);
-  });
-}
+// ----- saving: the store is chat-store.js's -----
 function persist(conv) {
   conv.updated = Date.now();
   if (!conversations.includes(conv)) conversations.unshift(conv);
   renderList();
   if (conv === current) showInUrl(false);  // its first message gives it an address
   return store("readwrite", (s) => s.put(conv));
-}
-
-// ----- a conversation: messages in a tree, `leaf` the end of the branch shown -----
-const uid = () => Date.now().toString(36) + Math.random().toString(36).slice(2, 10);
-const newConversation = () => ({ id: uid(), title: "New chat", updated: Date.now(), nodes: {}, roots: [], leaf: null });
-
-function addNode(conv, parent, role, content) {
-  const node = { id: uid(), parent, role, content, reasoning: "", meta: null, error: null, children: [] };
-  conv.nodes[node.id] = node;
-  (parent ? conv.nodes[parent].children : conv.roots).push(node.id);
-  conv.leaf = node.id;
-  return node;
-}
-function chain(conv, id) {  // the messages from the first to `id`
-  const out = [];
-  for (; id; id = conv.nodes[id].parent) out.unshift(conv.nodes[id]);
-  return out;
-}
-const siblings = (conv, node) => (node.parent ? conv.nodes[node.parent].children : conv.roots);
-function deepest(conv, id) {
-  let node = conv.nodes[id];
-  while (node.children.length) node = conv.nodes[node.children[node.children.length - 1]];
-  return node.id;
 }
 
 // ----- markdown, safely -----

@@ -14,6 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from websockets.exceptions import InvalidStatus
 
 from client import StreamError, generate
+from gateway.protocols.chat_page import ASSETS
 from testing.flows import start_flow
 from tests.conftest import ROOT
 from tests.gateway_helpers import engine_processes, executor_process
@@ -60,9 +61,9 @@ def test_http_routes_need_the_key(keyed_flow, method, path, body, shape):
 
 def test_health_metrics_and_the_page_stay_open(keyed_flow):
     base = f"http://127.0.0.1:{keyed_flow[1]}"
-    for path in ("/health", "/metrics", "/chat-ui", "/", "/chat-ui/chat.js", "/chat-ui/chat-settings.js",
-                 "/chat-ui/vendor/purify.min.js"):
+    for path in ("/health", "/metrics", "/chat-ui", "/", *(f"/chat-ui/{name}" for name in ASSETS)):
         assert requests.get(f"{base}{path}", timeout=60).status_code == 200, path
+    assert requests.get(f"{base}/chat-ui/vendor/other.js", timeout=60).status_code == 401  # only the page's own files
     # the page's settings name the models: the page sends its key for them
     assert requests.get(f"{base}/chat-ui/settings", timeout=60).status_code == 401
     assert requests.get(f"{base}/chat-ui/settings", headers={"Authorization": f"Bearer {KEY}"}, timeout=60).ok

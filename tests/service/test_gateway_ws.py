@@ -114,6 +114,7 @@ def test_chat_page_is_served(flow):
     import re
 
     from contract import request_fields
+    from gateway.protocols.chat_page import ASSETS
     from tests.conftest import ROOT
     _, http_port = flow
     base = f"http://127.0.0.1:{http_port}"
@@ -121,7 +122,8 @@ def test_chat_page_is_served(flow):
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
     assert 'id="stop"' in r.text
     loaded = re.findall(r'(?:src|href)="(/chat-ui/[^"]+)"', r.text)
-    assert len(loaded) == 7 and not re.search(r'(?:src|href)="(?:https?:)?//', r.text)  # nothing from elsewhere
+    assert sorted(loaded) == sorted(f"/chat-ui/{name}" for name in ASSETS)  # each file it loads, declared once
+    assert not re.search(r'(?:src|href)="(?:https?:)?//', r.text)  # nothing from elsewhere
     for path in loaded:
         asset = requests.get(base + path, timeout=30)
         assert asset.status_code == 200 and asset.headers["content-type"].startswith(("text/javascript", "text/css"))
