@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from contract import ErrorKind, RequestLimits
 from contract.transport import ANTHROPIC_ERROR_TYPE, HTTP_STATUS, OPENAI_ERROR_TYPE
 from gateway.config import config
-from gateway.protocols.chat_page import ASSETS
+from gateway.protocols.chat_files import ASSETS
 
 DEBUG_PATHS = {"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/dry_run"}
 

@@ -15,14 +15,12 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from contract import ServerInfo, field_type, request_fields
 from gateway.mapping.protocol import Upstream
+from gateway.protocols.chat_files import ASSETS
 
 # the request fields the settings panel shows, in this order: every one that shapes the sampling
 SETTINGS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "typical_p", "repetition_penalty",
             "presence_penalty", "frequency_penalty", "seed", "stop", "reasoning_budget")
 MEDIA = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
-# the files the page loads, under /chat-ui/ (each open without a key: gateway/edge/http_guard.py)
-ASSETS = ("chat.js", "chat-store.js", "chat-settings.js", "vendor/marked.umd.js", "vendor/purify.min.js",
-          "vendor/highlight.min.js", "vendor/github.min.css", "vendor/github-dark.min.css")
 
 
 def settings() -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from websockets.exceptions import InvalidStatus
 
 from client import StreamError, generate
-from gateway.protocols.chat_page import ASSETS
+from gateway.protocols.chat_files import ASSETS
 from testing.flows import start_flow
 from tests.conftest import ROOT
 from tests.gateway_helpers import engine_processes, executor_process

@@ -114,7 +114,7 @@ def test_chat_page_is_served(flow):
     import re
 
     from contract import request_fields
-    from gateway.protocols.chat_page import ASSETS
+    from gateway.protocols.chat_files import ASSETS
     from tests.conftest import ROOT
     _, http_port = flow
     base = f"http://127.0.0.1:{http_port}"
